@@ -1,7 +1,10 @@
 package kvm
 
 import (
+	"errors"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // ExitReason is kvm_run.exit_reason.
@@ -173,10 +176,12 @@ func (v *VCPU) SetImmediateExit(on bool) {
 func (v *VCPU) ExitReasonRaw() ExitReason { return ExitReason(v.header().ExitReason) }
 
 // Run enters the guest until the next exit. An EINTR (a signal, or
-// immediate_exit set) is reported as ExitIntr with a nil error.
+// immediate_exit set) is reported as ExitIntr with a nil error, and so is
+// EAGAIN, which KVM returns when an application processor leaves its wait
+// for INIT/SIPI: either way the caller simply enters again.
 func (v *VCPU) Run() (ExitReason, error) {
 	if err := ioctlPtrOnce(v.fd, reqRun, 0); err != nil {
-		if isEINTR(err) {
+		if isEINTR(err) || errors.Is(err, unix.EAGAIN) {
 			return ExitIntr, nil
 		}
 		return ExitUnknown, err
