@@ -1,0 +1,132 @@
+// Package memory holds a guest's physical RAM: one memfd (so a snapshot can
+// save it and a restore can map it copy-on-write) laid out as regions of
+// guest-physical address space. Every access from device code goes through a
+// bounds-checked method, so an address or length a guest chose can never reach
+// outside RAM.
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Region is one contiguous range of guest RAM, backed by the memfd at Offset.
+type Region struct {
+	GuestAddr uint64
+	Size      uint64
+	Offset    uint64 // offset in the backing file
+	host      []byte
+}
+
+// End returns the first guest address past the region.
+func (r *Region) End() uint64 { return r.GuestAddr + r.Size }
+
+// ErrOutOfRange is wrapped by every access that falls outside guest RAM.
+var ErrOutOfRange = errors.New("outside guest memory")
+
+// Memory is a guest's RAM.
+type Memory struct {
+	regions []*Region // sorted by GuestAddr, not overlapping
+	fd      int       // backing memfd, -1 for anonymous memory
+	size    uint64    // total bytes
+	unmap   func() error
+}
+
+// Regions returns the regions in guest-address order.
+func (m *Memory) Regions() []Region {
+	out := make([]Region, len(m.regions))
+	for i, r := range m.regions {
+		out[i] = *r
+	}
+	return out
+}
+
+// Size returns the total RAM in bytes.
+func (m *Memory) Size() uint64 { return m.size }
+
+// FD returns the backing memfd, or -1 when the memory is anonymous.
+func (m *Memory) FD() int { return m.fd }
+
+// Host returns the host mapping of region i (for KVM memory slots).
+func (m *Memory) Host(i int) []byte { return m.regions[i].host }
+
+// find returns the region holding addr.
+func (m *Memory) find(addr uint64) *Region {
+	i := sort.Search(len(m.regions), func(i int) bool { return m.regions[i].End() > addr })
+	if i < len(m.regions) && m.regions[i].GuestAddr <= addr {
+		return m.regions[i]
+	}
+	return nil
+}
+
+// Slice returns the host bytes for guest range [addr, addr+n). The range must
+// lie inside one region; a guest-chosen range that does not is an error, never
+// a panic. The slice aliases guest memory.
+func (m *Memory) Slice(addr, n uint64) ([]byte, error) {
+	r := m.find(addr)
+	if r == nil {
+		return nil, fmt.Errorf("guest address %#x: %w", addr, ErrOutOfRange)
+	}
+	off := addr - r.GuestAddr
+	if n > r.Size-off {
+		return nil, fmt.Errorf("guest range %#x+%#x: %w", addr, n, ErrOutOfRange)
+	}
+	return r.host[off : off+n : off+n], nil
+}
+
+// ReadAt copies guest memory at addr into b.
+func (m *Memory) ReadAt(b []byte, addr uint64) error {
+	s, err := m.Slice(addr, uint64(len(b)))
+	if err != nil {
+		return err
+	}
+	copy(b, s)
+	return nil
+}
+
+// WriteAt copies b into guest memory at addr.
+func (m *Memory) WriteAt(b []byte, addr uint64) error {
+	s, err := m.Slice(addr, uint64(len(b)))
+	if err != nil {
+		return err
+	}
+	copy(s, b)
+	return nil
+}
+
+// Close unmaps the memory and closes the memfd.
+func (m *Memory) Close() error {
+	if m.unmap == nil {
+		return nil
+	}
+	err := m.unmap()
+	m.unmap = nil
+	m.regions = nil
+	return err
+}
+
+// Layout describes the regions to create: guest address and size of each.
+type Layout []struct{ GuestAddr, Size uint64 }
+
+func (l Layout) validate() (uint64, error) {
+	if len(l) == 0 {
+		return 0, errors.New("memory layout has no regions")
+	}
+	var total uint64
+	for i, r := range l {
+		if r.Size == 0 || r.Size%pageSize != 0 || r.GuestAddr%pageSize != 0 {
+			return 0, fmt.Errorf("memory region %d (%#x+%#x) is empty or not page-aligned", i, r.GuestAddr, r.Size)
+		}
+		if r.GuestAddr+r.Size < r.GuestAddr {
+			return 0, fmt.Errorf("memory region %d (%#x+%#x) wraps around", i, r.GuestAddr, r.Size)
+		}
+		if i > 0 && l[i-1].GuestAddr+l[i-1].Size > r.GuestAddr {
+			return 0, fmt.Errorf("memory region %d (%#x) overlaps or precedes region %d", i, r.GuestAddr, i-1)
+		}
+		total += r.Size
+	}
+	return total, nil
+}
+
+const pageSize = 4096

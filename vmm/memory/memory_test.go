@@ -1,0 +1,116 @@
+package memory
+
+import (
+	"errors"
+	"testing"
+)
+
+func testLayout() Layout {
+	return Layout{{0, 1 << 20}, {4 << 20, 2 << 20}}
+}
+
+func TestSliceBounds(t *testing.T) {
+	m, err := New("test", testLayout())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tests := []struct {
+		name    string
+		addr, n uint64
+		ok      bool
+	}{
+		{"start", 0, 16, true},
+		{"end of first region", 1<<20 - 16, 16, true},
+		{"crosses region end", 1<<20 - 8, 16, false},
+		{"hole", 2 << 20, 1, false},
+		{"second region", 4 << 20, 2 << 20, true},
+		{"past the end", 6 << 20, 1, false},
+		{"overflowing length", 4 << 20, ^uint64(0), false},
+		{"huge address", ^uint64(0), 1, false},
+	}
+	for _, tt := range tests {
+		_, err := m.Slice(tt.addr, tt.n)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: Slice(%#x, %#x) err = %v, want ok=%v", tt.name, tt.addr, tt.n, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: error %v does not wrap ErrOutOfRange", tt.name, err)
+		}
+	}
+}
+
+func TestReadWriteRoundTrip(t *testing.T) {
+	for _, mk := range []func(Layout) (*Memory, error){
+		func(l Layout) (*Memory, error) { return New("rt", l) },
+		NewAnonymous,
+	} {
+		m, err := mk(testLayout())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []byte("kiln guest memory")
+		if err := m.WriteAt(want, 4<<20+100); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(want))
+		if err := m.ReadAt(got, 4<<20+100); err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("read back %q, want %q", got, want)
+		}
+		if m.Size() != 3<<20 {
+			t.Errorf("Size = %d", m.Size())
+		}
+		m.Close()
+	}
+}
+
+func TestLayoutErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		l    Layout
+	}{
+		{"empty", Layout{}},
+		{"zero size", Layout{{0, 0}}},
+		{"unaligned", Layout{{0, 100}}},
+		{"overlap", Layout{{0, 2 << 20}, {1 << 20, 1 << 20}}},
+		{"wraps", Layout{{^uint64(0) &^ 4095, 8192}}},
+	}
+	for _, tt := range tests {
+		if _, err := NewAnonymous(tt.l); err == nil {
+			t.Errorf("%s: no error", tt.name)
+		}
+	}
+}
+
+func TestPrivateMappingDoesNotWriteFile(t *testing.T) {
+	m, err := New("base", Layout{{0, 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.WriteAt([]byte{1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := dup(m.FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := MapFile(fd, Layout{{0, 1 << 20}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := make([]byte, 1)
+	c.ReadAt(b, 0)
+	if b[0] != 1 {
+		t.Fatalf("private mapping reads %d, want the file's 1", b[0])
+	}
+	c.WriteAt([]byte{2}, 0)
+	m.ReadAt(b, 0)
+	if b[0] != 1 {
+		t.Fatalf("a copy-on-write mapping's write reached the file: %d", b[0])
+	}
+}
