@@ -1,0 +1,69 @@
+# Kiln. On a fresh Debian machine: `make` (set up, build, boot a demo
+# sandbox), then `make test`. See README.md.
+
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Debian packages the build, the demo and the tests use.
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils
+
+KILN := bin/kiln
+HARNESS := bin/kvmharness
+
+# Flags for the test harness, e.g. `make test HARNESS_FLAGS=-mode=tcg`.
+HARNESS_FLAGS ?=
+
+# make demo: the sandbox's /init script, its initramfs, and the command that
+# boots it. The harness runs the command directly where /dev/kvm works and in
+# an emulated L1 VM (QEMU TCG) where it does not.
+DEMO_SCRIPT := uname -a; echo hello from kiln; poweroff -f
+DEMO_INITRD := bin/demo-initrd.cpio
+DEMO_CMD = $(KILN) boot --initrd $(DEMO_INITRD)
+DEMO_TIMEOUT := 5m
+
+.PHONY: all deps build harness kernel demo test bench clean
+
+all: deps build kernel demo
+
+# Install the Debian packages that are missing. Go is expected at
+# /usr/local/go or on PATH.
+deps:
+	@missing=; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@command -v $(GO) >/dev/null || { echo "deps: no Go: install Go 1.26 in /usr/local/go"; exit 1; }
+
+build: harness
+	@if [ -d cmd/kiln ]; then $(GO) build -o $(KILN) ./cmd/kiln; \
+	else echo "build: no cmd/kiln yet, skipping $(KILN)"; fi
+
+harness:
+	$(GO) build -o $(HARNESS) ./tools/kvmharness
+
+# Debian's stock kernel, into $KILN_CACHE or ~/.cache/kiln (once).
+kernel:
+	tools/fetch-kernel.sh
+
+demo: build kernel
+	@if [ ! -x $(KILN) ]; then echo "demo: $(KILN) not built, skipping"; exit 0; fi; \
+	$(HARNESS) -busybox-initrd $(DEMO_INITRD) -script '$(DEMO_SCRIPT)' && \
+	$(HARNESS) -exec -timeout $(DEMO_TIMEOUT) -l1-timeout 10m -- $(DEMO_CMD)
+
+test: harness
+	@unformatted=$$(gofmt -l .); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(HARNESS) $(HARNESS_FLAGS) ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . ./bench/...
+
+clean:
+	rm -rf bin

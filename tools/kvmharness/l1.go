@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/initramfs"
+)
+
+// l1Modules returns the kernel modules L1's initramfs loads: the required
+// ones give /dev/kvm (kvm_amd: TCG's -cpu max emulates AMD SVM) and the 9p
+// shares; the optional ones are what a VMM's tests may use in L1.
+// Dependencies (irqbypass, ccp, virtio_ring, netfs, fscache...) follow.
+func l1Modules() (required, optional []string) {
+	return []string{"kvm_amd", "virtio_pci", "9pnet_virtio", "9p"},
+		[]string{"tun", "veth", "vhost_net", "vhost_vsock"}
+}
+
+// l1Config describes one L1 VM.
+type l1Config struct {
+	qemu    string
+	kernel  *guestkernel.Kernel
+	memMiB  int
+	cpus    int
+	timeout time.Duration
+	job     string    // the job folder: shared read-write, mounted at the same path in L1
+	console io.Writer // receives L1's serial console, line by line
+	log     *slog.Logger
+}
+
+// buildL1Initramfs writes the L1 initramfs to path: busybox, the modules in
+// dependency order, and an /init that mounts this machine's root and the job
+// folder over 9p and runs job/run.sh chrooted into the root.
+func buildL1Initramfs(k *guestkernel.Kernel, job, path string) error {
+	required, optional := l1Modules()
+	mods, err := k.ModuleLoadOrder(required...)
+	if err != nil {
+		return fmt.Errorf("L1 modules: %w", err)
+	}
+	have := map[string]bool{}
+	for _, m := range mods {
+		have[m.Name] = true
+	}
+	for _, name := range optional {
+		extra, err := k.ModuleLoadOrder(name)
+		if errors.Is(err, guestkernel.ErrModuleNotFound) {
+			continue // optional: this kernel build lacks it
+		}
+		if err != nil {
+			return fmt.Errorf("L1 modules: %w", err)
+		}
+		for _, m := range extra {
+			if !have[m.Name] {
+				have[m.Name] = true
+				mods = append(mods, m)
+			}
+		}
+	}
+	names := make([]string, len(mods))
+	for i, m := range mods {
+		names[i] = m.Name
+	}
+	b, err := initramfs.BusyboxInit(l1InitScript(job, names))
+	if err != nil {
+		return err
+	}
+	for _, m := range mods {
+		if err := b.AddHostFile("mod/"+m.Name+".ko", m.Path, 0o644); err != nil {
+			return err
+		}
+	}
+	return b.WriteFile(path, false)
+}
+
+// l1InitScript is L1's /init (after the #! line): load the modules in order,
+// mount the host's root read-only and the job folder read-write over 9p,
+// fresh tmpfs on /tmp, /run, /var/tmp and /dev/shm, then run job/run.sh.
+func l1InitScript(job string, modules []string) string {
+	const p9 = "mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000"
+	var s strings.Builder
+	fmt.Fprintf(&s, `export PATH=/bin
+say() { echo "kvmharness-l1: $*"; }
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in %s; do
+  insmod /mod/$m.ko || say "insmod $m failed"
+done
+mkdir -p /host
+%s,ro,cache=loose host /host || { say "cannot mount the host's root over 9p"; poweroff -f; }
+for p in dev proc sys; do mount --bind /$p /host/$p; done
+mount -t cgroup2 none /host/sys/fs/cgroup 2>/dev/null
+for p in tmp run var/tmp dev/shm; do mkdir -p /host/$p; mount -t tmpfs tmpfs /host/$p; done
+mkdir -p %s
+%s job %s || { say "cannot mount the job folder"; poweroff -f; }
+say "up after $(cut -d' ' -f1 /proc/uptime)s, $(nproc) CPUs"
+chroot /host /bin/sh %s
+sync
+poweroff -f
+`, strings.Join(modules, " "), p9, shQuote("/host"+job), p9, shQuote("/host"+job), shQuote(job+"/run.sh"))
+	return s.String()
+}
+
+// qemuArgs is the command line of the L1 VM. It boots the uncompressed
+// vmlinux when the cache has one: decompressing vmlinuz under emulation
+// takes longer than booting.
+func qemuArgs(c l1Config, initrd string) []string {
+	kernel := c.kernel.Image
+	if c.kernel.Vmlinux != "" {
+		kernel = c.kernel.Vmlinux
+	}
+	return []string{
+		"-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
+		"-m", strconv.Itoa(c.memMiB), "-smp", strconv.Itoa(c.cpus),
+		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1",
+		"-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+		"-virtfs", "local,path=" + qemuEscape(c.job) + ",mount_tag=job,security_model=none,multidevs=remap",
+	}
+}
+
+// runL1 boots L1, which runs job/run.sh, and waits for it to power off.
+// It streams the console to c.console and fails when L1 does not finish in
+// c.timeout or does not write job/done.
+func runL1(ctx context.Context, c l1Config) error {
+	initrd := filepath.Join(c.job, "l1-initrd.cpio")
+	if err := buildL1Initramfs(c.kernel, c.job, initrd); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.qemu, qemuArgs(c, initrd)...)
+	cmd.WaitDelay = 10 * time.Second
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	start := time.Now()
+	c.log.Info("booting L1 under QEMU TCG", "kernel", c.kernel.Version, "cpus", c.cpus, "mem_mib", c.memMiB, "timeout", c.timeout)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", c.qemu, err)
+	}
+	copyConsole(c.console, stdout)
+	waitErr := cmd.Wait()
+	c.log.Info("L1 powered off", "elapsed", time.Since(start).Round(time.Millisecond))
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("L1 VM did not finish within %v: killed it", c.timeout)
+	case ctx.Err() != nil:
+		return fmt.Errorf("L1 VM: %w", ctx.Err())
+	case waitErr != nil:
+		return fmt.Errorf("L1 VM (%s): %w", c.qemu, waitErr)
+	}
+	if _, err := os.Stat(filepath.Join(c.job, "done")); err != nil {
+		return errors.New("L1 VM powered off before its job finished (see its console above)")
+	}
+	return nil
+}
+
+var consoleJunk = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1b[c()][0-9A-B]?|[\r\x16]`)
+
+// copyConsole writes L1's console to w line by line, prefixed "L1| ", without
+// terminal control sequences and test2json framing (its ^V bytes and bare
+// "=== NAME" lines).
+func copyConsole(w io.Writer, r io.Reader) {
+	br := bufio.NewReaderSize(r, 64*1024)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			line = consoleJunk.ReplaceAllString(line, "")
+			if !strings.HasSuffix(line, "\n") {
+				line += "\n"
+			}
+			if strings.TrimSpace(line) != "=== NAME" {
+				io.WriteString(w, "L1| "+line)
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// shQuote quotes s for a POSIX shell.
+func shQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// qemuEscape doubles the commas QEMU's option parser would split at.
+func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// l1Env is the environment of the job in L1: PATH and HOME as here, the
+// resolved Kiln cache, every other KILN_* variable, and set.
+func l1Env(cache string, set ...string) []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "KILN_CACHE=" + cache}
+	for _, e := range os.Environ() {
+		if strings.HasPrefix(e, "KILN_") && !strings.HasPrefix(e, "KILN_CACHE=") {
+			env = append(env, e)
+		}
+	}
+	env = append(env, set...)
+	return env
+}
+
+// exportLine renders env as one shell export command.
+func exportLine(env []string) string {
+	var s strings.Builder
+	s.WriteString("export")
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if !validEnvName(k) {
+			continue
+		}
+		s.WriteString(" " + k + "=" + shQuote(v))
+	}
+	return s.String()
+}
+
+func validEnvName(k string) bool {
+	if k == "" || (k[0] >= '0' && k[0] <= '9') {
+		return false
+	}
+	for _, c := range k {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// testBinary is one package's test binary in the job folder.
+type testBinary struct {
+	pkg  testPackage
+	path string // job/bin/N.test
+	out  string // job/out/N.out: its -test.v=test2json output
+	rc   string // job/out/N.rc: its exit status
+}
+
+// testJobScript runs each test binary's KVM tests in its package folder,
+// tees their output to the console and to the job folder, and marks the job
+// done.
+func testJobScript(job string, env []string, bins []testBinary, timeout time.Duration) string {
+	var s strings.Builder
+	s.WriteString("# generated by kvmharness: runs in L1, chrooted into the host's root\n")
+	s.WriteString(exportLine(env) + "\n")
+	s.WriteString(`[ -c /dev/kvm ] || echo "kvmharness-l1: no /dev/kvm in L1"` + "\n")
+	for _, b := range bins {
+		fmt.Fprintf(&s, "echo %s\n", shQuote("kvmharness-l1: "+b.pkg.ImportPath))
+		fmt.Fprintf(&s, "cd %s && ( %s -test.run '^TestKVM' -test.v=test2json -test.timeout=%s 2>&1; echo $? > %s ) | tee %s\n",
+			shQuote(b.pkg.Dir), shQuote(b.path), timeout, shQuote(b.rc), shQuote(b.out))
+	}
+	fmt.Fprintf(&s, "echo ok > %s\n", shQuote(job+"/done"))
+	return s.String()
+}
+
+// execJobScript runs argv in dir and records its exit status and its
+// duration in L1.
+func execJobScript(job, dir string, env, argv []string) string {
+	quoted := make([]string, len(argv))
+	for i, a := range argv {
+		quoted[i] = shQuote(a)
+	}
+	var s strings.Builder
+	s.WriteString("# generated by kvmharness: runs in L1, chrooted into the host's root\n")
+	s.WriteString(exportLine(env) + "\n")
+	fmt.Fprintf(&s, "cd %s || { echo 97 > %s; echo ok > %s; exit; }\n", shQuote(dir), shQuote(job+"/rc"), shQuote(job+"/done"))
+	s.WriteString("start=$(cut -d' ' -f1 /proc/uptime)\n")
+	fmt.Fprintf(&s, "%s </dev/null\n", strings.Join(quoted, " "))
+	fmt.Fprintf(&s, "echo $? > %s\n", shQuote(job+"/rc"))
+	fmt.Fprintf(&s, "echo \"$start $(cut -d' ' -f1 /proc/uptime)\" > %s\n", shQuote(job+"/time"))
+	fmt.Fprintf(&s, "echo ok > %s\n", shQuote(job+"/done"))
+	return s.String()
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"go/token"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/u-root/u-root/pkg/cpio"
+
+	"github.com/kilnvm/kiln/guestkernel"
+)
+
+func TestChooseMode(t *testing.T) {
+	ok := func() error { return nil }
+	no := func() error { return os.ErrNotExist }
+	tests := []struct {
+		mode   string
+		usable func() error
+		want   string
+		err    bool
+	}{
+		{"auto", ok, modeDirect, false},
+		{"auto", no, modeTCG, false},
+		{"tcg", ok, modeTCG, false},
+		{"direct", no, modeDirect, false},
+		{"fast", ok, "", true},
+	}
+	for _, tt := range tests {
+		got, err := chooseMode(tt.mode, tt.usable)
+		if got != tt.want || (err != nil) != tt.err {
+			t.Errorf("chooseMode(%q) = %q, %v; want %q, error %v", tt.mode, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func TestSourceDefinesKVMTest(t *testing.T) {
+	tests := []struct {
+		src  string
+		want bool
+	}{
+		{"package p\nimport \"testing\"\nfunc TestKVMBoot(t *testing.T) {}\n", true},
+		{"package p\nfunc TestBoot(t *testing.T) {}\nfunc helperKVM() {}\n", false},
+		{"package p\ntype s struct{}\nfunc (s) TestKVMx() {}\n", false},
+		{"package p\n// func TestKVMInComment\n", false},
+	}
+	for _, tt := range tests {
+		got, err := sourceDefinesKVMTest(token.NewFileSet(), "x_test.go", []byte(tt.src))
+		if err != nil || got != tt.want {
+			t.Errorf("sourceDefinesKVMTest(%q) = %v, %v; want %v", tt.src, got, err, tt.want)
+		}
+	}
+	if _, err := sourceDefinesKVMTest(token.NewFileSet(), "bad_test.go", []byte("package")); err == nil {
+		t.Error("no error for unparsable source")
+	}
+}
+
+func TestCopyConsole(t *testing.T) {
+	in := "\x1b[2J\x1bcboot\r\n\x16=== RUN   TestKVMX\r\n\x16=== NAME  \r\n--- PASS: TestKVMX (0.1s)\r\nno newline"
+	var out bytes.Buffer
+	copyConsole(&out, strings.NewReader(in))
+	want := "L1| boot\nL1| === RUN   TestKVMX\nL1| --- PASS: TestKVMX (0.1s)\nL1| no newline\n"
+	if out.String() != want {
+		t.Fatalf("console:\n%q\nwant:\n%q", out.String(), want)
+	}
+}
+
+func TestShQuote(t *testing.T) {
+	for _, s := range []string{"", "plain", "it's", "a b\tc", "$(rm -rf /)", `"\`, "new\nline", "'''"} {
+		out, err := exec.Command("sh", "-c", "printf %s "+shQuote(s)).Output()
+		if err != nil || string(out) != s {
+			t.Errorf("sh printed %q, %v for shQuote(%q) = %s", out, err, s, shQuote(s))
+		}
+	}
+}
+
+func TestExportLine(t *testing.T) {
+	got := exportLine([]string{"A=1", "B=it's", "BAD-NAME=x", "1X=y", "C="})
+	if want := `export A='1' B='it'\''s' C=''`; got != want {
+		t.Fatalf("exportLine = %s, want %s", got, want)
+	}
+}
+
+// runScript runs a generated job script here with sh.
+func runScript(t *testing.T, script string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "run.sh")
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("sh", p).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sh %s: %v\n%s", p, err, out)
+	}
+	return string(out)
+}
+
+func TestTestJobScript(t *testing.T) {
+	job := filepath.Join(t.TempDir(), "job dir with 'quotes'")
+	pkgDir := t.TempDir()
+	for _, d := range []string{"bin", "out"} {
+		if err := os.MkdirAll(filepath.Join(job, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Fake test binaries: print their arguments, working folder and env.
+	fake := func(name, body string) string {
+		p := filepath.Join(job, "bin", name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bins := []testBinary{
+		{pkg: testPackage{ImportPath: "a", Dir: pkgDir}, path: fake("0.test", `echo "$@" "$PWD" "$KILN_KVM_TESTS"; exit 0`),
+			out: filepath.Join(job, "out", "0.out"), rc: filepath.Join(job, "out", "0.rc")},
+		{pkg: testPackage{ImportPath: "b", Dir: pkgDir}, path: fake("1.test", "echo failing >&2; exit 3"),
+			out: filepath.Join(job, "out", "1.out"), rc: filepath.Join(job, "out", "1.rc")},
+		{pkg: testPackage{ImportPath: "c", Dir: filepath.Join(pkgDir, "missing")}, path: fake("2.test", "exit 0"),
+			out: filepath.Join(job, "out", "2.out"), rc: filepath.Join(job, "out", "2.rc")},
+	}
+	console := runScript(t, testJobScript(job, []string{"KILN_KVM_TESTS=require", "PATH=" + os.Getenv("PATH")}, bins, 90*time.Second))
+	read := func(p string) string {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	if got, want := read(bins[0].out), "-test.run ^TestKVM -test.v=test2json -test.timeout=1m30s "+pkgDir+" require\n"; got != want {
+		t.Errorf("first binary printed %q, want %q", got, want)
+	}
+	if read(bins[0].rc) != "0\n" || read(bins[1].rc) != "3\n" || read(bins[1].out) != "failing\n" {
+		t.Errorf("rc files %q %q, second output %q", read(bins[0].rc), read(bins[1].rc), read(bins[1].out))
+	}
+	if _, err := os.Stat(bins[2].out); err == nil {
+		t.Error("a binary whose package folder is missing ran")
+	}
+	if read(filepath.Join(job, "done")) != "ok\n" {
+		t.Error("no done marker")
+	}
+	if !strings.Contains(console, "failing") || !strings.Contains(console, "kvmharness-l1: a") {
+		t.Errorf("console lacks the tests' output: %q", console)
+	}
+}
+
+func TestExecJobScript(t *testing.T) {
+	if _, err := os.Stat("/proc/uptime"); err != nil {
+		t.Skip("no /proc/uptime")
+	}
+	job, dir := t.TempDir(), t.TempDir()
+	console := runScript(t, execJobScript(job, dir, []string{"GREETING=hello there"}, []string{"sh", "-c", `echo "$GREETING from $PWD"; exit 7`}))
+	if want := "hello there from " + dir + "\n"; console != want {
+		t.Errorf("console %q, want %q", console, want)
+	}
+	rc, err := readExitStatus(filepath.Join(job, "rc"))
+	if err != nil || rc != 7 {
+		t.Errorf("exit status %d, %v; want 7", rc, err)
+	}
+	if d, err := l1Duration(filepath.Join(job, "time")); err != nil || d < 0 || d > time.Minute {
+		t.Errorf("duration %v, %v", d, err)
+	}
+
+	job2 := t.TempDir()
+	runScript(t, execJobScript(job2, filepath.Join(dir, "nonesuch"), nil, []string{"true"}))
+	if rc, err := readExitStatus(filepath.Join(job2, "rc")); err != nil || rc != 97 {
+		t.Errorf("missing folder: exit status %d, %v; want 97", rc, err)
+	}
+}
+
+func TestL1InitScriptParses(t *testing.T) {
+	script := l1InitScript("/tmp/kiln job's", []string{"irqbypass", "kvm", "kvm_amd"})
+	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("sh -n: %v\n%s\n%s", err, out, script)
+	}
+	for _, want := range []string{"for m in irqbypass kvm kvm_amd;", `'/host/tmp/kiln job'\''s'`, "chroot /host /bin/sh '/tmp/kiln job'\\''s/run.sh'", "poweroff -f"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("init script lacks %q:\n%s", want, script)
+		}
+	}
+}
+
+func TestQEMUArgs(t *testing.T) {
+	c := l1Config{kernel: &guestkernel.Kernel{Image: "/k/vmlinuz"}, memMiB: 4096, cpus: 3, job: "/tmp/a,b"}
+	args := strings.Join(qemuArgs(c, "/tmp/a,b/initrd"), " ")
+	for _, want := range []string{"-accel tcg,thread=multi -cpu max", "-m 4096 -smp 3", "-kernel /k/vmlinuz", "path=/tmp/a,,b,mount_tag=job", "readonly=on"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("qemu args lack %q: %s", want, args)
+		}
+	}
+	c.kernel.Vmlinux = "/k/vmlinux"
+	if args := strings.Join(qemuArgs(c, "i"), " "); !strings.Contains(args, "-kernel /k/vmlinux") {
+		t.Errorf("qemu args do not boot the vmlinux: %s", args)
+	}
+}
+
+func TestBuildL1Initramfs(t *testing.T) {
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("busybox-static not installed")
+	}
+	dir := t.TempDir()
+	dep := "kernel/kvm-amd.ko: kernel/kvm.ko kernel/irqbypass.ko kernel/ccp.ko\nkernel/kvm.ko: kernel/irqbypass.ko\n" +
+		"kernel/irqbypass.ko:\nkernel/ccp.ko:\nkernel/virtio_pci.ko: kernel/virtio.ko\nkernel/virtio.ko:\n" +
+		"kernel/9pnet_virtio.ko: kernel/9pnet.ko kernel/virtio.ko\nkernel/9pnet.ko:\nkernel/9p.ko: kernel/9pnet.ko\n" +
+		"kernel/tun.ko:\n"
+	if err := os.MkdirAll(filepath.Join(dir, "kernel"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"kvm-amd", "kvm", "irqbypass", "ccp", "virtio_pci", "virtio", "9pnet_virtio", "9pnet", "9p", "tun"} {
+		if err := os.WriteFile(filepath.Join(dir, "kernel", m+".ko"), []byte("module "+m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := &guestkernel.Kernel{Version: "test", ModulesDir: dir}
+	out := filepath.Join(t.TempDir(), "initrd")
+	if err := buildL1Initramfs(k, "/tmp/job", out); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := cpio.ReadAllRecords(cpio.Newc.Reader(bytes.NewReader(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, r := range recs {
+		if r.ReaderAt != nil {
+			b, _ := io.ReadAll(io.NewSectionReader(r.ReaderAt, 0, int64(r.FileSize)))
+			files[r.Name] = string(b)
+		}
+	}
+	if files["mod/kvm_amd.ko"] != "module kvm-amd" || files["mod/tun.ko"] != "module tun" {
+		t.Errorf("modules missing or wrong: kvm_amd %q tun %q", files["mod/kvm_amd.ko"], files["mod/tun.ko"])
+	}
+	if want := "for m in irqbypass kvm ccp kvm_amd virtio virtio_pci 9pnet 9pnet_virtio 9p tun;"; !strings.Contains(files["init"], want) {
+		t.Errorf("init lacks %q:\n%s", want, files["init"])
+	}
+	if !strings.HasPrefix(files["init"], "#!/bin/busybox sh\n") {
+		t.Error("init is not a busybox script")
+	}
+}
+
+func TestRunL1MissingQEMU(t *testing.T) {
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("busybox-static not installed")
+	}
+	dir := t.TempDir()
+	for _, m := range []string{"kvm_amd", "virtio_pci", "9pnet_virtio", "9p"} {
+		if err := os.WriteFile(filepath.Join(dir, m+".ko"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "modules.dep"), []byte("kvm_amd.ko:\nvirtio_pci.ko:\n9pnet_virtio.ko:\n9p.ko:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := runL1(context.Background(), l1Config{
+		qemu: "/nonexistent/qemu", kernel: &guestkernel.Kernel{ModulesDir: dir, Image: "/k"},
+		memMiB: 256, cpus: 1, timeout: time.Minute, job: t.TempDir(), console: io.Discard, log: discardLogger(),
+	})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/qemu") {
+		t.Fatalf("runL1 error = %v, want one naming the QEMU binary", err)
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

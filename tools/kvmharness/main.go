@@ -1,0 +1,403 @@
+// Command kvmharness runs Kiln's tests so that its KVM tests always run on
+// real KVM: directly where this machine has a usable /dev/kvm, otherwise in
+// an L1 VM under QEMU's software emulator (TCG), whose -cpu max emulates AMD
+// SVM so that the real kvm_amd module loads there. L1 boots the cached Debian
+// kernel (make kernel) and sees this machine's root read-only over 9p.
+//
+// Usage:
+//
+//	kvmharness [flags] [packages]              run the tests (default ./...)
+//	kvmharness -exec [flags] -- CMD [ARG...]   run one command where KVM works
+//	kvmharness -busybox-initrd FILE -script S  write a busybox initramfs
+//
+// Test mode, direct: `go test -count=1 -json` with KILN_KVM_TESTS=require.
+// Test mode, tcg: `go test -json` with KILN_KVM_TESTS=outside (KVM tests
+// skip), then the test binaries of the packages that define TestKVM... tests
+// run their KVM tests in L1 with KILN_KVM_TESTS=require. Either way it
+// streams the tests' output, ends with
+//
+//	KVM tests: N ran, N passed, N failed, N skipped (mode: direct|tcg)
+//	N passed, N failed, N skipped
+//
+// and exits 1 when a test failed, a KVM test was skipped or none ran.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/initramfs"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+)
+
+// Modes.
+const (
+	modeAuto   = "auto"
+	modeDirect = "direct"
+	modeTCG    = "tcg"
+)
+
+type options struct {
+	mode      string
+	timeout   time.Duration
+	l1Timeout time.Duration
+	memMiB    int
+	cpus      int
+	qemu      string
+	keep      bool
+	exec      bool
+	initrd    string
+	script    string
+}
+
+func main() {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	cancel()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("kvmharness", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.mode, "mode", modeAuto, "auto: direct when /dev/kvm is usable, else tcg; direct: this machine's KVM; tcg: KVM inside an emulated L1 VM")
+	fs.DurationVar(&o.timeout, "timeout", 20*time.Minute, "timeout of each test binary (go test -timeout), or of the -exec command")
+	fs.DurationVar(&o.l1Timeout, "l1-timeout", 30*time.Minute, "time the L1 VM may run before it is killed")
+	fs.IntVar(&o.memMiB, "mem", 4096, "L1 memory in MiB")
+	fs.IntVar(&o.cpus, "cpus", runtime.NumCPU(), "L1 vCPUs")
+	fs.StringVar(&o.qemu, "qemu", "qemu-system-x86_64", "QEMU binary for the L1 VM")
+	fs.BoolVar(&o.keep, "keep", false, "keep the job folder (test binaries, L1 initramfs, outputs)")
+	fs.BoolVar(&o.exec, "exec", false, "run the command given after the flags where KVM works, instead of tests")
+	fs.StringVar(&o.initrd, "busybox-initrd", "", "write a busybox initramfs running -script to this file (gzip if it ends in .gz) and exit")
+	fs.StringVar(&o.script, "script", "", "the /init script for -busybox-initrd")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{ReplaceAttr: dropTime}))
+
+	if o.initrd != "" {
+		if err := writeBusyboxInitrd(o.initrd, o.script); err != nil {
+			fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	if o.memMiB < 256 || o.cpus < 1 || o.timeout <= 0 || o.l1Timeout <= 0 {
+		fmt.Fprintln(stderr, "kvmharness: -mem must be at least 256, -cpus at least 1, timeouts positive")
+		return 2
+	}
+	mode, err := chooseMode(o.mode, kvmtest.Usable)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 2
+	}
+	log.Info("kvmharness", "mode", mode)
+	if o.exec {
+		if fs.NArg() == 0 {
+			fmt.Fprintln(stderr, "kvmharness: -exec needs a command after the flags")
+			return 2
+		}
+		return execCommand(ctx, o, mode, fs.Args(), stdout, stderr, log)
+	}
+	pkgs := fs.Args()
+	if len(pkgs) == 0 {
+		pkgs = []string{"./..."}
+	}
+	return runTests(ctx, o, mode, pkgs, stdout, stderr, log)
+}
+
+func dropTime(_ []string, a slog.Attr) slog.Attr {
+	if a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
+}
+
+// chooseMode resolves -mode: auto is direct when usable reports no error.
+func chooseMode(mode string, usable func() error) (string, error) {
+	switch mode {
+	case modeDirect, modeTCG:
+		return mode, nil
+	case modeAuto:
+		if usable() == nil {
+			return modeDirect, nil
+		}
+		return modeTCG, nil
+	}
+	return "", fmt.Errorf("-mode=%q: want auto, direct or tcg", mode)
+}
+
+func writeBusyboxInitrd(path, script string) error {
+	if script == "" {
+		return errors.New("-busybox-initrd needs -script")
+	}
+	b, err := initramfs.BusyboxInit(script)
+	if err != nil {
+		return err
+	}
+	return b.WriteFile(path, strings.HasSuffix(path, ".gz"))
+}
+
+// runTests runs the suite in the given mode and returns the exit status.
+func runTests(ctx context.Context, o options, mode string, pkgs []string, stdout, stderr io.Writer, log *slog.Logger) int {
+	t := newTally()
+	start := time.Now()
+	goBin, err := goTool()
+	if err != nil {
+		t.problem("%v", err)
+	} else if mode == modeDirect {
+		env := environ(kvmtest.EnvVar + "=" + kvmtest.ModeRequire)
+		args := append([]string{"-count=1", "-timeout", o.timeout.String()}, pkgs...)
+		if err := goTestJSON(ctx, goBin, env, args, stdout, t, false); err != nil && !t.failing() {
+			t.problem("%v", err)
+		}
+	} else {
+		runTCG(ctx, o, goBin, pkgs, stdout, stderr, t, log)
+	}
+	log.Info("tests done", "elapsed", time.Since(start).Round(time.Millisecond))
+	reasons := t.reasons()
+	for _, r := range reasons {
+		fmt.Fprintln(stdout, "FAIL: "+r)
+	}
+	t.summary(stdout, mode)
+	if len(reasons) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// runTCG runs the plain suite here and the KVM tests in L1.
+func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout, stderr io.Writer, t *tally, log *slog.Logger) {
+	env := environ(kvmtest.EnvVar + "=" + kvmtest.ModeOutside)
+	args := append([]string{"-timeout", o.timeout.String()}, pkgs...)
+	if err := goTestJSON(ctx, goBin, env, args, stdout, t, true); err != nil && !t.failing() {
+		t.problem("%v", err)
+	}
+
+	kpkgs, err := kvmPackages(ctx, goBin, pkgs)
+	if err != nil {
+		t.problem("finding KVM tests: %v", err)
+		return
+	}
+	if len(kpkgs) == 0 {
+		return
+	}
+	k, err := guestkernel.Find()
+	if err != nil {
+		t.problem("L1 needs the guest kernel: %v", err)
+		return
+	}
+	cache, err := guestkernel.CacheDir()
+	if err != nil {
+		t.problem("%v", err)
+		return
+	}
+	job, cleanup, err := makeJob(o.keep, log)
+	if err != nil {
+		t.problem("%v", err)
+		return
+	}
+	defer cleanup()
+
+	var bins []testBinary
+	for i, p := range kpkgs {
+		b := testBinary{
+			pkg:  p,
+			path: filepath.Join(job, "bin", strconv.Itoa(i)+".test"),
+			out:  filepath.Join(job, "out", strconv.Itoa(i)+".out"),
+			rc:   filepath.Join(job, "out", strconv.Itoa(i)+".rc"),
+		}
+		log.Info("building test binary", "package", p.ImportPath)
+		if err := buildTestBinary(ctx, goBin, p.ImportPath, b.path, stderr); err != nil {
+			t.problem("%v", err)
+			t.failedPkgs[p.ImportPath] = true
+			continue
+		}
+		bins = append(bins, b)
+	}
+	if len(bins) == 0 {
+		return
+	}
+	if err := os.MkdirAll(filepath.Join(job, "out"), 0o755); err != nil {
+		t.problem("%v", err)
+		return
+	}
+	l1env := l1Env(cache, kvmtest.EnvVar+"="+kvmtest.ModeRequire)
+	if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, bins, o.timeout)), 0o755); err != nil {
+		t.problem("%v", err)
+		return
+	}
+	l1err := runL1(ctx, l1Config{
+		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
+		job: job, console: stdout, log: log,
+	})
+	if l1err != nil {
+		t.problem("%v", l1err)
+	}
+	for _, b := range bins {
+		collectL1Results(ctx, goBin, b, t)
+	}
+}
+
+// collectL1Results counts the events of one test binary's run in L1.
+func collectL1Results(ctx context.Context, goBin string, b testBinary, t *tally) {
+	pkg := b.pkg.ImportPath
+	if _, err := os.Stat(b.out); err != nil {
+		t.problem("%s: its KVM tests did not run in L1", pkg)
+		t.failedPkgs[pkg] = true
+		return
+	}
+	failedBefore := t.failed
+	if err := test2json(ctx, goBin, pkg, b.out, func(ev event) { t.add(ev, false) }); err != nil {
+		t.problem("%s: reading its L1 results: %v", pkg, err)
+	}
+	data, err := os.ReadFile(b.rc)
+	if err != nil {
+		t.problem("%s: the test binary did not finish in L1", pkg)
+		t.failedPkgs[pkg] = true
+		return
+	}
+	if rc := strings.TrimSpace(string(data)); rc != "0" && t.failed == failedBefore {
+		t.problem("%s: the test binary exited with status %s in L1", pkg, rc)
+		t.failedPkgs[pkg] = true
+	}
+}
+
+// makeJob creates the job folder L1 shares read-write. It lives in the
+// temporary folder, which L1 covers with its own tmpfs, so tests in L1 never
+// see it unless they look at its path.
+func makeJob(keep bool, log *slog.Logger) (string, func(), error) {
+	job, err := os.MkdirTemp("", "kiln-kvmharness-")
+	if err != nil {
+		return "", nil, fmt.Errorf("creating the job folder: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(job, "bin"), 0o755); err != nil {
+		return "", nil, err
+	}
+	cleanup := func() {
+		if keep {
+			log.Info("kept the job folder", "path", job)
+			return
+		}
+		os.RemoveAll(job)
+	}
+	return job, cleanup, nil
+}
+
+// execCommand runs argv directly or in L1 and returns its exit status.
+func execCommand(ctx context.Context, o options, mode string, argv []string, stdout, stderr io.Writer, log *slog.Logger) int {
+	if mode == modeDirect {
+		ctx, cancel := context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+		cmd.WaitDelay = 5 * time.Second
+		start := time.Now()
+		err := cmd.Run()
+		fmt.Fprintf(stderr, "kvmharness: %s took %v (mode: direct)\n", argv[0], time.Since(start).Round(time.Millisecond))
+		var exitErr *exec.ExitError
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			fmt.Fprintf(stderr, "kvmharness: %s did not finish within %v: killed it\n", argv[0], o.timeout)
+			return 124
+		case errors.As(err, &exitErr):
+			return exitErr.ExitCode()
+		case err != nil:
+			fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+			return 127
+		}
+		return 0
+	}
+	k, err := guestkernel.Find()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: L1 needs the guest kernel: %v\n", err)
+		return 1
+	}
+	cache, err := guestkernel.CacheDir()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	job, cleanup, err := makeJob(o.keep, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	defer cleanup()
+	script := execJobScript(job, wd, l1Env(cache), argv)
+	if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(script), 0o755); err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	start := time.Now()
+	err = runL1(ctx, l1Config{
+		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
+		job: job, console: stdout, log: log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	rc, err := readExitStatus(filepath.Join(job, "rc"))
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	inL1 := "?"
+	if d, err := l1Duration(filepath.Join(job, "time")); err == nil {
+		inL1 = d.Round(time.Millisecond).String()
+	}
+	fmt.Fprintf(stderr, "kvmharness: %s took %s in L1, %v with L1's boot (mode: tcg)\n",
+		argv[0], inL1, time.Since(start).Round(time.Millisecond))
+	return rc
+}
+
+func readExitStatus(path string) (int, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("the command's exit status: %w", err)
+	}
+	rc, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0, fmt.Errorf("the command's exit status %q: %w", data, err)
+	}
+	return rc, nil
+}
+
+// l1Duration reads "START END" uptimes in seconds.
+func l1Duration(path string) (time.Duration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0, fmt.Errorf("%s: want two uptimes, got %q", path, data)
+	}
+	a, err1 := strconv.ParseFloat(f[0], 64)
+	b, err2 := strconv.ParseFloat(f[1], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return time.Duration((b - a) * float64(time.Second)), nil
+}
