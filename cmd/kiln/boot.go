@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/vmm"
+)
+
+func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln boot", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kernel := fs.String("kernel", "", "kernel image (bzImage or ELF vmlinux); default: the cached Debian kernel (make kernel)")
+	initrd := fs.String("initrd", "", "initramfs (cpio, optionally compressed)")
+	cmdline := fs.String("cmdline", vmm.DefaultCmdline, "kernel command line")
+	cpus := fs.Int("cpus", 1, "number of vCPUs")
+	mem := fs.Int("mem", 512, "guest memory in MiB")
+	input := fs.Bool("stdin", false, "feed stdin to the serial console")
+	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kiln boot: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	if *kernel == "" {
+		k, err := guestkernel.Find()
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln boot: no --kernel given and %v\n", err)
+			return exitUsage
+		}
+		*kernel = k.Image
+	}
+	cfg := vmm.Config{
+		Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem,
+		Console: stdout, Logger: newLogger(stderr, *debug),
+	}
+	if *input {
+		cfg.ConsoleInput = stdin
+	}
+	vm, err := vmm.New(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
+		return exitUsage
+	}
+	defer vm.Close()
+	exit, err := vm.Run(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
+		return exitInternal
+	}
+	if exit.Reason == vmm.ReasonPowerOff {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "kiln boot: guest stopped: %s\n", exit)
+	return exitGuest
+}

@@ -1,0 +1,68 @@
+// Command kiln starts Linux microVMs on KVM.
+//
+//	kiln boot --kernel K [--initrd I] [--cmdline C] [--cpus N] [--mem MiB]
+//
+// boot streams the guest's serial console to stdout and exits 0 when the guest
+// powers off, or non-zero with a one-line reason on panic, triple fault,
+// reboot or error.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitGuest    = 1 // the guest stopped other than by powering off
+	exitUsage    = 2
+	exitInternal = 3
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	switch args[0] {
+	case "boot":
+		return cmdBoot(ctx, args[1:], stdin, stdout, stderr)
+	case "bench":
+		return cmdBench(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		usage(stdout)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "kiln: unknown command %q\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: kiln <command> [flags]
+
+commands:
+  boot    boot a kernel and stream its serial console
+  bench   boot: Kiln beside QEMU microvm, same guest, medians and ratio
+`)
+}
+
+func newLogger(w io.Writer, debug bool) *slog.Logger {
+	level := slog.LevelWarn
+	if debug {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}

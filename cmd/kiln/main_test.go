@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kilnvm/kiln/internal/kvmtest"
+)
+
+// runKiln runs the CLI in-process and returns its exit code and output.
+func runKiln(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// TestBootBadInput checks that each kind of bad input gets a one-line error
+// naming the problem, a usage exit code, and no panic. None of these needs
+// KVM: kiln checks kernel, memory and initrd before it opens /dev/kvm.
+func TestBootBadInput(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	text := write("notes.txt", []byte("this is not a kernel\n"))
+	kernel := kvmtest.Kernel(t).Image
+	data, err := os.ReadFile(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truncated := write("truncated", data[:len(data)/2])
+	bigInitrd := write("big.cpio", make([]byte, 40<<20))
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing kernel", []string{"--kernel", filepath.Join(dir, "nope")}, "no such file"},
+		{"not a kernel", []string{"--kernel", text}, "not a Linux kernel"},
+		{"truncated kernel", []string{"--kernel", truncated}, "truncated"},
+		{"zero cpus", []string{"--kernel", kernel, "--cpus", "0"}, "0 vCPUs"},
+		{"memory too small for the kernel", []string{"--kernel", kernel, "--mem", "32"}, "kernel needs memory up to"},
+		{"initrd larger than memory", []string{"--kernel", kernel, "--mem", "96", "--initrd", bigInitrd}, "initrd of 40 MiB does not fit"},
+		{"missing initrd", []string{"--kernel", kernel, "--initrd", filepath.Join(dir, "none.cpio")}, "read initrd"},
+		{"stray argument", []string{"--kernel", kernel, "extra"}, "unexpected argument"},
+		{"bad flag", []string{"--cpus", "two"}, "invalid value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runKiln(t, append([]string{"boot"}, tt.args...)...)
+			if code != exitUsage {
+				t.Errorf("exit code %d, want %d", code, exitUsage)
+			}
+			if !strings.Contains(stderr, tt.want) {
+				t.Errorf("stderr %q does not mention %q", stderr, tt.want)
+			}
+			if strings.Contains(stderr, "goroutine ") || stdout != "" {
+				t.Errorf("stdout %q, stderr %q", stdout, stderr)
+			}
+		})
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	code, _, stderr := runKiln(t, "frobnicate")
+	if code != exitUsage || !strings.Contains(stderr, `unknown command "frobnicate"`) {
+		t.Errorf("code %d, stderr %q", code, stderr)
+	}
+	if code, _, _ := runKiln(t); code != exitUsage {
+		t.Errorf("no arguments: code %d", code)
+	}
+}
+
+// TestKVMBootCommand boots Debian's kernel through `kiln boot` twice: a guest
+// that prints a marker, sees both vCPUs and runs `poweroff -f` exits 0; a
+// guest whose init exits makes the kernel panic, and kiln exits non-zero
+// with the panic's reason on one line.
+func TestKVMBootCommand(t *testing.T) {
+	kvmtest.Require(t)
+	k := kvmtest.Kernel(t)
+	t.Run("marker, 2 CPUs, poweroff", func(t *testing.T) {
+		initrd := kvmtest.BusyboxInitrd(t, `
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+echo "KILN-MARKER cpus=$(grep -c ^processor /proc/cpuinfo) online=$(cat /sys/devices/system/cpu/online)"
+poweroff -f
+`)
+		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--cpus", "2", "--mem", "512")
+		if code != exitOK {
+			t.Fatalf("exit code %d; stderr %q; console:\n%s", code, stderr, stdout)
+		}
+		if !strings.Contains(stdout, "KILN-MARKER cpus=2 online=0-1") {
+			t.Fatalf("no marker with 2 CPUs online:\n%s", stdout)
+		}
+	})
+	t.Run("panic", func(t *testing.T) {
+		initrd := kvmtest.BusyboxInitrd(t, "echo KILN-ABOUT-TO-EXIT\nexit 3\n")
+		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--mem", "256")
+		if code != exitGuest {
+			t.Fatalf("exit code %d, want %d; stderr %q; console:\n%s", code, exitGuest, stderr, stdout)
+		}
+		if !strings.Contains(stdout, "KILN-ABOUT-TO-EXIT") {
+			t.Errorf("init never ran; console:\n%s", stdout)
+		}
+		want := "kiln boot: guest stopped: panic: Kernel panic - not syncing: Attempted to kill init!"
+		if !strings.HasPrefix(stderr, want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+			t.Errorf("stderr %q, want one line starting %q", stderr, want)
+		}
+	})
+}

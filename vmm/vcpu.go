@@ -1,0 +1,128 @@
+package vmm
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/vmm/kvm"
+)
+
+// vcpu runs one KVM vCPU on its own locked OS thread.
+type vcpu struct {
+	vm  *VM
+	kv  *kvm.VCPU
+	tid atomic.Int32 // OS thread id while the loop runs, else 0
+}
+
+// kick forces the vCPU out of KVM_RUN: immediate_exit makes the next entry
+// return at once, and a signal interrupts an entry already under way. SIGURG
+// is the signal the Go runtime itself uses for preemption, so its handler
+// ignores one it did not send.
+func (c *vcpu) kick() {
+	c.kv.SetImmediateExit(true)
+	if tid := c.tid.Load(); tid != 0 {
+		unix.Tgkill(unix.Getpid(), int(tid), unix.SIGURG)
+	}
+}
+
+// loop runs the vCPU until the VM stops.
+func (c *vcpu) loop() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c.tid.Store(int32(unix.Gettid()))
+	defer c.tid.Store(0)
+	v := c.vm
+	for {
+		if !c.checkpoint() {
+			return
+		}
+		reason, err := c.kv.Run()
+		if err != nil {
+			v.stop(ReasonError, fmt.Sprintf("vCPU %d: KVM_RUN: %v", c.kv.ID(), err))
+			return
+		}
+		if !c.handleExit(reason) {
+			return
+		}
+	}
+}
+
+// checkpoint parks the vCPU while the VM is paused and reports whether it
+// should keep running.
+func (c *vcpu) checkpoint() bool {
+	v := c.vm
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.paused && !v.stopping {
+		v.parked++
+		v.cond.Broadcast()
+		for v.paused && !v.stopping {
+			v.cond.Wait()
+		}
+		v.parked--
+	}
+	return !v.stopping
+}
+
+// handleExit services one exit; false means the vCPU must stop.
+func (c *vcpu) handleExit(reason kvm.ExitReason) bool {
+	v := c.vm
+	switch reason {
+	case kvm.ExitIO:
+		port, size, out, data, ok := c.kv.IO()
+		if !ok {
+			v.stop(ReasonError, fmt.Sprintf("vCPU %d: malformed I/O exit", c.kv.ID()))
+			return false
+		}
+		for i := 0; i+size <= len(data); i += size {
+			if out {
+				v.pio.Write(uint64(port), data[i:i+size])
+			} else {
+				v.pio.Read(uint64(port), data[i:i+size])
+			}
+		}
+	case kvm.ExitMMIO:
+		addr, data, write := c.kv.MMIO()
+		if write {
+			v.mmio.Write(addr, data)
+		} else {
+			v.mmio.Read(addr, data)
+		}
+	case kvm.ExitIntr:
+		// Kicked (pause or stop) or a stray signal: checkpoint decides.
+	case kvm.ExitHLT:
+		v.stop(ReasonPowerOff, "guest halted")
+		return false
+	case kvm.ExitShutdown:
+		v.stop(ReasonTripleFault, fmt.Sprintf("vCPU %d: triple fault (KVM_EXIT_SHUTDOWN)", c.kv.ID()))
+		return false
+	case kvm.ExitSystemEvent:
+		typ, _ := c.kv.SystemEvent()
+		switch typ {
+		case kvm.SystemEventShutdown:
+			v.stop(ReasonPowerOff, "guest powered off")
+		case kvm.SystemEventReset:
+			v.stop(ReasonReboot, "guest rebooted")
+		case kvm.SystemEventCrash:
+			v.stop(ReasonPanic, "guest crashed")
+		default:
+			v.stop(ReasonError, fmt.Sprintf("vCPU %d: system event %d", c.kv.ID(), typ))
+		}
+		return false
+	case kvm.ExitFailEntry:
+		hw, cpu := c.kv.FailEntry()
+		v.stop(ReasonError, fmt.Sprintf("vCPU %d: entry failed, hardware reason %#x on CPU %d", c.kv.ID(), hw, cpu))
+		return false
+	case kvm.ExitInternalError:
+		sub, data := c.kv.InternalError()
+		v.stop(ReasonError, fmt.Sprintf("vCPU %d: KVM internal error %d %x", c.kv.ID(), sub, data))
+		return false
+	default:
+		v.stop(ReasonError, fmt.Sprintf("vCPU %d: unhandled exit %v", c.kv.ID(), reason))
+		return false
+	}
+	return true
+}

@@ -1,0 +1,559 @@
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/vmm/acpi"
+	"github.com/kilnvm/kiln/vmm/kvm"
+	"github.com/kilnvm/kiln/vmm/linuxboot"
+	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/vmm/serial"
+)
+
+// Limits on a VM's shape.
+const (
+	MaxCPUs      = 254
+	MinMemoryMiB = 16
+	MaxMemoryMiB = 1 << 20 // 1 TiB
+)
+
+// DefaultCmdline is the kernel command line when Config.Cmdline is empty.
+const DefaultCmdline = "console=ttyS0 reboot=k panic=-1"
+
+// Config describes a VM to build.
+type Config struct {
+	Kernel    string // path to a bzImage or ELF vmlinux
+	Initrd    string // optional path to an initramfs
+	Cmdline   string // kernel command line; DefaultCmdline when empty
+	CPUs      int    // vCPUs, 1..MaxCPUs
+	MemoryMiB int    // guest RAM in MiB
+
+	Console      io.Writer // serial console output; discarded when nil
+	ConsoleInput io.Reader // optional serial console input
+
+	KVMPath string       // /dev/kvm when empty
+	Logger  *slog.Logger // slog.Default() when nil
+}
+
+// Validate checks the parts of the config that need no files.
+func (c *Config) Validate() error {
+	if c.Kernel == "" {
+		return errors.New("no kernel given")
+	}
+	if c.CPUs < 1 || c.CPUs > MaxCPUs {
+		return fmt.Errorf("%d vCPUs: want 1 to %d", c.CPUs, MaxCPUs)
+	}
+	if c.MemoryMiB < MinMemoryMiB || c.MemoryMiB > MaxMemoryMiB {
+		return fmt.Errorf("%d MiB of memory: want %d to %d", c.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	}
+	return nil
+}
+
+// Reason says why a VM stopped.
+type Reason int
+
+// Reasons a VM stops.
+const (
+	ReasonPowerOff Reason = iota + 1
+	ReasonReboot
+	ReasonPanic
+	ReasonTripleFault
+	ReasonCancelled
+	ReasonError
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonPowerOff:
+		return "power-off"
+	case ReasonReboot:
+		return "reboot"
+	case ReasonPanic:
+		return "panic"
+	case ReasonTripleFault:
+		return "triple-fault"
+	case ReasonCancelled:
+		return "cancelled"
+	case ReasonError:
+		return "error"
+	}
+	return fmt.Sprintf("reason(%d)", int(r))
+}
+
+// Exit is how a VM's run ended.
+type Exit struct {
+	Reason  Reason
+	Message string // one line, for people
+}
+
+func (e Exit) String() string { return e.Reason.String() + ": " + e.Message }
+
+// VM is a booted-or-bootable virtual machine.
+type VM struct {
+	cfg    Config
+	log    *slog.Logger
+	sys    *kvm.System
+	vm     *kvm.VM
+	mem    *memory.Memory
+	vcpus  []*vcpu
+	pio    Bus
+	mmio   Bus
+	uart   *serial.UART
+	panics *panicWatcher
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	exit     *Exit // set once, by the first stop
+	running  bool  // Run in progress
+	paused   bool  // Pause requested
+	parked   int   // vCPUs parked by a pause
+	stopping bool
+	stopped  chan struct{}
+}
+
+// New builds a VM from cfg: memory, vCPUs, irqchip, devices, and the kernel,
+// initrd, command line, boot parameters and ACPI tables in guest memory. The
+// guest starts running with Run.
+func New(cfg Config) (_ *VM, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("vm config: %w", err)
+	}
+	if cfg.Cmdline == "" {
+		cfg.Cmdline = DefaultCmdline
+	}
+	if cfg.KVMPath == "" {
+		cfg.KVMPath = kvm.DevicePath
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	kernel, err := os.ReadFile(cfg.Kernel)
+	if err != nil {
+		return nil, fmt.Errorf("read kernel: %w", err)
+	}
+	img, err := linuxboot.Parse(kernel)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: %w", cfg.Kernel, err)
+	}
+	var initrd []byte
+	if cfg.Initrd != "" {
+		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
+			return nil, fmt.Errorf("read initrd: %w", err)
+		}
+	}
+
+	// Check that kernel and initrd fit before any KVM work.
+	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
+	if img.End > low {
+		return nil, fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)
+	}
+	initrdAddr, err := placeInitrd(low, img, uint64(len(initrd)))
+	if err != nil {
+		return nil, err
+	}
+
+	v := &VM{cfg: cfg, log: cfg.Logger, stopped: make(chan struct{})}
+	v.cond = sync.NewCond(&v.mu)
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	if v.sys, err = kvm.OpenPath(cfg.KVMPath); err != nil {
+		return nil, err
+	}
+	if max := v.sys.CheckExtension(kvm.CapMaxVCPUs); max > 0 && cfg.CPUs > max {
+		return nil, fmt.Errorf("%d vCPUs: KVM allows at most %d", cfg.CPUs, max)
+	}
+	if v.vm, err = v.sys.CreateVM(); err != nil {
+		return nil, err
+	}
+	if err = v.setupMemory(); err != nil {
+		return nil, err
+	}
+	if err = v.vm.SetTSSAddr(tssAddr); err != nil {
+		return nil, err
+	}
+	if err = v.vm.SetIdentityMapAddr(identMap); err != nil {
+		return nil, err
+	}
+	if err = v.vm.CreateIRQChip(); err != nil {
+		return nil, err
+	}
+	if err = v.vm.CreatePIT2(&kvm.PITConfig{Flags: kvm.PITSpeakerDummy}); err != nil {
+		return nil, err
+	}
+	if err = v.setupDevices(); err != nil {
+		return nil, err
+	}
+	bi, err := v.loadKernel(img, initrd, initrdAddr)
+	if err != nil {
+		return nil, err
+	}
+	if err = v.createVCPUs(img, bi); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// lowMemEnd returns where RAM below the MMIO gap ends.
+func (v *VM) lowMemEnd() uint64 {
+	return min(uint64(v.cfg.MemoryMiB)<<20, mmioGapStart)
+}
+
+func (v *VM) setupMemory() error {
+	total := uint64(v.cfg.MemoryMiB) << 20
+	layout := memory.Layout{{GuestAddr: 0, Size: v.lowMemEnd()}}
+	if total > mmioGapStart {
+		layout = append(layout, struct{ GuestAddr, Size uint64 }{mmioGapEnd, total - mmioGapStart})
+	}
+	mem, err := memory.New("kiln-guest-ram", layout)
+	if err != nil {
+		return err
+	}
+	v.mem = mem
+	for i, r := range mem.Regions() {
+		if err := v.vm.SetUserMemoryRegion(&kvm.UserspaceMemoryRegion{
+			Slot: uint32(i), GuestPhysAddr: r.GuestAddr, MemorySize: r.Size, UserspaceAddr: uint64(mem.HostAddr(i)),
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (v *VM) setupDevices() error {
+	v.panics = &panicWatcher{out: v.cfg.Console, onPanic: func(msg string) { v.stop(ReasonPanic, msg) }}
+	v.uart = serial.New(v.panics, func() {
+		// COM1's ISA interrupt is edge-triggered: pulse the line.
+		v.vm.IRQLine(com1IRQ, true)
+		v.vm.IRQLine(com1IRQ, false)
+	})
+	if err := v.pio.Add(com1Port, serial.Port, v.uart); err != nil {
+		return err
+	}
+	if err := v.pio.Add(0x60, 5, &i8042{stop: v.stop}); err != nil {
+		return err
+	}
+	if err := v.pio.Add(0x70, 2, newCMOSRTC(time.Now)); err != nil {
+		return err
+	}
+	if err := v.mmio.Add(powerBase, powerSize, &powerDevice{stop: v.stop}); err != nil {
+		return err
+	}
+	if in := v.cfg.ConsoleInput; in != nil {
+		go func() {
+			buf := make([]byte, 256)
+			for {
+				n, err := in.Read(buf)
+				if n > 0 {
+					v.uart.Input(buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+// loadKernel lays the kernel, initrd, command line, ACPI tables and boot
+// parameters into guest memory.
+func (v *VM) loadKernel(img *linuxboot.Image, initrd []byte, initrdAddr uint64) (linuxboot.BootInfo, error) {
+	var bi linuxboot.BootInfo
+	low := v.lowMemEnd()
+	for _, s := range img.Segments {
+		if err := v.mem.WriteAt(s.Data, s.Addr); err != nil {
+			return bi, fmt.Errorf("load kernel segment at %#x: %w", s.Addr, err)
+		}
+	}
+	if err := writeBootTables(v.mem); err != nil {
+		return bi, err
+	}
+
+	cmdline := v.cfg.Cmdline
+	limit := min(uint64(img.CmdlineSize), cmdlineMax-1)
+	if uint64(len(cmdline)) > limit {
+		return bi, fmt.Errorf("kernel command line is %d bytes; this kernel takes at most %d", len(cmdline), limit)
+	}
+	if err := v.mem.WriteAt(append([]byte(cmdline), 0), cmdlineAddr); err != nil {
+		return bi, fmt.Errorf("write command line: %w", err)
+	}
+	bi.CmdlineAddr, bi.CmdlineLen = cmdlineAddr, uint64(len(cmdline))
+
+	if len(initrd) > 0 {
+		if err := v.mem.WriteAt(initrd, initrdAddr); err != nil {
+			return bi, fmt.Errorf("write initrd: %w", err)
+		}
+		bi.InitrdAddr, bi.InitrdSize = initrdAddr, uint64(len(initrd))
+	}
+
+	tables, err := acpi.Build(v.acpiConfig())
+	if err != nil {
+		return bi, fmt.Errorf("build ACPI tables: %w", err)
+	}
+	if tables.Base+uint64(len(tables.Bytes)) > acpiEnd {
+		return bi, fmt.Errorf("ACPI tables of %d bytes overflow the BIOS area", len(tables.Bytes))
+	}
+	if err := v.mem.WriteAt(tables.Bytes, tables.Base); err != nil {
+		return bi, fmt.Errorf("write ACPI tables: %w", err)
+	}
+	bi.RSDPAddr = tables.RSDP
+
+	bi.E820 = []linuxboot.E820Entry{
+		{Addr: 0, Size: ebdaStart, Type: linuxboot.E820RAM},
+		{Addr: ebdaStart, Size: 0xa0000 - ebdaStart, Type: linuxboot.E820Reserved},
+		{Addr: acpiBase, Size: acpiEnd - acpiBase, Type: linuxboot.E820Reserved},
+		{Addr: himemStart, Size: low - himemStart, Type: linuxboot.E820RAM},
+	}
+	if total := uint64(v.cfg.MemoryMiB) << 20; total > mmioGapStart {
+		bi.E820 = append(bi.E820, linuxboot.E820Entry{Addr: mmioGapEnd, Size: total - mmioGapStart, Type: linuxboot.E820RAM})
+	}
+
+	if img.PVHEntry == 0 {
+		zp, err := img.ZeroPage(bi)
+		if err != nil {
+			return bi, err
+		}
+		if err := v.mem.WriteAt(zp, zeroPageAddr); err != nil {
+			return bi, fmt.Errorf("write zero page: %w", err)
+		}
+	} else {
+		info, mm, err := linuxboot.PVHStartInfo(bi, pvhMemmap)
+		if err != nil {
+			return bi, err
+		}
+		if pvhMemmap+uint64(len(mm)) > zeroPageAddr {
+			return bi, fmt.Errorf("PVH memory map of %d bytes overflows its page", len(mm))
+		}
+		if err := v.mem.WriteAt(info, pvhInfoAddr); err != nil {
+			return bi, err
+		}
+		if err := v.mem.WriteAt(mm, pvhMemmap); err != nil {
+			return bi, err
+		}
+	}
+	return bi, nil
+}
+
+// placeInitrd returns where an initrd of size bytes goes: as high as the
+// kernel allows below low, page-aligned, above the kernel.
+func placeInitrd(low uint64, img *linuxboot.Image, size uint64) (uint64, error) {
+	if size == 0 {
+		return 0, nil
+	}
+	top := min(low, img.InitrdAddrMax+1)
+	pageEnd := (img.End + 0xfff) &^ 0xfff
+	if size > top || (top-size)&^0xfff < pageEnd {
+		return 0, fmt.Errorf("initrd of %d MiB does not fit in %d MiB of memory beside a kernel that needs %d MiB", (size+(1<<20)-1)>>20, low>>20, (img.End+(1<<20)-1)>>20)
+	}
+	return (top - size) &^ 0xfff, nil
+}
+
+func (v *VM) acpiConfig() acpi.Config {
+	return acpi.Config{
+		Base:         acpiBase,
+		CPUs:         v.cfg.CPUs,
+		LAPICAddr:    lapicAddr,
+		IOAPICAddr:   ioapicAddr,
+		Serial:       []acpi.SerialPort{{Port: com1Port, IRQ: com1IRQ}},
+		SleepControl: powerBase + powerSleepControl,
+		SleepStatus:  powerBase + powerSleepStatus,
+		ResetReg:     powerBase + powerReset,
+		ResetValue:   resetValue,
+	}
+}
+
+func (v *VM) createVCPUs(img *linuxboot.Image, bi linuxboot.BootInfo) error {
+	supported, err := v.sys.SupportedCPUID()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < v.cfg.CPUs; i++ {
+		kv, err := v.vm.CreateVCPU(i)
+		if err != nil {
+			return err
+		}
+		c := &vcpu{vm: v, kv: kv}
+		v.vcpus = append(v.vcpus, c)
+		if err := kv.SetCPUID(cpuidFor(supported, i, v.cfg.CPUs)); err != nil {
+			return err
+		}
+		if err := kv.SetMSRs(bootMSRs()); err != nil {
+			return err
+		}
+		if err := setupFPU(kv); err != nil {
+			return err
+		}
+		if err := setupLAPIC(kv); err != nil {
+			return err
+		}
+		if i != 0 {
+			continue // APs wait for INIT/SIPI from the BSP in the in-kernel LAPIC
+		}
+		// An ELF kernel with a PVH note is entered there (no decompressor,
+		// no zero page); anything else at its 64-bit entry.
+		if img.PVHEntry != 0 {
+			err = setupPVH(kv, img.PVHEntry)
+		} else {
+			err = setupLongMode(kv, img.Entry64)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Memory returns the guest's RAM.
+func (v *VM) Memory() *memory.Memory { return v.mem }
+
+// KVM returns the KVM VM handle (for devices that need irqfd or ioeventfd).
+func (v *VM) KVM() *kvm.VM { return v.vm }
+
+// AddMMIO claims a guest-physical range for a device.
+func (v *VM) AddMMIO(base, size uint64, d Device) error { return v.mmio.Add(base, size, d) }
+
+// AddPIO claims a range of I/O ports for a device.
+func (v *VM) AddPIO(base, size uint64, d Device) error { return v.pio.Add(base, size, d) }
+
+// stop records the first reason the VM stops and kicks every vCPU out.
+func (v *VM) stop(r Reason, msg string) {
+	v.mu.Lock()
+	if v.exit != nil {
+		v.mu.Unlock()
+		return
+	}
+	// A reboot or triple fault that follows a panic report is the panic.
+	if r != ReasonPanic && r != ReasonCancelled {
+		if pm := v.panics.panicMessage(); pm != "" {
+			r, msg = ReasonPanic, pm
+		}
+	}
+	v.exit = &Exit{Reason: r, Message: msg}
+	v.stopping = true
+	v.cond.Broadcast()
+	v.mu.Unlock()
+	v.kickAll()
+}
+
+func (v *VM) kickAll() {
+	for _, c := range v.vcpus {
+		c.kick()
+	}
+}
+
+// Run runs the guest until it powers off, reboots, panics, triple-faults or
+// fails, or ctx is cancelled, and says which. A VM runs once.
+func (v *VM) Run(ctx context.Context) (Exit, error) {
+	v.mu.Lock()
+	if v.running || v.exit != nil {
+		v.mu.Unlock()
+		return Exit{}, errors.New("VM already ran")
+	}
+	v.running = true
+	v.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for _, c := range v.vcpus {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.loop()
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-ctx.Done():
+		v.stop(ReasonCancelled, context.Cause(ctx).Error())
+		<-done
+	case <-done:
+	}
+	v.mu.Lock()
+	exit := *v.exit
+	v.mu.Unlock()
+	v.log.Debug("vm stopped", "reason", exit.Reason.String(), "message", exit.Message)
+	if exit.Reason == ReasonError {
+		return exit, errors.New(exit.Message)
+	}
+	return exit, nil
+}
+
+// Pause stops every vCPU at its next exit and returns when all are parked,
+// or when ctx ends. The guest's state can then be read consistently.
+func (v *VM) Pause(ctx context.Context) error {
+	v.mu.Lock()
+	if !v.running || v.stopping {
+		v.mu.Unlock()
+		return errors.New("pause: VM is not running")
+	}
+	v.paused = true
+	v.mu.Unlock()
+	v.kickAll()
+
+	stopWait := context.AfterFunc(ctx, func() {
+		v.mu.Lock()
+		v.cond.Broadcast()
+		v.mu.Unlock()
+	})
+	defer stopWait()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for v.parked < len(v.vcpus) && !v.stopping {
+		if ctx.Err() != nil {
+			return fmt.Errorf("pause: %d of %d vCPUs parked: %w", v.parked, len(v.vcpus), ctx.Err())
+		}
+		v.cond.Wait()
+	}
+	if v.stopping {
+		return errors.New("pause: VM stopped")
+	}
+	return nil
+}
+
+// Resume lets paused vCPUs run again.
+func (v *VM) Resume() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.paused {
+		return errors.New("resume: VM is not paused")
+	}
+	v.paused = false
+	for _, c := range v.vcpus {
+		c.kv.SetImmediateExit(false)
+	}
+	v.cond.Broadcast()
+	return nil
+}
+
+// Close releases the VM's vCPUs, memory and file descriptors. Call it after
+// Run has returned (or instead of Run).
+func (v *VM) Close() error {
+	var errs []error
+	for _, c := range v.vcpus {
+		errs = append(errs, c.kv.Close())
+	}
+	v.vcpus = nil
+	if v.vm != nil {
+		errs = append(errs, v.vm.Close())
+		v.vm = nil
+	}
+	if v.mem != nil {
+		errs = append(errs, v.mem.Close())
+		v.mem = nil
+	}
+	if v.sys != nil {
+		errs = append(errs, v.sys.Close())
+		v.sys = nil
+	}
+	return errors.Join(errs...)
+}
