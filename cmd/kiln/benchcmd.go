@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
-	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/vmm"
 )
@@ -33,12 +32,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitUsage
 	}
 	if *kernel == "" {
-		k, err := guestkernel.Find()
+		k, err := defaultKernel()
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln bench: %v\n", err)
 			return exitUsage
 		}
-		*kernel = k.Image
+		*kernel = k
 	}
 	qpath, err := exec.LookPath(*qemu)
 	if err != nil {

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/vmm"
 )
 
 func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kiln boot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	kernel := fs.String("kernel", "", "kernel image (bzImage or ELF vmlinux); default: the cached Debian kernel (make kernel)")
+	kernel := fs.String("kernel", "", "kernel image (bzImage or ELF vmlinux); default: the cached Debian kernel (make kernel), its vmlinux when present")
 	initrd := fs.String("initrd", "", "initramfs (cpio, optionally compressed)")
 	cmdline := fs.String("cmdline", vmm.DefaultCmdline, "kernel command line")
 	cpus := fs.Int("cpus", 1, "number of vCPUs")
@@ -28,12 +27,12 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return exitUsage
 	}
 	if *kernel == "" {
-		k, err := guestkernel.Find()
+		k, err := defaultKernel()
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln boot: no --kernel given and %v\n", err)
 			return exitUsage
 		}
-		*kernel = k.Image
+		*kernel = k
 	}
 	cfg := vmm.Config{
 		Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem,

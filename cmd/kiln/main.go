@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kilnvm/kiln/guestkernel"
 )
 
 // Exit codes.
@@ -65,4 +67,17 @@ func newLogger(w io.Writer, debug bool) *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// defaultKernel is the cached Debian kernel: its ELF vmlinux when the cache
+// has one (entered through PVH, it skips the decompressor), else the bzImage.
+func defaultKernel() (string, error) {
+	k, err := guestkernel.Find()
+	if err != nil {
+		return "", err
+	}
+	if k.Vmlinux != "" {
+		return k.Vmlinux, nil
+	}
+	return k.Image, nil
 }
