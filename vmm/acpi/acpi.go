@@ -8,6 +8,13 @@
 // FADT sleep control register, and reboots by writing the reset value to
 // the FADT reset register; both reach the VMM as MMIO writes. Build checks
 // the Config and lays the tables out as one Image to copy into guest memory.
+//
+// Linux on a hardware-reduced ACPI platform without EFI reboots through a
+// jump to the BIOS reset vector unless its command line says reboot=acpi
+// (arch/x86/kernel/reboot.c picks EFI reboot when the FADT has
+// HW_REDUCED_ACPI and reboot= is not given). A VMM without firmware should
+// pass reboot=acpi to use the reset register, or reboot=k with a keyboard
+// controller reset (0xFE to port 0x64) of its own.
 package acpi
 
 import (
@@ -29,11 +36,14 @@ const IOAPICPins = 24
 // broadcast ID, and processor UID 0xFF means "all" in the MADT).
 const MaxCPUs = 254
 
-// S5SleepType is the SLP_TYP of \_S5; a guest powering off writes
-// S5SleepType<<2 | SleepEnable (0x34) to the sleep control register.
+// Values of the sleep registers. To power off, Linux writes WakeStatus to
+// the sleep status register, then S5SleepType<<2 | SleepEnable (0x34) to
+// the sleep control register, then polls the sleep status register until
+// WakeStatus is set; the VMM stops the VM on the sleep control write.
 const (
-	S5SleepType = 5
-	SleepEnable = 1 << 5
+	S5SleepType = 5      // SLP_TYP of \_S5
+	SleepEnable = 1 << 5 // SLP_EN in the sleep control register
+	WakeStatus  = 1 << 7 // WAK_STS in the sleep status register
 )
 
 // Sizes of the regions the DSDT and MADT describe, used to check that no
@@ -70,13 +80,14 @@ type Config struct {
 	// "LNRO0005" devices VR00, VR01, ... with _UID 0, 1, ...
 	VirtioMMIO []MMIODevice
 	// SleepControl is the address of the FADT sleep control register
-	// (SystemMemory, 8 bits).
+	// (SystemMemory, 8 bits); see S5SleepType for the protocol.
 	SleepControl uint64
 	// SleepStatus is the address of the FADT sleep status register
 	// (SystemMemory, 8 bits).
 	SleepStatus uint64
 	// ResetReg is the address of the FADT reset register (SystemMemory,
-	// 8 bits); the guest writes ResetValue there to reboot.
+	// 8 bits); the guest writes ResetValue there to reboot (Linux does
+	// only with reboot=acpi on its command line; see the package comment).
 	ResetReg   uint64
 	ResetValue uint8
 	// GED, when set, adds a Generic Event Device and a power button.

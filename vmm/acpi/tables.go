@@ -38,19 +38,17 @@ const (
 
 // FADT fields (ACPI 6.5, table 5.9): byte offsets.
 const (
-	fadtDSDT          = 40
-	fadtPMProfile     = 45
-	fadtSCIInt        = 46
-	fadtIAPCBootArch  = 109
-	fadtFlags         = 112
-	fadtResetReg      = 116
-	fadtResetValue    = 128
-	fadtMinorVersion  = 131
-	fadtXFirmwareCtrl = 132
-	fadtXDSDT         = 140
-	fadtSleepControl  = 244
-	fadtSleepStatus   = 256
-	fadtHypervisorID  = 268
+	fadtPMProfile    = 45
+	fadtSCIInt       = 46
+	fadtIAPCBootArch = 109
+	fadtFlags        = 112
+	fadtResetReg     = 116
+	fadtResetValue   = 128
+	fadtMinorVersion = 131
+	fadtXDSDT        = 140
+	fadtSleepControl = 244
+	fadtSleepStatus  = 256
+	fadtHypervisorID = 268
 )
 
 // FADT flags and IA-PC boot architecture flags.
@@ -66,7 +64,7 @@ const (
 	iapcBootArchDefaults = iapcVGANotPresent | iapcMSINotSupported
 )
 
-// MADT values.
+// MADT, GAS, layout and DSDT values.
 const (
 	madtFlagPCATCompat  = 1 << 0
 	madtTypeLAPIC       = 0
