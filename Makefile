@@ -23,7 +23,7 @@ DEMO_INITRD := bin/demo-initrd.cpio
 DEMO_CMD = $(KILN) boot --initrd $(DEMO_INITRD)
 DEMO_TIMEOUT := 5m
 
-.PHONY: all deps build harness kernel demo test bench clean
+.PHONY: all deps build harness kernel guest-kernel demo test bench clean
 
 all: deps build kernel demo
 
@@ -50,6 +50,12 @@ harness:
 # Debian's stock kernel, into $KILN_CACHE or ~/.cache/kiln (once).
 kernel:
 	tools/fetch-kernel.sh
+
+# Optional: a minimal kernel built from Debian's linux-source-6.1 with
+# configs/guest-kernel.config (about 20 minutes on two cores), for the
+# cold-start figures. Lands in <cache>/guest-kernel/current.
+guest-kernel:
+	tools/build-guest-kernel.sh
 
 demo: build kernel
 	@if [ ! -x $(KILN) ]; then echo "demo: $(KILN) not built, skipping"; exit 0; fi; \
