@@ -14,12 +14,12 @@ const HostBusybox = "/bin/busybox"
 // BusyboxApplets returns the applets BusyboxInit links in /bin.
 func BusyboxApplets() []string {
 	return []string{
-		"[", "ash", "awk", "cat", "chmod", "chroot", "cp", "cut", "date", "dd",
+		"[", "ash", "awk", "base64", "cat", "chmod", "chroot", "cp", "cut", "date", "dd",
 		"dmesg", "echo", "env", "false", "find", "grep", "halt", "head", "hostname",
-		"id", "insmod", "ip", "kill", "ln", "ls", "lsmod", "mkdir", "mknod", "mount",
-		"mv", "nproc", "poweroff", "printf", "ps", "reboot", "rm", "sed", "seq", "sh",
-		"sleep", "sort", "stat", "sync", "tail", "tee", "test", "timeout", "touch",
-		"tr", "true", "umount", "uname", "uniq", "wc", "xargs",
+		"id", "insmod", "ip", "kill", "ln", "ls", "lsmod", "md5sum", "mkdir", "mknod", "mount",
+		"mv", "nproc", "ping", "poweroff", "printf", "ps", "reboot", "rm", "sed", "seq", "sh",
+		"sha256sum", "sleep", "sort", "stat", "sync", "tail", "tee", "test", "timeout", "touch",
+		"tr", "true", "umount", "uname", "uniq", "wc", "wget", "xargs",
 	}
 }
 
