@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
 	"github.com/kilnvm/kiln/vmm/kvm"
 	"github.com/kilnvm/kiln/vmm/linuxboot"
@@ -38,6 +39,10 @@ type Config struct {
 	Console      io.Writer // serial console output; discarded when nil
 	ConsoleInput io.Reader // optional serial console input
 
+	// Devices are virtio devices, each behind a virtio-mmio transport
+	// described in the ACPI DSDT; at most MaxVirtioDevices.
+	Devices []virtio.Device
+
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
 }
@@ -53,7 +58,7 @@ func (c *Config) Validate() error {
 	if c.MemoryMiB < MinMemoryMiB || c.MemoryMiB > MaxMemoryMiB {
 		return fmt.Errorf("%d MiB of memory: want %d to %d", c.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
 	}
-	return nil
+	return validateDevices(c.Devices)
 }
 
 // Reason says why a VM stopped.
@@ -107,6 +112,7 @@ type VM struct {
 	mmio   Bus
 	uart   *serial.UART
 	panics *panicWatcher
+	virtio []*virtio.MMIO
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -191,6 +197,9 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	if err = v.setupDevices(); err != nil {
+		return nil, err
+	}
+	if err = v.setupVirtio(); err != nil {
 		return nil, err
 	}
 	bi, err := v.loadKernel(img, initrd, initrdAddr)
@@ -369,6 +378,7 @@ func (v *VM) acpiConfig() acpi.Config {
 		SleepStatus:  powerBase + powerSleepStatus,
 		ResetReg:     powerBase + powerReset,
 		ResetValue:   resetValue,
+		VirtioMMIO:   v.virtioACPI(),
 	}
 }
 
@@ -538,7 +548,7 @@ func (v *VM) Resume() error {
 // Close releases the VM's vCPUs, memory and file descriptors. Call it after
 // Run has returned (or instead of Run).
 func (v *VM) Close() error {
-	var errs []error
+	errs := []error{v.closeVirtio()}
 	for _, c := range v.vcpus {
 		errs = append(errs, c.kv.Close())
 	}
