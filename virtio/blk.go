@@ -1,0 +1,439 @@
+package virtio
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/vmm/memory"
+)
+
+// Block feature bits (virtio 1.x, section 5.2.3).
+const (
+	BlockFeatureSegMax  = 1 << 2 // seg_max in the config space is valid
+	BlockFeatureRO      = 1 << 5 // the disk is read-only
+	BlockFeatureBlkSize = 1 << 6 // blk_size in the config space is valid
+	BlockFeatureFlush   = 1 << 9 // VIRTIO_BLK_T_FLUSH is supported
+)
+
+// Block request types (section 5.2.6).
+const (
+	BlockTypeIn    = 0 // read sectors
+	BlockTypeOut   = 1 // write sectors
+	BlockTypeFlush = 4 // flush the disk's write cache
+	BlockTypeGetID = 8 // read the device ID string
+)
+
+// Block request status values (section 5.2.6).
+const (
+	BlockStatusOK     = 0
+	BlockStatusIOErr  = 1
+	BlockStatusUnsupp = 2
+)
+
+const (
+	// BlockSectorSize is the unit of capacity and of request sectors.
+	BlockSectorSize = 512
+	// BlockIDBytes is the largest device ID a GET_ID request returns.
+	BlockIDBytes = 20
+	// BlockQueueSize is the size of the block device's single request
+	// queue.
+	BlockQueueSize = 256
+	// blockSegMax is the seg_max the device advertises: the most data
+	// buffers in one request, leaving room for the header and status.
+	blockSegMax = BlockQueueSize - 2
+	// blockHeaderSize is the request header: type, reserved, sector.
+	blockHeaderSize = 16
+	// blockNotifyBatch bounds how many requests complete before the
+	// driver is interrupted during a long drain of the queue.
+	blockNotifyBatch = 32
+)
+
+// Offsets in struct virtio_blk_config (section 5.2.4).
+const (
+	blockCfgCapacity = 0  // le64
+	blockCfgSegMax   = 12 // le32, after size_max (le32 at 8)
+	blockCfgBlkSize  = 20 // le32, after geometry (4 bytes at 16)
+	blockCfgSize     = 60 // the whole structure, through write_zeroes_may_unmap
+)
+
+// BlockConfig describes the backing file of a virtio-blk device.
+type BlockConfig struct {
+	// Path is the disk image: a regular file or a block device, whose size
+	// is a multiple of BlockSectorSize.
+	Path string
+	// ReadOnly opens the image read-only and offers VIRTIO_BLK_F_RO: the
+	// guest's writes fail.
+	ReadOnly bool
+	// ID is what VIRTIO_BLK_T_GET_ID returns (Linux shows it as
+	// /sys/block/vdX/serial), at most BlockIDBytes bytes. Empty means the
+	// image's file name, cut to BlockIDBytes.
+	ID string
+	// Logger receives the device's logs; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Block is a virtio-blk device (virtio 1.x, section 5.2) backed by a file.
+// It serves its one request queue on its own goroutine, reading and writing
+// the image with pread and pwrite straight into and out of guest memory.
+type Block struct {
+	file     *os.File
+	path     string
+	readOnly bool
+	capacity uint64 // in sectors
+	id       [BlockIDBytes]byte
+	config   [blockCfgSize]byte
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	queue  *Queue
+	kick   chan struct{} // buffered(1): a pending QueueNotify
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the serving goroutine exits
+}
+
+var _ Device = (*Block)(nil)
+
+// NewBlock opens the image cfg names (read-write, or read-only when
+// cfg.ReadOnly) and returns a device for it. The image is locked with flock
+// (shared when read-only, exclusive otherwise) so that two devices, in this
+// process or another, cannot write one image at once. Close releases it.
+func NewBlock(cfg BlockConfig) (*Block, error) {
+	if cfg.Path == "" {
+		return nil, errors.New("virtio-blk: no image path given")
+	}
+	if len(cfg.ID) > BlockIDBytes {
+		return nil, fmt.Errorf("virtio-blk %s: ID %q is %d bytes, at most %d allowed", cfg.Path, cfg.ID, len(cfg.ID), BlockIDBytes)
+	}
+	flag, lock := os.O_RDWR, unix.LOCK_EX
+	if cfg.ReadOnly {
+		flag, lock = os.O_RDONLY, unix.LOCK_SH
+	}
+	f, err := os.OpenFile(cfg.Path, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("virtio-blk: opening image: %w", err)
+	}
+	b, err := newBlock(f, cfg, lock)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("virtio-blk: %w", err)
+	}
+	if !fi.Mode().IsRegular() && fi.Mode()&os.ModeDevice == 0 {
+		return nil, fmt.Errorf("virtio-blk: image %s is a %v, not a regular file or block device", cfg.Path, fi.Mode().Type())
+	}
+	if err := unix.Flock(int(f.Fd()), lock|unix.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("virtio-blk: locking image %s (is another VM using it?): %w", cfg.Path, err)
+	}
+	// Seek works for block devices too, where Stat reports size 0.
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("virtio-blk: size of image %s: %w", cfg.Path, err)
+	}
+	if size%BlockSectorSize != 0 {
+		return nil, fmt.Errorf("virtio-blk: image %s is %d bytes, not a multiple of the %d-byte sector", cfg.Path, size, BlockSectorSize)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Block{
+		file:     f,
+		path:     cfg.Path,
+		readOnly: cfg.ReadOnly,
+		capacity: uint64(size) / BlockSectorSize,
+		log:      log.With("device", "virtio-blk", "image", cfg.Path),
+	}
+	id := cfg.ID
+	if id == "" {
+		id = filepath.Base(cfg.Path)
+	}
+	copy(b.id[:], id) // a default longer than BlockIDBytes is cut
+	binary.LittleEndian.PutUint64(b.config[blockCfgCapacity:], b.capacity)
+	binary.LittleEndian.PutUint32(b.config[blockCfgSegMax:], blockSegMax)
+	binary.LittleEndian.PutUint32(b.config[blockCfgBlkSize:], BlockSectorSize)
+	return b, nil
+}
+
+// Capacity returns the disk's size in BlockSectorSize sectors.
+func (b *Block) Capacity() uint64 { return b.capacity }
+
+// Close stops the device and closes the image.
+func (b *Block) Close() error {
+	b.Reset()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if err := b.file.Close(); err != nil {
+		return fmt.Errorf("virtio-blk: closing image %s: %w", b.path, err)
+	}
+	return nil
+}
+
+// ID returns IDBlock.
+func (b *Block) ID() uint32 { return IDBlock }
+
+// Features returns FLUSH, SEG_MAX and BLK_SIZE, and RO for a read-only disk.
+func (b *Block) Features() uint64 {
+	f := uint64(BlockFeatureFlush | BlockFeatureSegMax | BlockFeatureBlkSize)
+	if b.readOnly {
+		f |= BlockFeatureRO
+	}
+	return f
+}
+
+// QueueSizes returns the one request queue's size.
+func (b *Block) QueueSizes() []uint16 { return []uint16{BlockQueueSize} }
+
+// ReadConfig reads struct virtio_blk_config: capacity, seg_max and blk_size
+// are set, the rest reads zero, and so does anything past its end.
+func (b *Block) ReadConfig(offset uint64, data []byte) {
+	clear(data)
+	if offset < uint64(len(b.config)) {
+		copy(data, b.config[offset:])
+	}
+}
+
+// WriteConfig ignores the write: no writable field is offered
+// (VIRTIO_BLK_F_CONFIG_WCE is not).
+func (b *Block) WriteConfig(offset uint64, data []byte) {}
+
+// Activate starts serving the request queue.
+func (b *Block) Activate(mem *memory.Memory, features uint64, queues []*Queue) error {
+	if len(queues) != 1 || queues[0] == nil {
+		return fmt.Errorf("virtio-blk %s: activated with %d queues, want 1", b.path, len(queues))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("virtio-blk %s: activated after Close", b.path)
+	}
+	if b.cancel != nil {
+		return fmt.Errorf("virtio-blk %s: activated twice without a reset", b.path)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.queue, b.cancel = queues[0], cancel
+	b.kick = make(chan struct{}, 1)
+	b.done = make(chan struct{})
+	b.kick <- struct{}{} // serve anything queued before DRIVER_OK
+	go b.serve(ctx, b.queue, b.kick, b.done)
+	return nil
+}
+
+// QueueNotify wakes the goroutine serving queue 0; it never blocks.
+func (b *Block) QueueNotify(index int) {
+	if index != 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.kick == nil {
+		return
+	}
+	select {
+	case b.kick <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// Reset stops serving the queue, waiting for the request in progress to
+// finish, and forgets the queue.
+func (b *Block) Reset() {
+	b.mu.Lock()
+	cancel, done := b.cancel, b.done
+	b.queue, b.kick, b.cancel, b.done = nil, nil, nil, nil
+	b.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// serve completes requests each time the queue is notified, until ctx ends
+// or the driver breaks the queue (the transport hears of that through the
+// queue and sets NEEDS_RESET).
+func (b *Block) serve(ctx context.Context, q *Queue, kick <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		}
+		if err := b.drain(ctx, q); err != nil {
+			if !errors.Is(err, ErrStale) {
+				b.log.Warn("request queue stopped", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// drain completes every available request, interrupting the driver after
+// each batch.
+func (b *Block) drain(ctx context.Context, q *Queue) error {
+	defer q.Notify()
+	for n := 1; ctx.Err() == nil; n++ {
+		c, ok, err := q.Pop()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+		if err := q.Push(c, b.process(c)); err != nil {
+			return err
+		}
+		if n%blockNotifyBatch == 0 {
+			q.Notify()
+		}
+	}
+	return nil
+}
+
+// process executes one request chain and writes its status byte (the last
+// byte of the writable buffers). It returns the number of bytes written to
+// the writable buffers, status included. A chain with no writable byte has
+// nowhere to report to: it is completed without being executed.
+func (b *Block) process(c *Chain) uint32 {
+	w := c.WritableLen()
+	if w == 0 {
+		return 0
+	}
+	status, n := b.execute(c, w-1)
+	last := c.Writable[len(c.Writable)-1]
+	for i := len(c.Writable) - 1; len(last) == 0; i-- { // skip empty buffers
+		last = c.Writable[i-1]
+	}
+	last[len(last)-1] = status
+	return uint32(min(uint64(n)+1, uint64(w), 1<<32-1))
+}
+
+// execute runs the request whose data-in part is the first dataIn bytes of
+// the writable buffers. It returns the status and how many bytes of data it
+// wrote to those buffers.
+func (b *Block) execute(c *Chain, dataIn int) (status byte, n int) {
+	var hdr [blockHeaderSize]byte
+	if blkGather(hdr[:], c.Readable) < blockHeaderSize {
+		return BlockStatusIOErr, 0
+	}
+	typ := binary.LittleEndian.Uint32(hdr[0:])
+	sector := binary.LittleEndian.Uint64(hdr[8:])
+	switch typ {
+	case BlockTypeIn:
+		if !b.inRange(sector, uint64(dataIn)) {
+			return BlockStatusIOErr, 0
+		}
+		off := int64(sector * BlockSectorSize)
+		err := blkWalk(c.Writable, 0, dataIn, func(buf []byte) error {
+			k, err := b.file.ReadAt(buf, off)
+			off += int64(k)
+			n += k
+			return err
+		})
+		if err != nil {
+			b.log.Debug("read failed", "sector", sector, "err", err)
+			return BlockStatusIOErr, n
+		}
+		return BlockStatusOK, n
+	case BlockTypeOut:
+		if b.readOnly {
+			return BlockStatusIOErr, 0
+		}
+		dataOut := c.ReadableLen() - blockHeaderSize
+		if !b.inRange(sector, uint64(dataOut)) {
+			return BlockStatusIOErr, 0
+		}
+		off := int64(sector * BlockSectorSize)
+		err := blkWalk(c.Readable, blockHeaderSize, dataOut, func(buf []byte) error {
+			k, err := b.file.WriteAt(buf, off)
+			off += int64(k)
+			return err
+		})
+		if err != nil {
+			b.log.Debug("write failed", "sector", sector, "err", err)
+			return BlockStatusIOErr, 0
+		}
+		return BlockStatusOK, 0
+	case BlockTypeFlush:
+		if err := b.file.Sync(); err != nil {
+			b.log.Warn("flush failed", "err", err)
+			return BlockStatusIOErr, 0
+		}
+		return BlockStatusOK, 0
+	case BlockTypeGetID:
+		k := min(dataIn, BlockIDBytes)
+		blkWalk(c.Writable, 0, k, func(buf []byte) error {
+			n += copy(buf, b.id[n:])
+			return nil
+		})
+		return BlockStatusOK, n
+	}
+	return BlockStatusUnsupp, 0
+}
+
+// inRange reports whether a transfer of length bytes at sector is whole
+// sectors that lie inside the disk.
+func (b *Block) inRange(sector, length uint64) bool {
+	if length%BlockSectorSize != 0 || sector > b.capacity {
+		return false
+	}
+	return length/BlockSectorSize <= b.capacity-sector
+}
+
+// blkGather copies the start of bufs into p and returns how many bytes it
+// copied.
+func blkGather(p []byte, bufs [][]byte) int {
+	n := 0
+	for _, buf := range bufs {
+		if n == len(p) {
+			break
+		}
+		n += copy(p[n:], buf)
+	}
+	return n
+}
+
+// blkWalk calls fn on each piece of the byte range [skip, skip+length) of the
+// concatenation of bufs, in order, stopping at the first error. The range
+// must lie inside bufs.
+func blkWalk(bufs [][]byte, skip, length int, fn func([]byte) error) error {
+	for _, buf := range bufs {
+		if length == 0 {
+			return nil
+		}
+		if skip >= len(buf) {
+			skip -= len(buf)
+			continue
+		}
+		piece := buf[skip:]
+		skip = 0
+		if len(piece) > length {
+			piece = piece[:length]
+		}
+		if err := fn(piece); err != nil {
+			return err
+		}
+		length -= len(piece)
+	}
+	return nil
+}
