@@ -19,6 +19,8 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	mem := fs.Int("mem", 512, "guest memory in MiB")
 	input := fs.Bool("stdin", false, "feed stdin to the serial console")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	var devFlags deviceFlags
+	devFlags.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -34,9 +36,16 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		}
 		*kernel = k
 	}
+	log := newLogger(stderr, *debug)
+	devs, closeDevs, err := devFlags.open(log)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
+		return exitUsage
+	}
+	defer closeDevs()
 	cfg := vmm.Config{
 		Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem,
-		Console: stdout, Logger: newLogger(stderr, *debug),
+		Console: stdout, Logger: log, Devices: devs,
 	}
 	if *input {
 		cfg.ConsoleInput = stdin

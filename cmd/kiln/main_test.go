@@ -52,6 +52,9 @@ func TestBootBadInput(t *testing.T) {
 		{"missing initrd", []string{"--kernel", kernel, "--initrd", filepath.Join(dir, "none.cpio")}, "read initrd"},
 		{"stray argument", []string{"--kernel", kernel, "extra"}, "unexpected argument"},
 		{"bad flag", []string{"--cpus", "two"}, "invalid value"},
+		{"missing disk image", []string{"--kernel", kernel, "--disk", filepath.Join(dir, "none.img")}, "none.img"},
+		{"disk option", []string{"--kernel", kernel, "--disk", text + ",fast"}, `unknown option "fast"`},
+		{"bad MAC", []string{"--kernel", kernel, "--net", "tap9,mac=xyz"}, "bad MAC"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
