@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
@@ -98,4 +99,15 @@ func (v *VM) closeVirtio() error {
 	}
 	v.virtio = nil
 	return errors.Join(errs...)
+}
+
+// virtioCmdline returns the virtio_mmio.device= parameters that describe n
+// transports to a kernel that reads them from its command line.
+func virtioCmdline(n int) string {
+	var b strings.Builder
+	gsis := virtioGSIs()
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, " virtio_mmio.device=%dK@%#x:%d", virtio.MMIOSize>>10, virtioBase(i), gsis[i])
+	}
+	return b.String()
 }

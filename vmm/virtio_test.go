@@ -75,3 +75,19 @@ func TestVirtioACPI(t *testing.T) {
 		t.Fatalf("device 3: %+v", d)
 	}
 }
+
+func TestVirtioCmdline(t *testing.T) {
+	tests := []struct {
+		n    int
+		want string
+	}{
+		{0, ""},
+		{1, " virtio_mmio.device=4K@0xd0000000:5"},
+		{4, " virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:9"},
+	}
+	for _, tt := range tests {
+		if got := virtioCmdline(tt.n); got != tt.want {
+			t.Errorf("virtioCmdline(%d) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}

@@ -42,6 +42,11 @@ type Config struct {
 	// Devices are virtio devices, each behind a virtio-mmio transport
 	// described in the ACPI DSDT; at most MaxVirtioDevices.
 	Devices []virtio.Device
+	// VirtioOnCmdline also names each transport on the kernel command line
+	// (virtio_mmio.device=4K@ADDR:GSI), for custom kernels built with
+	// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES and without ACPI. Stock distro
+	// kernels find the devices through ACPI and need not it.
+	VirtioOnCmdline bool
 
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
@@ -133,6 +138,9 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	if cfg.Cmdline == "" {
 		cfg.Cmdline = DefaultCmdline
+	}
+	if cfg.VirtioOnCmdline {
+		cfg.Cmdline += virtioCmdline(len(cfg.Devices))
 	}
 	if cfg.KVMPath == "" {
 		cfg.KVMPath = kvm.DevicePath

@@ -19,6 +19,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	mem := fs.Int("mem", 512, "guest memory in MiB")
 	input := fs.Bool("stdin", false, "feed stdin to the serial console")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	virtioCmdline := fs.Bool("virtio-cmdline", false, "also name virtio devices on the command line (virtio_mmio.device=), for custom kernels without ACPI")
 	var devFlags deviceFlags
 	devFlags.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -45,7 +46,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	defer closeDevs()
 	cfg := vmm.Config{
 		Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem,
-		Console: stdout, Logger: log, Devices: devs,
+		Console: stdout, Logger: log, Devices: devs, VirtioOnCmdline: *virtioCmdline,
 	}
 	if *input {
 		cfg.ConsoleInput = stdin
