@@ -3,10 +3,14 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
+	"github.com/kilnvm/kiln/vmm/kvm"
 )
 
 // Virtio-mmio transports: device i has its registers at
@@ -62,11 +66,9 @@ func (v *VM) setupVirtio() error {
 	kv := v.vm
 	for i, d := range v.cfg.Devices {
 		gsi, base := gsis[i], virtioBase(i)
-		m := virtio.NewMMIO(d, v.mem, func(level bool) {
-			if err := kv.IRQLine(gsi, level); err != nil {
-				v.log.Warn("virtio interrupt", "gsi", gsi, "err", err)
-			}
-		})
+		irq := newVirtioIRQ(kv, gsi, v.log)
+		v.virtioIRQs = append(v.virtioIRQs, irq)
+		m := virtio.NewMMIO(d, v.mem, irq.set)
 		m.SetLogger(v.log.With("gsi", gsi))
 		if err := v.mmio.Add(base, virtio.MMIOSize, m); err != nil {
 			return fmt.Errorf("virtio device %d: %w", i, err)
@@ -85,7 +87,8 @@ func (v *VM) virtioACPI() []acpi.MMIODevice {
 	gsis := virtioGSIs()
 	var out []acpi.MMIODevice
 	for i := range v.cfg.Devices {
-		out = append(out, acpi.MMIODevice{Base: virtioBase(i), Size: virtio.MMIOSize, GSI: gsis[i]})
+		edge := i < len(v.virtioIRQs) && v.virtioIRQs[i].edge
+		out = append(out, acpi.MMIODevice{Base: virtioBase(i), Size: virtio.MMIOSize, GSI: gsis[i], Edge: edge})
 	}
 	return out
 }
@@ -98,6 +101,10 @@ func (v *VM) closeVirtio() error {
 		errs = append(errs, m.Close())
 	}
 	v.virtio = nil
+	for _, irq := range v.virtioIRQs {
+		errs = append(errs, irq.close())
+	}
+	v.virtioIRQs = nil
 	return errors.Join(errs...)
 }
 
@@ -110,4 +117,64 @@ func virtioCmdline(n int) string {
 		fmt.Fprintf(&b, " virtio_mmio.device=%dK@%#x:%d", virtio.MMIOSize>>10, virtioBase(i), gsis[i])
 	}
 	return b.String()
+}
+
+// virtioIRQ is one transport's interrupt. Normally an irqfd: the transport's
+// rising edge (InterruptStatus going non-zero) becomes one eventfd write, which
+// KVM injects as an edge on the GSI without a trip through the VMM; the DSDT
+// then says edge-triggered. Where KVM refuses the irqfd, the VMM drives the
+// line level-triggered with KVM_IRQ_LINE instead.
+type virtioIRQ struct {
+	vm   *kvm.VM
+	gsi  uint32
+	efd  int // -1 without irqfd
+	edge bool
+	log  *slog.Logger
+}
+
+func newVirtioIRQ(vm *kvm.VM, gsi uint32, log *slog.Logger) *virtioIRQ {
+	q := &virtioIRQ{vm: vm, gsi: gsi, efd: -1, log: log}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err == nil {
+		if err = vm.IRQFD(&kvm.IRQFD{FD: uint32(efd), GSI: gsi}); err != nil {
+			unix.Close(efd)
+		}
+	}
+	if err != nil {
+		log.Warn("virtio interrupt without irqfd, level-triggered through KVM_IRQ_LINE", "gsi", gsi, "err", err)
+		return q
+	}
+	q.efd, q.edge = efd, true
+	return q
+}
+
+var eventfdOne = []byte{1, 0, 0, 0, 0, 0, 0, 0}
+
+// set follows the transport's interrupt level.
+func (q *virtioIRQ) set(level bool) {
+	if !q.edge {
+		if err := q.vm.IRQLine(q.gsi, level); err != nil {
+			q.log.Warn("virtio interrupt", "gsi", q.gsi, "err", err)
+		}
+		return
+	}
+	if !level {
+		return // an edge needs no deassertion
+	}
+	// EAGAIN means the counter is already non-zero: an edge is pending.
+	if _, err := unix.Write(q.efd, eventfdOne); err != nil && !errors.Is(err, unix.EAGAIN) {
+		q.log.Warn("virtio interrupt", "gsi", q.gsi, "err", err)
+	}
+}
+
+func (q *virtioIRQ) close() error {
+	if q.efd < 0 {
+		return nil
+	}
+	err := q.vm.IRQFD(&kvm.IRQFD{FD: uint32(q.efd), GSI: q.gsi, Flags: kvm.IRQFDFlagDeassign})
+	if cerr := unix.Close(q.efd); err == nil {
+		err = cerr
+	}
+	q.efd = -1
+	return err
 }

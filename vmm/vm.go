@@ -107,17 +107,18 @@ func (e Exit) String() string { return e.Reason.String() + ": " + e.Message }
 
 // VM is a booted-or-bootable virtual machine.
 type VM struct {
-	cfg    Config
-	log    *slog.Logger
-	sys    *kvm.System
-	vm     *kvm.VM
-	mem    *memory.Memory
-	vcpus  []*vcpu
-	pio    Bus
-	mmio   Bus
-	uart   *serial.UART
-	panics *panicWatcher
-	virtio []*virtio.MMIO
+	cfg        Config
+	log        *slog.Logger
+	sys        *kvm.System
+	vm         *kvm.VM
+	mem        *memory.Memory
+	vcpus      []*vcpu
+	pio        Bus
+	mmio       Bus
+	uart       *serial.UART
+	panics     *panicWatcher
+	virtio     []*virtio.MMIO
+	virtioIRQs []*virtioIRQ
 
 	mu       sync.Mutex
 	cond     *sync.Cond

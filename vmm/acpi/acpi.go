@@ -108,6 +108,9 @@ type SerialPort struct {
 type MMIODevice struct {
 	Base, Size uint64
 	GSI        uint32
+	// Edge describes the interrupt as edge-triggered (an irqfd that the VMM
+	// pulses) instead of level-triggered (a line the VMM holds).
+	Edge bool
 }
 
 // GED is a Generic Event Device (ACPI0013), through which the host raises

@@ -370,3 +370,27 @@ func TestBuildErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestVirtioInterruptTrigger checks that MMIODevice.Edge flips the Extended
+// Interrupt descriptor's trigger bit (bit 1: 1 edge, 0 level) and nothing
+// else about it.
+func TestVirtioInterruptTrigger(t *testing.T) {
+	flags := func(edge bool) byte {
+		cfg := baseConfig(1)
+		cfg.VirtioMMIO = []MMIODevice{{Base: 0xD0001000, Size: 0x1000, GSI: 5, Edge: edge}}
+		img, err := Build(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Extended Interrupt: 0x89, length (2 bytes), flags, count 1, GSI 5.
+		i := bytes.Index(img.Bytes, []byte{0x89, 0x06, 0x00})
+		if i < 0 || img.Bytes[i+4] != 1 || img.Bytes[i+5] != 5 {
+			t.Fatalf("no Extended Interrupt descriptor for GSI 5 in the tables")
+		}
+		return img.Bytes[i+3]
+	}
+	level, edge := flags(false), flags(true)
+	if level&0x02 != 0 || edge&0x02 == 0 || level|0x02 != edge {
+		t.Errorf("flags level %#x, edge %#x", level, edge)
+	}
+}

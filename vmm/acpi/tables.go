@@ -259,7 +259,7 @@ func buildDSDT(cfg *Config) ([]byte, error) {
 			Name("_CCA", Integer(1)), // cache-coherent DMA
 			Name("_CRS", ResourceTemplate(
 				Memory32Fixed{Writable: true, Base: uint32(d.Base), Length: uint32(d.Size)},
-				ExtendedInterrupt{Consumer: true, GSIs: []uint32{d.GSI}},
+				ExtendedInterrupt{Consumer: true, Edge: d.Edge, GSIs: []uint32{d.GSI}},
 			)),
 		))
 	}
