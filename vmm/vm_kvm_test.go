@@ -137,9 +137,9 @@ func TestKVMCancelPauseResume(t *testing.T) {
 }
 
 // TestKVMBootLinuxPVH boots Debian's kernel as an ELF vmlinux through its PVH
-// entry on two vCPUs, pauses and resumes it while it boots, and checks that
-// userspace runs, sees both CPUs and powers off. (kiln boot's tests boot the
-// bzImage.)
+// entry, pauses and resumes it while it boots, and checks that userspace runs
+// and powers off. (kiln boot's tests boot the bzImage on two vCPUs;
+// TestKVMCancelPauseResume pauses two vCPUs.)
 func TestKVMBootLinuxPVH(t *testing.T) {
 	kvmtest.Require(t)
 	k := kvmtest.Kernel(t)
@@ -153,7 +153,7 @@ echo "KILN-MARKER cpus=$(grep -c ^processor /proc/cpuinfo) online=$(cat /sys/dev
 poweroff -f
 `)
 	var out syncBuffer
-	vm, err := New(Config{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 2, MemoryMiB: 512, Console: &out})
+	vm, err := New(Config{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 512, Console: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ poweroff -f
 	if exit.Reason != ReasonPowerOff {
 		t.Fatalf("stopped with %v; console:\n%s", exit, out.String())
 	}
-	if !strings.Contains(out.String(), "KILN-MARKER cpus=2 online=0-1") {
-		t.Fatalf("no marker with 2 CPUs online in the console:\n%s", out.String())
+	if !strings.Contains(out.String(), "KILN-MARKER cpus=1 online=0") {
+		t.Fatalf("no marker in the console:\n%s", out.String())
 	}
 }

@@ -19,6 +19,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	mem := fs.Int("mem", 512, "guest memory in MiB")
 	input := fs.Bool("stdin", false, "feed stdin to the serial console")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	timeout := fs.Duration("timeout", 0, "stop the VM after this long (0: no limit)")
 	virtioCmdline := fs.Bool("virtio-cmdline", false, "also name virtio devices on the command line (virtio_mmio.device=), for custom kernels without ACPI")
 	var devFlags deviceFlags
 	devFlags.register(fs)
@@ -57,6 +58,11 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return exitUsage
 	}
 	defer vm.Close()
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, *timeout, fmt.Errorf("--timeout %v reached", *timeout))
+		defer cancel()
+	}
 	exit, err := vm.Run(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)

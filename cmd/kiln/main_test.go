@@ -52,6 +52,7 @@ func TestBootBadInput(t *testing.T) {
 		{"missing initrd", []string{"--kernel", kernel, "--initrd", filepath.Join(dir, "none.cpio")}, "read initrd"},
 		{"stray argument", []string{"--kernel", kernel, "extra"}, "unexpected argument"},
 		{"bad flag", []string{"--cpus", "two"}, "invalid value"},
+		{"bad timeout", []string{"--timeout", "soon"}, "invalid value"},
 		{"missing disk image", []string{"--kernel", kernel, "--disk", filepath.Join(dir, "none.img")}, "none.img"},
 		{"disk option", []string{"--kernel", kernel, "--disk", text + ",fast"}, `unknown option "fast"`},
 		{"bad MAC", []string{"--kernel", kernel, "--net", "tap9,mac=xyz"}, "bad MAC"},
@@ -96,7 +97,7 @@ mount -t sysfs sys /sys
 echo "KILN-MARKER cpus=$(grep -c ^processor /proc/cpuinfo) online=$(cat /sys/devices/system/cpu/online)"
 poweroff -f
 `)
-		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--cpus", "2", "--mem", "512")
+		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--cpus", "2", "--mem", "512", "--timeout", "5m")
 		if code != exitOK {
 			t.Fatalf("exit code %d; stderr %q; console:\n%s", code, stderr, stdout)
 		}
@@ -106,7 +107,7 @@ poweroff -f
 	})
 	t.Run("panic", func(t *testing.T) {
 		initrd := kvmtest.BusyboxInitrd(t, "echo KILN-ABOUT-TO-EXIT\nexit 3\n")
-		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--mem", "256")
+		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--mem", "256", "--timeout", "5m")
 		if code != exitGuest {
 			t.Fatalf("exit code %d, want %d; stderr %q; console:\n%s", code, exitGuest, stderr, stdout)
 		}
