@@ -20,7 +20,7 @@ HARNESS_FLAGS ?=
 # an emulated L1 VM (QEMU TCG) where it does not.
 DEMO_SCRIPT := uname -a; echo hello from kiln; poweroff -f
 DEMO_INITRD := bin/demo-initrd.cpio
-DEMO_CMD = $(KILN) boot --initrd $(DEMO_INITRD)
+DEMO_CMD = $(KILN) boot --initrd $(DEMO_INITRD) --timeout 4m --cmdline 'console=ttyS0 reboot=k panic=-1 quiet'
 DEMO_TIMEOUT := 5m
 
 .PHONY: all deps build harness kernel guest-kernel demo test bench clean
