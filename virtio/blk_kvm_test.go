@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +18,6 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// blkConsole is a console sink the test can read while the guest writes.
-type blkConsole struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *blkConsole) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *blkConsole) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
 
 // blkGuestScript runs in the guest after the modules are loaded. It finds
 // the disks by serial (GET_ID), checksums a file on the ext4 disk, writes a
@@ -134,7 +115,7 @@ func TestKVMVirtioBlock(t *testing.T) {
 	defer ro.Close()
 
 	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_blk", "crc32c_generic", "ext4"}, blkGuestScript)
-	var console blkConsole
+	var console kvmtest.Console
 	vm, err := vmm.New(vmm.Config{
 		Kernel:    k.Vmlinux,
 		Initrd:    initrd,

@@ -1,7 +1,6 @@
 package virtio_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/md5"
 	"crypto/sha256"
@@ -26,24 +25,6 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// netConsole is a console sink the test can read while the guest writes.
-type netConsole struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *netConsole) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *netConsole) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
 
 // netTestLog sends the device's logs (debug included: every dropped frame)
 // to the test log.
@@ -171,7 +152,7 @@ func TestKVMVirtioNet(t *testing.T) {
 	defer srv.Close()
 
 	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_net"}, netGuestScript)
-	var console netConsole
+	var console kvmtest.Console
 	vm, err := vmm.New(vmm.Config{
 		Kernel:    k.Vmlinux,
 		Initrd:    initrd,

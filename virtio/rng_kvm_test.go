@@ -1,11 +1,9 @@
 package virtio_test
 
 import (
-	"bytes"
 	"context"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,24 +11,6 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// rngConsole is a console sink the test reads after the run.
-type rngConsole struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *rngConsole) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *rngConsole) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
 
 // TestKVMVirtioRNG boots Debian's kernel with a virtio-rng device behind the
 // virtio-mmio transport (found through the ACPI DSDT), loads virtio_mmio and
@@ -51,7 +31,7 @@ grep virtio /proc/interrupts | sed 's/^/KILN-RNG irq /'
 echo KILN-RNG done
 poweroff -f
 `)
-	var out rngConsole
+	var out kvmtest.Console
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
 		Kernel:    k.Vmlinux,

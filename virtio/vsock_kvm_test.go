@@ -2,7 +2,6 @@ package virtio_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -24,24 +23,6 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// vsockConsole is a console sink the test reads while the guest writes.
-type vsockConsole struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *vsockConsole) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *vsockConsole) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
 
 // vsockEchoPkg is the guest program the KVM test runs.
 const vsockEchoPkg = "github.com/kilnvm/kiln/internal/testguest/vsockecho"
@@ -233,7 +214,7 @@ poweroff -f
 		fromGuest <- string(msg)
 	}()
 
-	var out vsockConsole
+	var out kvmtest.Console
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
 		Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 256,

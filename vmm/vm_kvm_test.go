@@ -1,37 +1,17 @@
 package vmm
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
 )
 
-// syncBuffer is a console sink tests can read while the guest writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func runVM(t *testing.T, cfg Config, timeout time.Duration) (Exit, string) {
 	t.Helper()
-	var out syncBuffer
+	var out kvmtest.Console
 	cfg.Console = &out
 	vm, err := New(cfg)
 	if err != nil {
@@ -152,7 +132,7 @@ mount -t sysfs sys /sys
 echo "KILN-MARKER cpus=$(grep -c ^processor /proc/cpuinfo) online=$(cat /sys/devices/system/cpu/online)"
 poweroff -f
 `)
-	var out syncBuffer
+	var out kvmtest.Console
 	vm, err := New(Config{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 512, Console: &out})
 	if err != nil {
 		t.Fatal(err)

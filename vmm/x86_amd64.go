@@ -153,20 +153,24 @@ const (
 	eferLMA = 1 << 10
 )
 
+// loadBootSegments points the segment registers, GDTR and IDTR at the boot
+// GDT, with CS = the code selector given.
+func loadBootSegments(s *kvm.Sregs, codeSel uint16) {
+	data := segmentFromGDT(bootGDT[selData/8], selData)
+	s.CS = segmentFromGDT(bootGDT[codeSel/8], codeSel)
+	s.DS, s.ES, s.FS, s.GS, s.SS = data, data, data, data, data
+	s.TR = segmentFromGDT(bootGDT[selTSS/8], selTSS)
+	s.GDT = kvm.DTable{Base: gdtAddr, Limit: uint16(8*len(bootGDT) - 1)}
+	s.IDT = kvm.DTable{Base: idtAddr, Limit: 7}
+}
+
 // setupLongMode puts a vCPU in 64-bit mode at entry with RSI = zero page.
 func setupLongMode(v *kvm.VCPU, entry uint64) error {
 	s, err := v.Sregs()
 	if err != nil {
 		return err
 	}
-	code := segmentFromGDT(bootGDT[selCode64/8], selCode64)
-	data := segmentFromGDT(bootGDT[selData/8], selData)
-	tss := segmentFromGDT(bootGDT[selTSS/8], selTSS)
-	s.CS = code
-	s.DS, s.ES, s.FS, s.GS, s.SS = data, data, data, data, data
-	s.TR = tss
-	s.GDT = kvm.DTable{Base: gdtAddr, Limit: uint16(8*len(bootGDT) - 1)}
-	s.IDT = kvm.DTable{Base: idtAddr, Limit: 7}
+	loadBootSegments(&s, selCode64)
 	s.CR3 = pml4Addr
 	s.CR4 |= cr4PAE
 	// The reset CR0 has CD and NW set: caching off. A guest that starts past
@@ -187,14 +191,7 @@ func setupPVH(v *kvm.VCPU, entry uint64) error {
 	if err != nil {
 		return err
 	}
-	code := segmentFromGDT(bootGDT[selCode32/8], selCode32)
-	data := segmentFromGDT(bootGDT[selData/8], selData)
-	tss := segmentFromGDT(bootGDT[selTSS/8], selTSS)
-	s.CS = code
-	s.DS, s.ES, s.FS, s.GS, s.SS = data, data, data, data, data
-	s.TR = tss
-	s.GDT = kvm.DTable{Base: gdtAddr, Limit: uint16(8*len(bootGDT) - 1)}
-	s.IDT = kvm.DTable{Base: idtAddr, Limit: 7}
+	loadBootSegments(&s, selCode32)
 	s.CR0 = cr0PE | cr0ET
 	s.CR4 = 0
 	s.EFER = 0
