@@ -10,9 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -23,71 +21,6 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// vsockEchoPkg is the guest program the KVM test runs.
-const vsockEchoPkg = "github.com/kilnvm/kiln/internal/testguest/vsockecho"
-
-// vsockEchoBinary returns a static build of the guest program
-// internal/testguest/vsockecho. Builds are kept in the repository's bin/
-// (ignored by git), named by a hash of the program's sources, go.mod,
-// go.sum and the Go version: the non-KVM TestVsockEchoBuilds makes one
-// on the host, and the KVM test, which the harness runs in an emulated L1
-// where the repository is read-only and go build takes a minute, finds
-// it there. When it is missing the test builds it into t.TempDir.
-func vsockEchoBinary(t *testing.T) string {
-	t.Helper()
-	h := sha256.New()
-	io.WriteString(h, runtime.Version()+"\n")
-	srcs, err := filepath.Glob("../internal/testguest/vsockecho/*.go")
-	if err != nil || len(srcs) == 0 {
-		t.Fatalf("vsockecho sources: %v (%d files)", err, len(srcs))
-	}
-	for _, p := range append(srcs, "../go.mod", "../go.sum") {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(h, "%s %d\n", p, len(b))
-		h.Write(b)
-	}
-	kept := filepath.Join("..", "bin", "testguest", fmt.Sprintf("vsockecho-%x", h.Sum(nil)[:8]))
-	if fi, err := os.Stat(kept); err == nil && fi.Mode().IsRegular() {
-		return kept
-	}
-	out := filepath.Join(t.TempDir(), "vsockecho")
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, vsockEchoPkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building vsockecho: %v: %s", err, b)
-	}
-	// Keep it for the next run; a read-only tree just means no reuse.
-	if err := os.MkdirAll(filepath.Dir(kept), 0o755); err == nil {
-		if b, err := os.ReadFile(out); err == nil {
-			tmp := kept + fmt.Sprintf(".%d", os.Getpid())
-			if os.WriteFile(tmp, b, 0o755) == nil && os.Rename(tmp, kept) != nil {
-				os.Remove(tmp)
-			}
-			// Builds of older sources are of no more use.
-			old, _ := filepath.Glob(filepath.Join(filepath.Dir(kept), "vsockecho-*"))
-			for _, p := range old {
-				if p != kept && !strings.Contains(filepath.Base(p), ".") {
-					os.Remove(p)
-				}
-			}
-		}
-	}
-	return out
-}
-
-func TestVsockEchoBuilds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a Go program")
-	}
-	p := vsockEchoBinary(t)
-	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
-		t.Fatalf("vsockecho: %v", err)
-	}
-}
 
 // vsockConnect connects a host process to guest port through the device's
 // socket: it returns the connection and a reader past the "OK" line, or the
@@ -155,7 +88,7 @@ func TestKVMVirtioVsock(t *testing.T) {
 		t.Fatal("the kernel cache has no vmlinux (make kernel extracts it)")
 	}
 	t0 := time.Now()
-	echoBin := vsockEchoBinary(t)
+	echoBin := kvmtest.VsockEchoBinary(t)
 	t.Logf("vsockecho ready in %v", time.Since(t0).Round(time.Millisecond))
 	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "vmw_vsock_virtio_transport"}, `
 /vsockecho -listen 1234 -exit-port 1235 -dial 5000 -msg hello-from-guest

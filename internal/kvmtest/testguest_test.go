@@ -1,0 +1,16 @@
+package kvmtest
+
+import (
+	"os"
+	"testing"
+)
+
+func TestVsockEchoBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := VsockEchoBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("vsockecho at %s: %v", p, err)
+	}
+}
