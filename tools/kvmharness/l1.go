@@ -35,7 +35,11 @@ type l1Config struct {
 	memMiB  int
 	cpus    int
 	timeout time.Duration
-	job     string    // the job folder: shared read-write, mounted at the same path in L1
+	job     string // the job folder: shared read-write, mounted at the same path in L1
+	// workdir, when set, is shared read-only and mounted at the same path
+	// in L1: the checkout, when it lies under a folder L1 covers with a
+	// fresh tmpfs (/tmp, /run, /var/tmp, /dev/shm), as a CI clone may.
+	workdir string
 	console io.Writer // receives L1's serial console, line by line
 	log     *slog.Logger
 }
@@ -43,7 +47,7 @@ type l1Config struct {
 // buildL1Initramfs writes the L1 initramfs to path: busybox, the modules in
 // dependency order, and an /init that mounts this machine's root and the job
 // folder over 9p and runs job/run.sh chrooted into the root.
-func buildL1Initramfs(k *guestkernel.Kernel, job, path string) error {
+func buildL1Initramfs(k *guestkernel.Kernel, job, workdir, path string) error {
 	required, optional := l1Modules()
 	mods, err := k.ModuleLoadOrder(required...)
 	if err != nil {
@@ -72,7 +76,7 @@ func buildL1Initramfs(k *guestkernel.Kernel, job, path string) error {
 	for i, m := range mods {
 		names[i] = m.Name
 	}
-	b, err := initramfs.BusyboxInit(l1InitScript(job, names))
+	b, err := initramfs.BusyboxInit(l1InitScript(job, workdir, names))
 	if err != nil {
 		return err
 	}
@@ -87,7 +91,7 @@ func buildL1Initramfs(k *guestkernel.Kernel, job, path string) error {
 // l1InitScript is L1's /init (after the #! line): load the modules in order,
 // mount the host's root read-only and the job folder read-write over 9p,
 // fresh tmpfs on /tmp, /run, /var/tmp and /dev/shm, then run job/run.sh.
-func l1InitScript(job string, modules []string) string {
+func l1InitScript(job, workdir string, modules []string) string {
 	const p9 = "mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000"
 	var s strings.Builder
 	fmt.Fprintf(&s, `export PATH=/bin
@@ -105,12 +109,33 @@ mount -t cgroup2 none /host/sys/fs/cgroup 2>/dev/null
 for p in tmp run var/tmp dev/shm; do mkdir -p /host/$p; mount -t tmpfs tmpfs /host/$p; done
 mkdir -p %s
 %s job %s || { say "cannot mount the job folder"; poweroff -f; }
+%s
 say "up after $(cut -d' ' -f1 /proc/uptime)s, $(nproc) CPUs"
 chroot /host /bin/sh %s
 sync
 poweroff -f
-`, strings.Join(modules, " "), p9, shQuote("/host"+job), p9, shQuote("/host"+job), shQuote(job+"/run.sh"))
+`, strings.Join(modules, " "), p9, shQuote("/host"+job), p9, shQuote("/host"+job), workMount(p9, workdir), shQuote(job+"/run.sh"))
 	return s.String()
+}
+
+// workMount is the /init line that mounts the shared workdir, if any.
+func workMount(p9, workdir string) string {
+	if workdir == "" {
+		return ""
+	}
+	w := shQuote("/host" + workdir)
+	return fmt.Sprintf("mkdir -p %s; %s,ro work %s || { say \"cannot mount the work folder\"; poweroff -f; }", w, p9, w)
+}
+
+// coveredByTmpfs reports whether dir lies under a folder that L1 covers
+// with a fresh tmpfs, so that L1 would not see it through the root share.
+func coveredByTmpfs(dir string) bool {
+	for _, p := range []string{"/tmp", "/run", "/var/tmp", "/dev/shm"} {
+		if dir == p || strings.HasPrefix(dir, p+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // qemuArgs is the command line of the L1 VM. It boots the uncompressed
@@ -121,7 +146,7 @@ func qemuArgs(c l1Config, initrd string) []string {
 	if c.kernel.Vmlinux != "" {
 		kernel = c.kernel.Vmlinux
 	}
-	return []string{
+	args := []string{
 		"-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
 		"-m", strconv.Itoa(c.memMiB), "-smp", strconv.Itoa(c.cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
@@ -130,6 +155,10 @@ func qemuArgs(c l1Config, initrd string) []string {
 		"-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + qemuEscape(c.job) + ",mount_tag=job,security_model=none,multidevs=remap",
 	}
+	if c.workdir != "" {
+		args = append(args, "-virtfs", "local,path="+qemuEscape(c.workdir)+",mount_tag=work,security_model=none,readonly=on,multidevs=remap")
+	}
+	return args
 }
 
 // runL1 boots L1, which runs job/run.sh, and waits for it to power off.
@@ -137,7 +166,7 @@ func qemuArgs(c l1Config, initrd string) []string {
 // c.timeout or does not write job/done.
 func runL1(ctx context.Context, c l1Config) error {
 	initrd := filepath.Join(c.job, "l1-initrd.cpio")
-	if err := buildL1Initramfs(c.kernel, c.job, initrd); err != nil {
+	if err := buildL1Initramfs(c.kernel, c.job, c.workdir, initrd); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)

@@ -176,7 +176,7 @@ func TestExecJobScript(t *testing.T) {
 }
 
 func TestL1InitScriptParses(t *testing.T) {
-	script := l1InitScript("/tmp/kiln job's", []string{"irqbypass", "kvm", "kvm_amd"})
+	script := l1InitScript("/tmp/kiln job's", "/tmp/clone", []string{"irqbypass", "kvm", "kvm_amd"})
 	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
 		t.Fatalf("sh -n: %v\n%s\n%s", err, out, script)
 	}
@@ -223,7 +223,7 @@ func TestBuildL1Initramfs(t *testing.T) {
 	}
 	k := &guestkernel.Kernel{Version: "test", ModulesDir: dir}
 	out := filepath.Join(t.TempDir(), "initrd")
-	if err := buildL1Initramfs(k, "/tmp/job", out); err != nil {
+	if err := buildL1Initramfs(k, "/tmp/job", "", out); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(out)
@@ -275,3 +275,30 @@ func TestRunL1MissingQEMU(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestWorkdirShare(t *testing.T) {
+	for _, tt := range []struct {
+		dir  string
+		want bool
+	}{
+		{"/tmp/ci/main", true}, {"/tmp", true}, {"/var/tmp/x", true}, {"/run/user/0/w", true},
+		{"/work/main", false}, {"/tmpfoo/x", false}, {"/", false},
+	} {
+		if got := coveredByTmpfs(tt.dir); got != tt.want {
+			t.Errorf("coveredByTmpfs(%q) = %v, want %v", tt.dir, got, tt.want)
+		}
+	}
+	script := l1InitScript("/tmp/job", "/tmp/clone", []string{"kvm"})
+	tmpfs := strings.Index(script, "mount -t tmpfs")
+	work := strings.Index(script, "ro work '/host/tmp/clone'")
+	if tmpfs < 0 || work < tmpfs {
+		t.Errorf("the work folder is not mounted after the tmpfs mounts:\n%s", script)
+	}
+	if s := l1InitScript("/tmp/job", "", []string{"kvm"}); strings.Contains(s, " work ") {
+		t.Errorf("a work mount without a work folder:\n%s", s)
+	}
+	args := strings.Join(qemuArgs(l1Config{kernel: &guestkernel.Kernel{Image: "/k"}, memMiB: 1, cpus: 1, job: "/tmp/j", workdir: "/tmp/clone"}, "/i"), " ")
+	if !strings.Contains(args, "path=/tmp/clone,mount_tag=work,security_model=none,readonly=on") {
+		t.Errorf("no read-only work share in %s", args)
+	}
+}

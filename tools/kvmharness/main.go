@@ -244,7 +244,7 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 	}
 	l1err := runL1(ctx, l1Config{
 		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
-		job: job, console: stdout, log: log,
+		job: job, workdir: workdirForL1(), console: stdout, log: log,
 	})
 	if l1err != nil {
 		t.problem("%v", l1err)
@@ -352,7 +352,7 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 	start := time.Now()
 	err = runL1(ctx, l1Config{
 		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
-		job: job, console: stdout, log: log,
+		job: job, workdir: workdirForL1(), console: stdout, log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
@@ -400,4 +400,14 @@ func l1Duration(path string) (time.Duration, error) {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return time.Duration((b - a) * float64(time.Second)), nil
+}
+
+// workdirForL1 is the working directory when L1 would not see it through
+// its root share (see l1Config.workdir), else "".
+func workdirForL1() string {
+	wd, err := os.Getwd()
+	if err != nil || !coveredByTmpfs(wd) {
+		return ""
+	}
+	return wd
 }
