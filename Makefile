@@ -23,7 +23,7 @@ DEMO_INITRD := bin/demo-initrd.cpio
 DEMO_CMD = $(KILN) boot --initrd $(DEMO_INITRD) --timeout 4m --cmdline 'console=ttyS0 reboot=k panic=-1 quiet'
 DEMO_TIMEOUT := 5m
 
-.PHONY: all deps build harness kernel guest-kernel demo test bench clean
+.PHONY: all deps build harness kernel guest-kernel demo test fuzz bench clean
 
 all: deps build kernel demo
 
@@ -67,6 +67,20 @@ test: harness
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(HARNESS) $(HARNESS_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz
+
+# Every fuzz target, briefly: the parsers of guest- and user-written input
+# (virtqueues, device requests, kernel images, flags). make test runs it;
+# `make fuzz FUZZTIME=10m` runs longer.
+FUZZTIME ?= 4s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz: $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null || \
+	      { echo "fuzz: $$f failed; rerun: go test -run '^$$' -fuzz '^$$f$$' $$pkg"; exit 1; }; \
+	  done; \
+	done
 
 bench:
 	$(GO) test -run '^$$' -bench . ./bench/...
