@@ -66,8 +66,8 @@ test: harness
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(HARNESS) $(HARNESS_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
+	$(HARNESS) $(HARNESS_FLAGS) ./...
 
 # Every fuzz target, briefly: the parsers of guest- and user-written input
 # (virtqueues, device requests, kernel images, flags). make test runs it;
