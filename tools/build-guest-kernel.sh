@@ -18,7 +18,7 @@
 #   guest-kernel/<kernelrelease>/        bzImage, vmlinux, config, stamp
 #   guest-kernel/current -> <kernelrelease>
 #
-# Environment: KILN_CACHE, JOBS (default: nproc).
+# Environment: KILN_CACHE, JOBS (default: nproc); QEMU_ACCEL, QEMU_CPU (--boot-test).
 set -euo pipefail
 
 die() { printf 'build-guest-kernel: %s\n' "$*" >&2; exit 1; }
@@ -238,6 +238,15 @@ boot_test() {
 	accel=${QEMU_ACCEL:-$([[ -r /dev/kvm && -w /dev/kvm ]] && echo kvm || echo tcg)}
 	cpu=${QEMU_CPU:-$([[ $accel == kvm ]] && echo host || echo max)}
 
+	# Under TCG the guest TSC runs at the host's TSC rate, but the PIT-based
+	# calibration is timing-sensitive and sometimes fails; microvm has no HPET
+	# or PM timer to fall back on, so the guest then stalls. Tell it the rate.
+	local append="console=ttyS0 panic=-1" mhz
+	if [[ $accel == tcg ]]; then
+		mhz=$(awk -F': *' '/^cpu MHz/ { print int($2); exit }' /proc/cpuinfo)
+		[[ -n $mhz && $mhz -gt 0 ]] && append+=" tsc_early_khz=$((mhz * 1000))"
+	fi
+
 	local tmp
 	tmp=$(mktemp -d)
 	mkdir -p "$tmp/root/bin" "$tmp/root/dev" "$tmp/root/proc"
@@ -260,7 +269,7 @@ boot_test() {
 	out=$(timeout 300 "$qemu" -M microvm -accel "$accel" -cpu "$cpu" \
 		-m 256 -nodefaults -no-user-config -nographic -serial stdio \
 		-kernel "$kernel" -initrd "$tmp/initramfs.cpio" \
-		-append "console=ttyS0 panic=-1" </dev/null 2>&1) || rc=$?
+		-append "$append" </dev/null 2>&1) || rc=$?
 	end=$(date +%s%N)
 	rm -rf "$tmp"
 	printf '%s\n' "$out"
