@@ -127,7 +127,6 @@ type VM struct {
 	paused   bool  // Pause requested
 	parked   int   // vCPUs parked by a pause
 	stopping bool
-	stopped  chan struct{}
 }
 
 // New builds a VM from cfg: memory, vCPUs, irqchip, devices, and the kernel,
@@ -174,7 +173,7 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 
-	v := &VM{cfg: cfg, log: cfg.Logger, stopped: make(chan struct{})}
+	v := &VM{cfg: cfg, log: cfg.Logger}
 	v.cond = sync.NewCond(&v.mu)
 	defer func() {
 		if err != nil {
