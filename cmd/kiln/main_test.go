@@ -107,7 +107,7 @@ poweroff -f
 	})
 	t.Run("panic", func(t *testing.T) {
 		initrd := kvmtest.BusyboxInitrd(t, "echo KILN-ABOUT-TO-EXIT\nexit 3\n")
-		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--mem", "256", "--timeout", "5m")
+		code, stdout, stderr := runKiln(t, "boot", "--kernel", k.Image, "--initrd", initrd, "--mem", "512", "--timeout", "5m")
 		if code != exitGuest {
 			t.Fatalf("exit code %d, want %d; stderr %q; console:\n%s", code, exitGuest, stderr, stdout)
 		}
