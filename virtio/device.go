@@ -10,7 +10,11 @@
 // registers, the queues and the interrupt, and calls the device.
 package virtio
 
-import "github.com/kilnvm/kiln/vmm/memory"
+import (
+	"encoding/json"
+
+	"github.com/kilnvm/kiln/vmm/memory"
+)
 
 // Device IDs (virtio 1.x, section 5).
 const (
@@ -55,4 +59,14 @@ type Device interface {
 	// (driver wrote 0 to Status, or the VM stops). After Reset, Activate may
 	// be called again.
 	Reset()
+	// SaveState returns the device's own state (beyond the transport's
+	// registers and queues) in the device's own form, for a snapshot. It is
+	// called with the transport paused. A device with nothing to keep
+	// returns nil.
+	SaveState() (json.RawMessage, error)
+	// RestoreState loads what SaveState returned, into a device built with
+	// the same configuration, before the transport activates it again. It
+	// checks the state against the device (a disk of another size, say)
+	// and returns an error naming the difference.
+	RestoreState(state json.RawMessage) error
 }

@@ -111,6 +111,7 @@ type MMIO struct {
 	irqLevel   bool
 	failed     error  // the queue or activation error that set NEEDS_RESET
 	epoch      uint64 // bumped by every reset: callbacks from before are dropped
+	paused     bool   // Pause: queues serve nothing until Resume
 
 	ioevents *ioEvents
 }

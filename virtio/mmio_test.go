@@ -2,6 +2,7 @@ package virtio
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -608,4 +609,24 @@ func TestMMIOResetWhileServing(t *testing.T) {
 			t.Fatalf("round %d: interrupt pending after reset", round)
 		}
 	}
+}
+
+func (d *mmioFake) SaveState() (json.RawMessage, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return json.Marshal(d.config)
+}
+
+func (d *mmioFake) RestoreState(data json.RawMessage) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var cfg []byte
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return err
+	}
+	if len(cfg) != len(d.config) {
+		return errors.New("config length differs")
+	}
+	copy(d.config, cfg)
+	return nil
 }

@@ -67,6 +67,8 @@ type Queue struct {
 	usedIdx   uint16
 	notified  uint16 // usedIdx at the last Notify
 	inFlight  []bool // heads popped and not yet pushed
+	nHeld     int    // how many of inFlight are true
+	paused    bool   // Pop finds nothing (the transport is paused)
 	broken    error  // the first malformation; the queue serves nothing after
 	interrupt func()
 	onError   func(error)
@@ -199,6 +201,7 @@ func (q *Queue) activate(mem *memory.Memory, features uint64, interrupt func(), 
 	q.indirect = features&FeatureIndirectDesc != 0
 	q.lastAvail, q.usedIdx, q.notified = 0, 0, 0
 	q.inFlight = make([]bool, size)
+	q.nHeld = 0
 	q.broken = nil
 	q.interrupt, q.onError = interrupt, onError
 	q.active = true
@@ -218,6 +221,7 @@ func (q *Queue) Reset() {
 	q.mem, q.size, q.desc, q.avail, q.used = nil, 0, nil, nil, nil
 	q.lastAvail, q.usedIdx, q.notified = 0, 0, 0
 	q.inFlight = nil
+	q.nHeld = 0
 	q.broken = nil
 	q.interrupt, q.onError = nil, nil
 }
@@ -260,7 +264,7 @@ func (q *Queue) Pop() (*Chain, bool, error) {
 }
 
 func (q *Queue) pop() (*Chain, bool, error) {
-	if !q.active {
+	if !q.active || q.paused {
 		return nil, false, nil
 	}
 	if q.broken != nil {
@@ -289,6 +293,7 @@ func (q *Queue) pop() (*Chain, bool, error) {
 		return nil, false, q.fail(err)
 	}
 	q.inFlight[head] = true
+	q.nHeld++
 	q.lastAvail++
 	if q.eventIdx {
 		binary.LittleEndian.PutUint16(q.used[4+8*int(q.size):], q.lastAvail)
@@ -391,6 +396,7 @@ func (q *Queue) Push(c *Chain, written uint32) error {
 		return fmt.Errorf("push of chain %d: %d bytes written into %d writable", c.Head, written, c.WritableLen())
 	}
 	q.inFlight[c.Head] = false
+	q.nHeld--
 	e := q.used[4+8*int(q.usedIdx%q.size):]
 	binary.LittleEndian.PutUint32(e, uint32(c.Head))
 	binary.LittleEndian.PutUint32(e[4:], written)

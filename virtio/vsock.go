@@ -87,7 +87,10 @@ type Vsock struct {
 	rsts      []vsockHdr   // RSTs for packets of no connection
 	nextPort  uint32
 	eventWant bool // a transport reset event is to be sent
-	broken    bool // a queue is malformed: serve nothing until reset
+	// resetOnActivate makes the next Activate send TRANSPORT_RESET (set by
+	// RestoreState: the guest's connections are gone).
+	resetOnActivate bool
+	broken          bool // a queue is malformed: serve nothing until reset
 }
 
 // vsockKey names a connection: the host's port and the guest's.
@@ -225,6 +228,7 @@ func (v *Vsock) Activate(mem *memory.Memory, features uint64, queues []*Queue) e
 	defer v.mu.Unlock()
 	v.mem, v.queues = mem, queues
 	v.active, v.broken = true, false
+	v.eventWant, v.resetOnActivate = v.resetOnActivate, false
 	v.stop = make(chan struct{})
 	v.done = make(chan struct{})
 	go v.serve(v.kick, v.stop, v.done)
