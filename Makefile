@@ -15,7 +15,7 @@ HARNESS := bin/kvmharness
 # Flags for the test harness, e.g. `make test HARNESS_FLAGS=-mode=tcg`.
 HARNESS_FLAGS ?=
 # How many times make test runs the suite before it fails (see README).
-HARNESS_TRIES ?= 3
+HARNESS_TRIES ?= 1
 
 # make demo: the sandbox's /init script, its initramfs, and the command that
 # boots it. The harness runs the command directly where /dev/kvm works and in

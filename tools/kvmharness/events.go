@@ -34,6 +34,7 @@ type tally struct {
 	kvmPassed, kvmFailed, kvmSkipped int
 
 	failedTests  []string // "pkg TestName"
+	flaky        []string // "pkg TestName": failed in L1, passed when run again
 	skippedKVM   []string
 	failedPkgs   map[string]bool
 	problems     []string // failures that are not test results
@@ -131,8 +132,15 @@ func (t *tally) reasons() []string {
 
 // summary writes the closing lines: the KVM line and the suite line, last.
 func (t *tally) summary(w io.Writer, mode string) {
-	fmt.Fprintf(w, "KVM tests: %d ran, %d passed, %d failed, %d skipped (mode: %s)\n",
-		t.kvmRan(), t.kvmPassed, t.kvmFailed, t.kvmSkipped, mode)
+	for _, name := range t.flaky {
+		fmt.Fprintf(w, "FLAKY: %s failed in L1, then passed when run again\n", name)
+	}
+	flaky := ""
+	if len(t.flaky) > 0 {
+		flaky = fmt.Sprintf(", %d flaky", len(t.flaky))
+	}
+	fmt.Fprintf(w, "KVM tests: %d ran, %d passed, %d failed, %d skipped%s (mode: %s)\n",
+		t.kvmRan(), t.kvmPassed, t.kvmFailed, t.kvmSkipped, flaky, mode)
 	fmt.Fprintf(w, "%d passed, %d failed, %d skipped\n", t.passed, t.failed, t.skipped)
 }
 

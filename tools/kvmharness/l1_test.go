@@ -125,6 +125,19 @@ func TestTestJobScript(t *testing.T) {
 			out: filepath.Join(job, "out", "1.out"), rc: filepath.Join(job, "out", "1.rc")},
 		{pkg: testPackage{ImportPath: "c", Dir: filepath.Join(pkgDir, "missing")}, path: fake("2.test", "exit 0"),
 			out: filepath.Join(job, "out", "2.out"), rc: filepath.Join(job, "out", "2.rc")},
+		// Fails TestKVMFlaky (and times out in TestKVMHung) the first time,
+		// then passes: only those two run again.
+		{pkg: testPackage{ImportPath: "d", Dir: pkgDir}, path: fake("3.test", `
+if [ -f ran ]; then echo "again $@"; exit 0; fi
+touch ran
+echo "--- FAIL: TestKVMFlaky (1.00s)"
+echo "    --- FAIL: TestKVMFlaky/sub (1.00s)"
+echo "--- PASS: TestKVMSteady (1.00s)"
+echo "panic: test timed out after 1s"
+echo "running tests:"
+printf '\tTestKVMHung (1s)\n'
+exit 1`),
+			out: filepath.Join(job, "out", "3.out"), rc: filepath.Join(job, "out", "3.rc")},
 	}
 	console := runScript(t, testJobScript(job, []string{"KILN_KVM_TESTS=require", "PATH=" + os.Getenv("PATH")}, bins, 90*time.Second))
 	read := func(p string) string {
@@ -139,6 +152,18 @@ func TestTestJobScript(t *testing.T) {
 	}
 	if read(bins[0].rc) != "0\n" || read(bins[1].rc) != "3\n" || read(bins[1].out) != "failing\n" {
 		t.Errorf("rc files %q %q, second output %q", read(bins[0].rc), read(bins[1].rc), read(bins[1].out))
+	}
+	if got, want := read(bins[3].retryOut()), "again -test.run ^(TestKVMFlaky|TestKVMHung)$ -test.v=test2json -test.timeout=1m30s\n"; got != want {
+		t.Errorf("retry printed %q, want %q", got, want)
+	}
+	if read(bins[3].retryRC()) != "0\n" {
+		t.Errorf("retry rc %q", read(bins[3].retryRC()))
+	}
+	if _, err := os.Stat(bins[0].retryOut()); err == nil {
+		t.Error("a passing binary ran again")
+	}
+	if _, err := os.Stat(bins[1].retryOut()); err == nil {
+		t.Error("a binary with no failed KVM test named ran again")
 	}
 	if _, err := os.Stat(bins[2].out); err == nil {
 		t.Error("a binary whose package folder is missing ran")
@@ -300,5 +325,47 @@ func TestWorkdirShare(t *testing.T) {
 	args := strings.Join(qemuArgs(l1Config{kernel: &guestkernel.Kernel{Image: "/k"}, memMiB: 1, cpus: 1, job: "/tmp/j", workdir: "/tmp/clone"}, "/i"), " ")
 	if !strings.Contains(args, "path=/tmp/clone,mount_tag=work,security_model=none,readonly=on") {
 		t.Errorf("no read-only work share in %s", args)
+	}
+}
+
+func TestCollectL1ResultsRetry(t *testing.T) {
+	goBin, err := goTool()
+	if err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	first := "=== RUN   TestKVMA\n--- FAIL: TestKVMA (1.00s)\n=== RUN   TestKVMB\n--- PASS: TestKVMB (1.00s)\n=== RUN   TestKVMC\n--- FAIL: TestKVMC (1.00s)\nFAIL\n"
+	for _, tc := range []struct {
+		name               string
+		retry, retryRC     string
+		passed, failed     int
+		flaky, wantFailing bool
+	}{
+		{"passes again", "=== RUN   TestKVMA\n--- PASS: TestKVMA (1.00s)\n=== RUN   TestKVMC\n--- PASS: TestKVMC (1.00s)\nPASS\n", "0\n", 3, 0, true, false},
+		{"fails again", "=== RUN   TestKVMA\n--- PASS: TestKVMA (1.00s)\n=== RUN   TestKVMC\n--- FAIL: TestKVMC (1.00s)\nFAIL\n", "1\n", 2, 1, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := testBinary{pkg: testPackage{ImportPath: "p"}, out: write("0.out", first), rc: write("0.rc", "1\n")}
+			write("0.retry.out", tc.retry)
+			write("0.retry.rc", tc.retryRC)
+			tl := newTally()
+			collectL1Results(context.Background(), goBin, b, tl)
+			if tl.kvmPassed != tc.passed || tl.kvmFailed != tc.failed {
+				t.Errorf("KVM passed %d failed %d, want %d and %d", tl.kvmPassed, tl.kvmFailed, tc.passed, tc.failed)
+			}
+			if got := len(tl.flaky) > 0; got != tc.flaky {
+				t.Errorf("flaky %v", tl.flaky)
+			}
+			if got := len(tl.reasons()) > 0; got != tc.wantFailing {
+				t.Errorf("reasons %q", tl.reasons())
+			}
+		})
 	}
 }

@@ -262,9 +262,51 @@ func collectL1Results(ctx context.Context, goBin string, b testBinary, t *tally)
 		t.failedPkgs[pkg] = true
 		return
 	}
+	// A binary whose failed tests were run again: those tests count as
+	// they did the second time (and as flaky when they passed then).
+	retried := map[string]bool{}
+	retryRC, retryErr := os.ReadFile(b.retryRC())
+	if retryErr == nil {
+		if err := test2json(ctx, goBin, pkg, b.retryOut(), func(ev event) {
+			if top, _, _ := strings.Cut(ev.Test, "/"); top != "" {
+				retried[top] = true
+			}
+		}); err != nil {
+			t.problem("%s: reading its L1 retry results: %v", pkg, err)
+		}
+	}
 	failedBefore := t.failed
-	if err := test2json(ctx, goBin, pkg, b.out, func(ev event) { t.add(ev, false) }); err != nil {
+	firstFailed := map[string]bool{}
+	if err := test2json(ctx, goBin, pkg, b.out, func(ev event) {
+		top, _, _ := strings.Cut(ev.Test, "/")
+		if retryErr == nil && ev.Test == "" && ev.Action != "output" {
+			return // the package's result is the retry's
+		}
+		if retried[top] {
+			if ev.Action == "fail" && top == ev.Test {
+				firstFailed[top] = true
+			}
+			return
+		}
+		t.add(ev, false)
+	}); err != nil {
 		t.problem("%s: reading its L1 results: %v", pkg, err)
+	}
+	if retryErr == nil {
+		retryFailedBefore := t.failed
+		if err := test2json(ctx, goBin, pkg, b.retryOut(), func(ev event) {
+			if ev.Action == "pass" && topLevel(ev.Test) && firstFailed[ev.Test] {
+				t.flaky = append(t.flaky, pkg+" "+ev.Test)
+			}
+			t.add(ev, false)
+		}); err != nil {
+			t.problem("%s: reading its L1 retry results: %v", pkg, err)
+		}
+		if rc := strings.TrimSpace(string(retryRC)); rc != "0" && t.failed == retryFailedBefore {
+			t.problem("%s: the test binary exited with status %s in L1 when retried", pkg, rc)
+			t.failedPkgs[pkg] = true
+		}
+		return
 	}
 	data, err := os.ReadFile(b.rc)
 	if err != nil {
