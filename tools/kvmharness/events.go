@@ -35,6 +35,7 @@ type tally struct {
 
 	failedTests  []string // "pkg TestName"
 	flaky        []string // "pkg TestName": failed in L1, passed when run again
+	l1Retries    []string // why an L1 VM was replaced by a fresh one
 	skippedKVM   []string
 	failedPkgs   map[string]bool
 	problems     []string // failures that are not test results
@@ -132,12 +133,15 @@ func (t *tally) reasons() []string {
 
 // summary writes the closing lines: the KVM line and the suite line, last.
 func (t *tally) summary(w io.Writer, mode string) {
+	for _, r := range t.l1Retries {
+		fmt.Fprintf(w, "FLAKY: %s\n", r)
+	}
 	for _, name := range t.flaky {
 		fmt.Fprintf(w, "FLAKY: %s failed in L1, then passed when run again\n", name)
 	}
 	flaky := ""
-	if len(t.flaky) > 0 {
-		flaky = fmt.Sprintf(", %d flaky", len(t.flaky))
+	if n := len(t.flaky) + len(t.l1Retries); n > 0 {
+		flaky = fmt.Sprintf(", %d flaky", n)
 	}
 	fmt.Fprintf(w, "KVM tests: %d ran, %d passed, %d failed, %d skipped%s (mode: %s)\n",
 		t.kvmRan(), t.kvmPassed, t.kvmFailed, t.kvmSkipped, flaky, mode)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -368,4 +369,30 @@ func TestCollectL1ResultsRetry(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestWatchHeartbeat(t *testing.T) {
+	p := filepath.Join(t.TempDir(), heartbeatFile)
+	stop := make(chan struct{})
+	hung := make(chan struct{})
+	go watchHeartbeat(p, 150*time.Millisecond, 10*time.Millisecond, stop, func() { close(hung) })
+	// A beating heart for a while: no alarm.
+	for i := range 20 {
+		if err := os.WriteFile(p, []byte(strconv.Itoa(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-hung:
+			t.Fatal("hung while the heartbeat changed")
+		default:
+		}
+	}
+	// Then silence: the alarm goes off.
+	select {
+	case <-hung:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no alarm after the heartbeat stopped")
+	}
+	close(stop)
 }

@@ -55,6 +55,7 @@ type options struct {
 	mode      string
 	timeout   time.Duration
 	l1Timeout time.Duration
+	hangAfter time.Duration
 	memMiB    int
 	cpus      int
 	qemu      string
@@ -78,6 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.mode, "mode", modeAuto, "auto: direct when /dev/kvm is usable, else tcg; direct: this machine's KVM; tcg: KVM inside an emulated L1 VM")
 	fs.DurationVar(&o.timeout, "timeout", 20*time.Minute, "timeout of each test binary (go test -timeout), or of the -exec command")
 	fs.DurationVar(&o.l1Timeout, "l1-timeout", 30*time.Minute, "time the L1 VM may run before it is killed")
+	fs.DurationVar(&o.hangAfter, "l1-hang", 3*time.Minute, "kill L1 when its heartbeat has stopped this long, and rerun the unfinished test binaries in a fresh L1 (0: never)")
 	fs.IntVar(&o.memMiB, "mem", 4096, "L1 memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", runtime.NumCPU(), "L1 vCPUs")
 	fs.StringVar(&o.qemu, "qemu", "qemu-system-x86_64", "QEMU binary for the L1 VM")
@@ -238,23 +240,61 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 		return
 	}
 	l1env := l1Env(cache, kvmtest.EnvVar+"="+kvmtest.ModeRequire)
-	if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, bins, o.timeout)), 0o755); err != nil {
-		t.problem("%v", err)
-		return
-	}
-	l1err := runL1(ctx, l1Config{
-		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
-		job: job, workdir: workdirForL1(), console: stdout, log: log,
-	})
-	if l1err != nil {
-		t.problem("%v", l1err)
+	// L1's kernel occasionally hangs under TCG's nested SVM: the test
+	// binaries that did not finish then run again in a fresh L1, once.
+	pending := bins
+	for attempt := 1; attempt <= l1Attempts && len(pending) > 0; attempt++ {
+		if attempt > 1 {
+			for i := range pending {
+				pending[i] = pending[i].attempt(attempt)
+			}
+		}
+		os.Remove(filepath.Join(job, "done"))
+		os.Remove(filepath.Join(job, heartbeatFile))
+		if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, pending, o.timeout)), 0o755); err != nil {
+			t.problem("%v", err)
+			return
+		}
+		l1err := runL1(ctx, l1Config{
+			qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
+			job: job, workdir: workdirForL1(), console: stdout, log: log, hangAfter: o.hangAfter,
+		})
+		var unfinished []testBinary
+		for _, b := range pending {
+			if _, err := os.Stat(b.rc); err != nil {
+				unfinished = append(unfinished, b)
+			}
+		}
+		for i, b := range bins {
+			for _, p := range pending {
+				if p.pkg.ImportPath == b.pkg.ImportPath {
+					bins[i] = p
+				}
+			}
+		}
+		if l1err != nil {
+			if len(unfinished) > 0 && attempt < l1Attempts && ctx.Err() == nil {
+				names := make([]string, len(unfinished))
+				for i, b := range unfinished {
+					names[i] = b.pkg.ImportPath
+				}
+				t.l1Retries = append(t.l1Retries, fmt.Sprintf("%v; reran %s in a fresh L1", l1err, strings.Join(names, ", ")))
+				log.Warn("L1 failed; running the unfinished test binaries in a fresh L1", "err", l1err, "packages", names)
+			} else {
+				t.problem("%v", l1err)
+			}
+		}
+		pending = unfinished
 	}
 	for _, b := range bins {
 		collectL1Results(ctx, goBin, b, t)
 	}
 }
 
-// collectL1Results counts the events of one test binary's run in L1.
+// l1Attempts is how many L1 VMs a test run may take: the first, and one
+// more for the test binaries an L1 that hung left unfinished.
+const l1Attempts = 2
+
 func collectL1Results(ctx context.Context, goBin string, b testBinary, t *tally) {
 	pkg := b.pkg.ImportPath
 	if _, err := os.Stat(b.out); err != nil {
