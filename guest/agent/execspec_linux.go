@@ -1,0 +1,227 @@
+package agent
+
+import (
+	"errors"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/guest/agentpb"
+)
+
+// DefaultPath is the PATH of an Exec that brings no environment.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// DefaultEnv returns the environment of an Exec that brings none.
+func DefaultEnv() []string {
+	return []string{"PATH=" + DefaultPath, "HOME=/root", "TERM=xterm"}
+}
+
+// Limits on an Exec's arguments, so that a request cannot make the agent
+// build something enormous. The kernel's own limit (ARG_MAX) is lower.
+const (
+	maxArgs    = 1 << 16
+	maxEnvVars = 1 << 16
+)
+
+// execSpec is a validated ExecStart.
+type execSpec struct {
+	path     string // the executable, absolute
+	argv     []string
+	env      []string
+	dir      string
+	uid, gid *uint32
+	timeout  time.Duration // 0: none
+	hasStdin bool
+}
+
+// newExecSpec validates start and resolves its executable.
+func newExecSpec(start *agentpb.ExecStart) (*execSpec, error) {
+	argv := start.GetArgv()
+	switch {
+	case len(argv) == 0:
+		return nil, invalidf("exec: argv is empty")
+	case len(argv) > maxArgs:
+		return nil, invalidf("exec: %d arguments, at most %d", len(argv), maxArgs)
+	case argv[0] == "":
+		return nil, invalidf("exec: argv[0] is empty")
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, invalidf("exec: argv[%d] %s contains a NUL byte", i, quoteShort(a))
+		}
+	}
+	env := start.GetEnv()
+	if len(env) == 0 {
+		env = DefaultEnv()
+	} else if err := validateEnv(env); err != nil {
+		return nil, err
+	}
+
+	dir := start.GetCwd()
+	if dir == "" {
+		dir = "/"
+	}
+	if strings.IndexByte(dir, 0) >= 0 || !filepath.IsAbs(dir) {
+		return nil, invalidf("exec: working directory %s is not an absolute path", quoteShort(dir))
+	}
+	dir = filepath.Clean(dir)
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "exec: working directory %s: %s", dir, errText(err))
+	} else if !fi.IsDir() {
+		return nil, status.Errorf(codes.InvalidArgument, "exec: working directory %s: not a directory", dir)
+	}
+
+	pathEnv, ok := envValue(env, "PATH")
+	if !ok {
+		pathEnv = DefaultPath
+	}
+	path, err := lookPath(argv[0], pathEnv, dir)
+	if err != nil {
+		return nil, err
+	}
+
+	var timeout time.Duration
+	if ms := start.GetTimeoutMs(); ms > 0 && ms <= uint64(math.MaxInt64/int64(time.Millisecond)) {
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	spec := &execSpec{
+		path:     path,
+		argv:     argv,
+		env:      env,
+		dir:      dir,
+		timeout:  timeout,
+		hasStdin: start.GetHasStdin(),
+	}
+	if start.Uid != nil {
+		uid := start.GetUid()
+		spec.uid = &uid
+	}
+	if start.Gid != nil {
+		gid := start.GetGid()
+		spec.gid = &gid
+	}
+	return spec, nil
+}
+
+// validateEnv checks that every entry is NAME=VALUE with a non-empty name
+// and no NUL byte.
+func validateEnv(env []string) error {
+	if len(env) > maxEnvVars {
+		return invalidf("exec: %d environment variables, at most %d", len(env), maxEnvVars)
+	}
+	for i, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok:
+			return invalidf("exec: env[%d] %s is not NAME=VALUE", i, quoteShort(kv))
+		case name == "":
+			return invalidf("exec: env[%d] %s has an empty name", i, quoteShort(kv))
+		case strings.IndexByte(kv, 0) >= 0:
+			return invalidf("exec: env[%d] %s contains a NUL byte", i, quoteShort(kv))
+		}
+	}
+	return nil
+}
+
+// envValue returns the value of the first entry named key, as getenv(3)
+// would.
+func envValue(env []string, key string) (string, bool) {
+	for _, kv := range env {
+		if name, value, ok := strings.Cut(kv, "="); ok && name == key {
+			return value, true
+		}
+	}
+	return "", false
+}
+
+// lookPath resolves file like execvp(3): a name with a slash is taken as a
+// path (relative to dir), any other is searched for in pathEnv. The errors
+// are gRPC statuses naming what was looked for: NotFound if there is no
+// such file, PermissionDenied if it is not executable, InvalidArgument if
+// it is a directory.
+func lookPath(file, pathEnv, dir string) (string, error) {
+	abs := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	if strings.Contains(file, "/") {
+		p := abs(file)
+		if err := checkExecutable(p); err != nil {
+			return "", execStatus(p, err)
+		}
+		return p, nil
+	}
+	var firstErr error // a match that is not executable
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		p := abs(filepath.Join(d, file))
+		err := checkExecutable(p)
+		if err == nil {
+			return p, nil
+		}
+		if firstErr == nil && !errors.Is(err, fs.ErrNotExist) && errnoOf(err) != syscall.ENOTDIR {
+			firstErr = execStatus(p, err)
+		}
+	}
+	if firstErr != nil {
+		return "", firstErr
+	}
+	return "", status.Errorf(codes.NotFound, "exec: %s: executable file not found in PATH=%s", quoteShort(file), quoteShort(pathEnv))
+}
+
+// checkExecutable reports why p is not an executable regular file.
+func checkExecutable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	switch m := fi.Mode(); {
+	case m.IsDir():
+		return syscall.EISDIR
+	case !m.IsRegular():
+		return syscall.EACCES
+	case m&0o111 == 0:
+		return syscall.EACCES
+	}
+	return nil
+}
+
+// execStatus is the status of a failure to exec path.
+func execStatus(path string, err error) error {
+	errno := errnoOf(err)
+	if errno == 0 {
+		return status.Errorf(codes.Internal, "exec %s: %v", path, err)
+	}
+	return status.Errorf(codeForErrno(errno), "exec %s: %s", path, errno.Error())
+}
+
+// errText is err's errno text if it has one ("no such file or directory"),
+// else the whole error.
+func errText(err error) string {
+	if errno := errnoOf(err); errno != 0 {
+		return errno.Error()
+	}
+	return err.Error()
+}
+
+// quoteShort quotes s, shortened to keep error messages readable.
+func quoteShort(s string) string {
+	const limit = 128
+	if len(s) > limit {
+		s = s[:limit] + "..."
+	}
+	return strconv.Quote(s)
+}

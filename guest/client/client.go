@@ -1,0 +1,498 @@
+// Package client is the host side of kiln-agent's API (guest/agentpb): it
+// dials the agent through the VM's host-side vsock Unix socket, using
+// Firecracker's convention (write "CONNECT <port>\n", read "OK <hostport>\n",
+// then the stream is the guest's), runs gRPC over that connection and wraps
+// the calls in typed methods: Exec with streamed stdin, stdout and stderr,
+// file transfer and management, guest information and the snapshot hooks.
+//
+// It has no guest-only dependencies and runs on any host OS.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kilnvm/kiln/guest/agentpb"
+)
+
+// Option configures Dial, New and WaitReady.
+type Option func(*options)
+
+type options struct {
+	port             uint32
+	handshakeTimeout time.Duration
+	retryInterval    time.Duration
+	attemptTimeout   time.Duration
+	dialOptions      []grpc.DialOption
+}
+
+func newOptions(opts []Option) options {
+	o := options{
+		port:             agentpb.Port,
+		handshakeTimeout: 5 * time.Second,
+		retryInterval:    100 * time.Millisecond,
+		attemptTimeout:   3 * time.Second,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// WithPort sets the guest vsock port to CONNECT to (default agentpb.Port).
+func WithPort(port uint32) Option { return func(o *options) { o.port = port } }
+
+// WithHandshakeTimeout bounds the CONNECT handshake when the context has no
+// earlier deadline (default 5s).
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(o *options) { o.handshakeTimeout = d }
+}
+
+// WithRetryInterval sets how long WaitReady waits between attempts
+// (default 100ms).
+func WithRetryInterval(d time.Duration) Option { return func(o *options) { o.retryInterval = d } }
+
+// WithAttemptTimeout bounds each of WaitReady's attempts (default 3s).
+func WithAttemptTimeout(d time.Duration) Option { return func(o *options) { o.attemptTimeout = d } }
+
+// WithDialOptions adds gRPC dial options.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOptions = append(o.dialOptions, opts...) }
+}
+
+// DialFunc opens a fresh connection to the agent.
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+// Client is a connection to one agent. Its methods are safe for concurrent
+// use. If the connection breaks, gRPC reconnects through the same dialer.
+type Client struct {
+	conn *grpc.ClientConn
+	api  agentpb.AgentClient
+
+	mu    sync.Mutex
+	first net.Conn // the connection New opened, until gRPC takes it
+}
+
+// Dial connects to the agent behind the VM's host-side vsock Unix socket
+// vsockUDS, performing the CONNECT handshake once to fail early if the agent
+// does not answer.
+func Dial(ctx context.Context, vsockUDS string, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	return New(ctx, VsockDialer(vsockUDS, o.port, o.handshakeTimeout), opts...)
+}
+
+// New connects to the agent through dial, which is called once now (so that
+// an unreachable agent is an error here) and again whenever gRPC needs a new
+// connection.
+func New(ctx context.Context, dial DialFunc, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	first, err := dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{first: first}
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		c.mu.Lock()
+		conn := c.first
+		c.first = nil
+		c.mu.Unlock()
+		if conn != nil {
+			return conn, nil
+		}
+		return dial(ctx)
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithContextDialer(dialer),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  50 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   time.Second,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2 * agentpb.MaxChunkSize)),
+	}
+	cc, err := grpc.NewClient("passthrough:///kiln-agent", append(dopts, o.dialOptions...)...)
+	if err != nil {
+		first.Close()
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	cc.Connect()
+	c.conn = cc
+	c.api = agentpb.NewAgentClient(cc)
+	return c, nil
+}
+
+// WaitReady dials the agent behind vsockUDS until it answers Health or ctx
+// ends. The Unix socket appears before the guest's agent listens, and until
+// then the CONNECT handshake fails; WaitReady retries through that.
+func WaitReady(ctx context.Context, vsockUDS string, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	return WaitReadyFunc(ctx, VsockDialer(vsockUDS, o.port, o.handshakeTimeout), opts...)
+}
+
+// WaitReadyFunc is WaitReady over any dialer.
+func WaitReadyFunc(ctx context.Context, dial DialFunc, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	var lastErr error
+	for attempt := 1; ; attempt++ {
+		c, err := tryReady(ctx, dial, o, opts)
+		if err == nil {
+			return c, nil
+		}
+		lastErr = err
+		t := time.NewTimer(o.retryInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("client: agent not ready after %d attempts: %w (last error: %v)", attempt, ctx.Err(), lastErr)
+		case <-t.C:
+		}
+	}
+}
+
+func tryReady(ctx context.Context, dial DialFunc, o options, opts []Option) (*Client, error) {
+	actx, cancel := context.WithTimeout(ctx, o.attemptTimeout)
+	defer cancel()
+	c, err := New(actx, dial, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Health(actx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.first != nil {
+		c.first.Close()
+		c.first = nil
+	}
+	c.mu.Unlock()
+	return c.conn.Close()
+}
+
+// API returns the raw gRPC client, for what the typed methods do not cover.
+func (c *Client) API() agentpb.AgentClient { return c.api }
+
+// Health returns nil if the agent answers that it is healthy.
+func (c *Client) Health(ctx context.Context) error {
+	resp, err := c.api.Health(ctx, &agentpb.HealthRequest{})
+	if err != nil {
+		return fmt.Errorf("client: health: %w", err)
+	}
+	if !resp.GetOk() {
+		return errors.New("client: health: agent reports not ok")
+	}
+	return nil
+}
+
+// Info describes the guest.
+type Info struct {
+	KernelRelease string
+	Hostname      string
+	Uptime        time.Duration
+	MemTotal      uint64 // bytes
+	MemAvailable  uint64 // bytes
+	NumCPU        int
+	AgentVersion  string
+}
+
+// Info asks the agent about the guest.
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	r, err := c.api.Info(ctx, &agentpb.InfoRequest{})
+	if err != nil {
+		return Info{}, fmt.Errorf("client: info: %w", err)
+	}
+	return Info{
+		KernelRelease: r.GetKernelRelease(),
+		Hostname:      r.GetHostname(),
+		Uptime:        time.Duration(min(r.GetUptimeNs(), 1<<63-1)),
+		MemTotal:      r.GetMemTotalBytes(),
+		MemAvailable:  r.GetMemAvailableBytes(),
+		NumCPU:        int(r.GetNumCpu()),
+		AgentVersion:  r.GetAgentVersion(),
+	}, nil
+}
+
+// Quiesce makes the guest sync its filesystems (and drop its caches) before
+// a snapshot.
+func (c *Client) Quiesce(ctx context.Context, dropCaches bool) error {
+	if _, err := c.api.Quiesce(ctx, &agentpb.QuiesceRequest{DropCaches: dropCaches}); err != nil {
+		return fmt.Errorf("client: quiesce: %w", err)
+	}
+	return nil
+}
+
+// Reseed gives the guest's kernel fresh entropy (32 to 4096 bytes) after a
+// restore; credited reports whether the kernel counted it.
+func (c *Client) Reseed(ctx context.Context, entropy []byte) (credited bool, err error) {
+	r, err := c.api.Reseed(ctx, &agentpb.ReseedRequest{Entropy: entropy})
+	if err != nil {
+		return false, fmt.Errorf("client: reseed: %w", err)
+	}
+	return r.GetCredited(), nil
+}
+
+// SetClock sets the guest's realtime clock.
+func (c *Client) SetClock(ctx context.Context, t time.Time) error {
+	if _, err := c.api.SetClock(ctx, &agentpb.SetClockRequest{UnixNanos: t.UnixNano()}); err != nil {
+		return fmt.Errorf("client: set clock: %w", err)
+	}
+	return nil
+}
+
+// PowerOff asks the guest to power off; it does so shortly after answering.
+func (c *Client) PowerOff(ctx context.Context) error {
+	if _, err := c.api.PowerOff(ctx, &agentpb.PowerOffRequest{}); err != nil {
+		return fmt.Errorf("client: power off: %w", err)
+	}
+	return nil
+}
+
+// FileInfo describes a file in the guest.
+type FileInfo struct {
+	Path    string
+	Name    string
+	Size    int64
+	Mode    fs.FileMode
+	ModTime time.Time
+	IsDir   bool
+	Symlink string // the target, for a symlink that was not followed
+	UID     uint32
+	GID     uint32
+}
+
+func fileInfoOf(p *agentpb.FileInfo) FileInfo {
+	return FileInfo{
+		Path:    p.GetPath(),
+		Name:    p.GetName(),
+		Size:    p.GetSize(),
+		Mode:    FileModeOf(p.GetMode()),
+		ModTime: time.Unix(0, p.GetMtimeUnixNanos()),
+		IsDir:   p.GetIsDir(),
+		Symlink: p.GetSymlink(),
+		UID:     p.GetUid(),
+		GID:     p.GetGid(),
+	}
+}
+
+// Unix st_mode bits (fixed by POSIX and Linux; spelled out so that the
+// package builds on any host).
+const (
+	sIFMT   = 0o170000
+	sIFSOCK = 0o140000
+	sIFLNK  = 0o120000
+	sIFREG  = 0o100000
+	sIFBLK  = 0o060000
+	sIFDIR  = 0o040000
+	sIFCHR  = 0o020000
+	sIFIFO  = 0o010000
+	sISUID  = 0o4000
+	sISGID  = 0o2000
+	sISVTX  = 0o1000
+)
+
+// FileModeOf converts a Unix st_mode to an fs.FileMode.
+func FileModeOf(st uint32) fs.FileMode {
+	m := fs.FileMode(st & 0o777)
+	switch st & sIFMT {
+	case sIFDIR:
+		m |= fs.ModeDir
+	case sIFLNK:
+		m |= fs.ModeSymlink
+	case sIFSOCK:
+		m |= fs.ModeSocket
+	case sIFBLK:
+		m |= fs.ModeDevice
+	case sIFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case sIFIFO:
+		m |= fs.ModeNamedPipe
+	case sIFREG:
+	default:
+		m |= fs.ModeIrregular
+	}
+	if st&sISUID != 0 {
+		m |= fs.ModeSetuid
+	}
+	if st&sISGID != 0 {
+		m |= fs.ModeSetgid
+	}
+	if st&sISVTX != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
+
+// unixPerm converts an fs.FileMode's permission bits to Unix ones (07777).
+// The Unix setuid, setgid and sticky bits (04000, 02000, 01000) are taken
+// as such too, so 0o4755 works like fs.ModeSetuid|0o755.
+func unixPerm(m fs.FileMode) uint32 {
+	p := uint32(m.Perm()) | uint32(m)&(sISUID|sISGID|sISVTX)
+	if m&fs.ModeSetuid != 0 {
+		p |= sISUID
+	}
+	if m&fs.ModeSetgid != 0 {
+		p |= sISGID
+	}
+	if m&fs.ModeSticky != 0 {
+		p |= sISVTX
+	}
+	return p
+}
+
+// WriteOption modifies a WriteFile.
+type WriteOption func(*agentpb.WriteFileHeader)
+
+// MakeParents makes WriteFile create missing parent directories.
+func MakeParents() WriteOption {
+	return func(h *agentpb.WriteFileHeader) { h.MakeParents = true }
+}
+
+// writeChunk is the size of WriteFile's data messages.
+const writeChunk = 256 << 10
+
+// WriteFile writes r's content to path in the guest with the permission
+// bits of mode (0 means 0644). The guest renames the file into place only
+// once all of it arrived; an error leaves no partial file.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, opts ...WriteOption) error {
+	_, err := c.WriteFileInfo(ctx, path, r, mode, opts...)
+	return err
+}
+
+// WriteFileInfo is WriteFile, returning the written file's description.
+func (c *Client) WriteFileInfo(ctx context.Context, path string, r io.Reader, mode fs.FileMode, opts ...WriteOption) (FileInfo, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := &agentpb.WriteFileHeader{Path: path, Mode: unixPerm(mode)}
+	for _, opt := range opts {
+		opt(h)
+	}
+	stream, err := c.api.WriteFile(ctx)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("client: write %s: %w", path, err)
+	}
+	// An error from Send means the call failed; CloseAndRecv has the
+	// reason.
+	closeWith := func() (FileInfo, error) {
+		fi, err := stream.CloseAndRecv()
+		if err != nil {
+			return FileInfo{}, fmt.Errorf("client: write %s: %w", path, err)
+		}
+		return fileInfoOf(fi), nil
+	}
+	if err := stream.Send(&agentpb.WriteFileRequest{Kind: &agentpb.WriteFileRequest_Header{Header: h}}); err != nil {
+		return closeWith()
+	}
+	buf := make([]byte, writeChunk)
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if err := stream.Send(&agentpb.WriteFileRequest{Kind: &agentpb.WriteFileRequest_Data{Data: buf[:n]}}); err != nil {
+				return closeWith()
+			}
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			// Cancel so that the guest discards the partial file.
+			cancel()
+			return FileInfo{}, fmt.Errorf("client: write %s: reading the source: %w", path, rerr)
+		}
+	}
+	return closeWith()
+}
+
+// ReadFile copies path's content in the guest to w and returns how many
+// bytes it copied.
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.api.ReadFile(ctx, &agentpb.ReadFileRequest{Path: path})
+	if err != nil {
+		return 0, fmt.Errorf("client: read %s: %w", path, err)
+	}
+	var n int64
+	for {
+		chunk, err := stream.Recv()
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("client: read %s: %w", path, err)
+		}
+		m, err := w.Write(chunk.GetData())
+		n += int64(m)
+		if err != nil {
+			return n, fmt.Errorf("client: read %s: writing: %w", path, err)
+		}
+	}
+}
+
+// Stat describes path in the guest, following a final symlink.
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	return c.stat(ctx, path, false)
+}
+
+// Lstat describes path in the guest; a symlink is described itself.
+func (c *Client) Lstat(ctx context.Context, path string) (FileInfo, error) {
+	return c.stat(ctx, path, true)
+}
+
+func (c *Client) stat(ctx context.Context, path string, noFollow bool) (FileInfo, error) {
+	fi, err := c.api.Stat(ctx, &agentpb.StatRequest{Path: path, NoFollow: noFollow})
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("client: stat %s: %w", path, err)
+	}
+	return fileInfoOf(fi), nil
+}
+
+// List describes the entries of directory path, sorted by name.
+func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
+	r, err := c.api.List(ctx, &agentpb.ListRequest{Path: path})
+	if err != nil {
+		return nil, fmt.Errorf("client: list %s: %w", path, err)
+	}
+	out := make([]FileInfo, 0, len(r.GetEntries()))
+	for _, e := range r.GetEntries() {
+		out = append(out, fileInfoOf(e))
+	}
+	return out, nil
+}
+
+// Mkdir creates directory path with mode's permission bits (0 means 0755);
+// with parents it creates missing parents too and accepts an existing
+// directory.
+func (c *Client) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
+	if _, err := c.api.Mkdir(ctx, &agentpb.MkdirRequest{Path: path, Mode: unixPerm(mode), Parents: parents}); err != nil {
+		return fmt.Errorf("client: mkdir %s: %w", path, err)
+	}
+	return nil
+}
+
+// Remove removes path; recursive removes a directory tree.
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	if _, err := c.api.Remove(ctx, &agentpb.RemoveRequest{Path: path, Recursive: recursive}); err != nil {
+		return fmt.Errorf("client: remove %s: %w", path, err)
+	}
+	return nil
+}
