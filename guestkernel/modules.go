@@ -3,12 +3,14 @@ package guestkernel
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -250,4 +252,51 @@ func ParseModinfoDepends(modinfo []byte) []string {
 		}
 	}
 	return deps
+}
+
+// ReadModule returns the contents of the module file path, decompressed when
+// its name says it is compressed: .ko.gz in Go, .ko.xz and .ko.zst with the
+// xz and zstd tools (Debian's xz-utils and zstd packages). A plain .ko is
+// returned as it is.
+func ReadModule(path string) ([]byte, error) {
+	var tool string
+	switch {
+	case strings.HasSuffix(path, ".ko"):
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading module: %w", err)
+		}
+		return b, nil
+	case strings.HasSuffix(path, ".ko.gz"):
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading module: %w", err)
+		}
+		defer f.Close()
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("decompressing module %s: %w", path, err)
+		}
+		b, err := io.ReadAll(zr)
+		if err != nil {
+			return nil, fmt.Errorf("decompressing module %s: %w", path, err)
+		}
+		return b, nil
+	case strings.HasSuffix(path, ".ko.xz"):
+		tool = "xz"
+	case strings.HasSuffix(path, ".ko.zst"):
+		tool = "zstd"
+	default:
+		return nil, fmt.Errorf("reading module %s: unknown file type (want .ko, .ko.gz, .ko.xz or .ko.zst)", path)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("reading module: %w", err)
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(tool, "-dc", "--", path)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("decompressing module %s with %s (is it installed?): %w: %s", path, tool, err, strings.TrimSpace(stderr.String()))
+	}
+	return out.Bytes(), nil
 }

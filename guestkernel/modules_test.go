@@ -1,9 +1,12 @@
 package guestkernel
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -225,4 +228,69 @@ func FuzzParseModinfoDepends(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestReadModule(t *testing.T) {
+	ko := fakeModule("license=GPL", "depends=", "name=m")
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		must(t, os.WriteFile(p, data, 0o644))
+		return p
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err := zw.Write(ko)
+	must(t, err)
+	must(t, zw.Close())
+	compressed := func(tool string) []byte {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil
+		}
+		out, err := exec.Command("sh", "-c", tool+" -c < "+write("m.raw", ko)).Output()
+		must(t, err)
+		return out
+	}
+	tests := []struct {
+		name    string
+		file    string
+		data    []byte // nil: do not create
+		tool    string // skip when missing
+		wantErr string
+	}{
+		{name: "plain", file: "m.ko", data: ko},
+		{name: "gzip", file: "m.ko.gz", data: gz.Bytes()},
+		{name: "xz", file: "m.ko.xz", data: compressed("xz"), tool: "xz"},
+		{name: "zstd", file: "m.ko.zst", data: compressed("zstd"), tool: "zstd"},
+		{name: "missing", file: "gone.ko", wantErr: "gone.ko"},
+		{name: "missing xz", file: "gone.ko.xz", wantErr: "gone.ko.xz"},
+		{name: "corrupt gzip", file: "bad.ko.gz", data: []byte("not gzip"), wantErr: "bad.ko.gz"},
+		{name: "unknown type", file: "m.ko.bz2", data: []byte("x"), wantErr: "unknown file type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.tool != "" {
+				if _, err := exec.LookPath(tt.tool); err != nil {
+					t.Skipf("%s not installed", tt.tool)
+				}
+			}
+			p := filepath.Join(dir, tt.file)
+			if tt.data != nil {
+				p = write(tt.file, tt.data)
+			}
+			got, err := ReadModule(p)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, ko) {
+				t.Fatalf("got %d bytes, want the %d of the module", len(got), len(ko))
+			}
+		})
+	}
 }

@@ -1,12 +1,7 @@
 package kvmtest
 
 import (
-	"bytes"
-	"compress/gzip"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -46,7 +41,7 @@ func ModulesInitrd(t testing.TB, modules []string, script string) string {
 		t.Fatal(err)
 	}
 	for _, m := range order {
-		ko, err := readModule(m.Path)
+		ko, err := guestkernel.ReadModule(m.Path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,46 +71,4 @@ func modulesInit(order []guestkernel.Module, script string) (string, error) {
 	}
 	s.WriteString(script)
 	return s.String(), nil
-}
-
-// readModule returns the contents of a module file, decompressed when its
-// name says it is compressed (.ko.xz, .ko.zst, .ko.gz).
-func readModule(path string) ([]byte, error) {
-	var tool string
-	switch {
-	case strings.HasSuffix(path, ".ko"):
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read module: %w", err)
-		}
-		return b, nil
-	case strings.HasSuffix(path, ".ko.gz"):
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("read module: %w", err)
-		}
-		defer f.Close()
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("module %s: %w", path, err)
-		}
-		b, err := io.ReadAll(zr)
-		if err != nil {
-			return nil, fmt.Errorf("module %s: %w", path, err)
-		}
-		return b, nil
-	case strings.HasSuffix(path, ".ko.xz"):
-		tool = "xz"
-	case strings.HasSuffix(path, ".ko.zst"):
-		tool = "zstd"
-	default:
-		return nil, fmt.Errorf("module %s: unknown file type", path)
-	}
-	var out, stderr bytes.Buffer
-	cmd := exec.Command(tool, "-dc", path)
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("decompress module %s with %s (install it: make deps): %w: %s", path, tool, err, strings.TrimSpace(stderr.String()))
-	}
-	return out.Bytes(), nil
 }

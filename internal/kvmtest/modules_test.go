@@ -2,10 +2,7 @@ package kvmtest
 
 import (
 	"bytes"
-	"compress/gzip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -27,46 +24,6 @@ func TestModulesInit(t *testing.T) {
 	}
 	if _, err := modulesInit([]guestkernel.Module{{Name: "x;reboot"}}, ""); err == nil {
 		t.Fatal("a module name with shell syntax was accepted")
-	}
-}
-
-func TestReadModule(t *testing.T) {
-	dir := t.TempDir()
-	want := []byte("\x7fELF module body")
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	zw.Write(want)
-	zw.Close()
-	paths := []string{write("a.ko", want), write("b.ko.gz", gz.Bytes())}
-	for _, tool := range []string{"xz", "zstd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Logf("%s not installed: not testing it", tool)
-			continue
-		}
-		ext := map[string]string{"xz": ".xz", "zstd": ".zst"}[tool]
-		p := write("c"+tool+".ko", want)
-		if out, err := exec.Command(tool, "-q", p).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", tool, err, out)
-		}
-		paths = append(paths, p+ext)
-	}
-	for _, p := range paths {
-		got, err := readModule(p)
-		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("readModule(%s) = %q, %v", filepath.Base(p), got, err)
-		}
-	}
-	for _, p := range []string{write("d.txt", want), write("e.ko.xz", want), filepath.Join(dir, "missing.ko")} {
-		if _, err := readModule(p); err == nil {
-			t.Errorf("readModule(%s) succeeded", filepath.Base(p))
-		}
 	}
 }
 

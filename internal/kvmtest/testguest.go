@@ -35,15 +35,33 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// vsockEchoBinary returns a static build of internal/testguest/vsockecho.
-// It shares virtio's KVM test's cache: bin/testguest/vsockecho-<hash>,
-// where the hash covers the Go version and the program's sources, go.mod
-// and go.sum, named as seen from a package directory one level down (as
-// virtio's and bench's both are), so both find the same build. In the
-// emulated L1 the tree is read-only and go build is slow: build it on the
-// host first (TestVsockEchoBinary does). When it is missing this builds it
-// into b.TempDir and keeps it if the tree is writable.
+// VsockEchoBinary returns a static build of internal/testguest/vsockecho
+// (see guestBinary).
 func VsockEchoBinary(tb testing.TB) string {
+	tb.Helper()
+	return guestBinary(tb, "vsockecho", vsockEchoPkg, "internal/testguest/vsockecho")
+}
+
+// agentPkg is the guest agent's command.
+const agentPkg = "github.com/kilnvm/kiln/cmd/kiln-agent"
+
+// AgentBinary returns a static build of the guest agent, cmd/kiln-agent
+// (see guestBinary).
+func AgentBinary(tb testing.TB) string {
+	tb.Helper()
+	return guestBinary(tb, "kiln-agent", agentPkg, "cmd/kiln-agent", "guest/agent", "guest/agentpb", "guest/pid1", "guestkernel")
+}
+
+// guestBinary returns a static (CGO_ENABLED=0) build of the Go program pkg,
+// for a guest. Builds are shared between test packages in
+// bin/testguest/<name>-<hash>, where the hash covers the Go version, the
+// .go files of srcDirs (relative to the module root, naming every package
+// of this module the program uses), go.mod and go.sum. In the emulated L1
+// the tree is read-only and go build is slow: build it on the host first
+// (the TestXxxBinary tests do, in the run that precedes L1's). When it is
+// missing this builds it into tb.TempDir and keeps it if the tree is
+// writable.
+func guestBinary(tb testing.TB, name, pkg string, srcDirs ...string) string {
 	tb.Helper()
 	root, err := moduleRoot()
 	if err != nil {
@@ -51,11 +69,15 @@ func VsockEchoBinary(tb testing.TB) string {
 	}
 	h := sha256.New()
 	io.WriteString(h, runtime.Version()+"\n")
-	srcs, err := filepath.Glob(filepath.Join(root, "internal", "testguest", "vsockecho", "*.go"))
-	if err != nil || len(srcs) == 0 {
-		tb.Fatalf("vsockecho sources: %v (%d files)", err, len(srcs))
+	var files []string
+	for _, d := range srcDirs {
+		srcs, err := filepath.Glob(filepath.Join(root, d, "*.go"))
+		if err != nil || len(srcs) == 0 {
+			tb.Fatalf("%s sources in %s: %v (%d files)", name, d, err, len(srcs))
+		}
+		files = append(files, srcs...)
 	}
-	for _, p := range append(srcs, filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum")) {
+	for _, p := range append(files, filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum")) {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			tb.Fatal(err)
@@ -67,16 +89,16 @@ func VsockEchoBinary(tb testing.TB) string {
 		fmt.Fprintf(h, "%s %d\n", "../"+filepath.ToSlash(rel), len(data))
 		h.Write(data)
 	}
-	kept := filepath.Join(root, "bin", "testguest", fmt.Sprintf("vsockecho-%x", h.Sum(nil)[:8]))
+	kept := filepath.Join(root, "bin", "testguest", fmt.Sprintf("%s-%x", name, h.Sum(nil)[:8]))
 	if fi, err := os.Stat(kept); err == nil && fi.Mode().IsRegular() {
 		return kept
 	}
-	out := filepath.Join(tb.TempDir(), "vsockecho")
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, vsockEchoPkg)
+	out := filepath.Join(tb.TempDir(), name)
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("building vsockecho: %v: %s", err, b)
+		tb.Fatalf("building %s: %v: %s", name, err, b)
 	}
 	// Keep it for the next run; a read-only tree just means no reuse.
 	if err := os.MkdirAll(filepath.Dir(kept), 0o755); err == nil {

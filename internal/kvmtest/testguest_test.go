@@ -14,3 +14,13 @@ func TestVsockEchoBinary(t *testing.T) {
 		t.Fatalf("vsockecho at %s: %v", p, err)
 	}
 }
+
+func TestAgentBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := AgentBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("kiln-agent at %s: %v", p, err)
+	}
+}

@@ -1,0 +1,60 @@
+package pid1
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+)
+
+// DefaultPath is the PATH Setup gives the process when the kernel gave it
+// none (the kernel starts init with only HOME and TERM).
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Setup does process 1's chores, in order: MountBase, PATH (DefaultPath
+// when unset), LoadModules(ModulesDir), Kiln's options from /proc/cmdline,
+// the hostname (kiln.hostname), and SwitchRoot when kiln.root names a
+// device. It returns the options; on error, those read so far. A nil log
+// discards.
+func (s *Sys) Setup(log *slog.Logger) (Options, error) {
+	return s.setup(log, ModulesDir)
+}
+
+// setup is Setup loading the modules in modulesDir.
+func (s *Sys) setup(log *slog.Logger, modulesDir string) (Options, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := s.MountBase(); err != nil {
+		return Options{}, err
+	}
+	if _, ok := s.LookupEnv("PATH"); !ok {
+		if err := s.Setenv("PATH", DefaultPath); err != nil {
+			return Options{}, fmt.Errorf("setting PATH: %w", err)
+		}
+	}
+	if err := s.LoadModules(modulesDir, log); err != nil {
+		return Options{}, err
+	}
+	cmdline, err := s.ReadFile("/proc/cmdline")
+	if err != nil {
+		return Options{}, fmt.Errorf("reading the kernel command line: %w", err)
+	}
+	opts := ParseCmdline(string(cmdline))
+	log.Debug("kernel command line", "cmdline", strings.TrimSpace(string(cmdline)), "options", fmt.Sprintf("%+v", opts))
+	if opts.Hostname != "" {
+		if err := s.SetHostname(opts.Hostname); err != nil {
+			return opts, err
+		}
+	}
+	// Programs expect localhost to work.
+	if err := s.LinkUp("lo"); err != nil {
+		log.Warn("loopback interface", "err", err)
+	}
+	if opts.Root != "" {
+		if err := s.SwitchRoot(opts.Root, opts.RootFSType, opts.RootFlags, opts.ReadOnly); err != nil {
+			return opts, err
+		}
+		log.Info("switched root", "device", opts.Root, "fstype", opts.RootFSType, "readonly", opts.ReadOnly)
+	}
+	return opts, nil
+}
