@@ -1,6 +1,7 @@
 package virtio
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -325,8 +326,16 @@ func (v *Vsock) hostConnect(uc *net.UnixConn) {
 		return
 	}
 	if v.closed || !v.active || len(v.conns) >= vsockMaxConns {
+		active, n := v.active, len(v.conns)
 		v.mu.Unlock()
-		v.log.Warn("host connection refused", "port", port, "active", v.active, "conns", len(v.conns))
+		// Before the guest's driver is up this is routine (a client
+		// waiting for the guest to boot retries): only a full table is
+		// worth a warning.
+		level := slog.LevelDebug
+		if n >= vsockMaxConns {
+			level = slog.LevelWarn
+		}
+		v.log.Log(context.Background(), level, "host connection refused", "port", port, "active", active, "conns", n)
 		uc.Close()
 		return
 	}

@@ -1,10 +1,14 @@
 // Command kiln starts Linux microVMs on KVM.
 //
 //	kiln boot --kernel K [--initrd I] [--cmdline C] [--cpus N] [--mem MiB]
+//	kiln run [--disk rootfs.ext4] [--cpus N] [--mem MiB] [-e K=V] [-w DIR] -- CMD [ARG...]
 //
 // boot streams the guest's serial console to stdout and exits 0 when the guest
 // powers off, or non-zero with a one-line reason on panic, triple fault,
-// reboot or error.
+// reboot or error. run boots a sandbox whose init is the guest agent, runs
+// CMD in it with its stdout and stderr on kiln's, powers it off and exits
+// with CMD's exit code (128+N after signal N; 125 when kiln failed, 126 when
+// CMD could not be started, 127 when it was not found).
 package main
 
 import (
@@ -41,6 +45,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "boot":
 		return cmdBoot(ctx, args[1:], stdin, stdout, stderr)
+	case "run":
+		return cmdRun(ctx, args[1:], stdin, stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
@@ -57,6 +63,7 @@ func usage(w io.Writer) {
 
 commands:
   boot    boot a kernel and stream its serial console
+  run     run a command in a new sandbox: kiln run [flags] -- CMD [ARG...]
   bench   boot: Kiln beside QEMU microvm, same guest, medians and ratio
 `)
 }

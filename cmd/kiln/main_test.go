@@ -120,3 +120,44 @@ poweroff -f
 		}
 	})
 }
+
+// TestKVMRunCommand runs a command in a sandbox through `kiln run`: its
+// stdout and stderr arrive on kiln's, and kiln exits with its exit code.
+func TestKVMRunCommand(t *testing.T) {
+	kvmtest.Require(t)
+	kvmtest.Kernel(t)
+	code, stdout, stderr := runKiln(t, "run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	if code != 3 || stdout != "out\n" || stderr != "err\n" {
+		t.Fatalf("exit code %d (want 3), stdout %q (want \"out\\n\"), stderr %q (want \"err\\n\")", code, stdout, stderr)
+	}
+}
+
+// TestRunBadInput: kiln run refuses bad flags before it boots anything.
+func TestRunBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run"}, "no command given"},
+		{[]string{"run", "-e", "NOEQUALS", "--", "true"}, `-e "NOEQUALS": want NAME=VALUE`},
+		{[]string{"run", "-e", "=v", "--", "true"}, "want NAME=VALUE"},
+		{[]string{"run", "-w", "relative/dir", "--", "true"}, "want an absolute path"},
+		{[]string{"run", "--bogus", "--", "true"}, "flag provided but not defined"},
+		{[]string{"run", "--hostname", "a b", "--agent", "/nonexistent", "--kernel", "/k", "--", "true"}, "hostname"},
+	} {
+		code, _, stderr := runKiln(t, tc.args...)
+		if code != exitUsage && code != exitRunFailed {
+			t.Errorf("%q: exit code %d", tc.args, code)
+		}
+		if !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: stderr %q, want %q", tc.args, stderr, tc.want)
+		}
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	got := strings.Join(withDefaults([]string{"PATH=/opt/bin", "A=1"}), " ")
+	if got != "PATH=/opt/bin A=1 HOME=/root TERM=xterm" {
+		t.Fatalf("env %q", got)
+	}
+}

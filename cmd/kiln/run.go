@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// Exit codes of kiln run, as docker run has them: the command's own exit
+// code (128+N after signal N), or one of these when the command could not
+// run.
+const (
+	exitRunFailed    = 125 // kiln itself failed: the VM or the agent
+	exitCannotInvoke = 126 // the command could not be started (bad cwd, not executable)
+	exitNotFound     = 127 // no such command
+)
+
+func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kiln run [flags] -- CMD [ARG...]")
+		fs.PrintDefaults()
+	}
+	var o sandbox.Options
+	fs.StringVar(&o.Kernel, "kernel", "", "kernel image; default: the cached Debian kernel, whose modules the agent loads")
+	fs.StringVar(&o.Agent, "agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	fs.StringVar(&o.Disk, "disk", "", "root filesystem image (ext4) to run the command in; default: the agent's initramfs, with busybox")
+	fs.BoolVar(&o.DiskReadOnly, "ro", false, "attach --disk read-only")
+	fs.IntVar(&o.CPUs, "cpus", 1, "number of vCPUs")
+	fs.IntVar(&o.MemoryMiB, "mem", 512, "guest memory in MiB")
+	fs.StringVar(&o.Hostname, "hostname", "kiln", "guest host name")
+	var env repeated
+	fs.Var(&env, "e", "environment variable `K=V` for the command (repeatable)")
+	dir := fs.String("w", "", "working directory of the command in the guest")
+	interactive := fs.Bool("i", false, "pass stdin to the command (else it reads /dev/null)")
+	timeout := fs.Duration("timeout", 0, "kill the command after this long (0: no limit)")
+	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for the guest agent")
+	console := fs.Bool("console", false, "copy the guest's serial console to stderr")
+	timing := fs.Bool("time", false, "print boot and command times to stderr")
+	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		fmt.Fprintln(stderr, "kiln run: no command given (kiln run [flags] -- CMD [ARG...])")
+		return exitUsage
+	}
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			fmt.Fprintf(stderr, "kiln run: -e %q: want NAME=VALUE\n", kv)
+			return exitUsage
+		}
+	}
+	if *dir != "" && !strings.HasPrefix(*dir, "/") {
+		fmt.Fprintf(stderr, "kiln run: -w %q: want an absolute path\n", *dir)
+		return exitUsage
+	}
+	o.Logger = newLogger(stderr, *debug)
+	o.BootTimeout = *bootTimeout
+	if *console {
+		o.Console = stderr
+	}
+
+	start := time.Now()
+	sb, err := sandbox.Start(ctx, o)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln run: %v\n", err)
+		return exitRunFailed
+	}
+	booted := time.Now()
+	defer func() {
+		if err := sb.Close(context.Background()); err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+		}
+	}()
+	eo := client.ExecOptions{Argv: argv, Dir: *dir, Timeout: *timeout, Stdout: stdout, Stderr: stderr}
+	if len(env) > 0 {
+		eo.Env = withDefaults(env)
+	}
+	if *interactive {
+		eo.Stdin = stdin
+	}
+	st, err := sb.Client().Exec(ctx, eo)
+	done := time.Now()
+	if *timing {
+		fmt.Fprintf(stderr, "kiln run: agent ready in %v, command ran %v, total %v\n",
+			booted.Sub(start).Round(time.Millisecond), done.Sub(booted).Round(time.Millisecond), done.Sub(start).Round(time.Millisecond))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln run: %v\n", err)
+		switch status.Code(err) {
+		case codes.NotFound:
+			return exitNotFound
+		case codes.InvalidArgument, codes.PermissionDenied:
+			return exitCannotInvoke
+		}
+		return exitRunFailed
+	}
+	if st.TimedOut {
+		fmt.Fprintf(stderr, "kiln run: %s killed after --timeout %v\n", argv[0], *timeout)
+	}
+	return st.ShellCode()
+}
+
+// withDefaults returns env plus the agent's default environment for the
+// names env does not set (an Exec with an environment gets only that).
+func withDefaults(env []string) []string {
+	out := append([]string(nil), env...)
+	set := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	for _, kv := range []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"} {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return out
+}

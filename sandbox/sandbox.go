@@ -1,0 +1,361 @@
+// Package sandbox starts Kiln sandboxes: a VM whose init is the guest agent
+// (cmd/kiln-agent), with a vsock device through which the host drives it
+// (guest/client). It is what `kiln run`, snapshots and the daemon build on:
+// Start boots a VM and returns once the agent answers; Close powers it off.
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
+)
+
+// GuestCID is the vsock CID every sandbox's guest has. Each sandbox has its
+// own vsock device and host socket, so they need not differ.
+const GuestCID = 3
+
+// Options describe a sandbox to start. The zero value, but for Agent where
+// no kiln-agent binary can be found, starts the cached Debian kernel with
+// 1 vCPU and 512 MiB, running commands in the agent's initramfs.
+type Options struct {
+	// Kernel is the kernel image; empty means the cached Debian kernel
+	// (make kernel), whose modules the initramfs then carries. Another
+	// kernel gets no modules: it must have virtio-mmio, vsock and the
+	// devices built in.
+	Kernel string
+	// Agent is the static kiln-agent binary; empty means FindAgent.
+	Agent string
+	// Initrd is a prebuilt agent initramfs; empty means one built (and
+	// cached) from Agent and the kernel's modules.
+	Initrd string
+	// Disk, when set, is an image with the root filesystem (ext4 unless
+	// RootFSType says otherwise), attached as /dev/vda; the agent switches
+	// root to it.
+	Disk         string
+	DiskReadOnly bool
+	RootFSType   string
+	// CPUs and MemoryMiB size the VM (1 and 512 when zero).
+	CPUs, MemoryMiB int
+	// Hostname is the guest's host name; "kiln" when empty.
+	Hostname string
+	// Cmdline is appended to the kernel command line.
+	Cmdline string
+	// Console receives the guest's serial console; nil keeps only its
+	// tail, for error messages.
+	Console io.Writer
+	// Dir holds the sandbox's host files (its vsock socket); empty means a
+	// new temporary directory, removed by Close.
+	Dir string
+	// BootTimeout bounds Start's wait for the agent; 0 means 5 minutes
+	// (emulated KVM boots take a minute).
+	BootTimeout time.Duration
+	// Devices are further virtio devices (a tap, more disks), after the
+	// root disk; Close does not close them.
+	Devices []virtio.Device
+	Logger  *slog.Logger
+}
+
+// Sandbox is a running VM with a connected agent.
+type Sandbox struct {
+	vm      *vmm.VM
+	client  *client.Client
+	vsock   *virtio.Vsock
+	disk    *virtio.Block
+	dir     string
+	tempDir bool
+	console *tail
+	log     *slog.Logger
+	started time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Run returns
+	exit   vmm.Exit
+	runErr error
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start boots a sandbox and waits until its agent answers. ctx bounds the
+// wait (with opts.BootTimeout), not the sandbox's life: Close ends that.
+func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
+	start := time.Now()
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg, err := opts.vmConfig()
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{dir: opts.Dir, log: log, console: newTail(16 << 10), started: start, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.Close(context.Background())
+		}
+	}()
+	if s.dir == "" {
+		if s.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		s.tempDir = true
+	}
+	if opts.Disk != "" {
+		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: opts.Disk, ReadOnly: opts.DiskReadOnly, ID: "root", Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: root disk: %w", err)
+		}
+		cfg.Devices = append(cfg.Devices, s.disk)
+	}
+	cfg.Devices = append(cfg.Devices, opts.Devices...)
+	s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, log)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	cfg.Devices = append(cfg.Devices, s.vsock, virtio.NewRNG())
+	cfg.Console = s.console
+	if opts.Console != nil {
+		cfg.Console = io.MultiWriter(opts.Console, s.console)
+	}
+	if s.vm, err = vmm.New(cfg); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.run()
+	return s, s.connect(ctx, opts.BootTimeout)
+}
+
+// run runs the VM in the background until Close or the guest stops.
+func (s *Sandbox) run() {
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go func() {
+		defer close(s.done)
+		s.exit, s.runErr = s.vm.Run(runCtx)
+		s.log.Debug("sandbox VM stopped", "exit", s.exit.String())
+	}()
+}
+
+// connect waits for the agent to answer, or the VM to stop, or the boot
+// timeout.
+func (s *Sandbox) connect(ctx context.Context, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = 5 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, err := client.WaitReady(ctx, s.VsockPath())
+	if err != nil {
+		select {
+		case <-s.done:
+			return fmt.Errorf("sandbox: the VM stopped before its agent answered: %s%s", s.exitString(), s.consoleTail())
+		default:
+		}
+		return fmt.Errorf("sandbox: agent did not answer within %v: %w%s", timeout, err, s.consoleTail())
+	}
+	s.client = c
+	s.log.Debug("sandbox ready", "elapsed", time.Since(s.started))
+	return nil
+}
+
+func (s *Sandbox) exitString() string {
+	if s.runErr != nil {
+		return s.runErr.Error()
+	}
+	return s.exit.String()
+}
+
+// consoleTail returns the end of the guest's console, for an error message.
+func (s *Sandbox) consoleTail() string {
+	t := strings.TrimSpace(s.console.String())
+	if t == "" {
+		return ""
+	}
+	lines := strings.Split(t, "\n")
+	if len(lines) > 25 {
+		lines = lines[len(lines)-25:]
+	}
+	return "\nguest console (last lines):\n  " + strings.Join(lines, "\n  ")
+}
+
+// Client returns the agent client.
+func (s *Sandbox) Client() *client.Client { return s.client }
+
+// VM returns the sandbox's VM.
+func (s *Sandbox) VM() *vmm.VM { return s.vm }
+
+// VsockPath is the host Unix socket of the sandbox's vsock device.
+func (s *Sandbox) VsockPath() string { return filepath.Join(s.dir, "vsock.sock") }
+
+// Console returns what the guest's serial console printed lately.
+func (s *Sandbox) Console() string { return s.console.String() }
+
+// Done is closed when the VM has stopped.
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// Exit returns how the VM stopped; call it after Done is closed.
+func (s *Sandbox) Exit() (vmm.Exit, error) { return s.exit, s.runErr }
+
+// Close powers the guest off through its agent and waits for the VM to
+// stop, up to ctx's end (or 30 seconds), then stops it by force, and
+// releases everything Start made.
+func (s *Sandbox) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
+	return s.closeErr
+}
+
+func (s *Sandbox) close(ctx context.Context) error {
+	var errs []error
+	if s.vm != nil {
+		if s.client != nil {
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			if err := s.client.PowerOff(pctx); err != nil {
+				s.log.Debug("agent power-off", "err", err)
+			}
+			select {
+			case <-s.done:
+			case <-pctx.Done():
+				s.log.Warn("sandbox did not power off in time; stopping it")
+			}
+			cancel()
+		}
+		if s.cancel != nil {
+			s.cancel()
+			<-s.done
+		}
+	}
+	if s.client != nil {
+		s.client.Close()
+	}
+	if s.vm != nil {
+		errs = append(errs, s.vm.Close())
+	}
+	if s.vsock != nil {
+		errs = append(errs, s.vsock.Close())
+	}
+	if s.disk != nil {
+		errs = append(errs, s.disk.Close())
+	}
+	if s.tempDir {
+		errs = append(errs, os.RemoveAll(s.dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox: close: %w", err)
+	}
+	return nil
+}
+
+// vmConfig turns the options into a VM config (without devices).
+func (o Options) vmConfig() (vmm.Config, error) {
+	cfg := vmm.Config{CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Logger: o.Logger}
+	hostname := o.Hostname
+	if hostname == "" {
+		hostname = "kiln"
+	}
+	if err := checkCmdlineWord("hostname", hostname); err != nil {
+		return cfg, err
+	}
+
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 1
+	}
+	if cfg.MemoryMiB == 0 {
+		cfg.MemoryMiB = 512
+	}
+	var k *guestkernel.Kernel
+	cfg.Kernel = o.Kernel
+	if cfg.Kernel == "" {
+		var err error
+		if k, err = guestkernel.Find(); err != nil {
+			return cfg, fmt.Errorf("sandbox: no kernel given and %w", err)
+		}
+		cfg.Kernel = k.Image
+		if k.Vmlinux != "" {
+			cfg.Kernel = k.Vmlinux
+		}
+	}
+	cfg.Initrd = o.Initrd
+	if cfg.Initrd == "" {
+		agent := o.Agent
+		if agent == "" {
+			var err error
+			if agent, err = FindAgent(); err != nil {
+				return cfg, err
+			}
+		}
+		var err error
+		if cfg.Initrd, err = AgentInitrd(agent, k); err != nil {
+			return cfg, err
+		}
+	}
+	cmdline := []string{vmm.DefaultCmdline, "quiet", "kiln.hostname=" + hostname}
+	if o.Disk != "" {
+		cmdline = append(cmdline, "kiln.root=/dev/vda")
+		if o.RootFSType != "" {
+			if err := checkCmdlineWord("root filesystem type", o.RootFSType); err != nil {
+				return cfg, err
+			}
+			cmdline = append(cmdline, "kiln.rootfstype="+o.RootFSType)
+		}
+		if o.DiskReadOnly {
+			cmdline = append(cmdline, "kiln.ro")
+		}
+	}
+	if o.Cmdline != "" {
+		cmdline = append(cmdline, o.Cmdline)
+	}
+	cfg.Cmdline = strings.Join(cmdline, " ")
+	return cfg, nil
+}
+
+// checkCmdlineWord refuses a value that would break the kernel command line.
+func checkCmdlineWord(what, v string) error {
+	if v == "" || len(v) > 64 || strings.ContainsAny(v, " \t\n\"'\\=") {
+		return fmt.Errorf("sandbox: %s %q: want 1 to 64 characters, no spaces, quotes, backslashes or '='", what, v)
+	}
+	return nil
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func newTail(max int) *tail { return &tail{max: max} }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = bytes.Clone(t.buf[over:])
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

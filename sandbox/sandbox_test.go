@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kilnvm/kiln/guestkernel"
+)
+
+func TestVMConfig(t *testing.T) {
+	agent := filepath.Join(t.TempDir(), "agent")
+	// A kernel path given: no module lookup; an Initrd given: no build.
+	base := Options{Kernel: "/k", Initrd: "/i", Agent: agent}
+	for _, tc := range []struct {
+		name    string
+		opts    func(*Options)
+		cmdline []string // words that must be in the command line
+		absent  []string
+		err     string
+	}{
+		{"defaults", func(o *Options) {}, []string{"console=ttyS0", "kiln.hostname=kiln", "quiet"}, []string{"kiln.root"}, ""},
+		{"disk", func(o *Options) { o.Disk = "/d"; o.DiskReadOnly = true; o.RootFSType = "xfs" }, []string{"kiln.root=/dev/vda", "kiln.ro", "kiln.rootfstype=xfs"}, nil, ""},
+		{"hostname", func(o *Options) { o.Hostname = "box-1" }, []string{"kiln.hostname=box-1"}, nil, ""},
+		{"extra", func(o *Options) { o.Cmdline = "kiln.debug" }, []string{"kiln.debug"}, nil, ""},
+		{"bad hostname", func(o *Options) { o.Hostname = "a b" }, nil, nil, "hostname"},
+		{"quoting hostname", func(o *Options) { o.Hostname = `a"b` }, nil, nil, "hostname"},
+		{"bad fstype", func(o *Options) { o.Disk = "/d"; o.RootFSType = "ext4 init=/bin/sh" }, nil, nil, "root filesystem type"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.opts(&o)
+			cfg, err := o.vmConfig()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.CPUs != 1 || cfg.MemoryMiB != 512 || cfg.Kernel != "/k" || cfg.Initrd != "/i" {
+				t.Fatalf("config %+v", cfg)
+			}
+			words := strings.Fields(cfg.Cmdline)
+			has := func(w string) bool {
+				for _, x := range words {
+					if x == w || strings.HasPrefix(x, w+"=") && !strings.Contains(w, "=") {
+						return true
+					}
+				}
+				return false
+			}
+			for _, w := range tc.cmdline {
+				if !has(w) {
+					t.Errorf("command line %q lacks %q", cfg.Cmdline, w)
+				}
+			}
+			for _, w := range tc.absent {
+				if has(w) {
+					t.Errorf("command line %q has %q", cfg.Cmdline, w)
+				}
+			}
+		})
+	}
+}
+
+func TestFindAgent(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "kiln-agent")
+	t.Setenv(AgentEnv, p)
+	if _, err := FindAgent(); err == nil {
+		t.Fatal("FindAgent found a missing $KILN_AGENT")
+	}
+	if err := os.WriteFile(p, []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := FindAgent(); err != nil || got != p {
+		t.Fatalf("FindAgent = %q, %v", got, err)
+	}
+}
+
+func TestAgentInitrdCached(t *testing.T) {
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("no busybox-static")
+	}
+	t.Setenv("KILN_CACHE", t.TempDir())
+	// Any static binary serves as the agent here: busybox is one.
+	agent := filepath.Join(t.TempDir(), "agent")
+	data, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(agent, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p1, err := AgentInitrd(agent, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi1, _ := os.Stat(p1)
+	p2, err := AgentInitrd(agent, nil)
+	if err != nil || p2 != p1 {
+		t.Fatalf("second build %q, %v; want the cached %q", p2, err, p1)
+	}
+	if fi2, _ := os.Stat(p2); !fi2.ModTime().Equal(fi1.ModTime()) {
+		t.Error("the cached image was rewritten")
+	}
+	// Another agent, another image.
+	if err := os.WriteFile(agent, append(data, 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if p3, err := AgentInitrd(agent, nil); err != nil || p3 == p1 {
+		t.Fatalf("changed agent: %q, %v", p3, err)
+	}
+	if _, err := AgentInitrd(filepath.Join(t.TempDir(), "missing"), &guestkernel.Kernel{}); err == nil {
+		t.Fatal("a missing agent built an image")
+	}
+}
+
+func TestTail(t *testing.T) {
+	tl := newTail(8)
+	tl.Write([]byte("hello "))
+	tl.Write([]byte("world"))
+	if got := tl.String(); got != "lo world" {
+		t.Fatalf("tail %q", got)
+	}
+}
