@@ -55,6 +55,12 @@ func (c *vcpu) loop() {
 func (c *vcpu) checkpoint() bool {
 	v := c.vm
 	v.mu.Lock()
+	pausing := v.paused && !v.stopping
+	v.mu.Unlock()
+	if pausing && !c.completeExit() {
+		return false
+	}
+	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.paused && !v.stopping {
 		v.parked++
@@ -64,7 +70,37 @@ func (c *vcpu) checkpoint() bool {
 		}
 		v.parked--
 	}
+	if pausing && !v.paused && !v.stopping {
+		// Resumed before it parked: completeExit's immediate_exit must
+		// not outlive the pause.
+		c.kv.SetImmediateExit(false)
+	}
 	return !v.stopping
+}
+
+// completeExit finishes the instruction of the exit just handled before the
+// vCPU parks. KVM completes an I/O or MMIO instruction only on the next
+// KVM_RUN (Documentation/virt/kvm/api.rst, KVM_RUN): entering with
+// immediate_exit set completes it and returns without running guest code,
+// so that the registers a snapshot reads are whole, and a restored guest
+// does not repeat the access. A completion may exit again (the next part of
+// a string I/O); those exits are handled too. False means the vCPU must
+// stop.
+func (c *vcpu) completeExit() bool {
+	c.kv.SetImmediateExit(true)
+	for {
+		reason, err := c.kv.Run()
+		if err != nil {
+			c.vm.stop(ReasonError, fmt.Sprintf("vCPU %d: KVM_RUN: %v", c.kv.ID(), err))
+			return false
+		}
+		if reason == kvm.ExitIntr {
+			return true
+		}
+		if !c.handleExit(reason) {
+			return false
+		}
+	}
 }
 
 // handleExit services one exit; false means the vCPU must stop.

@@ -57,6 +57,12 @@ func (c *Config) Validate() error {
 	if c.Kernel == "" {
 		return errors.New("no kernel given")
 	}
+	return c.validateShape()
+}
+
+// validateShape checks what a booted and a restored VM share: vCPUs,
+// memory and devices.
+func (c *Config) validateShape() error {
 	if c.CPUs < 1 || c.CPUs > MaxCPUs {
 		return fmt.Errorf("%d vCPUs: want 1 to %d", c.CPUs, MaxCPUs)
 	}
@@ -119,6 +125,7 @@ type VM struct {
 	panics     *panicWatcher
 	virtio     []*virtio.MMIO
 	virtioIRQs []*virtioIRQ
+	ged        *gedDevice
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -127,6 +134,9 @@ type VM struct {
 	paused   bool  // Pause requested
 	parked   int   // vCPUs parked by a pause
 	stopping bool
+	// devicesPaused: SaveState paused the virtio transports; Resume
+	// resumes them.
+	devicesPaused bool
 }
 
 // New builds a VM from cfg: memory, vCPUs, irqchip, devices, and the kernel,
@@ -173,51 +183,71 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 
-	v := &VM{cfg: cfg, log: cfg.Logger}
-	v.cond = sync.NewCond(&v.mu)
+	v := newVM(cfg)
 	defer func() {
 		if err != nil {
 			v.Close()
 		}
 	}()
-	if v.sys, err = kvm.OpenPath(cfg.KVMPath); err != nil {
+	if v.mem, err = memory.New("kiln-guest-ram", memoryLayout(cfg.MemoryMiB)); err != nil {
 		return nil, err
 	}
-	if max := v.sys.CheckExtension(kvm.CapMaxVCPUs); max > 0 && cfg.CPUs > max {
-		return nil, fmt.Errorf("%d vCPUs: KVM allows at most %d", cfg.CPUs, max)
-	}
-	if v.vm, err = v.sys.CreateVM(); err != nil {
-		return nil, err
-	}
-	if err = v.setupMemory(); err != nil {
-		return nil, err
-	}
-	if err = v.vm.SetTSSAddr(tssAddr); err != nil {
-		return nil, err
-	}
-	if err = v.vm.SetIdentityMapAddr(identMap); err != nil {
-		return nil, err
-	}
-	if err = v.vm.CreateIRQChip(); err != nil {
-		return nil, err
-	}
-	if err = v.vm.CreatePIT2(&kvm.PITConfig{Flags: kvm.PITSpeakerDummy}); err != nil {
-		return nil, err
-	}
-	if err = v.setupDevices(); err != nil {
-		return nil, err
-	}
-	if err = v.setupVirtio(); err != nil {
+	if err = v.setupMachine(); err != nil {
 		return nil, err
 	}
 	bi, err := v.loadKernel(img, initrd, initrdAddr)
 	if err != nil {
 		return nil, err
 	}
-	if err = v.createVCPUs(img, bi); err != nil {
+	if err = v.createVCPUs(); err != nil {
+		return nil, err
+	}
+	if err = v.setupBootVCPUs(img, bi); err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// newVM returns an empty VM for cfg (defaults filled in).
+func newVM(cfg Config) *VM {
+	v := &VM{cfg: cfg, log: cfg.Logger}
+	v.cond = sync.NewCond(&v.mu)
+	return v
+}
+
+// setupMachine builds what every VM has, booted or restored, over the
+// guest memory in v.mem: the KVM VM and its memory slots, the TSS and
+// identity map, irqchip, PIT, the platform devices and the virtio
+// transports.
+func (v *VM) setupMachine() (err error) {
+	if v.sys, err = kvm.OpenPath(v.cfg.KVMPath); err != nil {
+		return err
+	}
+	if max := v.sys.CheckExtension(kvm.CapMaxVCPUs); max > 0 && v.cfg.CPUs > max {
+		return fmt.Errorf("%d vCPUs: KVM allows at most %d", v.cfg.CPUs, max)
+	}
+	if v.vm, err = v.sys.CreateVM(); err != nil {
+		return err
+	}
+	if err = v.setupMemory(); err != nil {
+		return err
+	}
+	if err = v.vm.SetTSSAddr(tssAddr); err != nil {
+		return err
+	}
+	if err = v.vm.SetIdentityMapAddr(identMap); err != nil {
+		return err
+	}
+	if err = v.vm.CreateIRQChip(); err != nil {
+		return err
+	}
+	if err = v.vm.CreatePIT2(&kvm.PITConfig{Flags: kvm.PITSpeakerDummy}); err != nil {
+		return err
+	}
+	if err = v.setupDevices(); err != nil {
+		return err
+	}
+	return v.setupVirtio()
 }
 
 // lowMemEnd returns where RAM below the MMIO gap ends.
@@ -225,17 +255,21 @@ func (v *VM) lowMemEnd() uint64 {
 	return min(uint64(v.cfg.MemoryMiB)<<20, mmioGapStart)
 }
 
-func (v *VM) setupMemory() error {
-	total := uint64(v.cfg.MemoryMiB) << 20
-	layout := memory.Layout{{GuestAddr: 0, Size: v.lowMemEnd()}}
+// memoryLayout returns where a VM's RAM of memMiB lies: below the MMIO
+// gap, and the rest above 4 GiB.
+func memoryLayout(memMiB int) memory.Layout {
+	total := uint64(memMiB) << 20
+	low := min(total, mmioGapStart)
+	layout := memory.Layout{{GuestAddr: 0, Size: low}}
 	if total > mmioGapStart {
 		layout = append(layout, struct{ GuestAddr, Size uint64 }{mmioGapEnd, total - mmioGapStart})
 	}
-	mem, err := memory.New("kiln-guest-ram", layout)
-	if err != nil {
-		return err
-	}
-	v.mem = mem
+	return layout
+}
+
+// setupMemory gives each region of v.mem a KVM memory slot.
+func (v *VM) setupMemory() error {
+	mem := v.mem
 	for i, r := range mem.Regions() {
 		if err := v.vm.SetUserMemoryRegion(&kvm.UserspaceMemoryRegion{
 			Slot: uint32(i), GuestPhysAddr: r.GuestAddr, MemorySize: r.Size, UserspaceAddr: uint64(mem.HostAddr(i)),
@@ -263,6 +297,14 @@ func (v *VM) setupDevices() error {
 		return err
 	}
 	if err := v.mmio.Add(powerBase, powerSize, &powerDevice{stop: v.stop}); err != nil {
+		return err
+	}
+	v.ged = &gedDevice{pulse: func() {
+		// The GED's interrupt is edge-triggered: pulse the line.
+		v.vm.IRQLine(gedGSI, true)
+		v.vm.IRQLine(gedGSI, false)
+	}}
+	if err := v.mmio.Add(gedBase, gedSize, v.ged); err != nil {
 		return err
 	}
 	if in := v.cfg.ConsoleInput; in != nil {
@@ -324,6 +366,12 @@ func (v *VM) loadKernel(img *linuxboot.Image, initrd []byte, initrdAddr uint64) 
 		return bi, fmt.Errorf("write ACPI tables: %w", err)
 	}
 	bi.RSDPAddr = tables.RSDP
+	if tables.Base+uint64(len(tables.Bytes)) > vmgenidAddr {
+		return bi, fmt.Errorf("ACPI tables of %d bytes overlap the VM generation ID", len(tables.Bytes))
+	}
+	if err := v.writeGenerationID(); err != nil {
+		return bi, err
+	}
 
 	bi.E820 = []linuxboot.E820Entry{
 		{Addr: 0, Size: ebdaStart, Type: linuxboot.E820RAM},
@@ -387,10 +435,13 @@ func (v *VM) acpiConfig() acpi.Config {
 		ResetReg:     powerBase + powerReset,
 		ResetValue:   resetValue,
 		VirtioMMIO:   v.virtioACPI(),
+		GED:          &acpi.GED{Base: gedBase, GSI: gedGSI},
+		VMGenID:      &acpi.VMGenID{Addr: vmgenidAddr},
 	}
 }
 
-func (v *VM) createVCPUs(img *linuxboot.Image, bi linuxboot.BootInfo) error {
+// createVCPUs creates the vCPUs, each with its CPUID.
+func (v *VM) createVCPUs() error {
 	supported, err := v.sys.SupportedCPUID()
 	if err != nil {
 		return err
@@ -400,11 +451,19 @@ func (v *VM) createVCPUs(img *linuxboot.Image, bi linuxboot.BootInfo) error {
 		if err != nil {
 			return err
 		}
-		c := &vcpu{vm: v, kv: kv}
-		v.vcpus = append(v.vcpus, c)
+		v.vcpus = append(v.vcpus, &vcpu{vm: v, kv: kv})
 		if err := kv.SetCPUID(cpuidFor(supported, i, v.cfg.CPUs)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// setupBootVCPUs gives the vCPUs their boot state: the BSP at the kernel's
+// entry, the others waiting for INIT/SIPI.
+func (v *VM) setupBootVCPUs(img *linuxboot.Image, bi linuxboot.BootInfo) (err error) {
+	for i, c := range v.vcpus {
+		kv := c.kv
 		if err := kv.SetMSRs(bootMSRs()); err != nil {
 			return err
 		}
@@ -538,11 +597,12 @@ func (v *VM) Pause(ctx context.Context) error {
 	return nil
 }
 
-// Resume lets paused vCPUs run again.
+// Resume lets paused vCPUs run again, and resumes the virtio transports
+// that SaveState paused.
 func (v *VM) Resume() error {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if !v.paused {
+		v.mu.Unlock()
 		return errors.New("resume: VM is not paused")
 	}
 	v.paused = false
@@ -550,6 +610,12 @@ func (v *VM) Resume() error {
 		c.kv.SetImmediateExit(false)
 	}
 	v.cond.Broadcast()
+	devices := v.devicesPaused
+	v.devicesPaused = false
+	v.mu.Unlock()
+	if devices {
+		v.resumeDevices()
+	}
 	return nil
 }
 

@@ -1,0 +1,215 @@
+package snapshot
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kilnvm/kiln/vmm"
+)
+
+// FormatVersion is the version of the on-disk format this package writes
+// and reads.
+const FormatVersion = 1
+
+// The files of a snapshot directory.
+const (
+	ManifestFile = "manifest.json"
+	StateFile    = "state.json"
+	MemoryFile   = "memory"
+)
+
+// Limits on what a snapshot's files may make Load read.
+const (
+	maxManifestSize = 1 << 20
+	maxStateSize    = 256 << 20
+	pageSize        = 4096
+)
+
+// Errors a caller may want to tell apart (with errors.Is).
+var (
+	// ErrFormatVersion: the snapshot was written in another format version.
+	ErrFormatVersion = errors.New("unsupported snapshot format version")
+	// ErrChecksum: the state file is not what the manifest says.
+	ErrChecksum = errors.New("checksum mismatch")
+	// ErrCorrupt: a file is missing, truncated or malformed.
+	ErrCorrupt = errors.New("corrupt snapshot")
+	// ErrMismatch: the snapshot's VM is not the one the config describes.
+	ErrMismatch = errors.New("snapshot does not match the config")
+	// ErrExists: Save found a snapshot (or something else) at its target.
+	ErrExists = errors.New("snapshot already exists")
+)
+
+// Manifest describes a snapshot: manifest.json.
+type Manifest struct {
+	// Format is FormatVersion when written.
+	Format int `json:"format"`
+	// Created is when the snapshot was written (UTC).
+	Created time.Time `json:"created"`
+	// CPUs and MemoryMiB are the VM's shape.
+	CPUs      int `json:"cpus"`
+	MemoryMiB int `json:"memory_mib"`
+	// Devices are the virtio device IDs, in the VM's device order
+	// (virtio.IDBlock, ...).
+	Devices []uint32 `json:"devices"`
+	// StateVersion is the vmm.StateVersion of the state file.
+	StateVersion int `json:"state_version"`
+	// StateSize and StateSHA256 (hex) are the state file's.
+	StateSize   int64  `json:"state_size"`
+	StateSHA256 string `json:"state_sha256"`
+	// MemorySize is the memory file's size in bytes; MemoryLayout says
+	// where each guest-physical region lies in it.
+	MemorySize   uint64             `json:"memory_size"`
+	MemoryLayout []vmm.MemoryRegion `json:"memory_layout"`
+}
+
+// Info reads and checks the manifest of the snapshot in dir.
+func Info(dir string) (*Manifest, error) {
+	p := filepath.Join(dir, ManifestFile)
+	f, err := os.Open(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("snapshot %s: no %s: not a snapshot, or an unfinished one: %w", dir, ManifestFile, ErrCorrupt)
+		}
+		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: read manifest: %w", dir, err)
+	}
+	if len(b) > maxManifestSize {
+		return nil, fmt.Errorf("snapshot %s: manifest is over %d bytes: %w", dir, maxManifestSize, ErrCorrupt)
+	}
+	m, err := parseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+// parseManifest decodes and checks a manifest. The format version is read
+// first and alone, so that a manifest of another version is named as such
+// whatever else it holds.
+func parseManifest(b []byte) (*Manifest, error) {
+	var head struct {
+		Format *int `json:"format"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, fmt.Errorf("manifest is not JSON (%v): %w", err, ErrCorrupt)
+	}
+	if head.Format == nil {
+		return nil, fmt.Errorf("manifest has no format version: %w", ErrCorrupt)
+	}
+	if *head.Format != FormatVersion {
+		return nil, fmt.Errorf("snapshot format version %d, this kiln reads format version %d: %w", *head.Format, FormatVersion, ErrFormatVersion)
+	}
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("manifest: %v: %w", err, ErrCorrupt)
+	}
+	m.Created = m.Created.UTC()
+	if err := m.validate(); err != nil {
+		return nil, fmt.Errorf("manifest: %w: %w", err, ErrCorrupt)
+	}
+	return &m, nil
+}
+
+// validate checks a manifest's fields on their own and against each other.
+func (m *Manifest) validate() error {
+	switch {
+	case m.StateVersion != vmm.StateVersion:
+		return fmt.Errorf("VM state version %d, this kiln reads version %d", m.StateVersion, vmm.StateVersion)
+	case m.Created.IsZero():
+		return errors.New("no creation time")
+	case m.Created.Year() < 1 || m.Created.Year() > 9999:
+		return fmt.Errorf("creation time %v is out of range", m.Created)
+	case m.CPUs < 1 || m.CPUs > vmm.MaxCPUs:
+		return fmt.Errorf("%d vCPUs: want 1 to %d", m.CPUs, vmm.MaxCPUs)
+	case m.MemoryMiB < vmm.MinMemoryMiB || m.MemoryMiB > vmm.MaxMemoryMiB:
+		return fmt.Errorf("%d MiB of memory: want %d to %d", m.MemoryMiB, vmm.MinMemoryMiB, vmm.MaxMemoryMiB)
+	case m.MemorySize != uint64(m.MemoryMiB)<<20:
+		return fmt.Errorf("memory file of %d bytes for %d MiB of memory", m.MemorySize, m.MemoryMiB)
+	case len(m.Devices) > vmm.MaxVirtioDevices:
+		return fmt.Errorf("%d virtio devices: at most %d", len(m.Devices), vmm.MaxVirtioDevices)
+	case m.StateSize < 1 || m.StateSize > maxStateSize:
+		return fmt.Errorf("state file of %d bytes: want 1 to %d", m.StateSize, maxStateSize)
+	}
+	if sum, err := hex.DecodeString(m.StateSHA256); err != nil || len(sum) != 32 || hex.EncodeToString(sum) != m.StateSHA256 {
+		return fmt.Errorf("state checksum %q is not 64 lowercase hex digits", m.StateSHA256)
+	}
+	if len(m.MemoryLayout) == 0 {
+		return errors.New("no memory layout")
+	}
+	var off, end uint64
+	for i, r := range m.MemoryLayout {
+		switch {
+		case r.Size == 0 || r.Size%pageSize != 0 || r.GuestAddr%pageSize != 0:
+			return fmt.Errorf("memory region %d (%#x+%#x) is empty or not page-aligned", i, r.GuestAddr, r.Size)
+		case r.GuestAddr+r.Size < r.GuestAddr:
+			return fmt.Errorf("memory region %d (%#x+%#x) wraps around", i, r.GuestAddr, r.Size)
+		case i > 0 && r.GuestAddr < end:
+			return fmt.Errorf("memory region %d (%#x) overlaps or precedes region %d", i, r.GuestAddr, i-1)
+		case r.Offset != off:
+			return fmt.Errorf("memory region %d at offset %#x of the memory file, want %#x", i, r.Offset, off)
+		case r.Size > m.MemorySize-off:
+			return fmt.Errorf("memory regions hold more than the %d bytes of the memory file", m.MemorySize)
+		}
+		off += r.Size
+		end = r.GuestAddr + r.Size
+	}
+	if off != m.MemorySize {
+		return fmt.Errorf("memory regions hold %d bytes, the memory file %d", off, m.MemorySize)
+	}
+	return nil
+}
+
+// checkConfig checks the manifest against a config to restore with.
+func (m *Manifest) checkConfig(cfg *vmm.Config) error {
+	if cfg.CPUs != m.CPUs {
+		return fmt.Errorf("snapshot has %d vCPUs, config asks for %d: %w", m.CPUs, cfg.CPUs, ErrMismatch)
+	}
+	if cfg.MemoryMiB != m.MemoryMiB {
+		return fmt.Errorf("snapshot has %d MiB of memory, config asks for %d MiB: %w", m.MemoryMiB, cfg.MemoryMiB, ErrMismatch)
+	}
+	if len(cfg.Devices) != len(m.Devices) {
+		return fmt.Errorf("snapshot has %d virtio devices, config gives %d: %w", len(m.Devices), len(cfg.Devices), ErrMismatch)
+	}
+	for i, d := range cfg.Devices {
+		if d == nil {
+			return fmt.Errorf("virtio device %d is nil", i)
+		}
+		if d.ID() != m.Devices[i] {
+			return fmt.Errorf("virtio device %d: snapshot has device ID %d, config gives ID %d: %w", i, m.Devices[i], d.ID(), ErrMismatch)
+		}
+	}
+	return nil
+}
+
+// checkState checks that the state file describes the VM the manifest
+// does.
+func (m *Manifest) checkState(st *vmm.State) error {
+	if st.CPUs != m.CPUs || st.MemoryMiB != m.MemoryMiB || len(st.Devices) != len(m.Devices) || len(st.Memory) != len(m.MemoryLayout) {
+		return fmt.Errorf("state (%d vCPUs, %d MiB, %d devices) and manifest (%d vCPUs, %d MiB, %d devices) disagree: %w",
+			st.CPUs, st.MemoryMiB, len(st.Devices), m.CPUs, m.MemoryMiB, len(m.Devices), ErrCorrupt)
+	}
+	for i, r := range st.Memory {
+		if r != m.MemoryLayout[i] {
+			return fmt.Errorf("state and manifest disagree on memory region %d: %w", i, ErrCorrupt)
+		}
+	}
+	for i, d := range st.Devices {
+		if d.DeviceID != m.Devices[i] {
+			return fmt.Errorf("state and manifest disagree on virtio device %d: %w", i, ErrCorrupt)
+		}
+	}
+	return nil
+}
