@@ -70,15 +70,20 @@ type Options struct {
 
 // Sandbox is a running VM with a connected agent.
 type Sandbox struct {
-	vm      *vmm.VM
-	client  *client.Client
-	vsock   *virtio.Vsock
-	disk    *virtio.Block
-	dir     string
-	tempDir bool
-	console *tail
-	log     *slog.Logger
-	started time.Time
+	vm     *vmm.VM
+	client *client.Client
+	vsock  *virtio.Vsock
+	disk   *virtio.Block
+	// What Save records to rebuild the sandbox.
+	diskPath     string
+	diskReadOnly bool
+	hostname     string
+	extraDevices bool
+	dir          string
+	tempDir      bool
+	console      *tail
+	log          *slog.Logger
+	started      time.Time
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Run returns
@@ -118,9 +123,15 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: root disk: %w", err)
 		}
+		s.diskPath, s.diskReadOnly = opts.Disk, opts.DiskReadOnly
 		cfg.Devices = append(cfg.Devices, s.disk)
 	}
 	cfg.Devices = append(cfg.Devices, opts.Devices...)
+	s.extraDevices = len(opts.Devices) > 0
+	s.hostname = opts.Hostname
+	if s.hostname == "" {
+		s.hostname = "kiln"
+	}
 	s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, log)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)

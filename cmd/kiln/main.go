@@ -47,6 +47,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdBoot(ctx, args[1:], stdin, stdout, stderr)
 	case "run":
 		return cmdRun(ctx, args[1:], stdin, stdout, stderr)
+	case "fork":
+		return cmdFork(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
@@ -64,6 +66,9 @@ func usage(w io.Writer) {
 commands:
   boot    boot a kernel and stream its serial console
   run     run a command in a new sandbox: kiln run [flags] -- CMD [ARG...]
+          (--save DIR snapshots it afterwards; --from DIR restores one)
+  fork    restore N clones of a snapshot and run a command in each:
+          kiln fork --from DIR -n N -- CMD [ARG...]
   bench   boot: Kiln beside QEMU microvm, same guest, medians and ratio
 `)
 }

@@ -28,7 +28,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs := flag.NewFlagSet("kiln run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kiln run [flags] -- CMD [ARG...]")
+		fmt.Fprintln(stderr, "usage: kiln run [flags] [--save DIR | --from DIR] -- CMD [ARG...]")
 		fs.PrintDefaults()
 	}
 	var o sandbox.Options
@@ -48,8 +48,23 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	console := fs.Bool("console", false, "copy the guest's serial console to stderr")
 	timing := fs.Bool("time", false, "print boot and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	save := fs.String("save", "", "after CMD, save a snapshot of the running sandbox to `DIR` (which must not exist)")
+	from := fs.String("from", "", "restore the sandbox from the snapshot in `DIR` instead of booting one")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *from != "" {
+		var clash []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "kernel", "agent", "disk", "ro", "cpus", "mem":
+				clash = append(clash, "--"+f.Name)
+			}
+		})
+		if len(clash) > 0 {
+			fmt.Fprintf(stderr, "kiln run: %s: the snapshot given with --from fixes these\n", strings.Join(clash, ", "))
+			return exitUsage
+		}
 	}
 	argv := fs.Args()
 	if len(argv) == 0 {
@@ -73,7 +88,19 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 
 	start := time.Now()
-	sb, err := sandbox.Start(ctx, o)
+	var sb *sandbox.Sandbox
+	var err error
+	if *from != "" {
+		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout}
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "hostname" {
+				ro.Hostname = o.Hostname
+			}
+		})
+		sb, err = sandbox.Restore(ctx, *from, ro)
+	} else {
+		sb, err = sandbox.Start(ctx, o)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln run: %v\n", err)
 		return exitRunFailed
@@ -109,6 +136,16 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	if st.TimedOut {
 		fmt.Fprintf(stderr, "kiln run: %s killed after --timeout %v\n", argv[0], *timeout)
+	}
+	if *save != "" {
+		saveStart := time.Now()
+		if err := sb.Save(ctx, *save); err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+			return exitRunFailed
+		}
+		if *timing {
+			fmt.Fprintf(stderr, "kiln run: saved to %s in %v\n", *save, time.Since(saveStart).Round(time.Millisecond))
+		}
 	}
 	return st.ShellCode()
 }

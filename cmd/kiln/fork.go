@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// maxForks bounds kiln fork -n.
+const maxForks = 1024
+
+func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln fork", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kiln fork --from DIR -n N [flags] -- CMD [ARG...]")
+		fs.PrintDefaults()
+	}
+	from := fs.String("from", "", "snapshot `DIR` to restore the clones from (kiln run --save)")
+	n := fs.Int("n", 1, "number of clones")
+	timeout := fs.Duration("timeout", 0, "kill CMD in a clone after this long (0: no limit)")
+	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for each clone's agent")
+	timing := fs.Bool("time", false, "print restore and command times to stderr")
+	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	argv := fs.Args()
+	switch {
+	case *from == "":
+		fmt.Fprintln(stderr, "kiln fork: --from DIR is required")
+		return exitUsage
+	case *n < 1 || *n > maxForks:
+		fmt.Fprintf(stderr, "kiln fork: -n %d: want 1 to %d\n", *n, maxForks)
+		return exitUsage
+	case len(argv) == 0:
+		fmt.Fprintln(stderr, "kiln fork: no command given (kiln fork --from DIR -n N -- CMD [ARG...])")
+		return exitUsage
+	}
+	log := newLogger(stderr, *debug)
+	var outMu sync.Mutex // one line at a time on each stream
+	type result struct {
+		code     int
+		err      error
+		restored time.Duration
+		ran      time.Duration
+	}
+	results := make([]result, *n)
+	var wg sync.WaitGroup
+	for i := range *n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &results[i]
+			start := time.Now()
+			sb, err := sandbox.Restore(ctx, *from, sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout})
+			if err != nil {
+				r.err = err
+				return
+			}
+			defer sb.Close(context.Background())
+			r.restored = time.Since(start)
+			o := &prefixWriter{w: stdout, mu: &outMu, prefix: fmt.Sprintf("[%d] ", i)}
+			e := &prefixWriter{w: stderr, mu: &outMu, prefix: fmt.Sprintf("[%d] ", i)}
+			st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: argv, Timeout: *timeout, Stdout: o, Stderr: e})
+			o.Flush()
+			e.Flush()
+			r.ran = time.Since(start) - r.restored
+			if err != nil {
+				r.err = err
+				return
+			}
+			r.code = st.ShellCode()
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+			failed++
+			fmt.Fprintf(stderr, "kiln fork: clone %d: %v\n", i, r.err)
+		case r.code != 0:
+			failed++
+			fmt.Fprintf(stderr, "kiln fork: clone %d: exit code %d\n", i, r.code)
+		}
+		if *timing && r.err == nil {
+			fmt.Fprintf(stderr, "kiln fork: clone %d: restored in %v, command ran %v\n", i, r.restored.Round(time.Millisecond), r.ran.Round(time.Millisecond))
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(stderr, "kiln fork: %d of %d clones failed\n", failed, *n)
+		return exitGuest
+	}
+	return exitOK
+}
+
+// prefixWriter writes whole lines to w, each with prefix, under mu; a
+// partial last line waits for its end or Flush.
+type prefixWriter struct {
+	w      io.Writer
+	mu     *sync.Mutex
+	prefix string
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.buf = append(p.buf, b...)
+	for {
+		i := strings.IndexByte(string(p.buf), '\n')
+		if i < 0 {
+			break
+		}
+		p.emit(p.buf[:i+1])
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+// Flush writes a partial last line, ended with a newline.
+func (p *prefixWriter) Flush() {
+	if len(p.buf) > 0 {
+		p.emit(append(p.buf, '\n'))
+		p.buf = nil
+	}
+}
+
+func (p *prefixWriter) emit(line []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	bw := bufio.NewWriter(p.w)
+	bw.WriteString(p.prefix)
+	bw.Write(line)
+	bw.Flush()
+}

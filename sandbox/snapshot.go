@@ -1,0 +1,206 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
+)
+
+// MetaFile is the file in a snapshot directory that holds what a sandbox
+// needs beyond the VM to come back: its root disk and host name.
+const MetaFile = "sandbox.json"
+
+// meta is MetaFile's content.
+type meta struct {
+	Disk         string `json:"disk,omitempty"`
+	DiskReadOnly bool   `json:"disk_read_only,omitempty"`
+	Hostname     string `json:"hostname"`
+}
+
+// Save writes a snapshot of the running sandbox into dir (which must not
+// exist): the guest's filesystems are synced through the agent, the VM is
+// paused and saved (snapshot.Save: atomic, nothing loadable is left on
+// failure), and then it runs on. The root disk is not copied: a sandbox
+// restored from dir uses the same image, which must not change meanwhile.
+// Extra devices (Options.Devices) cannot be saved.
+func (s *Sandbox) Save(ctx context.Context, dir string) error {
+	if s.extraDevices {
+		return errors.New("sandbox: save: a sandbox with extra devices cannot be saved")
+	}
+	if err := s.client.Quiesce(ctx, false); err != nil {
+		return fmt.Errorf("sandbox: save: quiesce the guest: %w", err)
+	}
+	if err := s.vm.Pause(ctx); err != nil {
+		return fmt.Errorf("sandbox: save: %w", err)
+	}
+	defer func() {
+		if err := s.vm.Resume(); err != nil {
+			s.log.Warn("sandbox: resume after save", "err", err)
+		}
+	}()
+	m := meta{Hostname: s.hostname}
+	if s.disk != nil {
+		m.Disk, m.DiskReadOnly = s.diskPath, s.diskReadOnly
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("sandbox: save: %w", err)
+	}
+	if err := snapshot.Save(ctx, s.vm, dir, snapshot.WithLogger(s.log)); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	// Written after the snapshot: a snapshot without it does not restore
+	// as a sandbox (Restore says so), so a crash in between leaves nothing
+	// that restores wrongly.
+	if err := writeFileSync(filepath.Join(dir, MetaFile), b); err != nil {
+		return fmt.Errorf("sandbox: save: %w", err)
+	}
+	return nil
+}
+
+// writeFileSync writes a new file and syncs it.
+func writeFileSync(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(p)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(p)
+		return err
+	}
+	return f.Close()
+}
+
+// execHostname is the command that renames the guest.
+func execHostname(name string) client.ExecOptions {
+	return client.ExecOptions{Argv: []string{"hostname", name}}
+}
+
+// RestoreOptions describe a sandbox restored from a snapshot.
+type RestoreOptions struct {
+	// Console receives the guest's serial console; nil keeps only its
+	// tail, for error messages.
+	Console io.Writer
+	// Dir holds the sandbox's host files (its vsock socket); empty means a
+	// new temporary directory, removed by Close. Each restored sandbox
+	// needs its own.
+	Dir string
+	// Hostname, when set, renames the restored guest.
+	Hostname string
+	// Timeout bounds the wait for the agent; 0 means 2 minutes.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Restore starts a sandbox from the snapshot in dir (written by Save) and
+// waits until its agent answers. Memory comes back copy-on-write from the
+// snapshot's memory file, so many sandboxes restored from one snapshot
+// share the pages none of them wrote. The guest then gets fresh entropy
+// (its RNG would otherwise repeat every clone's) and the host's time.
+func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, err error) {
+	start := time.Now()
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	info, err := snapshot.Info(dir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	var m meta
+	b, err := os.ReadFile(filepath.Join(dir, MetaFile))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: snapshot %s is not a sandbox's: %w", dir, err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("sandbox: snapshot %s: %s: %w", dir, MetaFile, err)
+	}
+	s := &Sandbox{dir: opts.Dir, log: log, console: newTail(16 << 10), started: start, done: make(chan struct{}), hostname: m.Hostname}
+	defer func() {
+		if err != nil {
+			s.Close(context.Background())
+		}
+	}()
+	if s.dir == "" {
+		if s.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		s.tempDir = true
+	}
+	cfg := vmm.Config{CPUs: info.CPUs, MemoryMiB: info.MemoryMiB, Logger: log}
+	if m.Disk != "" {
+		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: m.Disk, ReadOnly: m.DiskReadOnly, ID: "root", Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: root disk: %w", err)
+		}
+		s.diskPath, s.diskReadOnly = m.Disk, m.DiskReadOnly
+		cfg.Devices = append(cfg.Devices, s.disk)
+	}
+	s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, log)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	cfg.Devices = append(cfg.Devices, s.vsock, virtio.NewRNG())
+	cfg.Console = s.console
+	if opts.Console != nil {
+		cfg.Console = io.MultiWriter(opts.Console, s.console)
+	}
+	if s.vm, err = snapshot.Load(dir, cfg); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.run()
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	if err := s.connect(ctx, timeout); err != nil {
+		return nil, err
+	}
+	if err := s.freshen(ctx, opts.Hostname); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// freshen makes a restored guest unique: new entropy for its RNG, the
+// host's time, and a new host name when asked.
+func (s *Sandbox) freshen(ctx context.Context, hostname string) error {
+	seed := make([]byte, 64)
+	if _, err := rand.Read(seed); err != nil {
+		return fmt.Errorf("sandbox: entropy for the guest: %w", err)
+	}
+	if _, err := s.client.Reseed(ctx, seed); err != nil {
+		return fmt.Errorf("sandbox: reseed the guest's RNG: %w", err)
+	}
+	if err := s.client.SetClock(ctx, time.Now()); err != nil {
+		return fmt.Errorf("sandbox: set the guest's clock: %w", err)
+	}
+	if hostname != "" && hostname != s.hostname {
+		if err := checkCmdlineWord("hostname", hostname); err != nil {
+			return err
+		}
+		if st, err := s.client.Exec(ctx, execHostname(hostname)); err != nil || !st.Success() {
+			return fmt.Errorf("sandbox: set the host name to %s: %v %v", hostname, st, err)
+		}
+		s.hostname = hostname
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+)
+
+// TestKVMSnapshot boots one sandbox, leaves a counting loop running in it,
+// saves it, and restores the snapshot: once alone, then as 8 clones at
+// once. The loop counts on after restore; every clone writes only its own
+// files, draws different random bytes and has the host's time.
+func TestKVMSnapshot(t *testing.T) {
+	kvmtest.Require(t)
+	kvmtest.Kernel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap"})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer sb.Close(context.Background())
+	sh := func(t *testing.T, c *client.Client, script string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut})
+		if err != nil || !st.Success() {
+			t.Fatalf("%q: %v %v; stderr %q", script, st, err, errOut.String())
+		}
+		return strings.TrimSpace(out.String())
+	}
+	counter := func(t *testing.T, c *client.Client) int {
+		t.Helper()
+		n, err := strconv.Atoi(sh(t, c, "cat /run/count"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	sh(t, sb.Client(), `echo before-save > /tmp/marker
+(i=0; while :; do i=$((i+1)); echo $i > /run/count.new; mv /run/count.new /run/count; sleep 0.2; done) >/dev/null 2>&1 &
+sleep 1`)
+	dir := filepath.Join(t.TempDir(), "snap")
+	begin := time.Now()
+	if err := sb.Save(ctx, dir); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	t.Logf("saved in %v", time.Since(begin).Round(time.Millisecond))
+	saved := counter(t, sb.Client()) // the original runs on: at least this
+	if err := sb.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	t.Run("restore", func(t *testing.T) {
+		begin := time.Now()
+		r, err := Restore(ctx, dir, RestoreOptions{})
+		if err != nil {
+			t.Fatalf("Restore: %v", err)
+		}
+		defer r.Close(context.Background())
+		t.Logf("restored to a working agent in %v", time.Since(begin).Round(time.Millisecond))
+		if got := sh(t, r.Client(), "cat /tmp/marker"); got != "before-save" {
+			t.Fatalf("tmpfs file after restore: %q", got)
+		}
+		first := counter(t, r.Client())
+		time.Sleep(2 * time.Second)
+		second := counter(t, r.Client())
+		t.Logf("counter: %d when saved (or later), %d and %d after restore", saved, first, second)
+		if first <= 0 || second <= first {
+			t.Fatalf("the counting loop did not go on after restore: %d then %d", first, second)
+		}
+	})
+
+	t.Run("8 clones", func(t *testing.T) {
+		const n = 8
+		clones := make([]*Sandbox, n)
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		begin := time.Now()
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				clones[i], errs[i] = Restore(ctx, dir, RestoreOptions{Hostname: fmt.Sprintf("clone-%d", i)})
+			}()
+		}
+		wg.Wait()
+		t.Logf("%d clones answering after %v", n, time.Since(begin).Round(time.Millisecond))
+		for i, c := range clones {
+			if c != nil {
+				defer c.Close(context.Background())
+			}
+			if errs[i] != nil {
+				t.Fatalf("clone %d: %v", i, errs[i])
+			}
+		}
+		random := map[string]int{}
+		for i, c := range clones {
+			sh(t, c.Client(), fmt.Sprintf("echo %d > /tmp/mine-%d", i, i))
+			if got := sh(t, c.Client(), "ls /tmp/ | grep mine- | tr '\\n' ' '"); got != fmt.Sprintf("mine-%d", i) {
+				t.Errorf("clone %d sees %q", i, got)
+			}
+			if got := sh(t, c.Client(), "hostname"); got != fmt.Sprintf("clone-%d", i) {
+				t.Errorf("clone %d hostname %q", i, got)
+			}
+			r := sh(t, c.Client(), "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
+			if j, ok := random[r]; ok {
+				t.Errorf("clones %d and %d read the same bytes from /dev/urandom: %s", j, i, r)
+			}
+			random[r] = i
+			// The guest's clock, read between two host readings.
+			before := time.Now()
+			secs, err := strconv.ParseFloat(sh(t, c.Client(), "date +%s.%N"), 64)
+			after := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			guest := time.Unix(0, int64(secs*1e9))
+			if guest.Before(before.Add(-time.Second)) || guest.After(after.Add(time.Second)) {
+				t.Errorf("clone %d: clock %v, host between %v and %v", i, guest, before, after)
+			}
+		}
+	})
+}
