@@ -56,6 +56,49 @@ sleep 1`)
 	}
 	t.Logf("saved in %v", time.Since(begin).Round(time.Millisecond))
 	saved := counter(t, sb.Client()) // the original runs on: at least this
+
+	t.Run("fork a running sandbox", func(t *testing.T) {
+		begin := time.Now()
+		kids, err := sb.Fork(ctx, 2)
+		if err != nil {
+			t.Fatalf("Fork: %v", err)
+		}
+		t.Logf("2 children answering after %v", time.Since(begin).Round(time.Millisecond))
+		for _, k := range kids {
+			defer k.Close(context.Background())
+		}
+		for i, k := range kids {
+			sh(t, k.Client(), fmt.Sprintf("echo %d > /tmp/kid", i))
+			if got := sh(t, k.Client(), "hostname"); got != fmt.Sprintf("snap-%d", i) {
+				t.Errorf("child %d hostname %q", i, got)
+			}
+			if got := sh(t, k.Client(), "cat /tmp/marker"); got != "before-save" {
+				t.Errorf("child %d lost the parent's file: %q", i, got)
+			}
+		}
+		for i, k := range kids {
+			if got := sh(t, k.Client(), "cat /tmp/kid"); got != fmt.Sprint(i) {
+				t.Errorf("child %d reads %q from its own file", i, got)
+			}
+		}
+		// The parent runs on, and sees none of it.
+		if got := sh(t, sb.Client(), "cat /tmp/kid 2>/dev/null || echo none"); got != "none" {
+			t.Errorf("the parent sees a child's file: %q", got)
+		}
+		if a, b := counter(t, sb.Client()), counter(t, kids[0].Client()); a < saved || b < saved {
+			t.Errorf("counters after fork: parent %d, child %d, saved %d", a, b, saved)
+		}
+		// A child forks in turn: the grandchild has its parent's file.
+		grand, err := kids[0].Fork(ctx, 1)
+		if err != nil {
+			t.Fatalf("Fork of a child: %v", err)
+		}
+		defer grand[0].Close(context.Background())
+		if got := sh(t, grand[0].Client(), "cat /tmp/kid; hostname"); got != "0\nsnap-0-0" {
+			t.Errorf("grandchild: %q", got)
+		}
+	})
+
 	if err := sb.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
 	}

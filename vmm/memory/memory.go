@@ -30,8 +30,13 @@ type Memory struct {
 	regions []*Region // sorted by GuestAddr, not overlapping
 	fd      int       // backing memfd, -1 for anonymous memory
 	size    uint64    // total bytes
-	unmap   func() error
+	host    []byte    // the one mapping of all regions
+	private bool      // the mapping is copy-on-write (or anonymous)
 }
+
+// Private reports whether the memory is a copy-on-write (or anonymous)
+// mapping, whose writes do not reach its file.
+func (m *Memory) Private() bool { return m.private }
 
 // Regions returns the regions in guest-address order.
 func (m *Memory) Regions() []Region {
@@ -97,12 +102,16 @@ func (m *Memory) WriteAt(b []byte, addr uint64) error {
 
 // Close unmaps the memory and closes the memfd.
 func (m *Memory) Close() error {
-	if m.unmap == nil {
+	if m.host == nil {
 		return nil
 	}
-	err := m.unmap()
-	m.unmap = nil
-	m.regions = nil
+	err := unmap(m.host)
+	if m.fd >= 0 {
+		if cerr := closeFD(m.fd); err == nil {
+			err = cerr
+		}
+	}
+	m.host, m.regions, m.fd = nil, nil, -1
 	return err
 }
 

@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
+)
+
+// Fork makes n children of the running sandbox, each continuing from this
+// moment (its processes, files and memory), without copying the guest's
+// memory (vmm.VM.Fork); the sandbox itself runs on. Each child has its own
+// vsock socket, fresh entropy, the host's time and the host name
+// "<name>-<i>", and is returned once its agent answers. A child can be
+// forked in turn. A sandbox with a writable root disk cannot be forked (the
+// children would write one image); a read-only one is shared.
+func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
+	if s.extraDevices {
+		return nil, errors.New("sandbox: fork: a sandbox with extra devices cannot be forked")
+	}
+	if s.disk != nil && !s.diskReadOnly {
+		return nil, errors.New("sandbox: fork: the root disk is writable; fork needs a read-only one")
+	}
+	start := time.Now()
+	children := make([]*Sandbox, n)
+	defer func() {
+		if err != nil {
+			for _, c := range children {
+				if c != nil {
+					c.Close(context.Background())
+				}
+			}
+		}
+	}()
+	for i := range children {
+		c := &Sandbox{log: s.log.With("fork", i), console: newTail(16 << 10), started: start, done: make(chan struct{}),
+			hostname: fmt.Sprintf("%s-%d", s.hostname, i), diskPath: s.diskPath, diskReadOnly: s.diskReadOnly}
+		if c.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
+			return nil, fmt.Errorf("sandbox: fork: %w", err)
+		}
+		c.tempDir = true
+		children[i] = c
+	}
+	devices := func(i int) ([]virtio.Device, error) {
+		c := children[i]
+		var devs []virtio.Device
+		var err error
+		if c.diskPath != "" {
+			if c.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: c.diskPath, ReadOnly: true, ID: "root", Logger: c.log}); err != nil {
+				return nil, err
+			}
+			devs = append(devs, c.disk)
+		}
+		if c.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: c.VsockPath()}, c.log); err != nil {
+			return nil, err
+		}
+		return append(devs, c.vsock, virtio.NewRNG()), nil
+	}
+	vms, err := s.vm.Fork(ctx, n, vmm.ForkConfig{
+		Devices: devices,
+		Console: func(i int) io.Writer { return children[i].console },
+		Logger:  s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	for i, vm := range vms {
+		children[i].vm = vm
+		children[i].run()
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, c := range children {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = c.connect(ctx, 2*time.Minute); errs[i] == nil {
+				// The children share the parent's host name until told.
+				c.hostname = s.hostname
+				errs[i] = c.freshen(ctx, fmt.Sprintf("%s-%d", s.hostname, i))
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("sandbox: fork: %w", err)
+	}
+	return children, nil
+}
