@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"time"
 
@@ -39,29 +38,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		}
 	}()
 	for i := range children {
-		c := &Sandbox{log: s.log.With("fork", i), console: newTail(16 << 10), started: start, done: make(chan struct{}),
-			hostname: fmt.Sprintf("%s-%d", s.hostname, i), diskPath: s.diskPath, diskReadOnly: s.diskReadOnly}
-		if c.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
+		c, err := newSandbox(s.log.With("fork", i), "", s.hostname, start)
+		if err != nil {
 			return nil, fmt.Errorf("sandbox: fork: %w", err)
 		}
-		c.tempDir = true
+		// A read-only disk is shared; each child opens it itself.
+		c.diskPath, c.diskReadOnly = s.diskPath, s.diskReadOnly
 		children[i] = c
 	}
-	devices := func(i int) ([]virtio.Device, error) {
-		c := children[i]
-		var devs []virtio.Device
-		var err error
-		if c.diskPath != "" {
-			if c.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: c.diskPath, ReadOnly: true, ID: "root", Logger: c.log}); err != nil {
-				return nil, err
-			}
-			devs = append(devs, c.disk)
-		}
-		if c.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: c.VsockPath()}, c.log); err != nil {
-			return nil, err
-		}
-		return append(devs, c.vsock, virtio.NewRNG()), nil
-	}
+	devices := func(i int) ([]virtio.Device, error) { return children[i].openDevices(nil) }
 	vms, err := s.vm.Fork(ctx, n, vmm.ForkConfig{
 		Devices: devices,
 		Console: func(i int) io.Writer { return children[i].console },
@@ -81,8 +66,6 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		go func() {
 			defer wg.Done()
 			if errs[i] = c.connect(ctx, 2*time.Minute); errs[i] == nil {
-				// The children share the parent's host name until told.
-				c.hostname = s.hostname
 				errs[i] = c.freshen(ctx, fmt.Sprintf("%s-%d", s.hostname, i))
 			}
 		}()

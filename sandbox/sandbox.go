@@ -106,46 +106,77 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{dir: opts.Dir, log: log, console: newTail(16 << 10), started: start, done: make(chan struct{})}
+	hostname := opts.Hostname
+	if hostname == "" {
+		hostname = "kiln"
+	}
+	s, err := newSandbox(log, opts.Dir, hostname, start)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())
 		}
 	}()
+	s.diskPath, s.diskReadOnly = opts.Disk, opts.DiskReadOnly
+	s.extraDevices = len(opts.Devices) > 0
+	if cfg.Devices, err = s.openDevices(opts.Devices); err != nil {
+		return nil, err
+	}
+	cfg.Console = s.consoleWriter(opts.Console)
+	if s.vm, err = vmm.New(cfg); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.run()
+	if err = s.connect(ctx, opts.BootTimeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newSandbox returns a sandbox without a VM yet, with its host folder: dir,
+// or a new temporary one that Close removes.
+func newSandbox(log *slog.Logger, dir, hostname string, started time.Time) (*Sandbox, error) {
+	s := &Sandbox{dir: dir, log: log, console: newTail(16 << 10), started: started, done: make(chan struct{}), hostname: hostname}
 	if s.dir == "" {
+		var err error
 		if s.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 		s.tempDir = true
 	}
-	if opts.Disk != "" {
-		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: opts.Disk, ReadOnly: opts.DiskReadOnly, ID: "root", Logger: log})
+	return s, nil
+}
+
+// openDevices opens the sandbox's devices in the order every sandbox has
+// them (a snapshot's restore depends on it): the root disk when diskPath is
+// set, extra, the vsock device on the sandbox's socket, an entropy device.
+func (s *Sandbox) openDevices(extra []virtio.Device) ([]virtio.Device, error) {
+	var devs []virtio.Device
+	if s.diskPath != "" {
+		var err error
+		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: s.diskPath, ReadOnly: s.diskReadOnly, ID: "root", Logger: s.log})
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: root disk: %w", err)
 		}
-		s.diskPath, s.diskReadOnly = opts.Disk, opts.DiskReadOnly
-		cfg.Devices = append(cfg.Devices, s.disk)
+		devs = append(devs, s.disk)
 	}
-	cfg.Devices = append(cfg.Devices, opts.Devices...)
-	s.extraDevices = len(opts.Devices) > 0
-	s.hostname = opts.Hostname
-	if s.hostname == "" {
-		s.hostname = "kiln"
-	}
-	s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, log)
-	if err != nil {
+	devs = append(devs, extra...)
+	var err error
+	if s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, s.log); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	cfg.Devices = append(cfg.Devices, s.vsock, virtio.NewRNG())
-	cfg.Console = s.console
-	if opts.Console != nil {
-		cfg.Console = io.MultiWriter(opts.Console, s.console)
+	return append(devs, s.vsock, virtio.NewRNG()), nil
+}
+
+// consoleWriter is where the VM's console goes: the sandbox's tail, and w
+// when set.
+func (s *Sandbox) consoleWriter(w io.Writer) io.Writer {
+	if w == nil {
+		return s.console
 	}
-	if s.vm, err = vmm.New(cfg); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	s.run()
-	return s, s.connect(ctx, opts.BootTimeout)
+	return io.MultiWriter(w, s.console)
 }
 
 // run runs the VM in the background until Close or the guest stops.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/snapshot"
-	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
 
@@ -133,36 +132,21 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("sandbox: snapshot %s: %s: %w", dir, MetaFile, err)
 	}
-	s := &Sandbox{dir: opts.Dir, log: log, console: newTail(16 << 10), started: start, done: make(chan struct{}), hostname: m.Hostname}
+	s, err := newSandbox(log, opts.Dir, m.Hostname, start)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())
 		}
 	}()
-	if s.dir == "" {
-		if s.dir, err = os.MkdirTemp("", "kiln-sandbox-"); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
-		s.tempDir = true
-	}
+	s.diskPath, s.diskReadOnly = m.Disk, m.DiskReadOnly
 	cfg := vmm.Config{CPUs: info.CPUs, MemoryMiB: info.MemoryMiB, Logger: log}
-	if m.Disk != "" {
-		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: m.Disk, ReadOnly: m.DiskReadOnly, ID: "root", Logger: log})
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: root disk: %w", err)
-		}
-		s.diskPath, s.diskReadOnly = m.Disk, m.DiskReadOnly
-		cfg.Devices = append(cfg.Devices, s.disk)
+	if cfg.Devices, err = s.openDevices(nil); err != nil {
+		return nil, err
 	}
-	s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, log)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	cfg.Devices = append(cfg.Devices, s.vsock, virtio.NewRNG())
-	cfg.Console = s.console
-	if opts.Console != nil {
-		cfg.Console = io.MultiWriter(opts.Console, s.console)
-	}
+	cfg.Console = s.consoleWriter(opts.Console)
 	if s.vm, err = snapshot.Load(dir, cfg); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
