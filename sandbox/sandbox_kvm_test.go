@@ -42,7 +42,7 @@ func (w *hashWriter) Write(p []byte) (int, error) {
 func TestKVMAgent(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // to the agent
 	defer cancel()
 	var console kvmtest.Console
 	start := time.Now()
@@ -63,7 +63,7 @@ func TestKVMAgent(t *testing.T) {
 	}()
 	c := sb.Client()
 
-	run := func(t *testing.T, opts client.ExecOptions) (string, string, client.ExitStatus) {
+	run := func(ctx context.Context, t *testing.T, opts client.ExecOptions) (string, string, client.ExitStatus) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
 		opts.Stdout, opts.Stderr = &stdout, &stderr
@@ -73,21 +73,25 @@ func TestKVMAgent(t *testing.T) {
 		}
 		return stdout.String(), stderr.String(), st
 	}
-	alive := func(t *testing.T) {
+	alive := func(ctx context.Context, t *testing.T) {
 		t.Helper()
-		out, _, st := run(t, client.ExecOptions{Argv: []string{"echo", "still here"}})
+		out, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"echo", "still here"}})
 		if out != "still here\n" || !st.Success() {
 			t.Fatalf("agent after the test: %q %v", out, st)
 		}
 	}
 
 	t.Run("streams and exit code", func(t *testing.T) {
-		out, errOut, st := run(t, client.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, errOut, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
 		if out != "out\n" || errOut != "err\n" || st.Code != 3 {
 			t.Fatalf("stdout %q stderr %q status %v", out, errOut, st)
 		}
 	})
 	t.Run("info", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		info, err := c.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -98,6 +102,8 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	t.Run("100 MiB of stdout", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		const size = 100 << 20
 		w := newHashWriter()
 		st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"head", "-c", fmt.Sprint(size), "/dev/zero"}, Stdout: w})
@@ -110,6 +116,8 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	t.Run("stdin through cat", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		data := make([]byte, 8<<20)
 		rand.Read(data)
 		w := newHashWriter()
@@ -123,6 +131,8 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	t.Run("50 concurrent execs", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		var wg sync.WaitGroup
 		errs := make(chan error, 50)
 		for i := range 50 {
@@ -143,8 +153,10 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		begin := time.Now()
-		_, _, st := run(t, client.ExecOptions{Argv: []string{"sleep", "600"}, Timeout: 2 * time.Second})
+		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sleep", "600"}, Timeout: 2 * time.Second})
 		if !st.TimedOut || st.Signal != 9 {
 			t.Fatalf("status %v, want killed by the timeout", st)
 		}
@@ -153,6 +165,8 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	t.Run("file round trip", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		data := make([]byte, 10<<20)
 		rand.Read(data)
 		if err := c.WriteFile(ctx, "/tmp/kiln/blob", bytes.NewReader(data), 0o640, client.MakeParents()); err != nil {
@@ -170,12 +184,14 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("read back %d bytes that differ", back.Len())
 		}
 		// The guest sees the same bytes.
-		out, _, _ := run(t, client.ExecOptions{Argv: []string{"sha256sum", "/tmp/kiln/blob"}})
+		out, _, _ := run(ctx, t, client.ExecOptions{Argv: []string{"sha256sum", "/tmp/kiln/blob"}})
 		if want := fmt.Sprintf("%x", sha256.Sum256(data)); !strings.HasPrefix(out, want) {
 			t.Fatalf("guest sha256sum %q, want %s", out, want)
 		}
 	})
 	t.Run("errors", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 		_, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"no-such-binary"}})
 		if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no-such-binary") {
 			t.Errorf("missing binary: %v", err)
@@ -188,7 +204,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Errorf("reading a missing file: %v", err)
 		}
 		// A file too large for the guest: a 1 MiB tmpfs.
-		if _, _, st := run(t, client.ExecOptions{Argv: []string{"sh", "-c", "mkdir -p /small && mount -t tmpfs -o size=1m tmpfs /small"}}); !st.Success() {
+		if _, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", "mkdir -p /small && mount -t tmpfs -o size=1m tmpfs /small"}}); !st.Success() {
 			t.Fatalf("mounting a small tmpfs: %v", st)
 		}
 		err = c.WriteFile(ctx, "/small/big", bytes.NewReader(make([]byte, 4<<20)), 0o644)
@@ -198,24 +214,28 @@ func TestKVMAgent(t *testing.T) {
 		if _, err := c.Stat(ctx, "/small/big"); status.Code(err) != codes.NotFound {
 			t.Errorf("a failed write left a file behind: %v", err)
 		}
-		alive(t)
+		alive(ctx, t)
 	})
 	t.Run("memory flood", func(t *testing.T) {
-		_, _, st := run(t, client.ExecOptions{Argv: []string{"sh", "-c", `a=xxxxxxxxxxxxxxxx; while :; do a="$a$a"; done`}, Timeout: 5 * time.Minute})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `a=xxxxxxxxxxxxxxxx; while :; do a="$a$a"; done`}, Timeout: 5 * time.Minute})
 		if st.Success() || st.TimedOut {
 			t.Fatalf("a memory hog ended with %v", st)
 		}
 		t.Logf("memory hog: %v", st)
-		alive(t)
+		alive(ctx, t)
 	})
 	t.Run("fork bomb", func(t *testing.T) {
-		_, _, st := run(t, client.ExecOptions{Argv: []string{"sh", "-c", `b() { b | b & }; b; sleep 600`}, Timeout: 10 * time.Second})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `b() { b | b & }; b; sleep 600`}, Timeout: 10 * time.Second})
 		t.Logf("fork bomb: %v", st)
 		if !st.TimedOut {
 			t.Fatalf("fork bomb ended with %v, want the timeout to kill it", st)
 		}
-		alive(t)
-		out, _, _ := run(t, client.ExecOptions{Argv: []string{"sh", "-c", "ls /proc | grep -c '^[0-9]'"}})
+		alive(ctx, t)
+		out, _, _ := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", "ls /proc | grep -c '^[0-9]'"}})
 		t.Logf("processes left: %s", strings.TrimSpace(out))
 	})
 }

@@ -69,7 +69,9 @@ commands:
           (--save DIR snapshots it afterwards; --from DIR restores one)
   fork    restore N clones of a snapshot and run a command in each:
           kiln fork --from DIR -n N -- CMD [ARG...]
-  bench   boot: Kiln beside QEMU microvm, same guest, medians and ratio
+  bench   Kiln beside QEMU microvm, same guest, medians and ratios:
+          boot (to a userspace marker), start (sandbox to first exec),
+          snapshot (save, restore, fork, memory per clone)
 `)
 }
 
