@@ -65,7 +65,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[i] = c.connect(ctx, 2*time.Minute); errs[i] == nil {
+			if errs[i] = c.connect(ctx, forkReadyTimeout(n)); errs[i] == nil {
 				errs[i] = c.freshen(ctx, fmt.Sprintf("%s-%d", s.hostname, i))
 			}
 		}()
@@ -75,4 +75,11 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: fork: %w", err)
 	}
 	return children, nil
+}
+
+// forkReadyTimeout is how long Fork waits for each of n children's agents:
+// the children run all at once, so the wait grows with their number
+// (under emulation 32 children took over 2 minutes to answer).
+func forkReadyTimeout(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n)*15*time.Second
 }

@@ -8,17 +8,27 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
 	"github.com/kilnvm/kiln/initramfs"
+	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmm"
 )
 
-// cmdBench runs `kiln bench boot`: Kiln beside QEMU microvm, same guest.
+// cmdBench runs `kiln bench boot` and `kiln bench start`: Kiln beside QEMU
+// microvm, same guest.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "snapshot" {
+		return cmdBenchSnapshot(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "start" {
+		return cmdBenchStart(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "boot" {
 		fmt.Fprintln(stderr, "usage: kiln bench boot [-n RUNS] [--kernel K] [--cpus N] [--mem MiB]")
+		fmt.Fprintln(stderr, "       kiln bench start [-n RUNS] [--kernel debian|minimal|PATH]... [--execs N] [--cpus N] [--mem MiB]")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("kiln bench boot", flag.ContinueOnError)
@@ -82,4 +92,134 @@ func writeBusyboxInitrd(path, script string) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// cmdBenchStart runs `kiln bench start`: sandbox cold start (VM creation to
+// the first exec's result) and exec round trips, Kiln beside QEMU microvm
+// with vhost-vsock, on each kernel.
+func cmdBenchStart(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln bench start", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kiln bench start [-n RUNS] [--kernel debian|minimal|PATH]... [--execs N] [--cpus N] [--mem MiB]")
+		fs.PrintDefaults()
+	}
+	n := fs.Int("n", 5, "boots on each VMM, per kernel")
+	var kernels repeated
+	fs.Var(&kernels, "kernel", "kernel `NAME`: debian (the cached Debian kernel, modules in the initramfs), minimal (make guest-kernel) or a kernel image with everything built in; repeatable; default: debian, and minimal when built")
+	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	execs := fs.Int("execs", bench.DefaultStartExecs, "execs of true timed on each VM after the first")
+	cpus := fs.Int("cpus", 1, "vCPUs")
+	mem := fs.Int("mem", 512, "memory in MiB")
+	bootTimeout := fs.Duration("boot-timeout", bench.DefaultStartBootTimeout, "how long to wait for each guest's agent")
+	qemu := fs.String("qemu", "qemu-system-x86_64", "the peer VMM binary")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kiln bench start: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	if *n < 1 || *execs < 1 || *cpus < 1 || *mem < 1 || *bootTimeout <= 0 {
+		fmt.Fprintln(stderr, "kiln bench start: -n, --execs, --cpus, --mem and --boot-timeout must be positive")
+		return exitUsage
+	}
+	qpath, err := exec.LookPath(*qemu)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench start: peer VMM: %v (make deps installs qemu-system-x86)\n", err)
+		return exitUsage
+	}
+	if err := bench.EnsureVhostVsock(); err != nil {
+		fmt.Fprintf(stderr, "kiln bench start: %v\n", err)
+		return exitUsage
+	}
+	if *agent == "" {
+		if *agent, err = sandbox.FindAgent(); err != nil {
+			fmt.Fprintf(stderr, "kiln bench start: %v\n", err)
+			return exitUsage
+		}
+	}
+	if len(kernels) == 0 {
+		kernels = repeated{bench.KernelDebian}
+		if _, _, err := bench.MinimalKernel(); err == nil {
+			kernels = append(kernels, bench.KernelMinimal)
+		} else {
+			fmt.Fprintf(stdout, "minimal kernel skipped: %v\n", err)
+		}
+	}
+	fmt.Fprintf(stdout, "cold start (VM creation to the first exec's result) and exec round trips of true: %d vCPU, %d MiB, %d runs each, %d execs per boot\n",
+		*cpus, *mem, *n, *execs)
+	fmt.Fprintf(stdout, "agent %s; qemu %s; load average %s\n", *agent, qpath, loadAverage())
+	type summary struct {
+		name string
+		c    bench.StartComparison
+		err  error
+	}
+	var sums []summary
+	for _, kernel := range kernels {
+		s, err := bench.StartSpecFor(kernel, *agent)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln bench start: %v\n", err)
+			sums = append(sums, summary{name: kernel, err: err})
+			continue
+		}
+		s.CPUs, s.MemoryMiB, s.Execs, s.BootTimeout = *cpus, *mem, *execs, *bootTimeout
+		fmt.Fprintf(stdout, "\n== %s\nkernel  %s\ninitrd  %s\ncmdline %s\n", s.Name, s.Kernel, s.Initrd, s.KernelCmdline())
+		c, err := bench.CompareStart(ctx, qpath, s, *n, stdout)
+		sums = append(sums, summary{name: s.Name, c: c, err: err})
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln bench start: %s: %v\n", s.Name, err)
+			continue
+		}
+		printStartSummary(stdout, c)
+		fmt.Fprintf(stdout, "guest /proc/cmdline: kiln %q, qemu %q\n", c.Kiln[0].GuestCmdline, c.QEMU[0].GuestCmdline)
+	}
+	fmt.Fprintf(stdout, "\nload average %s\nsummary:\n", loadAverage())
+	code := exitOK
+	for _, sum := range sums {
+		if sum.err != nil {
+			fmt.Fprintf(stdout, "%s: failed: %v\n", sum.name, sum.err)
+			code = exitInternal
+			continue
+		}
+		cold, rtt := sum.c.ColdStart(), sum.c.RTT()
+		fmt.Fprintf(stdout, "%s: cold start kiln %v, qemu %v, kiln/qemu %.2f; exec round trip kiln %v, qemu %v, kiln/qemu %.2f\n",
+			sum.name, bench.Median(cold.Kiln).Round(time.Millisecond), bench.Median(cold.Peer).Round(time.Millisecond), cold.Ratio(),
+			roundRTT(bench.Median(rtt.Kiln)), roundRTT(bench.Median(rtt.Peer)), rtt.Ratio())
+	}
+	return code
+}
+
+// printStartSummary prints one kernel's medians and ratios.
+func printStartSummary(w io.Writer, c bench.StartComparison) {
+	cold, rtt := c.ColdStart(), c.RTT()
+	ready := bench.Comparison{}
+	for _, r := range c.Kiln {
+		ready.Kiln = append(ready.Kiln, r.Ready)
+	}
+	for _, r := range c.QEMU {
+		ready.Peer = append(ready.Peer, r.Ready)
+	}
+	fmt.Fprintf(w, "median cold start: kiln %v, qemu microvm %v, ratio kiln/qemu %.2f (agent ready: kiln %v, qemu %v)\n",
+		bench.Median(cold.Kiln).Round(time.Millisecond), bench.Median(cold.Peer).Round(time.Millisecond), cold.Ratio(),
+		bench.Median(ready.Kiln).Round(time.Millisecond), bench.Median(ready.Peer).Round(time.Millisecond))
+	fmt.Fprintf(w, "exec round trip (%d and %d execs): median kiln %v, qemu microvm %v, ratio kiln/qemu %.2f; p90 kiln %v, qemu %v\n",
+		len(rtt.Kiln), len(rtt.Peer), roundRTT(bench.Median(rtt.Kiln)), roundRTT(bench.Median(rtt.Peer)), rtt.Ratio(),
+		roundRTT(bench.Percentile(rtt.Kiln, 90)), roundRTT(bench.Percentile(rtt.Peer, 90)))
+}
+
+// roundRTT rounds a round trip for printing.
+func roundRTT(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+
+// loadAverage returns the host's 1, 5 and 15 minute load averages, or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
