@@ -104,7 +104,8 @@ type RestoreOptions struct {
 	Dir string
 	// Hostname, when set, renames the restored guest.
 	Hostname string
-	// Timeout bounds the wait for the agent; 0 means 2 minutes.
+	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
+	// clones started together share the CPUs).
 	Timeout time.Duration
 	Logger  *slog.Logger
 }
@@ -153,7 +154,7 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	s.run()
 	timeout := opts.Timeout
 	if timeout <= 0 {
-		timeout = 2 * time.Minute
+		timeout = 5 * time.Minute
 	}
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
