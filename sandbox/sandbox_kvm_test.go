@@ -46,7 +46,11 @@ func TestKVMAgent(t *testing.T) {
 	defer cancel()
 	var console kvmtest.Console
 	start := time.Now()
-	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 2, MemoryMiB: 512, Hostname: "kvmtest", Console: &console})
+	// One vCPU: under TCG-nested KVM, guests with two vCPUs doing heavy
+	// I/O have stalled (an RCU stall on one vCPU, a soft lockup on the
+	// other, as if an IPI were lost); two-vCPU guests are covered by the
+	// kiln boot test.
+	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 512, Hostname: "kvmtest", Console: &console})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -81,7 +85,21 @@ func TestKVMAgent(t *testing.T) {
 		}
 	}
 
-	t.Run("streams and exit code", func(t *testing.T) {
+	// sub runs one check; when it fails and the agent no longer answers,
+	// the checks after it cannot run: stop there instead of letting each
+	// wait for its deadline.
+	sub := func(name string, f func(t *testing.T)) {
+		if t.Run(name, f) {
+			return
+		}
+		hctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.Health(hctx); err != nil {
+			t.Fatalf("after %q failed, the agent no longer answers: %v", name, err)
+		}
+	}
+
+	sub("streams and exit code", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		out, errOut, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
@@ -89,7 +107,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("stdout %q stderr %q status %v", out, errOut, st)
 		}
 	})
-	t.Run("info", func(t *testing.T) {
+	sub("info", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		info, err := c.Info(ctx)
@@ -97,11 +115,11 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("guest: %+v", info)
-		if info.Hostname != "kvmtest" || info.NumCPU != 2 || info.MemTotal < 400<<20 || !strings.HasPrefix(info.KernelRelease, "6.") {
+		if info.Hostname != "kvmtest" || info.NumCPU != 1 || info.MemTotal < 400<<20 || !strings.HasPrefix(info.KernelRelease, "6.") {
 			t.Fatalf("info %+v", info)
 		}
 	})
-	t.Run("100 MiB of stdout", func(t *testing.T) {
+	sub("100 MiB of stdout", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		const size = 100 << 20
@@ -115,7 +133,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("got %d bytes, sha256 %x", w.n, w.h.Sum(nil))
 		}
 	})
-	t.Run("stdin through cat", func(t *testing.T) {
+	sub("stdin through cat", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		data := make([]byte, 8<<20)
@@ -130,7 +148,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("cat gave back %d of %d bytes, sha256 %x", w.n, len(data), w.h.Sum(nil))
 		}
 	})
-	t.Run("50 concurrent execs", func(t *testing.T) {
+	sub("50 concurrent execs", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		var wg sync.WaitGroup
@@ -152,7 +170,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	t.Run("timeout", func(t *testing.T) {
+	sub("timeout", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		begin := time.Now()
@@ -164,7 +182,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("the timeout took %v", d)
 		}
 	})
-	t.Run("file round trip", func(t *testing.T) {
+	sub("file round trip", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		data := make([]byte, 10<<20)
@@ -189,7 +207,7 @@ func TestKVMAgent(t *testing.T) {
 			t.Fatalf("guest sha256sum %q, want %s", out, want)
 		}
 	})
-	t.Run("errors", func(t *testing.T) {
+	sub("errors", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		_, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"no-such-binary"}})
@@ -216,7 +234,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 		alive(ctx, t)
 	})
-	t.Run("memory flood", func(t *testing.T) {
+	sub("memory flood", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `a=xxxxxxxxxxxxxxxx; while :; do a="$a$a"; done`}, Timeout: 5 * time.Minute})
@@ -226,7 +244,7 @@ func TestKVMAgent(t *testing.T) {
 		t.Logf("memory hog: %v", st)
 		alive(ctx, t)
 	})
-	t.Run("fork bomb", func(t *testing.T) {
+	sub("fork bomb", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `b() { b | b & }; b; sleep 600`}, Timeout: 10 * time.Second})
