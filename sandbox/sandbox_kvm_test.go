@@ -85,12 +85,31 @@ func TestKVMAgent(t *testing.T) {
 		}
 	}
 
+	// subCtx is a check's context: it ends after 5 minutes, or at once
+	// when the VM stops (a check cannot pass then).
+	subCtx := func() (context.Context, context.CancelFunc) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		go func() {
+			select {
+			case <-sb.Done():
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		return ctx, cancel
+	}
 	// sub runs one check; when it fails and the agent no longer answers,
 	// the checks after it cannot run: stop there instead of letting each
 	// wait for its deadline.
 	sub := func(name string, f func(t *testing.T)) {
 		if t.Run(name, f) {
 			return
+		}
+		select {
+		case <-sb.Done():
+			exit, err := sb.Exit()
+			t.Fatalf("after %q failed: the VM stopped: %v %v", name, exit, err)
+		default:
 		}
 		hctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -100,7 +119,7 @@ func TestKVMAgent(t *testing.T) {
 	}
 
 	sub("streams and exit code", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		out, errOut, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
 		if out != "out\n" || errOut != "err\n" || st.Code != 3 {
@@ -108,7 +127,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("info", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		info, err := c.Info(ctx)
 		if err != nil {
@@ -120,7 +139,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("100 MiB of stdout", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		const size = 100 << 20
 		w := newHashWriter()
@@ -134,7 +153,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("stdin through cat", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		data := make([]byte, 8<<20)
 		rand.Read(data)
@@ -149,7 +168,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("50 concurrent execs", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		var wg sync.WaitGroup
 		errs := make(chan error, 50)
@@ -171,7 +190,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("timeout", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		begin := time.Now()
 		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sleep", "600"}, Timeout: 2 * time.Second})
@@ -183,7 +202,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("file round trip", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		data := make([]byte, 10<<20)
 		rand.Read(data)
@@ -208,7 +227,7 @@ func TestKVMAgent(t *testing.T) {
 		}
 	})
 	sub("errors", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		_, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"no-such-binary"}})
 		if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no-such-binary") {
@@ -235,7 +254,7 @@ func TestKVMAgent(t *testing.T) {
 		alive(ctx, t)
 	})
 	sub("memory flood", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `a=xxxxxxxxxxxxxxxx; while :; do a="$a$a"; done`}, Timeout: 5 * time.Minute})
 		if st.Success() || st.TimedOut {
@@ -245,7 +264,7 @@ func TestKVMAgent(t *testing.T) {
 		alive(ctx, t)
 	})
 	sub("fork bomb", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := subCtx()
 		defer cancel()
 		_, _, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", `b() { b | b & }; b; sleep 600`}, Timeout: 10 * time.Second})
 		t.Logf("fork bomb: %v", st)
