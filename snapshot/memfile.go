@@ -1,15 +1,11 @@
 package snapshot
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -109,12 +105,7 @@ func (s *saver) dataExtents(mem *memory.Memory, i int) ([]extent, error) {
 	if fd < 0 {
 		return whole, nil
 	}
-	shared, err := mappingShared(mem.HostAddr(i))
-	if err != nil {
-		s.log.Debug("snapshot: reading all of guest memory", "err", err)
-		return whole, nil
-	}
-	if !shared {
+	if mem.Private() {
 		return whole, nil
 	}
 	ext, err := fileExtents(fd, int64(r.Offset), int64(r.Size))
@@ -159,38 +150,4 @@ func fileExtents(fd int, off, size int64) ([]extent, error) {
 		pos = h
 	}
 	return out, nil
-}
-
-// mappingShared reports whether the mapping holding addr is MAP_SHARED,
-// from /proc/self/maps.
-func mappingShared(addr uintptr) (bool, error) {
-	f, err := os.Open("/proc/self/maps")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || len(fields[1]) < 4 {
-			continue
-		}
-		lo, hi, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		if uint64(addr) >= start && uint64(addr) < end {
-			return fields[1][3] == 's', nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return false, err
-	}
-	return false, fmt.Errorf("address %#x is in no mapping", addr)
 }

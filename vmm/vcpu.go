@@ -56,8 +56,14 @@ func (c *vcpu) checkpoint() bool {
 	v := c.vm
 	v.mu.Lock()
 	pausing := v.paused && !v.stopping
+	if !pausing {
+		// The common case, on every exit: one lock and back to the guest.
+		stopping := v.stopping
+		v.mu.Unlock()
+		return !stopping
+	}
 	v.mu.Unlock()
-	if pausing && !c.completeExit() {
+	if !c.completeExit() {
 		return false
 	}
 	v.mu.Lock()
@@ -70,7 +76,7 @@ func (c *vcpu) checkpoint() bool {
 		}
 		v.parked--
 	}
-	if pausing && !v.paused && !v.stopping {
+	if !v.paused && !v.stopping {
 		// Resumed before it parked: completeExit's immediate_exit must
 		// not outlive the pause.
 		c.kv.SetImmediateExit(false)
