@@ -370,6 +370,10 @@ func (o Options) vmConfig() (vmm.Config, error) {
 }
 
 // checkCmdlineWord refuses a value that would break the kernel command line.
+// CheckHostname checks a sandbox host name as Options and RestoreOptions
+// take it, so that a caller can refuse a bad one before it starts anything.
+func CheckHostname(name string) error { return checkCmdlineWord("hostname", name) }
+
 func checkCmdlineWord(what, v string) error {
 	if v == "" || len(v) > 64 || strings.ContainsAny(v, " \t\n\"'\\=") {
 		return fmt.Errorf("sandbox: %s %q: want 1 to 64 characters, no spaces, quotes, backslashes or '='", what, v)
@@ -401,3 +405,8 @@ func (t *tail) String() string {
 	defer t.mu.Unlock()
 	return string(t.buf)
 }
+
+// Diagnose describes the sandbox's VM (vCPU exit counts, each virtio
+// queue's indices, the vsock connections) for a report when its guest
+// seems stuck. Call it while the sandbox runs.
+func (s *Sandbox) Diagnose() string { return s.vm.Diagnose() }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/kilnvm/kiln/vmm/memory"
 )
@@ -109,9 +110,10 @@ type MMIO struct {
 	intStatus  uint32
 	configGen  uint32
 	irqLevel   bool
-	failed     error  // the queue or activation error that set NEEDS_RESET
-	epoch      uint64 // bumped by every reset: callbacks from before are dropped
-	paused     bool   // Pause: queues serve nothing until Resume
+	irqSince   time.Time // when irqLevel last went up
+	failed     error     // the queue or activation error that set NEEDS_RESET
+	epoch      uint64    // bumped by every reset: callbacks from before are dropped
+	paused     bool      // Pause: queues serve nothing until Resume
 
 	ioevents *ioEvents
 }
@@ -378,10 +380,23 @@ func (m *MMIO) updateIRQ() {
 	level := m.intStatus != 0
 	if level != m.irqLevel {
 		m.irqLevel = level
+		if level {
+			m.irqSince = time.Now()
+		}
 		if m.irq != nil {
 			m.irq(level)
 		}
 	}
+}
+
+// InterruptPending reports whether the device's interrupt has been asserted
+// (InterruptStatus non-zero, not acknowledged by the driver) since before
+// t. An edge-triggered line raised that long ago and still not
+// acknowledged was lost on its way to the guest; see vmm's resend.
+func (m *MMIO) InterruptPending(t time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.irqLevel && m.irqSince.Before(t)
 }
 
 // fail puts the device in NEEDS_RESET after the driver broke a queue (or

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kilnvm/kiln/vmm/memory"
 )
@@ -220,9 +221,20 @@ func TestMMIOInitAndServe(t *testing.T) {
 	if !d.level || d.read(regInterruptStatus) != InterruptUsedBuffer {
 		t.Fatalf("irq %v, InterruptStatus %#x", d.level, d.read(regInterruptStatus))
 	}
+	// Unacknowledged: pending since before now, not since before it rose.
+	if !d.m.InterruptPending(time.Now().Add(time.Second)) || d.m.InterruptPending(time.Now().Add(-time.Hour)) {
+		t.Fatal("InterruptPending is wrong about an unacknowledged interrupt")
+	}
+	diag := d.m.Diagnose()
+	if q := diag.Queues[1]; len(diag.Queues) != 2 || !q.Active || q.AvailIdx != 1 || q.LastAvail != 1 || q.UsedIdx != 1 || q.Held != 0 || !diag.IRQLevel {
+		t.Fatalf("Diagnose: %v", diag)
+	}
 	d.write(regInterruptACK, InterruptUsedBuffer)
 	if d.level || d.read(regInterruptStatus) != 0 {
 		t.Fatal("ACK did not drop the line")
+	}
+	if d.m.InterruptPending(time.Now().Add(time.Second)) {
+		t.Fatal("InterruptPending after the ACK")
 	}
 	// Out-of-range notifications reach nobody.
 	d.write(regQueueNotify, 2)

@@ -906,3 +906,31 @@ func (v *Vsock) nextPacketLocked(c *vsockConn, room int) (vsockHdr, []byte) {
 		return c.hdrLocked(v.cid, vsockOpCreditUpdate), nil
 	}
 }
+
+// Diagnose describes the connections and what each holds. When the device
+// lock stays held (a stuck worker), it says so instead of waiting.
+func (v *Vsock) Diagnose() string {
+	deadline := time.Now().Add(time.Second)
+	for !v.mu.TryLock() {
+		if time.Now().After(deadline) {
+			return "vsock: device lock held for over a second"
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer v.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "vsock cid=%d active=%t broken=%t conns=%d ready=%d rsts=%d eventWant=%t",
+		v.cid, v.active, v.broken, len(v.conns), len(v.ready), len(v.rsts), v.eventWant)
+	keys := make([]vsockKey, 0, len(v.conns))
+	for k := range v.conns {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b vsockKey) int { return int(int64(a.local) - int64(b.local)) })
+	for _, k := range keys {
+		c := v.conns[k]
+		fmt.Fprintf(&b, "\nconn host:%d guest:%d state=%d queued=%t toGuest=%d hostEOF=%t txCnt=%d peerBufAlloc=%d peerFwdCnt=%d credit=%d creditAsked=%t toHost=%d rxCnt=%d fwdCnt=%d lastFwdSent=%d peerNoSend=%t peerNoRcv=%t",
+			k.local, k.peer, c.state, c.queued, len(c.toGuest), c.hostEOF, c.txCnt, c.peerBufAlloc, c.peerFwdCnt, c.credit(), c.creditAsked,
+			len(c.toHost), c.rxCnt, c.fwdCnt, c.lastFwdSent, c.peerNoSend, c.peerNoRcv)
+	}
+	return b.String()
+}

@@ -15,6 +15,9 @@ type vcpu struct {
 	vm  *VM
 	kv  *kvm.VCPU
 	tid atomic.Int32 // OS thread id while the loop runs, else 0
+	// exits counts KVM_RUN returns, for a diagnosis: a count that stops
+	// moving means the vCPU is halted or spinning inside the guest.
+	exits atomic.Uint64
 }
 
 // kick forces the vCPU out of KVM_RUN: immediate_exit makes the next entry
@@ -40,6 +43,7 @@ func (c *vcpu) loop() {
 			return
 		}
 		reason, err := c.kv.Run()
+		c.exits.Add(1)
 		if err != nil {
 			v.stop(ReasonError, fmt.Sprintf("vCPU %d: KVM_RUN: %v", c.kv.ID(), err))
 			return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -150,6 +151,42 @@ func newVirtioIRQ(vm *kvm.VM, gsi uint32, log *slog.Logger) *virtioIRQ {
 
 var eventfdOne = []byte{1, 0, 0, 0, 0, 0, 0, 0}
 
+// irqResendAfter is how long an edge-triggered virtio interrupt may stay
+// unacknowledged before the VMM sends the edge again.
+const irqResendAfter = 200 * time.Millisecond
+
+// resendLostInterrupts sends an edge-triggered virtio interrupt again when
+// the guest has not acknowledged it for irqResendAfter, until stop is
+// closed. A device raises its edge only when InterruptStatus goes from zero
+// to non-zero, so one edge lost on the way (seen under nested
+// virtualization) would leave the driver waiting for ever while the device
+// waits for the driver. A resent edge that was not lost costs the guest one
+// interrupt that finds InterruptStatus set, as a shared line would.
+func (v *VM) resendLostInterrupts(stop <-chan struct{}) {
+	tick := time.NewTicker(irqResendAfter)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		v.mu.Lock()
+		paused := v.paused // a snapshot reads the irqchip: leave it be
+		v.mu.Unlock()
+		if paused {
+			continue
+		}
+		before := time.Now().Add(-irqResendAfter)
+		for i, m := range v.virtio {
+			if irq := v.virtioIRQs[i]; irq.edge && m.InterruptPending(before) {
+				v.irqResends.Add(1)
+				irq.set(true)
+			}
+		}
+	}
+}
+
 // set follows the transport's interrupt level.
 func (q *virtioIRQ) set(level bool) {
 	if !q.edge {
@@ -177,4 +214,22 @@ func (q *virtioIRQ) close() error {
 	}
 	q.efd = -1
 	return err
+}
+
+// Diagnose describes the VM's moving parts for a diagnosis when a guest
+// seems stuck: each vCPU's exit count and each virtio transport's
+// registers and queue indices. It does not pause the VM.
+func (v *VM) Diagnose() string {
+	var b strings.Builder
+	v.mu.Lock()
+	fmt.Fprintf(&b, "vm: paused=%t parked=%d stopping=%t interrupts resent=%d", v.paused, v.parked, v.stopping, v.irqResends.Load())
+	transports := v.virtio
+	v.mu.Unlock()
+	for i, c := range v.vcpus {
+		fmt.Fprintf(&b, "\nvCPU %d: %d exits, running=%t", i, c.exits.Load(), c.tid.Load() != 0)
+	}
+	for i, m := range transports {
+		fmt.Fprintf(&b, "\ntransport %d at %#x: %v", i, virtioBase(i), m.Diagnose())
+	}
+	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kilnvm/kiln/virtio"
@@ -126,6 +127,9 @@ type VM struct {
 	virtio     []*virtio.MMIO
 	virtioIRQs []*virtioIRQ
 	ged        *gedDevice
+	// irqResends counts virtio interrupts sent again because the guest
+	// did not acknowledge them (see resendLostInterrupts).
+	irqResends atomic.Uint64
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -549,6 +553,9 @@ func (v *VM) Run(ctx context.Context) (Exit, error) {
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
+	resendDone := make(chan struct{})
+	go func() { v.resendLostInterrupts(done); close(resendDone) }()
+	defer func() { <-resendDone }()
 	select {
 	case <-ctx.Done():
 		v.stop(ReasonCancelled, context.Cause(ctx).Error())
