@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,8 +22,10 @@ import (
 
 // hashWriter counts and hashes what is written to it.
 type hashWriter struct {
-	n int64
-	h hashState
+	n    int64
+	h    hashState
+	last atomic.Int64 // unix nanoseconds of the last write
+	seen atomic.Int64 // bytes so far, for the stall watch
 }
 
 type hashState interface {
@@ -34,7 +37,37 @@ func newHashWriter() *hashWriter { return &hashWriter{h: sha256.New()} }
 
 func (w *hashWriter) Write(p []byte) (int, error) {
 	w.n += int64(len(p))
+	w.seen.Store(w.n)
+	w.last.Store(time.Now().UnixNano())
 	return w.h.Write(p)
+}
+
+// watchStall logs the sandbox's diagnosis when w has had no data for
+// stall, so that a stream that stops says where it stopped (device or
+// guest). It returns a function that ends the watch.
+func watchStall(t *testing.T, sb *Sandbox, w *hashWriter, stall time.Duration) func() {
+	t.Helper()
+	w.last.Store(time.Now().UnixNano())
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(stall / 4)
+		defer tick.Stop()
+		reported := int64(0)
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			last := w.last.Load()
+			if time.Since(time.Unix(0, last)) < stall || last == reported {
+				continue
+			}
+			reported = last
+			t.Logf("no data for %v after %d bytes; VM:\n%s", stall, w.seen.Load(), sb.Diagnose())
+		}
+	}()
+	return func() { close(done) }
 }
 
 // TestKVMAgent boots one sandbox (Debian's kernel loading its virtio
@@ -143,6 +176,7 @@ func TestKVMAgent(t *testing.T) {
 		defer cancel()
 		const size = 100 << 20
 		w := newHashWriter()
+		defer watchStall(t, sb, w, 45*time.Second)()
 		st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"head", "-c", fmt.Sprint(size), "/dev/zero"}, Stdout: w})
 		if err != nil || !st.Success() {
 			t.Fatalf("Exec: %v %v", st, err)
@@ -151,6 +185,7 @@ func TestKVMAgent(t *testing.T) {
 		if w.n != size || !bytes.Equal(w.h.Sum(nil), want[:]) {
 			t.Fatalf("got %d bytes, sha256 %x", w.n, w.h.Sum(nil))
 		}
+		t.Logf("after the stream (queue indices count packets, modulo 65536): %s", sb.Diagnose())
 	})
 	sub("stdin through cat", func(t *testing.T) {
 		ctx, cancel := subCtx()
@@ -158,6 +193,7 @@ func TestKVMAgent(t *testing.T) {
 		data := make([]byte, 8<<20)
 		rand.Read(data)
 		w := newHashWriter()
+		defer watchStall(t, sb, w, 45*time.Second)()
 		st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"cat"}, Stdin: bytes.NewReader(data), Stdout: w})
 		if err != nil || !st.Success() {
 			t.Fatalf("Exec: %v %v", st, err)
