@@ -121,6 +121,11 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if log == nil {
 		log = slog.Default()
 	}
+	if opts.Hostname != "" {
+		if err := CheckHostname(opts.Hostname); err != nil {
+			return nil, err
+		}
+	}
 	info, err := snapshot.Info(dir)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)

@@ -30,6 +30,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for each clone's agent")
 	timing := fs.Bool("time", false, "print restore and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	hostname := fs.String("hostname", "kiln", "clone i is named `NAME`-i")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -43,6 +44,10 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	case len(argv) == 0:
 		fmt.Fprintln(stderr, "kiln fork: no command given (kiln fork --from DIR -n N -- CMD [ARG...])")
+		return exitUsage
+	}
+	if err := sandbox.CheckHostname(*hostname + "-0"); err != nil {
+		fmt.Fprintf(stderr, "kiln fork: --hostname: %v\n", err)
 		return exitUsage
 	}
 	log := newLogger(stderr, *debug)
@@ -61,7 +66,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			defer wg.Done()
 			r := &results[i]
 			start := time.Now()
-			sb, err := sandbox.Restore(ctx, *from, sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout})
+			sb, err := sandbox.Restore(ctx, *from, sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i)})
 			if err != nil {
 				r.err = err
 				return

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,12 +125,33 @@ poweroff -f
 
 // TestKVMRunCommand runs a command in a sandbox through `kiln run`: its
 // stdout and stderr arrive on kiln's, and kiln exits with its exit code.
+// The same run saves the sandbox (--save) with a counting loop left
+// running; `kiln run --from` finds the loop still counting, and `kiln
+// fork` runs a command in two clones at once, each named for its index and
+// each output line prefixed by it.
 func TestKVMRunCommand(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
-	code, stdout, stderr := runKiln(t, "run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	dir := filepath.Join(t.TempDir(), "snap")
+	loop := "(i=0; while :; do i=$((i+1)); echo $i > /run/n.new; mv /run/n.new /run/n; sleep 0.2; done) >/dev/null 2>&1 &"
+	code, stdout, stderr := runKiln(t, "run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--save", dir, "--",
+		"sh", "-c", "echo out; echo err >&2; "+loop+" sleep 1; exit 3")
 	if code != 3 || stdout != "out\n" || stderr != "err\n" {
 		t.Fatalf("exit code %d (want 3), stdout %q (want \"out\\n\"), stderr %q (want \"err\\n\")", code, stdout, stderr)
+	}
+
+	code, stdout, stderr = runKiln(t, "run", "--from", dir, "--boot-timeout", "5m", "--", "sh", "-c", "a=$(cat /run/n); sleep 1; echo $a $(cat /run/n)")
+	var before, after int
+	if _, err := fmt.Sscan(stdout, &before, &after); code != 0 || err != nil || before < 1 || after <= before {
+		t.Fatalf("kiln run --from: exit code %d, stdout %q (want two growing counts), stderr %q", code, stdout, stderr)
+	}
+	t.Logf("restored: the loop counts %d, then %d", before, after)
+
+	code, stdout, stderr = runKiln(t, "fork", "--from", dir, "-n", "2", "--boot-timeout", "5m", "--", "sh", "-c", "test -s /run/n && hostname")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	slices.Sort(lines)
+	if code != 0 || !slices.Equal(lines, []string{"[0] kiln-0", "[1] kiln-1"}) {
+		t.Fatalf("kiln fork -n 2: exit code %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }
 
@@ -148,6 +171,29 @@ func TestRunBadInput(t *testing.T) {
 		code, _, stderr := runKiln(t, tc.args...)
 		if code != exitUsage && code != exitRunFailed {
 			t.Errorf("%q: exit code %d", tc.args, code)
+		}
+		if !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: stderr %q, want %q", tc.args, stderr, tc.want)
+		}
+	}
+}
+
+// TestForkBadInput: kiln fork refuses bad flags before it restores anything.
+func TestForkBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fork", "-n", "2", "--", "true"}, "--from DIR is required"},
+		{[]string{"fork", "--from", "/nonexistent", "-n", "0", "--", "true"}, "-n 0: want 1 to"},
+		{[]string{"fork", "--from", "/nonexistent", "-n", "100000", "--", "true"}, "want 1 to"},
+		{[]string{"fork", "--from", "/nonexistent", "-n", "2"}, "no command given"},
+		{[]string{"fork", "--from", "/nonexistent", "--hostname", "a b", "--", "true"}, "--hostname"},
+		{[]string{"fork", "--from", "/nonexistent", "--", "true"}, "/nonexistent"},
+	} {
+		code, _, stderr := runKiln(t, tc.args...)
+		if code == exitOK {
+			t.Errorf("%q: exit code 0", tc.args)
 		}
 		if !strings.Contains(stderr, tc.want) {
 			t.Errorf("%q: stderr %q, want %q", tc.args, stderr, tc.want)
