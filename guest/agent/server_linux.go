@@ -177,6 +177,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
+		grpc.WriteBufferSize(agentpb.BufferSize),
+		grpc.ReadBufferSize(agentpb.BufferSize),
+		grpc.InitialWindowSize(agentpb.StreamWindow),
+		grpc.InitialConnWindowSize(agentpb.ConnWindow),
 	}
 }
 

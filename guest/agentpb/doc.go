@@ -15,3 +15,16 @@ const Port = 1024
 // (stdin, stdout, stderr, file data), well under gRPC's default 4 MiB
 // message limit.
 const MaxChunkSize = 1 << 20
+
+// Transport sizes both sides use over vsock. Every vsock packet costs the
+// guest an interrupt and the VMM a trip through the virtqueue, so the
+// connection batches: writes of up to BufferSize, and HTTP/2 flow-control
+// windows of StreamWindow per call and ConnWindow per connection, so that
+// window updates (packets the other way) come once per hundreds of KiB
+// rather than every few KiB. A fixed window also turns off gRPC's
+// bandwidth probing pings.
+const (
+	BufferSize   = 256 << 10
+	StreamWindow = 1 << 20
+	ConnWindow   = 4 << 20
+)

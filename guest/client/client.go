@@ -124,6 +124,10 @@ func New(ctx context.Context, dial DialFunc, opts ...Option) (*Client, error) {
 			MinConnectTimeout: 5 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2 * agentpb.MaxChunkSize)),
+		grpc.WithWriteBufferSize(agentpb.BufferSize),
+		grpc.WithReadBufferSize(agentpb.BufferSize),
+		grpc.WithInitialWindowSize(agentpb.StreamWindow),
+		grpc.WithInitialConnWindowSize(agentpb.ConnWindow),
 	}
 	cc, err := grpc.NewClient("passthrough:///kiln-agent", append(dopts, o.dialOptions...)...)
 	if err != nil {
