@@ -623,7 +623,7 @@ func (r *snapRunner) fork(ctx context.Context, parent *sandbox.Sandbox, n int, p
 		}
 	}
 	start := time.Now()
-	kids, err := parent.Fork(ctx, n)
+	kids, err := parent.Fork(ctx, n, sandbox.ForkOptions{})
 	if err != nil {
 		return res, fmt.Errorf("fork of %d: %w", n, err)
 	}

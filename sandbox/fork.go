@@ -18,10 +18,22 @@ import (
 // vsock socket, fresh entropy, the host's time and the host name
 // "<name>-<i>", and is returned once its agent answers. A child can be
 // forked in turn. A sandbox with a writable root disk cannot be forked (the
-// children would write one image); a read-only one is shared.
-func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
+// children would write one image); a read-only one is shared. A sandbox
+// with a network card needs opts.Net: each child gets a tap and a MAC
+// address of its own.
+func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandbox, err error) {
 	if s.extraDevices {
 		return nil, errors.New("sandbox: fork: a sandbox with extra devices cannot be forked")
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("sandbox: fork: %d children: want at least 1", n)
+	}
+	if err := checkNewNIC("fork: the sandbox", s.nic != nil, opts.Net != nil, "ForkOptions.Net"); err != nil {
+		return nil, err
+	}
+	var oldMAC string
+	if s.nic != nil {
+		oldMAC = s.nic.MAC().String()
 	}
 	if s.disk != nil && !s.diskReadOnly {
 		return nil, errors.New("sandbox: fork: the root disk is writable; fork needs a read-only one")
@@ -45,6 +57,11 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		// A read-only disk is shared; each child opens it itself.
 		c.diskPath, c.diskReadOnly = s.diskPath, s.diskReadOnly
 		children[i] = c
+		if opts.Net != nil {
+			if c.netCfg = opts.Net(i); c.netCfg == nil {
+				return nil, fmt.Errorf("sandbox: fork: ForkOptions.Net gave child %d no network card", i)
+			}
+		}
 	}
 	devices := func(i int) ([]virtio.Device, error) { return children[i].openDevices(nil) }
 	vms, err := s.vm.Fork(ctx, n, vmm.ForkConfig{
@@ -66,7 +83,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		go func() {
 			defer wg.Done()
 			if errs[i] = c.connect(ctx, forkReadyTimeout(n)); errs[i] == nil {
-				errs[i] = c.freshen(ctx, fmt.Sprintf("%s-%d", s.hostname, i))
+				errs[i] = c.freshen(ctx, fmt.Sprintf("%s-%d", s.hostname, i), oldMAC)
 			}
 		}()
 	}
@@ -75,6 +92,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (_ []*Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: fork: %w", err)
 	}
 	return children, nil
+}
+
+// ForkOptions are what each child of a fork gets of its own, beyond what
+// Fork gives every child.
+type ForkOptions struct {
+	// Net returns child i's network card (a tap of its own, and a MAC
+	// address: a new random one when nil); required when the sandbox has
+	// a network card.
+	Net func(i int) *virtio.NetConfig
 }
 
 // forkReadyTimeout is how long Fork waits for each of n children's agents:

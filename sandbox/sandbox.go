@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,8 +63,15 @@ type Options struct {
 	// BootTimeout bounds Start's wait for the agent; 0 means 5 minutes
 	// (emulated KVM boots take a minute).
 	BootTimeout time.Duration
-	// Devices are further virtio devices (a tap, more disks), after the
-	// root disk; Close does not close them.
+	// Net, when set, gives the guest a network card (virtio-net) on a host
+	// tap, which is created when it does not exist. Unlike Devices, it
+	// survives Save, Restore and Fork: each restored or forked sandbox
+	// gets a tap and a MAC address of its own (RestoreOptions.Net,
+	// ForkOptions.Net).
+	Net *virtio.NetConfig
+	// Devices are further virtio devices (more disks, say), after the
+	// root disk and network card; Close does not close them. A sandbox
+	// with extra devices cannot be saved or forked.
 	Devices []virtio.Device
 	Logger  *slog.Logger
 }
@@ -74,6 +82,8 @@ type Sandbox struct {
 	client *client.Client
 	vsock  *virtio.Vsock
 	disk   *virtio.Block
+	nic    *virtio.Net
+	netCfg *virtio.NetConfig // the card to open, nil for none
 	// What Save records to rebuild the sandbox.
 	diskPath     string
 	diskReadOnly bool
@@ -121,6 +131,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	}()
 	s.diskPath, s.diskReadOnly = opts.Disk, opts.DiskReadOnly
 	s.extraDevices = len(opts.Devices) > 0
+	s.netCfg = opts.Net
 	if cfg.Devices, err = s.openDevices(opts.Devices); err != nil {
 		return nil, err
 	}
@@ -151,7 +162,8 @@ func newSandbox(log *slog.Logger, dir, hostname string, started time.Time) (*San
 
 // openDevices opens the sandbox's devices in the order every sandbox has
 // them (a snapshot's restore depends on it): the root disk when diskPath is
-// set, extra, the vsock device on the sandbox's socket, an entropy device.
+// set, the network card when netCfg is, extra, the vsock device on the
+// sandbox's socket, an entropy device.
 func (s *Sandbox) openDevices(extra []virtio.Device) ([]virtio.Device, error) {
 	var devs []virtio.Device
 	if s.diskPath != "" {
@@ -161,6 +173,17 @@ func (s *Sandbox) openDevices(extra []virtio.Device) ([]virtio.Device, error) {
 			return nil, fmt.Errorf("sandbox: root disk: %w", err)
 		}
 		devs = append(devs, s.disk)
+	}
+	if s.netCfg != nil {
+		cfg := *s.netCfg
+		if cfg.Logger == nil {
+			cfg.Logger = s.log
+		}
+		var err error
+		if s.nic, err = virtio.NewNet(cfg); err != nil {
+			return nil, fmt.Errorf("sandbox: network card: %w", err)
+		}
+		devs = append(devs, s.nic)
 	}
 	devs = append(devs, extra...)
 	var err error
@@ -297,6 +320,9 @@ func (s *Sandbox) close(ctx context.Context) error {
 	if s.disk != nil {
 		errs = append(errs, s.disk.Close())
 	}
+	if s.nic != nil {
+		errs = append(errs, s.nic.Close())
+	}
 	if s.tempDir {
 		errs = append(errs, os.RemoveAll(s.dir))
 	}
@@ -404,6 +430,23 @@ func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.buf)
+}
+
+// MAC returns the guest's network card's address, or nil without one.
+func (s *Sandbox) MAC() net.HardwareAddr {
+	if s.nic == nil {
+		return nil
+	}
+	return s.nic.MAC()
+}
+
+// Tap returns the name of the host tap behind the guest's network card, or
+// "" without one.
+func (s *Sandbox) Tap() string {
+	if s.nic == nil {
+		return ""
+	}
+	return s.nic.TapName()
 }
 
 // Diagnose describes the sandbox's VM (vCPU exit counts, each virtio

@@ -127,3 +127,29 @@ func TestTail(t *testing.T) {
 		t.Fatalf("tail %q", got)
 	}
 }
+
+func TestCheckNewNIC(t *testing.T) {
+	for _, tc := range []struct {
+		had, given bool
+		want       string
+	}{
+		{false, false, ""},
+		{true, true, ""},
+		{true, false, "has a network card: RestoreOptions.Net must give"},
+		{false, true, "has no network card for RestoreOptions.Net"},
+	} {
+		err := checkNewNIC("snapshot /s", tc.had, tc.given, "RestoreOptions.Net")
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("had %v, given %v: %v, want %q", tc.had, tc.given, err, tc.want)
+		}
+	}
+}
+
+// TestExecSetMAC: the addresses travel to the guest's script as
+// arguments, never as script text.
+func TestExecSetMAC(t *testing.T) {
+	o := execSetMAC("02:00:00:00:00:01", "02:00:00:00:00:02")
+	if len(o.Argv) != 6 || o.Argv[4] != "02:00:00:00:00:01" || o.Argv[5] != "02:00:00:00:00:02" || strings.Contains(o.Argv[2], "02:00") {
+		t.Fatalf("argv %q", o.Argv)
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
 
@@ -26,6 +27,10 @@ type meta struct {
 	Disk         string `json:"disk,omitempty"`
 	DiskReadOnly bool   `json:"disk_read_only,omitempty"`
 	Hostname     string `json:"hostname"`
+	// MAC is the network card's address when the sandbox has one: a
+	// restored sandbox needs a tap of its own (RestoreOptions.Net), and
+	// its guest is told its new address.
+	MAC string `json:"mac,omitempty"`
 }
 
 // Save writes a snapshot of the running sandbox into dir (which must not
@@ -52,6 +57,9 @@ func (s *Sandbox) Save(ctx context.Context, dir string) error {
 	m := meta{Hostname: s.hostname}
 	if s.disk != nil {
 		m.Disk, m.DiskReadOnly = s.diskPath, s.diskReadOnly
+	}
+	if s.nic != nil {
+		m.MAC = s.nic.MAC().String()
 	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -104,6 +112,11 @@ type RestoreOptions struct {
 	Dir string
 	// Hostname, when set, renames the restored guest.
 	Hostname string
+	// Net is the restored sandbox's network card, required when the
+	// snapshot's sandbox had one (and refused when it had none): a tap of
+	// its own, and a MAC address (a new random one when nil) that the
+	// guest's interface takes over from the snapshot's.
+	Net *virtio.NetConfig
 	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
 	// clones started together share the CPUs).
 	Timeout time.Duration
@@ -148,6 +161,10 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 		}
 	}()
 	s.diskPath, s.diskReadOnly = m.Disk, m.DiskReadOnly
+	if err := checkNewNIC("snapshot "+dir, m.MAC != "", opts.Net != nil, "RestoreOptions.Net"); err != nil {
+		return nil, err
+	}
+	s.netCfg = opts.Net
 	cfg := vmm.Config{CPUs: info.CPUs, MemoryMiB: info.MemoryMiB, Logger: log}
 	if cfg.Devices, err = s.openDevices(nil); err != nil {
 		return nil, err
@@ -164,15 +181,16 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
 	}
-	if err := s.freshen(ctx, opts.Hostname); err != nil {
+	if err := s.freshen(ctx, opts.Hostname, m.MAC); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
 // freshen makes a restored guest unique: new entropy for its RNG, the
-// host's time, and a new host name when asked.
-func (s *Sandbox) freshen(ctx context.Context, hostname string) error {
+// host's time, a new host name when asked, and its network card's new
+// address where the snapshot's card had oldMAC.
+func (s *Sandbox) freshen(ctx context.Context, hostname, oldMAC string) error {
 	seed := make([]byte, 64)
 	if _, err := rand.Read(seed); err != nil {
 		return fmt.Errorf("sandbox: entropy for the guest: %w", err)
@@ -192,5 +210,34 @@ func (s *Sandbox) freshen(ctx context.Context, hostname string) error {
 		}
 		s.hostname = hostname
 	}
+	if s.nic != nil && oldMAC != "" && oldMAC != s.nic.MAC().String() {
+		if st, err := s.client.Exec(ctx, execSetMAC(oldMAC, s.nic.MAC().String())); err != nil || !st.Success() {
+			return fmt.Errorf("sandbox: give the guest's interface its new MAC address %s: %v %v", s.nic.MAC(), st, err)
+		}
+	}
 	return nil
+}
+
+// checkNewNIC checks that a restored or forked sandbox gets a network card
+// of its own (given by field) exactly when what it comes from (what) has
+// one.
+func checkNewNIC(what string, had, given bool, field string) error {
+	switch {
+	case had && !given:
+		return fmt.Errorf("sandbox: %s has a network card: %s must give each new sandbox a tap of its own", what, field)
+	case !had && given:
+		return fmt.Errorf("sandbox: %s has no network card for %s", what, field)
+	}
+	return nil
+}
+
+// execSetMAC is the command that moves the guest interface with address
+// oldMAC to newMAC (busybox or iproute2 ip; virtio-net takes a new address
+// while up).
+func execSetMAC(oldMAC, newMAC string) client.ExecOptions {
+	const script = `for d in /sys/class/net/*; do
+  if [ "$(cat "$d/address")" = "$1" ]; then exec ip link set dev "${d##*/}" address "$2"; fi
+done
+echo "no interface has address $1" >&2; exit 1`
+	return client.ExecOptions{Argv: []string{"sh", "-c", script, "setmac", oldMAC, newMAC}}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/virtio"
 )
 
 // TestKVMSnapshot boots one sandbox, leaves a counting loop running in it,
@@ -24,7 +27,24 @@ func TestKVMSnapshot(t *testing.T) {
 	kvmtest.Kernel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap"})
+	// As root the sandbox has a network card on a tap, and every child
+	// and clone needs a tap and a MAC address of its own.
+	nic := func(name string, mac net.HardwareAddr) *virtio.NetConfig { return nil }
+	if os.Geteuid() == 0 {
+		prefix := fmt.Sprintf("ks%d", os.Getpid()%100000)
+		nic = func(name string, mac net.HardwareAddr) *virtio.NetConfig {
+			return &virtio.NetConfig{Tap: prefix + name, MAC: mac}
+		}
+	} else {
+		t.Log("not root: no network card (each clone's own tap and MAC address are not checked)")
+	}
+	forkNIC := func(name string) ForkOptions {
+		if nic("", nil) == nil {
+			return ForkOptions{}
+		}
+		return ForkOptions{Net: func(i int) *virtio.NetConfig { return nic(fmt.Sprintf("%s%d", name, i), nil) }}
+	}
+	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap", Net: nic("p", nil)})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -59,7 +79,7 @@ sleep 1`)
 
 	t.Run("fork a running sandbox", func(t *testing.T) {
 		begin := time.Now()
-		kids, err := sb.Fork(ctx, 2)
+		kids, err := sb.Fork(ctx, 2, forkNIC("f"))
 		if err != nil {
 			t.Fatalf("Fork: %v", err)
 		}
@@ -75,6 +95,10 @@ sleep 1`)
 			if got := sh(t, k.Client(), "cat /tmp/marker"); got != "before-save" {
 				t.Errorf("child %d lost the parent's file: %q", i, got)
 			}
+			checkMAC(t, k, sh)
+		}
+		if sb.MAC() != nil && (kids[0].MAC().String() == kids[1].MAC().String() || kids[0].MAC().String() == sb.MAC().String()) {
+			t.Errorf("MAC addresses: parent %v, children %v and %v", sb.MAC(), kids[0].MAC(), kids[1].MAC())
 		}
 		for i, k := range kids {
 			if got := sh(t, k.Client(), "cat /tmp/kid"); got != fmt.Sprint(i) {
@@ -89,7 +113,7 @@ sleep 1`)
 			t.Errorf("counters after fork: parent %d, child %d, saved %d", a, b, saved)
 		}
 		// A child forks in turn: the grandchild has its parent's file.
-		grand, err := kids[0].Fork(ctx, 1)
+		grand, err := kids[0].Fork(ctx, 1, forkNIC("g"))
 		if err != nil {
 			t.Fatalf("Fork of a child: %v", err)
 		}
@@ -97,6 +121,7 @@ sleep 1`)
 		if got := sh(t, grand[0].Client(), "cat /tmp/kid; hostname"); got != "0\nsnap-0-0" {
 			t.Errorf("grandchild: %q", got)
 		}
+		checkMAC(t, grand[0], sh)
 	})
 
 	if err := sb.Close(ctx); err != nil {
@@ -105,7 +130,7 @@ sleep 1`)
 
 	t.Run("restore", func(t *testing.T) {
 		begin := time.Now()
-		r, err := Restore(ctx, dir, RestoreOptions{})
+		r, err := Restore(ctx, dir, RestoreOptions{Net: nic("r", nil)})
 		if err != nil {
 			t.Fatalf("Restore: %v", err)
 		}
@@ -114,6 +139,7 @@ sleep 1`)
 		if got := sh(t, r.Client(), "cat /tmp/marker"); got != "before-save" {
 			t.Fatalf("tmpfs file after restore: %q", got)
 		}
+		checkMAC(t, r, sh)
 		first := counter(t, r.Client())
 		time.Sleep(2 * time.Second)
 		second := counter(t, r.Client())
@@ -132,7 +158,8 @@ sleep 1`)
 		random := map[string]int{}
 		for i := range n {
 			begin := time.Now()
-			c, err := Restore(ctx, dir, RestoreOptions{Hostname: fmt.Sprintf("clone-%d", i)})
+			mac := net.HardwareAddr{0x02, 0x6b, 0x69, 0x6c, 0x6e, byte(i)}
+			c, err := Restore(ctx, dir, RestoreOptions{Hostname: fmt.Sprintf("clone-%d", i), Net: nic(fmt.Sprintf("c%d", i), mac)})
 			if err != nil {
 				t.Fatalf("clone %d: %v", i, err)
 			}
@@ -169,6 +196,7 @@ func checkClone(t *testing.T, c *Sandbox, i int, sh func(*testing.T, *client.Cli
 	if got := sh(t, c.Client(), "hostname"); got != fmt.Sprintf("clone-%d", i) {
 		t.Errorf("clone %d hostname %q", i, got)
 	}
+	checkMAC(t, c, sh)
 	r := sh(t, c.Client(), "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
 	before := time.Now()
 	secs, err := strconv.ParseInt(sh(t, c.Client(), "date +%s"), 10, 64)
@@ -182,4 +210,18 @@ func checkClone(t *testing.T, c *Sandbox, i int, sh func(*testing.T, *client.Cli
 		t.Errorf("clone %d: clock %v, host between %v and %v", i, guest, before, after)
 	}
 	return r, true
+}
+
+// checkMAC checks that the guest's network interface has the address of
+// the sandbox's network card (a restored or forked guest takes over its
+// new card's address). Without a card there is nothing to check.
+func checkMAC(t *testing.T, c *Sandbox, sh func(*testing.T, *client.Client, string) string) {
+	t.Helper()
+	if c.MAC() == nil {
+		return
+	}
+	got := sh(t, c.Client(), "cat /sys/class/net/*/address | grep -vx 00:00:00:00:00:00")
+	if got != c.MAC().String() {
+		t.Errorf("guest interface addresses %q, want the card's %v (tap %s)", got, c.MAC(), c.Tap())
+	}
 }

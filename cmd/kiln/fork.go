@@ -12,6 +12,8 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/virtio"
 )
 
 // maxForks bounds kiln fork -n.
@@ -31,6 +33,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	timing := fs.Bool("time", false, "print restore and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	hostname := fs.String("hostname", "kiln", "clone i is named `NAME`-i")
+	netFlag := fs.String("net", "", "for a snapshot with a network card: clone i gets tap `PREFIX`i (created when missing; PREFIX[,netns=NAME]) and a MAC address of its own")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -50,6 +53,27 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kiln fork: --hostname: %v\n", err)
 		return exitUsage
 	}
+	var nic func(i int) *virtio.NetConfig
+	if *netFlag != "" {
+		prefix, rest, _ := strings.Cut(*netFlag, ",")
+		if rest != "" {
+			rest = "," + rest
+		}
+		// The longest name checks them all.
+		if _, err := parseNet(fmt.Sprintf("%s%d%s", prefix, *n-1, rest)); err != nil || strings.Contains(rest, "mac=") {
+			fmt.Fprintf(stderr, "kiln fork: --net %q: want PREFIX[,netns=NAME], PREFIX short enough for %d clones' tap names\n", *netFlag, *n)
+			return exitUsage
+		}
+		nic = func(i int) *virtio.NetConfig {
+			cfg, _ := parseNet(fmt.Sprintf("%s%d%s", prefix, i, rest))
+			return &cfg
+		}
+	}
+	// One clear error for a snapshot that is not there, not one per clone.
+	if _, err := snapshot.Info(*from); err != nil {
+		fmt.Fprintf(stderr, "kiln fork: %v\n", err)
+		return exitRunFailed
+	}
 	log := newLogger(stderr, *debug)
 	var outMu sync.Mutex // one line at a time on each stream
 	type result struct {
@@ -66,7 +90,11 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			defer wg.Done()
 			r := &results[i]
 			start := time.Now()
-			sb, err := sandbox.Restore(ctx, *from, sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i)})
+			ro := sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i)}
+			if nic != nil {
+				ro.Net = nic(i)
+			}
+			sb, err := sandbox.Restore(ctx, *from, ro)
 			if err != nil {
 				r.err = err
 				return

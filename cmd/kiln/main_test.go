@@ -133,25 +133,40 @@ func TestKVMRunCommand(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
 	dir := filepath.Join(t.TempDir(), "snap")
+	// As root the sandbox has a network card, and the restored sandbox and
+	// each clone a tap and MAC address of their own.
+	var netSave, netFrom, netFork []string
+	if os.Geteuid() == 0 {
+		p := fmt.Sprintf("kr%d", os.Getpid()%100000)
+		netSave, netFrom, netFork = []string{"--net", p + "s"}, []string{"--net", p + "r"}, []string{"--net", p + "f"}
+	}
 	loop := "(i=0; while :; do i=$((i+1)); echo $i > /run/n.new; mv /run/n.new /run/n; sleep 0.2; done) >/dev/null 2>&1 &"
-	code, stdout, stderr := runKiln(t, "run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--save", dir, "--",
-		"sh", "-c", "echo out; echo err >&2; "+loop+" sleep 1; exit 3")
+	args := append([]string{"run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--save", dir}, netSave...)
+	code, stdout, stderr := runKiln(t, append(args, "--", "sh", "-c", "echo out; echo err >&2; "+loop+" sleep 1; exit 3")...)
 	if code != 3 || stdout != "out\n" || stderr != "err\n" {
 		t.Fatalf("exit code %d (want 3), stdout %q (want \"out\\n\"), stderr %q (want \"err\\n\")", code, stdout, stderr)
 	}
 
-	code, stdout, stderr = runKiln(t, "run", "--from", dir, "--boot-timeout", "5m", "--", "sh", "-c", "a=$(cat /run/n); sleep 1; echo $a $(cat /run/n)")
+	args = append([]string{"run", "--from", dir, "--boot-timeout", "5m"}, netFrom...)
+	code, stdout, stderr = runKiln(t, append(args, "--", "sh", "-c", "a=$(cat /run/n); sleep 1; echo $a $(cat /run/n)")...)
 	var before, after int
 	if _, err := fmt.Sscan(stdout, &before, &after); code != 0 || err != nil || before < 1 || after <= before {
 		t.Fatalf("kiln run --from: exit code %d, stdout %q (want two growing counts), stderr %q", code, stdout, stderr)
 	}
 	t.Logf("restored: the loop counts %d, then %d", before, after)
 
-	code, stdout, stderr = runKiln(t, "fork", "--from", dir, "-n", "2", "--boot-timeout", "5m", "--", "sh", "-c", "test -s /run/n && hostname")
+	args = append([]string{"fork", "--from", dir, "-n", "2", "--boot-timeout", "5m"}, netFork...)
+	code, stdout, stderr = runKiln(t, append(args, "--", "sh", "-c", "test -s /run/n && hostname && cat /sys/class/net/*/address | grep -vx 00:00:00:00:00:00 || true")...)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	slices.Sort(lines)
-	if code != 0 || !slices.Equal(lines, []string{"[0] kiln-0", "[1] kiln-1"}) {
-		t.Fatalf("kiln fork -n 2: exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	want := []string{"[0] kiln-0", "[1] kiln-1"}
+	if netFork != nil { // and each clone's MAC address, all different
+		if len(lines) == 4 && lines[0][:4] == "[0] " && lines[2][:4] == "[1] " && lines[0][4:] != lines[2][4:] {
+			want = []string{lines[0], "[0] kiln-0", lines[2], "[1] kiln-1"}
+		}
+	}
+	if code != 0 || !slices.Equal(lines, want) {
+		t.Fatalf("kiln fork -n 2: exit code %d, stdout %q (want host names and, as root, two different MAC addresses), stderr %q", code, stdout, stderr)
 	}
 }
 
@@ -166,6 +181,7 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"run", "-e", "=v", "--", "true"}, "want NAME=VALUE"},
 		{[]string{"run", "-w", "relative/dir", "--", "true"}, "want an absolute path"},
 		{[]string{"run", "--bogus", "--", "true"}, "flag provided but not defined"},
+		{[]string{"run", "--net", ",mac=x", "--", "true"}, "no tap name"},
 		{[]string{"run", "--hostname", "a b", "--agent", "/nonexistent", "--kernel", "/k", "--", "true"}, "hostname"},
 	} {
 		code, _, stderr := runKiln(t, tc.args...)
@@ -190,6 +206,8 @@ func TestForkBadInput(t *testing.T) {
 		{[]string{"fork", "--from", "/nonexistent", "-n", "2"}, "no command given"},
 		{[]string{"fork", "--from", "/nonexistent", "--hostname", "a b", "--", "true"}, "--hostname"},
 		{[]string{"fork", "--from", "/nonexistent", "--", "true"}, "/nonexistent"},
+		{[]string{"fork", "--from", "/nonexistent", "-n", "10", "--net", "averylongtapname", "--", "true"}, "--net"},
+		{[]string{"fork", "--from", "/nonexistent", "--net", "t,mac=02:00:00:00:00:01", "--", "true"}, "--net"},
 	} {
 		code, _, stderr := runKiln(t, tc.args...)
 		if code == exitOK {

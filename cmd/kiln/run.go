@@ -50,8 +50,17 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	save := fs.String("save", "", "after CMD, save a snapshot of the running sandbox to `DIR` (which must not exist)")
 	from := fs.String("from", "", "restore the sandbox from the snapshot in `DIR` instead of booting one")
+	netFlag := fs.String("net", "", "a network card on a host tap, created when missing: `TAP[,mac=MAC][,netns=NAME]` (with --from: the restored sandbox's own tap)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *netFlag != "" {
+		cfg, err := parseNet(*netFlag)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+			return exitUsage
+		}
+		o.Net = &cfg
 	}
 	if *from != "" {
 		var clash []string
@@ -91,7 +100,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var sb *sandbox.Sandbox
 	var err error
 	if *from != "" {
-		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout}
+		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "hostname" {
 				ro.Hostname = o.Hostname
