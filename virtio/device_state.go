@@ -82,7 +82,7 @@ func (n *Net) RestoreState(data json.RawMessage) error {
 		return fmt.Errorf("virtio-net %s: snapshot MAC: %w", n.tapName, err)
 	}
 	if mac.String() != n.mac.String() {
-		n.log.Info("restored with a new MAC address", "snapshot_mac", mac, "mac", n.mac)
+		n.log.Info("restored with a new MAC address", "snapshot_mac", mac.String(), "mac", n.mac.String())
 	}
 	return nil
 }
