@@ -327,8 +327,27 @@ func validEnvName(k string) bool {
 type testBinary struct {
 	pkg  testPackage
 	path string // job/bin/N.test
-	out  string // job/out/N.out: its -test.v=test2json output
-	rc   string // job/out/N.rc: its exit status
+	out  string // job/out/N-M.out: its -test.v=test2json output
+	rc   string // job/out/N-M.rc: its exit status
+	// test is the one KVM test this run of the binary runs; "" runs them
+	// all.
+	test string
+}
+
+// runPattern is the -test.run pattern of b's run.
+func (b testBinary) runPattern() string {
+	if b.test == "" {
+		return "^TestKVM"
+	}
+	return "^" + b.test + "$"
+}
+
+// name says what b runs, for logs.
+func (b testBinary) name() string {
+	if b.test == "" {
+		return b.pkg.ImportPath
+	}
+	return b.pkg.ImportPath + " " + b.test
 }
 
 // attempt returns b with the output paths of the given L1 attempt (2 on).
@@ -356,9 +375,9 @@ func testJobScript(job string, env []string, bins []testBinary, timeout time.Dur
 	// The heartbeat tells the harness that L1 is alive.
 	fmt.Fprintf(&s, "( while :; do cut -d' ' -f1 /proc/uptime > %s; sleep 5; done ) >/dev/null 2>&1 &\nhb=$!\n", shQuote(job+"/"+heartbeatFile))
 	for _, b := range bins {
-		fmt.Fprintf(&s, "echo %s\n", shQuote("kvmharness-l1: "+b.pkg.ImportPath))
-		fmt.Fprintf(&s, "cd %s && ( %s -test.run '^TestKVM' -test.v=test2json -test.timeout=%s 2>&1; echo $? > %s ) | tee %s\n",
-			shQuote(b.pkg.Dir), shQuote(b.path), timeout, shQuote(b.rc), shQuote(b.out))
+		fmt.Fprintf(&s, "echo %s\n", shQuote("kvmharness-l1: "+b.name()))
+		fmt.Fprintf(&s, "cd %s && ( %s -test.run %s -test.v=test2json -test.timeout=%s 2>&1; echo $? > %s ) | tee %s\n",
+			shQuote(b.pkg.Dir), shQuote(b.path), shQuote(b.runPattern()), timeout, shQuote(b.rc), shQuote(b.out))
 		fmt.Fprintf(&s, "if [ -f %s ] && [ \"$(cat %s)\" != 0 ]; then\n", shQuote(b.rc), shQuote(b.rc))
 		// Failed tests, and those running when the binary timed out.
 		fmt.Fprintf(&s, "  failed=$(grep -aoE -- '(--- FAIL: |^[[:space:]]+)TestKVM[A-Za-z0-9_]*' %s | grep -aoE 'TestKVM[A-Za-z0-9_]*' | sort -u | paste -sd'|' -)\n", shQuote(b.out))

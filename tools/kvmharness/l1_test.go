@@ -396,3 +396,29 @@ func TestWatchHeartbeat(t *testing.T) {
 	}
 	close(stop)
 }
+
+func TestListKVMTests(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "fake.test")
+	script := "#!/bin/sh\n[ \"$1 $2\" = \"-test.list ^TestKVM\" ] || exit 3\nprintf 'TestKVMBoot\\nTestKVMSave\\nok  \\n'\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	names, err := listKVMTests(context.Background(), bin, dir)
+	if err != nil || strings.Join(names, ",") != "TestKVMBoot,TestKVMSave" {
+		t.Fatalf("listKVMTests: %q, %v", names, err)
+	}
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho ok\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := listKVMTests(context.Background(), bin, dir); err == nil {
+		t.Fatal("a binary with no KVM test listed passed")
+	}
+	u := testBinary{pkg: testPackage{ImportPath: "example.com/p"}, test: "TestKVMBoot"}
+	if u.runPattern() != "^TestKVMBoot$" || u.name() != "example.com/p TestKVMBoot" {
+		t.Fatalf("unit %q %q", u.runPattern(), u.name())
+	}
+	if script := testJobScript("/j", nil, []testBinary{u}, time.Minute); !strings.Contains(script, "-test.run '^TestKVMBoot$'") {
+		t.Fatalf("job script runs no single test:\n%s", script)
+	}
+}

@@ -226,23 +226,33 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 	}
 	defer cleanup()
 
-	var bins []testBinary
+	// Each KVM test runs in an L1 of its own: L1 is up in seconds, and
+	// under TCG's nested SVM one test's leftovers have frozen the L1 for
+	// the next (network namespace clean-up, then an L2 boot).
+	var units []testBinary
 	for i, p := range kpkgs {
-		b := testBinary{
-			pkg:  p,
-			path: filepath.Join(job, "bin", strconv.Itoa(i)+".test"),
-			out:  filepath.Join(job, "out", strconv.Itoa(i)+".out"),
-			rc:   filepath.Join(job, "out", strconv.Itoa(i)+".rc"),
-		}
+		path := filepath.Join(job, "bin", strconv.Itoa(i)+".test")
 		log.Info("building test binary", "package", p.ImportPath)
-		if err := buildTestBinary(ctx, goBin, p.ImportPath, b.path, stderr); err != nil {
+		if err := buildTestBinary(ctx, goBin, p.ImportPath, path, stderr); err != nil {
 			t.problem("%v", err)
 			t.failedPkgs[p.ImportPath] = true
 			continue
 		}
-		bins = append(bins, b)
+		names, err := listKVMTests(ctx, path, p.Dir)
+		if err != nil {
+			t.problem("%s: %v", p.ImportPath, err)
+			t.failedPkgs[p.ImportPath] = true
+			continue
+		}
+		for j, name := range names {
+			units = append(units, testBinary{
+				pkg: p, path: path, test: name,
+				out: filepath.Join(job, "out", fmt.Sprintf("%d-%d.out", i, j)),
+				rc:  filepath.Join(job, "out", fmt.Sprintf("%d-%d.rc", i, j)),
+			})
+		}
 	}
-	if len(bins) == 0 {
+	if len(units) == 0 {
 		return
 	}
 	if err := os.MkdirAll(filepath.Join(job, "out"), 0o755); err != nil {
@@ -250,65 +260,80 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 		return
 	}
 	l1env := l1Env(cache, kvmtest.EnvVar+"="+kvmtest.ModeRequire)
-	// L1's kernel occasionally hangs under TCG's nested SVM: the test
-	// binaries that did not finish then run again in a fresh L1, once.
-	pending := bins
-	for attempt := 1; attempt <= l1Attempts && len(pending) > 0; attempt++ {
+	for i, u := range units {
+		if ctx.Err() != nil {
+			break
+		}
+		units[i] = runUnitInL1(ctx, o, k, job, l1env, u, stdout, t, log)
+	}
+	for _, u := range units {
+		collectL1Results(ctx, goBin, u, t)
+	}
+}
+
+// runUnitInL1 runs u in a fresh L1 VM, and once more in another when that
+// L1 hangs or dies before u finishes (L1's kernel occasionally does under
+// TCG's nested SVM). It returns u with the output paths of its last run.
+func runUnitInL1(ctx context.Context, o options, k *guestkernel.Kernel, job string, l1env []string, u testBinary, stdout io.Writer, t *tally, log *slog.Logger) testBinary {
+	for attempt := 1; attempt <= l1Attempts; attempt++ {
 		if attempt > 1 {
-			for i := range pending {
-				pending[i] = pending[i].attempt(attempt)
-			}
+			u = u.attempt(attempt)
 		}
 		os.Remove(filepath.Join(job, "done"))
 		os.Remove(filepath.Join(job, heartbeatFile))
-		if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, pending, o.timeout)), 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, []testBinary{u}, o.timeout)), 0o755); err != nil {
 			t.problem("%v", err)
-			return
+			return u
 		}
 		l1err := runL1(ctx, l1Config{
 			qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
 			job: job, workdir: workdirForL1(), console: stdout, log: log, hangAfter: o.hangAfter,
 		})
-		var unfinished []testBinary
-		for _, b := range pending {
-			if _, err := os.Stat(b.rc); err != nil {
-				unfinished = append(unfinished, b)
-			}
+		if l1err == nil {
+			return u
 		}
-		for i, b := range bins {
-			for _, p := range pending {
-				if p.pkg.ImportPath == b.pkg.ImportPath {
-					bins[i] = p
-				}
-			}
+		_, statErr := os.Stat(u.rc)
+		if statErr != nil && attempt < l1Attempts && ctx.Err() == nil {
+			t.l1Retries = append(t.l1Retries, fmt.Sprintf("%v; reran %s in a fresh L1", l1err, u.name()))
+			log.Warn("L1 failed; running the test again in a fresh L1", "err", l1err, "test", u.name())
+			continue
 		}
-		if l1err != nil {
-			if len(unfinished) > 0 && attempt < l1Attempts && ctx.Err() == nil {
-				names := make([]string, len(unfinished))
-				for i, b := range unfinished {
-					names[i] = b.pkg.ImportPath
-				}
-				t.l1Retries = append(t.l1Retries, fmt.Sprintf("%v; reran %s in a fresh L1", l1err, strings.Join(names, ", ")))
-				log.Warn("L1 failed; running the unfinished test binaries in a fresh L1", "err", l1err, "packages", names)
-			} else {
-				t.problem("%v", l1err)
-			}
-		}
-		pending = unfinished
+		t.problem("%s: %v", u.name(), l1err)
+		return u
 	}
-	for _, b := range bins {
-		collectL1Results(ctx, goBin, b, t)
-	}
+	return u
 }
 
-// l1Attempts is how many L1 VMs a test run may take: the first, and one
-// more for the test binaries an L1 that hung left unfinished.
+// listKVMTests returns the KVM tests the test binary at path defines, in
+// its order (go test's -test.list runs none of them).
+func listKVMTests(ctx context.Context, path, dir string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, path, "-test.list", "^TestKVM")
+	cmd.Dir = dir
+	cmd.Env = environ(kvmtest.EnvVar + "=" + kvmtest.ModeOutside)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing KVM tests: %w", err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "TestKVM") {
+			names = append(names, line)
+		}
+	}
+	if len(names) == 0 {
+		return nil, errors.New("the test binary lists no KVM test")
+	}
+	return names, nil
+}
+
+// l1Attempts is how many L1 VMs one KVM test may take: the first, and one
+// more when that L1 hung or died before the test finished.
 const l1Attempts = 2
 
 func collectL1Results(ctx context.Context, goBin string, b testBinary, t *tally) {
 	pkg := b.pkg.ImportPath
 	if _, err := os.Stat(b.out); err != nil {
-		t.problem("%s: its KVM tests did not run in L1", pkg)
+		t.problem("%s: did not run in L1", b.name())
 		t.failedPkgs[pkg] = true
 		return
 	}
@@ -360,7 +385,7 @@ func collectL1Results(ctx context.Context, goBin string, b testBinary, t *tally)
 	}
 	data, err := os.ReadFile(b.rc)
 	if err != nil {
-		t.problem("%s: the test binary did not finish in L1", pkg)
+		t.problem("%s: did not finish in L1", b.name())
 		t.failedPkgs[pkg] = true
 		return
 	}
