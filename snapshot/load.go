@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/vmm"
-	"github.com/kilnvm/kiln/vmm/memory"
 )
 
 // Load builds a VM from the snapshot in dir with cfg, whose CPUs,

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/vmm"
-	"github.com/kilnvm/kiln/vmm/memory"
 )
 
 // Option changes what Save does.

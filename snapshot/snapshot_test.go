@@ -17,10 +17,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
-	"github.com/kilnvm/kiln/vmm/kvm"
-	"github.com/kilnvm/kiln/vmm/memory"
 )
 
 const testMemMiB = 16

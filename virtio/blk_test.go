@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 const blkTestSectors = 16

@@ -13,7 +13,7 @@ package virtio
 import (
 	"encoding/json"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // Device IDs (virtio 1.x, section 5).

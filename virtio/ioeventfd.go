@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
+	"github.com/kilnvm/kiln/kvm"
 )
 
 // ioEvents are the ioeventfds that carry a transport's queue notifications

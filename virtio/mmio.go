@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // MMIOSize is the size of one virtio-mmio transport's register window: the

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // mmioFake is a Device that records what the transport asks of it and, on a

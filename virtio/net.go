@@ -13,7 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // Net feature bits (virtio 1.x, section 5.1.3).

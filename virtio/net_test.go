@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // netTestTap is an in-memory tap: frames put on rx come out of Read, and

@@ -7,7 +7,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // Guest-physical layout of the rings the queue tests drive.

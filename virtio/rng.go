@@ -4,7 +4,7 @@ import (
 	"crypto/rand"
 	"sync"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // RNGMaxChunk is the most random bytes the entropy device writes for one

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // StateVersion is the version of MMIOState's form. A snapshot layer stores

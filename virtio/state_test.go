@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // copyMemory returns a new memory with src's layout and contents, as a

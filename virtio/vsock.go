@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // Vsock limits and sizes.

@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
-	"github.com/kilnvm/kiln/vmm/memory"
 )
 
 // MaxForks bounds the children of one Fork.

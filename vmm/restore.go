@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // Check reports whether a VM can be restored from the state with cfg: the

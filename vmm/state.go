@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
-	"github.com/kilnvm/kiln/vmm/kvm"
-	"github.com/kilnvm/kiln/vmm/memory"
 	"github.com/kilnvm/kiln/vmm/serial"
 )
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
+	"github.com/kilnvm/kiln/kvm"
 )
 
 // VCPUState is one x86-64 vCPU in a snapshot, each part as its KVM ioctl

@@ -17,10 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
-	"github.com/kilnvm/kiln/vmm/memory"
 )
 
 // counterScript counts in a tmpfs file every 100 ms and prints each count;

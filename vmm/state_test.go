@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
-	"github.com/kilnvm/kiln/vmm/kvm"
-	"github.com/kilnvm/kiln/vmm/memory"
 	"github.com/kilnvm/kiln/vmm/serial"
 )
 

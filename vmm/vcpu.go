@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
+	"github.com/kilnvm/kiln/kvm"
 )
 
 // vcpu runs one KVM vCPU on its own locked OS thread.

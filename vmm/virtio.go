@@ -9,9 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
-	"github.com/kilnvm/kiln/vmm/kvm"
 )
 
 // Virtio-mmio transports: device i has its registers at

@@ -11,11 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
-	"github.com/kilnvm/kiln/vmm/kvm"
 	"github.com/kilnvm/kiln/vmm/linuxboot"
-	"github.com/kilnvm/kiln/vmm/memory"
 	"github.com/kilnvm/kiln/vmm/serial"
 )
 

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
-	"github.com/kilnvm/kiln/vmm/memory"
+	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/memory"
 )
 
 // cpuidFor adapts KVM's supported CPUID to vCPU id of n: APIC IDs, topology

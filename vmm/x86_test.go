@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kilnvm/kiln/vmm/kvm"
+	"github.com/kilnvm/kiln/kvm"
 )
 
 func TestGDTEntryDecodes(t *testing.T) {
