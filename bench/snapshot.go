@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,12 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -138,162 +135,6 @@ func (s SnapshotSpec) Normalize() (SnapshotSpec, error) {
 		}
 	}
 	return s, nil
-}
-
-// MemUsage is what /proc/self/smaps says of the mappings in a range of this
-// process's address space (a VM's guest memory), in bytes.
-type MemUsage struct {
-	Rss, Pss                   uint64
-	SharedClean, SharedDirty   uint64
-	PrivateClean, PrivateDirty uint64
-	// Anonymous is memory no file backs: in a copy-on-write guest mapping,
-	// the pages the VM wrote after the fork or restore (its own copies).
-	Anonymous uint64
-	// Mappings is how many mappings (VMAs) the range held.
-	Mappings int
-}
-
-// Add returns the sum of u and v.
-func (u MemUsage) Add(v MemUsage) MemUsage {
-	return MemUsage{
-		Rss: u.Rss + v.Rss, Pss: u.Pss + v.Pss,
-		SharedClean: u.SharedClean + v.SharedClean, SharedDirty: u.SharedDirty + v.SharedDirty,
-		PrivateClean: u.PrivateClean + v.PrivateClean, PrivateDirty: u.PrivateDirty + v.PrivateDirty,
-		Anonymous: u.Anonymous + v.Anonymous, Mappings: u.Mappings + v.Mappings,
-	}
-}
-
-// String prints the main figures in MiB.
-func (u MemUsage) String() string {
-	return fmt.Sprintf("PSS %.1f MiB, RSS %.1f MiB, private %.1f MiB (anonymous %.1f MiB)",
-		MiB(u.Pss), MiB(u.Rss), MiB(u.PrivateClean+u.PrivateDirty), MiB(u.Anonymous))
-}
-
-// MiB converts bytes to MiB.
-func MiB(b uint64) float64 { return float64(b) / (1 << 20) }
-
-// RangeUsage sums /proc/self/smaps over the mappings in [start,
-// start+size), which must cover them whole.
-func RangeUsage(start uintptr, size uint64) (MemUsage, error) {
-	f, err := os.Open("/proc/self/smaps")
-	if err != nil {
-		return MemUsage{}, fmt.Errorf("bench: %w", err)
-	}
-	defer f.Close()
-	u, err := parseSmapsRange(f, uint64(start), uint64(start)+size)
-	if err != nil {
-		return u, fmt.Errorf("bench: /proc/self/smaps: %w", err)
-	}
-	return u, nil
-}
-
-// parseSmapsRange sums the smaps entries of the mappings inside [start,
-// end). A mapping that straddles an end of the range is an error: its
-// figures cannot be split.
-func parseSmapsRange(r io.Reader, start, end uint64) (MemUsage, error) {
-	var u MemUsage
-	in := false
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if lo, hi, ok := smapsHeader(line); ok {
-			switch {
-			case hi <= start || lo >= end:
-				in = false
-			case lo >= start && hi <= end:
-				in = true
-				u.Mappings++
-			default:
-				return u, fmt.Errorf("mapping %x-%x straddles the range %x-%x", lo, hi, start, end)
-			}
-			continue
-		}
-		if !in {
-			continue
-		}
-		key, val, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		var field *uint64
-		switch key {
-		case "Rss":
-			field = &u.Rss
-		case "Pss":
-			field = &u.Pss
-		case "Shared_Clean":
-			field = &u.SharedClean
-		case "Shared_Dirty":
-			field = &u.SharedDirty
-		case "Private_Clean":
-			field = &u.PrivateClean
-		case "Private_Dirty":
-			field = &u.PrivateDirty
-		case "Anonymous":
-			field = &u.Anonymous
-		default:
-			continue
-		}
-		kb, ok := strings.CutSuffix(strings.TrimSpace(val), " kB")
-		if !ok {
-			return u, fmt.Errorf("%s: %q is not in kB", key, val)
-		}
-		n, err := strconv.ParseUint(kb, 10, 64)
-		if err != nil {
-			return u, fmt.Errorf("%s: %w", key, err)
-		}
-		*field += n << 10
-	}
-	if err := sc.Err(); err != nil {
-		return u, err
-	}
-	if u.Mappings == 0 {
-		return u, fmt.Errorf("no mapping in %x-%x", start, end)
-	}
-	return u, nil
-}
-
-// smapsHeader parses the address range of a mapping's first line
-// ("7f00-7f80 rw-p 00000000 00:01 12 /memfd:x").
-func smapsHeader(line string) (lo, hi uint64, ok bool) {
-	addrs, rest, ok := strings.Cut(line, " ")
-	if !ok || !strings.Contains(rest, " ") {
-		return 0, 0, false
-	}
-	a, b, ok := strings.Cut(addrs, "-")
-	if !ok {
-		return 0, 0, false
-	}
-	lo, err1 := strconv.ParseUint(a, 16, 64)
-	hi, err2 := strconv.ParseUint(b, 16, 64)
-	if err1 != nil || err2 != nil || hi < lo {
-		return 0, 0, false
-	}
-	return lo, hi, true
-}
-
-// GuestUsage is the memory behind sb's guest RAM mapping.
-func GuestUsage(sb *sandbox.Sandbox) (MemUsage, error) {
-	mem := sb.VM().Memory()
-	if mem == nil || len(mem.Regions()) == 0 {
-		return MemUsage{}, errors.New("bench: the sandbox has no guest memory")
-	}
-	return RangeUsage(mem.HostAddr(0), mem.Size())
-}
-
-// ProcessUsage is this process's smaps_rollup (procfs): every VM in it,
-// the Go heap and the rest.
-func ProcessUsage() (procfs.ProcSMapsRollup, error) {
-	p, err := procfs.Self()
-	if err != nil {
-		return procfs.ProcSMapsRollup{}, fmt.Errorf("bench: %w", err)
-	}
-	r, err := p.ProcSMapsRollup()
-	if err != nil {
-		return r, fmt.Errorf("bench: smaps_rollup: %w", err)
-	}
-	return r, nil
 }
 
 // LoadAverage returns the host's 1, 5 and 15 minute load averages as
@@ -986,75 +827,6 @@ func (p *qemuPeer) save(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// qmpTimeout bounds one QMP command.
-const qmpTimeout = 2 * time.Minute
-
-// qmpConn is a QMP connection past its capabilities negotiation.
-type qmpConn struct {
-	conn net.Conn
-	r    *bufio.Reader
-}
-
-// dialQMP connects to QEMU's QMP socket and negotiates.
-func dialQMP(ctx context.Context, path string) (*qmpConn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("qmp: %w", err)
-	}
-	q := &qmpConn{conn: c, r: bufio.NewReader(c)}
-	c.SetDeadline(time.Now().Add(qmpTimeout))
-	if _, err := q.r.ReadBytes('\n'); err != nil { // the greeting
-		c.Close()
-		return nil, fmt.Errorf("qmp: greeting: %w", err)
-	}
-	if _, err := q.do("qmp_capabilities", nil); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return q, nil
-}
-
-// do runs one QMP command and returns its "return" value, skipping events.
-func (q *qmpConn) do(cmd string, args any) (json.RawMessage, error) {
-	req := map[string]any{"execute": cmd}
-	if args != nil {
-		req["arguments"] = args
-	}
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("qmp: %s: %w", cmd, err)
-	}
-	q.conn.SetDeadline(time.Now().Add(qmpTimeout))
-	if _, err := q.conn.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("qmp: %s: %w", cmd, err)
-	}
-	for {
-		line, err := q.r.ReadBytes('\n')
-		if err != nil {
-			return nil, fmt.Errorf("qmp: %s: %w", cmd, err)
-		}
-		var resp struct {
-			Return json.RawMessage `json:"return"`
-			Error  *struct {
-				Class string `json:"class"`
-				Desc  string `json:"desc"`
-			} `json:"error"`
-			Event string `json:"event"`
-		}
-		if err := json.Unmarshal(line, &resp); err != nil {
-			return nil, fmt.Errorf("qmp: %s: %w", cmd, err)
-		}
-		switch {
-		case resp.Event != "":
-			continue
-		case resp.Error != nil:
-			return nil, fmt.Errorf("qmp: %s: %s: %s", cmd, resp.Error.Class, resp.Error.Desc)
-		}
-		return resp.Return, nil
-	}
-}
-
 // newQEMUPeer prepares the peer for the guest Kiln boots at memMiB.
 func (r *snapRunner) newQEMUPeer(k *guestkernel.Kernel, memMiB int) (*qemuPeer, error) {
 	kernel := r.spec.Kernel
@@ -1116,53 +888,4 @@ func (r *snapRunner) peerRestore(ctx context.Context, p *qemuPeer) (exec, runnin
 	}
 	vm.stop()
 	return d, running, nil
-}
-
-// watchResume reports on out when the QEMU whose QMP socket is path
-// resumes the guest (the RESUME event after an incoming migration), timed
-// from start; it closes out without a value if it cannot tell. A guest
-// already running when QMP answers is reported then (an upper bound).
-func watchResume(ctx context.Context, path string, start time.Time, stopped <-chan struct{}, out chan<- time.Duration) {
-	defer close(out)
-	var q *qmpConn
-	for {
-		var err error
-		if q, err = dialQMP(ctx, path); err == nil {
-			break
-		}
-		select {
-		case <-stopped:
-			return
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	defer q.conn.Close()
-	b, err := q.do("query-status", nil)
-	if err != nil {
-		return
-	}
-	var st struct {
-		Running bool `json:"running"`
-	}
-	if json.Unmarshal(b, &st) == nil && st.Running {
-		out <- time.Since(start)
-		return
-	}
-	// Killing QEMU ends the read.
-	q.conn.SetDeadline(time.Time{})
-	for {
-		line, err := q.r.ReadBytes('\n')
-		if err != nil {
-			return
-		}
-		var ev struct {
-			Event string `json:"event"`
-		}
-		if json.Unmarshal(line, &ev) == nil && ev.Event == "RESUME" {
-			out <- time.Since(start)
-			return
-		}
-	}
 }
