@@ -3,7 +3,6 @@ package bench
 import (
 	"strings"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -115,7 +114,7 @@ func TestRangeUsageSharedMemfd(t *testing.T) {
 	}
 	usage := func(m []byte) MemUsage {
 		t.Helper()
-		u, err := RangeUsage(uintptr(unsafe.Pointer(unsafe.SliceData(m))), uint64(len(m)))
+		u, err := RangeUsage(sliceAddr(m), uint64(len(m)))
 		if err != nil {
 			t.Fatal(err)
 		}

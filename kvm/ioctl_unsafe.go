@@ -66,3 +66,11 @@ func ioctlPtrOnce(fd int, req uintptr, arg uintptr) error {
 
 // isEINTR reports whether err is EINTR.
 func isEINTR(err error) bool { return errors.Is(err, unix.EINTR) }
+
+// ioctlRef issues an ioctl whose argument is the address of *p (a struct
+// laid out like the kernel's, or the first element of a buffer), retrying
+// on EINTR. It is how the typed wrappers pass their arguments without
+// unsafe of their own.
+func ioctlRef[T any](fd int, req uintptr, p *T) (uintptr, error) {
+	return ioctlPtr(fd, req, unsafe.Pointer(p))
+}

@@ -1,7 +1,7 @@
 package kvm
 
 // ioctl request numbers, with the struct sizes of the x86-64 ABI spelled out so
-// that abi_test.go can check each against the Go struct it carries.
+// that abi_unsafe_test.go can check each against the Go struct it carries.
 var (
 	reqGetAPIVersion       = io(0x00)
 	reqCreateVM            = io(0x01)

@@ -3,7 +3,6 @@ package kvm
 import (
 	"fmt"
 	"os"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -70,7 +69,7 @@ const maxCPUIDEntries = 256
 // SupportedCPUID returns the CPUID leaves KVM can expose to a guest.
 func (s *System) SupportedCPUID() ([]CPUIDEntry, error) {
 	buf := &cpuid2{Nent: maxCPUIDEntries}
-	if _, err := ioctlPtr(s.fd, reqGetSupportedCPUID, unsafe.Pointer(buf)); err != nil {
+	if _, err := ioctlRef(s.fd, reqGetSupportedCPUID, buf); err != nil {
 		return nil, fmt.Errorf("KVM_GET_SUPPORTED_CPUID: %w", err)
 	}
 	if buf.Nent > maxCPUIDEntries {
@@ -84,7 +83,7 @@ func (s *System) MSRIndexList() ([]uint32, error) {
 	const max = 1024
 	buf := make([]uint32, 1+max)
 	buf[0] = max
-	if _, err := ioctlPtr(s.fd, reqGetMSRIndexList, unsafe.Pointer(&buf[0])); err != nil {
+	if _, err := ioctlRef(s.fd, reqGetMSRIndexList, &buf[0]); err != nil {
 		return nil, fmt.Errorf("KVM_GET_MSR_INDEX_LIST: %w", err)
 	}
 	n := buf[0]

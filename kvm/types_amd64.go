@@ -1,7 +1,7 @@
 package kvm
 
 // Structures below mirror <linux/kvm.h> and <asm/kvm.h> for x86-64 field by
-// field; abi_test.go checks their sizes and offsets against the kernel ABI.
+// field; abi_unsafe_test.go checks their sizes and offsets against the kernel ABI.
 
 // UserspaceMemoryRegion is struct kvm_userspace_memory_region.
 type UserspaceMemoryRegion struct {

@@ -2,7 +2,6 @@ package kvm
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,8 +30,9 @@ func (v *VCPU) Close() error {
 	return unix.Close(v.fd)
 }
 
-func (v *VCPU) get(req uintptr, p unsafe.Pointer, what string) error {
-	if _, err := ioctlPtr(v.fd, req, p); err != nil {
+// vcpuIoctl issues the vCPU ioctl req (named what in errors) on *p.
+func vcpuIoctl[T any](v *VCPU, req uintptr, p *T, what string) error {
+	if _, err := ioctlRef(v.fd, req, p); err != nil {
 		return fmt.Errorf("vCPU %d: %s: %w", v.id, what, err)
 	}
 	return nil
@@ -41,48 +41,47 @@ func (v *VCPU) get(req uintptr, p unsafe.Pointer, what string) error {
 // Regs returns the general-purpose registers.
 func (v *VCPU) Regs() (Regs, error) {
 	var r Regs
-	return r, v.get(reqGetRegs, unsafe.Pointer(&r), "KVM_GET_REGS")
+	return r, vcpuIoctl(v, reqGetRegs, &r, "KVM_GET_REGS")
 }
 
 // SetRegs sets the general-purpose registers.
-func (v *VCPU) SetRegs(r *Regs) error { return v.get(reqSetRegs, unsafe.Pointer(r), "KVM_SET_REGS") }
+func (v *VCPU) SetRegs(r *Regs) error { return vcpuIoctl(v, reqSetRegs, r, "KVM_SET_REGS") }
 
 // Sregs returns the segment and control registers.
 func (v *VCPU) Sregs() (Sregs, error) {
 	var s Sregs
-	return s, v.get(reqGetSregs, unsafe.Pointer(&s), "KVM_GET_SREGS")
+	return s, vcpuIoctl(v, reqGetSregs, &s, "KVM_GET_SREGS")
 }
 
 // SetSregs sets the segment and control registers.
 func (v *VCPU) SetSregs(s *Sregs) error {
-	return v.get(reqSetSregs, unsafe.Pointer(s), "KVM_SET_SREGS")
+	return vcpuIoctl(v, reqSetSregs, s, "KVM_SET_SREGS")
 }
 
 // FPU returns the x87/SSE state.
 func (v *VCPU) FPU() (FPU, error) {
 	var f FPU
-	return f, v.get(reqGetFPU, unsafe.Pointer(&f), "KVM_GET_FPU")
+	return f, vcpuIoctl(v, reqGetFPU, &f, "KVM_GET_FPU")
 }
 
 // SetFPU sets the x87/SSE state.
-func (v *VCPU) SetFPU(f *FPU) error { return v.get(reqSetFPU, unsafe.Pointer(f), "KVM_SET_FPU") }
+func (v *VCPU) SetFPU(f *FPU) error { return vcpuIoctl(v, reqSetFPU, f, "KVM_SET_FPU") }
 
 // XSave returns the XSAVE area. size is KVM_CHECK_EXTENSION(KVM_CAP_XSAVE2)
 // on the VM when it is larger than 4096 (AMX hosts), else 0 or 4096.
 func (v *VCPU) XSave(size int) ([]byte, error) {
 	if size <= 4096 {
 		var x XSave
-		if err := v.get(reqGetXSave, unsafe.Pointer(&x), "KVM_GET_XSAVE"); err != nil {
+		if err := vcpuIoctl(v, reqGetXSave, &x, "KVM_GET_XSAVE"); err != nil {
 			return nil, err
 		}
-		b := unsafe.Slice((*byte)(unsafe.Pointer(&x.Region[0])), 4096)
-		return append([]byte(nil), b...), nil
+		return append([]byte(nil), wordBytes(x.Region[:])...), nil
 	}
 	buf := make([]uint32, (size+3)/4)
-	if err := v.get(reqGetXSave2, unsafe.Pointer(&buf[0]), "KVM_GET_XSAVE2"); err != nil {
+	if err := vcpuIoctl(v, reqGetXSave2, &buf[0], "KVM_GET_XSAVE2"); err != nil {
 		return nil, err
 	}
-	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), size)...), nil
+	return append([]byte(nil), wordBytes(buf)[:size]...), nil
 }
 
 // SetXSave sets the XSAVE area from a buffer XSave returned (at least 4096 bytes).
@@ -91,18 +90,18 @@ func (v *VCPU) SetXSave(b []byte) error {
 		return fmt.Errorf("vCPU %d: KVM_SET_XSAVE: area of %d bytes, need at least 4096", v.id, len(b))
 	}
 	buf := make([]uint32, (len(b)+3)/4)
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(b)), b)
-	return v.get(reqSetXSave, unsafe.Pointer(&buf[0]), "KVM_SET_XSAVE")
+	copy(wordBytes(buf), b)
+	return vcpuIoctl(v, reqSetXSave, &buf[0], "KVM_SET_XSAVE")
 }
 
 // XCRs returns the extended control registers.
 func (v *VCPU) XCRs() (XCRs, error) {
 	var x XCRs
-	return x, v.get(reqGetXCRs, unsafe.Pointer(&x), "KVM_GET_XCRS")
+	return x, vcpuIoctl(v, reqGetXCRs, &x, "KVM_GET_XCRS")
 }
 
 // SetXCRs sets the extended control registers.
-func (v *VCPU) SetXCRs(x *XCRs) error { return v.get(reqSetXCRs, unsafe.Pointer(x), "KVM_SET_XCRS") }
+func (v *VCPU) SetXCRs(x *XCRs) error { return vcpuIoctl(v, reqSetXCRs, x, "KVM_SET_XCRS") }
 
 // MSRs reads the MSRs named by entries[i].Index into entries[i].Data.
 func (v *VCPU) MSRs(entries []MSREntry) error {
@@ -110,7 +109,7 @@ func (v *VCPU) MSRs(entries []MSREntry) error {
 		n := min(len(entries), maxMSRs)
 		m := &msrs{NMSRs: uint32(n)}
 		copy(m.Entries[:], entries[:n])
-		r, err := ioctlPtr(v.fd, reqGetMSRs, unsafe.Pointer(m))
+		r, err := ioctlRef(v.fd, reqGetMSRs, m)
 		if err != nil {
 			return fmt.Errorf("vCPU %d: KVM_GET_MSRS: %w", v.id, err)
 		}
@@ -129,7 +128,7 @@ func (v *VCPU) SetMSRs(entries []MSREntry) error {
 		n := min(len(entries), maxMSRs)
 		m := &msrs{NMSRs: uint32(n)}
 		copy(m.Entries[:], entries[:n])
-		r, err := ioctlPtr(v.fd, reqSetMSRs, unsafe.Pointer(m))
+		r, err := ioctlRef(v.fd, reqSetMSRs, m)
 		if err != nil {
 			return fmt.Errorf("vCPU %d: KVM_SET_MSRS: %w", v.id, err)
 		}
@@ -144,34 +143,34 @@ func (v *VCPU) SetMSRs(entries []MSREntry) error {
 // LAPIC returns the local APIC's register page.
 func (v *VCPU) LAPIC() (LAPICState, error) {
 	var l LAPICState
-	return l, v.get(reqGetLAPIC, unsafe.Pointer(&l), "KVM_GET_LAPIC")
+	return l, vcpuIoctl(v, reqGetLAPIC, &l, "KVM_GET_LAPIC")
 }
 
 // SetLAPIC sets the local APIC's register page.
 func (v *VCPU) SetLAPIC(l *LAPICState) error {
-	return v.get(reqSetLAPIC, unsafe.Pointer(l), "KVM_SET_LAPIC")
+	return vcpuIoctl(v, reqSetLAPIC, l, "KVM_SET_LAPIC")
 }
 
 // VCPUEvents returns pending exceptions, interrupts and NMIs.
 func (v *VCPU) VCPUEvents() (VCPUEvents, error) {
 	var e VCPUEvents
-	return e, v.get(reqGetVCPUEvents, unsafe.Pointer(&e), "KVM_GET_VCPU_EVENTS")
+	return e, vcpuIoctl(v, reqGetVCPUEvents, &e, "KVM_GET_VCPU_EVENTS")
 }
 
 // SetVCPUEvents sets pending exceptions, interrupts and NMIs.
 func (v *VCPU) SetVCPUEvents(e *VCPUEvents) error {
-	return v.get(reqSetVCPUEvents, unsafe.Pointer(e), "KVM_SET_VCPU_EVENTS")
+	return vcpuIoctl(v, reqSetVCPUEvents, e, "KVM_SET_VCPU_EVENTS")
 }
 
 // MPState returns the multiprocessing state.
 func (v *VCPU) MPState() (MPState, error) {
 	var s MPState
-	return s, v.get(reqGetMPState, unsafe.Pointer(&s), "KVM_GET_MP_STATE")
+	return s, vcpuIoctl(v, reqGetMPState, &s, "KVM_GET_MP_STATE")
 }
 
 // SetMPState sets the multiprocessing state.
 func (v *VCPU) SetMPState(s *MPState) error {
-	return v.get(reqSetMPState, unsafe.Pointer(s), "KVM_SET_MP_STATE")
+	return vcpuIoctl(v, reqSetMPState, s, "KVM_SET_MP_STATE")
 }
 
 // SetCPUID sets the CPUID leaves the guest sees.
@@ -181,13 +180,13 @@ func (v *VCPU) SetCPUID(entries []CPUIDEntry) error {
 	}
 	c := &cpuid2{Nent: uint32(len(entries))}
 	copy(c.Entries[:], entries)
-	return v.get(reqSetCPUID2, unsafe.Pointer(c), "KVM_SET_CPUID2")
+	return vcpuIoctl(v, reqSetCPUID2, c, "KVM_SET_CPUID2")
 }
 
 // CPUID returns the CPUID leaves set on the vCPU.
 func (v *VCPU) CPUID() ([]CPUIDEntry, error) {
 	c := &cpuid2{Nent: maxCPUIDEntries}
-	if err := v.get(reqGetCPUID2, unsafe.Pointer(c), "KVM_GET_CPUID2"); err != nil {
+	if err := vcpuIoctl(v, reqGetCPUID2, c, "KVM_GET_CPUID2"); err != nil {
 		return nil, err
 	}
 	return append([]CPUIDEntry(nil), c.Entries[:min(c.Nent, maxCPUIDEntries)]...), nil

@@ -2,7 +2,6 @@ package kvm
 
 import (
 	"fmt"
-	"unsafe"
 )
 
 // What a snapshot needs beyond the ioctls in vcpu.go and vm.go: the MSRs a
@@ -10,7 +9,7 @@ import (
 // a restore writes back.
 
 // ioctl request numbers for the debug registers (struct kvm_debugregs is
-// 128 bytes; abi_state_test.go checks both against <linux/kvm.h>).
+// 128 bytes; abi_state_unsafe_test.go checks both against <linux/kvm.h>).
 var (
 	reqGetDebugRegs = ior(0xa1, 128)
 	reqSetDebugRegs = iow(0xa2, 128)
@@ -57,7 +56,7 @@ func (v *VCPU) ReadMSRs(indices []uint32) ([]MSREntry, error) {
 func (v *VCPU) getMSRBatch(entries []MSREntry) (int, error) {
 	m := &msrs{NMSRs: uint32(len(entries))}
 	copy(m.Entries[:], entries)
-	r, err := ioctlPtr(v.fd, reqGetMSRs, unsafe.Pointer(m))
+	r, err := ioctlRef(v.fd, reqGetMSRs, m)
 	if err != nil {
 		return 0, fmt.Errorf("vCPU %d: KVM_GET_MSRS: %w", v.id, err)
 	}
@@ -94,10 +93,10 @@ func readMSRs(indices []uint32, get func([]MSREntry) (int, error)) ([]MSREntry, 
 // DebugRegs returns the debug registers.
 func (v *VCPU) DebugRegs() (DebugRegs, error) {
 	var d DebugRegs
-	return d, v.get(reqGetDebugRegs, unsafe.Pointer(&d), "KVM_GET_DEBUGREGS")
+	return d, vcpuIoctl(v, reqGetDebugRegs, &d, "KVM_GET_DEBUGREGS")
 }
 
 // SetDebugRegs sets the debug registers.
 func (v *VCPU) SetDebugRegs(d *DebugRegs) error {
-	return v.get(reqSetDebugRegs, unsafe.Pointer(d), "KVM_SET_DEBUGREGS")
+	return vcpuIoctl(v, reqSetDebugRegs, d, "KVM_SET_DEBUGREGS")
 }

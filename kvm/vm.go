@@ -2,7 +2,6 @@ package kvm
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,7 +29,7 @@ func (vm *VM) CheckExtension(capability int) int {
 
 // SetUserMemoryRegion maps host memory into the guest's physical address space.
 func (vm *VM) SetUserMemoryRegion(r *UserspaceMemoryRegion) error {
-	if _, err := ioctlPtr(vm.fd, reqSetUserMemoryRegion, unsafe.Pointer(r)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqSetUserMemoryRegion, r); err != nil {
 		return fmt.Errorf("KVM_SET_USER_MEMORY_REGION slot %d at %#x (+%#x): %w", r.Slot, r.GuestPhysAddr, r.MemorySize, err)
 	}
 	return nil
@@ -47,7 +46,7 @@ func (vm *VM) SetTSSAddr(addr uint64) error {
 // SetIdentityMapAddr places the one-page identity map (Intel VMX real mode).
 func (vm *VM) SetIdentityMapAddr(addr uint64) error {
 	a := addr
-	if _, err := ioctlPtr(vm.fd, reqSetIdentityMapAddr, unsafe.Pointer(&a)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqSetIdentityMapAddr, &a); err != nil {
 		return fmt.Errorf("KVM_SET_IDENTITY_MAP_ADDR %#x: %w", addr, err)
 	}
 	return nil
@@ -63,7 +62,7 @@ func (vm *VM) CreateIRQChip() error {
 
 // CreatePIT2 creates the in-kernel i8254 PIT.
 func (vm *VM) CreatePIT2(cfg *PITConfig) error {
-	if _, err := ioctlPtr(vm.fd, reqCreatePIT2, unsafe.Pointer(cfg)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqCreatePIT2, cfg); err != nil {
 		return fmt.Errorf("KVM_CREATE_PIT2: %w", err)
 	}
 	return nil
@@ -75,7 +74,7 @@ func (vm *VM) IRQLine(irq uint32, level bool) error {
 	if level {
 		l.Level = 1
 	}
-	if _, err := ioctlPtr(vm.fd, reqIRQLine, unsafe.Pointer(&l)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqIRQLine, &l); err != nil {
 		return fmt.Errorf("KVM_IRQ_LINE %d=%d: %w", irq, l.Level, err)
 	}
 	return nil
@@ -84,7 +83,7 @@ func (vm *VM) IRQLine(irq uint32, level bool) error {
 // IRQFD makes a write to the eventfd raise the given GSI (or removes that
 // binding when IRQFDFlagDeassign is set).
 func (vm *VM) IRQFD(f *IRQFD) error {
-	if _, err := ioctlPtr(vm.fd, reqIRQFD, unsafe.Pointer(f)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqIRQFD, f); err != nil {
 		return fmt.Errorf("KVM_IRQFD fd %d gsi %d: %w", f.FD, f.GSI, err)
 	}
 	return nil
@@ -93,7 +92,7 @@ func (vm *VM) IRQFD(f *IRQFD) error {
 // IOEventFD makes a guest write to an MMIO or PIO address signal an eventfd
 // without a userspace exit (or removes it with IOEventFDFlagDeassign).
 func (vm *VM) IOEventFD(f *IOEventFD) error {
-	if _, err := ioctlPtr(vm.fd, reqIOEventFD, unsafe.Pointer(f)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqIOEventFD, f); err != nil {
 		return fmt.Errorf("KVM_IOEVENTFD addr %#x len %d: %w", f.Addr, f.Len, err)
 	}
 	return nil
@@ -102,7 +101,7 @@ func (vm *VM) IOEventFD(f *IOEventFD) error {
 // Clock returns the guest's kvmclock.
 func (vm *VM) Clock() (ClockData, error) {
 	var c ClockData
-	if _, err := ioctlPtr(vm.fd, reqGetClock, unsafe.Pointer(&c)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqGetClock, &c); err != nil {
 		return c, fmt.Errorf("KVM_GET_CLOCK: %w", err)
 	}
 	return c, nil
@@ -110,7 +109,7 @@ func (vm *VM) Clock() (ClockData, error) {
 
 // SetClock sets the guest's kvmclock.
 func (vm *VM) SetClock(c *ClockData) error {
-	if _, err := ioctlPtr(vm.fd, reqSetClock, unsafe.Pointer(c)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqSetClock, c); err != nil {
 		return fmt.Errorf("KVM_SET_CLOCK: %w", err)
 	}
 	return nil
@@ -119,7 +118,7 @@ func (vm *VM) SetClock(c *ClockData) error {
 // IRQChip reads the state of one in-kernel interrupt controller (chip id set in c).
 func (vm *VM) IRQChip(chipID uint32) (IRQChip, error) {
 	c := IRQChip{ChipID: chipID}
-	if _, err := ioctlPtr(vm.fd, reqGetIRQChip, unsafe.Pointer(&c)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqGetIRQChip, &c); err != nil {
 		return c, fmt.Errorf("KVM_GET_IRQCHIP %d: %w", chipID, err)
 	}
 	return c, nil
@@ -127,7 +126,7 @@ func (vm *VM) IRQChip(chipID uint32) (IRQChip, error) {
 
 // SetIRQChip writes the state of one in-kernel interrupt controller.
 func (vm *VM) SetIRQChip(c *IRQChip) error {
-	if _, err := ioctlPtr(vm.fd, reqSetIRQChip, unsafe.Pointer(c)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqSetIRQChip, c); err != nil {
 		return fmt.Errorf("KVM_SET_IRQCHIP %d: %w", c.ChipID, err)
 	}
 	return nil
@@ -136,7 +135,7 @@ func (vm *VM) SetIRQChip(c *IRQChip) error {
 // PIT2 reads the in-kernel PIT's state.
 func (vm *VM) PIT2() (PITState2, error) {
 	var p PITState2
-	if _, err := ioctlPtr(vm.fd, reqGetPIT2, unsafe.Pointer(&p)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqGetPIT2, &p); err != nil {
 		return p, fmt.Errorf("KVM_GET_PIT2: %w", err)
 	}
 	return p, nil
@@ -144,7 +143,7 @@ func (vm *VM) PIT2() (PITState2, error) {
 
 // SetPIT2 writes the in-kernel PIT's state.
 func (vm *VM) SetPIT2(p *PITState2) error {
-	if _, err := ioctlPtr(vm.fd, reqSetPIT2, unsafe.Pointer(p)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqSetPIT2, p); err != nil {
 		return fmt.Errorf("KVM_SET_PIT2: %w", err)
 	}
 	return nil
@@ -152,7 +151,7 @@ func (vm *VM) SetPIT2(p *PITState2) error {
 
 // EnableCap enables a VM capability.
 func (vm *VM) EnableCap(c *EnableCap) error {
-	if _, err := ioctlPtr(vm.fd, reqEnableCap, unsafe.Pointer(c)); err != nil {
+	if _, err := ioctlRef(vm.fd, reqEnableCap, c); err != nil {
 		return fmt.Errorf("KVM_ENABLE_CAP %d: %w", c.Cap, err)
 	}
 	return nil
