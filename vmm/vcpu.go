@@ -1,6 +1,8 @@
 package vmm
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -51,6 +53,58 @@ func (c *vcpu) loop() {
 		if !c.handleExit(reason) {
 			return
 		}
+	}
+}
+
+// parkVCPUs asks every vCPU to park at its next exit, kicks them out of
+// the guest, and waits until all are parked, the VM stops or ctx ends:
+// the lifecycle's park hook (it holds the turn; on an error it calls
+// unparkVCPUs).
+func (v *VM) parkVCPUs(ctx context.Context) error {
+	v.mu.Lock()
+	if v.stopping {
+		v.mu.Unlock()
+		return errors.New("the VM stopped")
+	}
+	v.paused = true
+	v.kickAll()
+	v.mu.Unlock()
+
+	stopWait := context.AfterFunc(ctx, func() {
+		v.mu.Lock()
+		v.cond.Broadcast()
+		v.mu.Unlock()
+	})
+	defer stopWait()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for v.parked < len(v.vcpus) && !v.stopping {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%d of %d vCPUs parked: %w", v.parked, len(v.vcpus), context.Cause(ctx))
+		}
+		v.cond.Wait()
+	}
+	if v.stopping {
+		return errors.New("the VM stopped")
+	}
+	return nil
+}
+
+// unparkVCPUs lets parked vCPUs (and those on their way to park) run
+// again, and resumes the virtio transports a state save paused: the
+// lifecycle's unpark hook.
+func (v *VM) unparkVCPUs() {
+	v.mu.Lock()
+	v.paused = false
+	for _, c := range v.vcpus {
+		c.kv.SetImmediateExit(false)
+	}
+	v.cond.Broadcast()
+	devices := v.devicesPaused
+	v.devicesPaused = false
+	v.mu.Unlock()
+	if devices {
+		v.resumeDevices()
 	}
 }
 
