@@ -2,11 +2,14 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // event is one line of `go test -json` (cmd/test2json) output.
@@ -40,6 +43,41 @@ type tally struct {
 	failedPkgs   map[string]bool
 	problems     []string // failures that are not test results
 	seenPackages map[string]bool
+
+	// durations holds each counted top-level KVM test's elapsed time
+	// (test2json's Elapsed), for the slowest-tests report.
+	durations []testDuration
+	// wall is the suite's wall time; l1Wall that of its L1 phase (tcg),
+	// l1Time the sum of its L1 VMs' run times, and l1Parallel how many ran
+	// at once at most (0: none ran). summary reports them.
+	wall, l1Wall, l1Time time.Duration
+	l1Parallel           int
+}
+
+// testDuration is how long one test ran.
+type testDuration struct {
+	name    string // "pkg TestName"
+	elapsed time.Duration
+}
+
+// slowestShown is how many of the slowest KVM tests summary lists.
+const slowestShown = 5
+
+// slowest returns the n longest of ds, longest first (ties by name).
+func slowest(ds []testDuration, n int) []testDuration {
+	s := slices.Clone(ds)
+	slices.SortStableFunc(s, func(a, b testDuration) int {
+		if c := cmp.Compare(b.elapsed, a.elapsed); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.name, b.name)
+	})
+	return s[:min(n, len(s))]
+}
+
+// seconds converts test2json's Elapsed (seconds) to a duration.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
 }
 
 func newTally() *tally {
@@ -86,6 +124,7 @@ func (t *tally) add(ev event, outside bool) {
 	if !kvm || !topLevel(ev.Test) {
 		return
 	}
+	t.durations = append(t.durations, testDuration{name: name, elapsed: seconds(ev.Elapsed)})
 	switch ev.Action {
 	case "pass":
 		t.kvmPassed++
@@ -131,8 +170,30 @@ func (t *tally) reasons() []string {
 	return r
 }
 
-// summary writes the closing lines: the KVM line and the suite line, last.
+// timings writes the suite's wall time and its slowest KVM tests.
+func (t *tally) timings(w io.Writer) {
+	if t.wall > 0 {
+		l1 := ""
+		if t.l1Parallel > 0 {
+			l1 = fmt.Sprintf("; KVM tests in L1: %v for %v of L1 VMs, up to %d at once",
+				t.l1Wall.Round(100*time.Millisecond), t.l1Time.Round(100*time.Millisecond), t.l1Parallel)
+		}
+		fmt.Fprintf(w, "Suite wall time: %v%s\n", t.wall.Round(100*time.Millisecond), l1)
+	}
+	top := slowest(t.durations, slowestShown)
+	if len(top) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "Slowest KVM tests:\n")
+	for _, d := range top {
+		fmt.Fprintf(w, "  %9s  %s\n", d.elapsed.Round(100*time.Millisecond), d.name)
+	}
+}
+
+// summary writes the timings, the flaky tests, and the closing lines: the
+// KVM line and the suite line, last.
 func (t *tally) summary(w io.Writer, mode string) {
+	t.timings(w)
 	for _, r := range t.l1Retries {
 		fmt.Fprintf(w, "FLAKY: %s\n", r)
 	}
