@@ -82,6 +82,18 @@ type testPackage struct {
 	Dir          string
 	TestGoFiles  []string
 	XTestGoFiles []string
+	// kvmTests names the TestKVM... functions its test files declare.
+	kvmTests []string
+}
+
+// hasWarm reports whether p declares a warm KVM test (warmPrefix).
+func (p testPackage) hasWarm() bool {
+	for _, name := range p.kvmTests {
+		if strings.HasPrefix(name, warmPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // kvmPackages lists the packages matched by patterns that define at least
@@ -103,49 +115,51 @@ func kvmPackages(ctx context.Context, goBin string, patterns []string) ([]testPa
 			return nil, fmt.Errorf("decoding go list output: %w", err)
 		}
 		files := append(append([]string(nil), p.TestGoFiles...), p.XTestGoFiles...)
-		has, err := definesKVMTest(p.Dir, files)
+		names, err := kvmTestNames(p.Dir, files)
 		if err != nil {
 			return nil, err
 		}
-		if has {
+		if len(names) > 0 {
+			p.kvmTests = names
 			pkgs = append(pkgs, p)
 		}
 	}
 	return pkgs, nil
 }
 
-// definesKVMTest reports whether any of the files declares a top-level
-// func TestKVM...(t *testing.T).
-func definesKVMTest(dir string, files []string) (bool, error) {
+// kvmTestNames returns the top-level func TestKVM...(t *testing.T) the
+// files declare.
+func kvmTestNames(dir string, files []string) ([]string, error) {
 	fset := token.NewFileSet()
+	var names []string
 	for _, f := range files {
 		src, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
-			return false, err
+			return nil, err
 		}
-		has, err := sourceDefinesKVMTest(fset, f, src)
+		more, err := sourceKVMTests(fset, f, src)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
-		if has {
-			return true, nil
-		}
+		names = append(names, more...)
 	}
-	return false, nil
+	return names, nil
 }
 
-func sourceDefinesKVMTest(fset *token.FileSet, name string, src []byte) (bool, error) {
+// sourceKVMTests returns the top-level TestKVM... funcs src declares.
+func sourceKVMTests(fset *token.FileSet, name string, src []byte) ([]string, error) {
 	file, err := parser.ParseFile(fset, name, src, parser.SkipObjectResolution)
 	if err != nil {
-		return false, fmt.Errorf("parsing %s: %w", name, err)
+		return nil, fmt.Errorf("parsing %s: %w", name, err)
 	}
+	var names []string
 	for _, d := range file.Decls {
 		fn, ok := d.(*ast.FuncDecl)
 		if ok && fn.Recv == nil && kvmTest(fn.Name.Name) {
-			return true, nil
+			names = append(names, fn.Name.Name)
 		}
 	}
-	return false, nil
+	return names, nil
 }
 
 // buildTestBinary compiles pkg's test binary to out.
@@ -160,14 +174,15 @@ func buildTestBinary(ctx context.Context, goBin string, pkg, out string, stderr 
 }
 
 // test2json converts a test binary's -test.v=test2json output (the file at
-// path) to events with `go tool test2json`.
+// path) to events with `go tool test2json -t` (without -t it leaves out
+// the tests' Elapsed times).
 func test2json(ctx context.Context, goBin, pkg, path string, fn func(event)) error {
 	in, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	cmd := exec.CommandContext(ctx, goBin, "tool", "test2json", "-p", pkg)
+	cmd := exec.CommandContext(ctx, goBin, "tool", "test2json", "-t", "-p", pkg)
 	cmd.Stdin = in
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

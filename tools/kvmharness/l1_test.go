@@ -42,36 +42,52 @@ func TestChooseMode(t *testing.T) {
 	}
 }
 
-func TestSourceDefinesKVMTest(t *testing.T) {
+func TestSourceKVMTests(t *testing.T) {
 	tests := []struct {
 		src  string
-		want bool
+		want string
 	}{
-		{"package p\nimport \"testing\"\nfunc TestKVMBoot(t *testing.T) {}\n", true},
-		{"package p\nfunc TestBoot(t *testing.T) {}\nfunc helperKVM() {}\n", false},
-		{"package p\ntype s struct{}\nfunc (s) TestKVMx() {}\n", false},
-		{"package p\n// func TestKVMInComment\n", false},
+		{"package p\nimport \"testing\"\nfunc TestKVMBoot(t *testing.T) {}\nfunc TestKVMWarmSnap(t *testing.T) {}\n", "TestKVMBoot,TestKVMWarmSnap"},
+		{"package p\nfunc TestBoot(t *testing.T) {}\nfunc helperKVM() {}\n", ""},
+		{"package p\ntype s struct{}\nfunc (s) TestKVMx() {}\n", ""},
+		{"package p\n// func TestKVMInComment\n", ""},
 	}
 	for _, tt := range tests {
-		got, err := sourceDefinesKVMTest(token.NewFileSet(), "x_test.go", []byte(tt.src))
-		if err != nil || got != tt.want {
-			t.Errorf("sourceDefinesKVMTest(%q) = %v, %v; want %v", tt.src, got, err, tt.want)
+		got, err := sourceKVMTests(token.NewFileSet(), "x_test.go", []byte(tt.src))
+		if err != nil || strings.Join(got, ",") != tt.want {
+			t.Errorf("sourceKVMTests(%q) = %q, %v; want %q", tt.src, got, err, tt.want)
 		}
 	}
-	if _, err := sourceDefinesKVMTest(token.NewFileSet(), "bad_test.go", []byte("package")); err == nil {
+	if _, err := sourceKVMTests(token.NewFileSet(), "bad_test.go", []byte("package")); err == nil {
 		t.Error("no error for unparsable source")
 	}
 }
 
 func TestCopyConsole(t *testing.T) {
 	in := "\x1b[2J\x1bcboot\r\n\x16=== RUN   TestKVMX\r\n\x16=== NAME  \r\n--- PASS: TestKVMX (0.1s)\r\nno newline"
-	var out bytes.Buffer
-	copyConsole(&out, strings.NewReader(in))
-	want := "L1| boot\nL1| === RUN   TestKVMX\nL1| --- PASS: TestKVMX (0.1s)\nL1| no newline\n"
+	var out writeCounter
+	copyConsole(&out, strings.NewReader(in), "L1 TestKVMX| ")
+	want := "L1 TestKVMX| boot\nL1 TestKVMX| === RUN   TestKVMX\nL1 TestKVMX| --- PASS: TestKVMX (0.1s)\nL1 TestKVMX| no newline\n"
 	if out.String() != want {
 		t.Fatalf("console:\n%q\nwant:\n%q", out.String(), want)
 	}
+	if out.writes != 4 {
+		t.Errorf("%d writes for 4 lines: a line must be one write, or parallel consoles mix", out.writes)
+	}
 }
+
+// writeCounter is a buffer that counts its writes.
+type writeCounter struct {
+	buf    bytes.Buffer
+	writes int
+}
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes++
+	return w.buf.Write(p)
+}
+
+func (w *writeCounter) String() string { return w.buf.String() }
 
 func TestShQuote(t *testing.T) {
 	for _, s := range []string{"", "plain", "it's", "a b\tc", "$(rm -rf /)", `"\`, "new\nline", "'''"} {
@@ -202,11 +218,13 @@ func TestExecJobScript(t *testing.T) {
 }
 
 func TestL1InitScriptParses(t *testing.T) {
-	script := l1InitScript("/tmp/kiln job's", "/tmp/clone", []string{"irqbypass", "kvm", "kvm_amd"})
+	c := l1Config{job: "/tmp/kiln job's", unit: "/tmp/kiln job's/units/0-1", workdir: "/tmp/clone", shared: "/tmp/kiln-test-shared-1"}
+	script := l1InitScript(c, []string{"irqbypass", "kvm", "kvm_amd"})
 	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
 		t.Fatalf("sh -n: %v\n%s\n%s", err, out, script)
 	}
-	for _, want := range []string{"for m in irqbypass kvm kvm_amd;", `'/host/tmp/kiln job'\''s'`, "chroot /host /bin/sh '/tmp/kiln job'\\''s/run.sh'", "poweroff -f"} {
+	for _, want := range []string{"for m in irqbypass kvm kvm_amd;", `'/host/tmp/kiln job'\''s'`, "chroot /host /bin/sh '/tmp/kiln job'\\''s/units/0-1/run.sh'",
+		"cache=mmap shared '/host/tmp/kiln-test-shared-1'", "poweroff -f"} {
 		if !strings.Contains(script, want) {
 			t.Errorf("init script lacks %q:\n%s", want, script)
 		}
@@ -249,7 +267,7 @@ func TestBuildL1Initramfs(t *testing.T) {
 	}
 	k := &guestkernel.Kernel{Version: "test", ModulesDir: dir}
 	out := filepath.Join(t.TempDir(), "initrd")
-	if err := buildL1Initramfs(k, "/tmp/job", "", out); err != nil {
+	if err := buildL1Initramfs(l1Config{kernel: k, job: "/tmp/job"}, out); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(out)
@@ -314,18 +332,25 @@ func TestWorkdirShare(t *testing.T) {
 			t.Errorf("coveredByTmpfs(%q) = %v, want %v", tt.dir, got, tt.want)
 		}
 	}
-	script := l1InitScript("/tmp/job", "/tmp/clone", []string{"kvm"})
+	script := l1InitScript(l1Config{job: "/tmp/job", workdir: "/tmp/clone", shared: "/tmp/shared"}, []string{"kvm"})
 	tmpfs := strings.Index(script, "mount -t tmpfs")
 	work := strings.Index(script, "ro work '/host/tmp/clone'")
-	if tmpfs < 0 || work < tmpfs {
-		t.Errorf("the work folder is not mounted after the tmpfs mounts:\n%s", script)
+	shared := strings.Index(script, " shared '/host/tmp/shared'")
+	if tmpfs < 0 || work < tmpfs || shared < tmpfs {
+		t.Errorf("the work or shared folder is not mounted after the tmpfs mounts:\n%s", script)
 	}
-	if s := l1InitScript("/tmp/job", "", []string{"kvm"}); strings.Contains(s, " work ") {
-		t.Errorf("a work mount without a work folder:\n%s", s)
+	if !strings.Contains(script, "chroot /host /bin/sh '/tmp/job/run.sh'") {
+		t.Errorf("without a unit folder, L1 does not run the job folder's run.sh:\n%s", script)
 	}
-	args := strings.Join(qemuArgs(l1Config{kernel: &guestkernel.Kernel{Image: "/k"}, memMiB: 1, cpus: 1, job: "/tmp/j", workdir: "/tmp/clone"}, "/i"), " ")
+	if s := l1InitScript(l1Config{job: "/tmp/job"}, []string{"kvm"}); strings.Contains(s, " work ") || strings.Contains(s, " shared ") {
+		t.Errorf("a work or shared mount without a folder:\n%s", s)
+	}
+	args := strings.Join(qemuArgs(l1Config{kernel: &guestkernel.Kernel{Image: "/k"}, memMiB: 1, cpus: 1, job: "/tmp/j", workdir: "/tmp/clone", shared: "/tmp/s,1"}, "/i"), " ")
 	if !strings.Contains(args, "path=/tmp/clone,mount_tag=work,security_model=none,readonly=on") {
 		t.Errorf("no read-only work share in %s", args)
+	}
+	if !strings.Contains(args, "path=/tmp/s,,1,mount_tag=shared,security_model=none,multidevs=remap") {
+		t.Errorf("no read-write shared folder in %s", args)
 	}
 }
 

@@ -13,8 +13,12 @@
 // Test mode, direct: `go test -count=1 -json` with KILN_KVM_TESTS=require.
 // Test mode, tcg: `go test -json` with KILN_KVM_TESTS=outside (KVM tests
 // skip), then the test binaries of the packages that define TestKVM... tests
-// run their KVM tests in L1 with KILN_KVM_TESTS=require. Either way it
-// streams the tests' output, ends with
+// run their KVM tests in L1 with KILN_KVM_TESTS=require, each test in an L1
+// VM of its own, -parallel of them at once (see runUnits). The tests named
+// TestKVMWarm... run first, alone, in either mode, so that what they leave
+// in the shared folder (KILN_TEST_SHARED, kvmtest.Shared) is there for the
+// others. Either way it streams the tests' output, and ends with the
+// suite's wall time, its five slowest KVM tests and
 //
 //	KVM tests: N ran, N passed, N failed, N skipped (mode: direct|tcg)
 //	N passed, N failed, N skipped
@@ -33,8 +37,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,6 +64,8 @@ type options struct {
 	hangAfter time.Duration
 	memMiB    int
 	cpus      int
+	parallel  int    // L1 VMs at once; 0 until resolved: defaultParallel
+	shared    string // the shared folder; "" for a fresh one per run
 	qemu      string
 	keep      bool
 	exec      bool
@@ -92,6 +101,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.hangAfter, "l1-hang", 3*time.Minute, "kill L1 when its heartbeat has stopped this long, and rerun the unfinished test binaries in a fresh L1 (0: never)")
 	fs.IntVar(&o.memMiB, "mem", 4096, "L1 memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", defaultL1CPUs, "L1 vCPUs (see defaultL1CPUs)")
+	fs.IntVar(&o.parallel, "parallel", 0, "L1 VMs running KVM tests at once (0: this machine's CPUs divided by -cpus, as far as memory allows, at least 1)")
+	fs.StringVar(&o.shared, "shared", "", "the folder shared by every test and L1 of this run, as "+kvmtest.SharedEnvVar+" (kept; default: a fresh one, removed at the end unless -keep)")
 	fs.StringVar(&o.qemu, "qemu", "qemu-system-x86_64", "QEMU binary for the L1 VM")
 	fs.BoolVar(&o.keep, "keep", false, "keep the job folder (test binaries, L1 initramfs, outputs)")
 	fs.BoolVar(&o.exec, "exec", false, "run the command given after the flags where KVM works, instead of tests")
@@ -109,9 +120,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if o.memMiB < 256 || o.cpus < 1 || o.timeout <= 0 || o.l1Timeout <= 0 {
-		fmt.Fprintln(stderr, "kvmharness: -mem must be at least 256, -cpus at least 1, timeouts positive")
+	if o.memMiB < 256 || o.cpus < 1 || o.parallel < 0 || o.timeout <= 0 || o.l1Timeout <= 0 {
+		fmt.Fprintln(stderr, "kvmharness: -mem must be at least 256, -cpus at least 1, -parallel not negative, timeouts positive")
 		return 2
+	}
+	if o.parallel == 0 {
+		o.parallel = defaultParallel(runtime.NumCPU(), o.cpus, memAvailableMiB(), o.memMiB)
 	}
 	mode, err := chooseMode(o.mode, kvmtest.Usable)
 	if err != nil {
@@ -119,11 +133,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log.Info("kvmharness", "mode", mode)
+	if o.exec && fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "kvmharness: -exec needs a command after the flags")
+		return 2
+	}
+	shared, cleanup, err := makeShared(o.shared, o.keep, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
+		return 1
+	}
+	defer cleanup()
+	o.shared = shared
 	if o.exec {
-		if fs.NArg() == 0 {
-			fmt.Fprintln(stderr, "kvmharness: -exec needs a command after the flags")
-			return 2
-		}
 		return execCommand(ctx, o, mode, fs.Args(), stdout, stderr, log)
 	}
 	pkgs := fs.Args()
@@ -131,6 +152,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		pkgs = []string{"./..."}
 	}
 	return runTests(ctx, o, mode, pkgs, stdout, stderr, log)
+}
+
+// makeShared returns the absolute path of the shared folder (see
+// kvmtest.Shared), creating it: dir when given (kept), else a fresh one
+// that the returned cleanup removes unless keep.
+func makeShared(dir string, keep bool, log *slog.Logger) (string, func(), error) {
+	if dir != "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return "", nil, fmt.Errorf("the shared folder: %w", err)
+		}
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return "", nil, fmt.Errorf("creating the shared folder: %w", err)
+		}
+		return abs, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "kiln-test-shared-")
+	if err != nil {
+		return "", nil, fmt.Errorf("creating the shared folder: %w", err)
+	}
+	cleanup := func() {
+		if keep {
+			log.Info("kept the shared folder", "path", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}
+	return dir, cleanup, nil
 }
 
 func dropTime(_ []string, a slog.Attr) slog.Attr {
@@ -173,15 +222,12 @@ func runTests(ctx context.Context, o options, mode string, pkgs []string, stdout
 	if err != nil {
 		t.problem("%v", err)
 	} else if mode == modeDirect {
-		env := environ(kvmtest.EnvVar + "=" + kvmtest.ModeRequire)
-		args := append([]string{"-count=1", "-timeout", o.timeout.String()}, pkgs...)
-		if err := goTestJSON(ctx, goBin, env, args, stdout, t, false); err != nil && !t.failing() {
-			t.problem("%v", err)
-		}
+		runDirect(ctx, o, goBin, pkgs, stdout, t)
 	} else {
 		runTCG(ctx, o, goBin, pkgs, stdout, stderr, t, log)
 	}
-	log.Info("tests done", "elapsed", time.Since(start).Round(time.Millisecond))
+	t.wall = time.Since(start)
+	log.Info("tests done", "elapsed", t.wall.Round(time.Millisecond))
 	reasons := t.reasons()
 	for _, r := range reasons {
 		fmt.Fprintln(stdout, "FAIL: "+r)
@@ -193,9 +239,38 @@ func runTests(ctx context.Context, o options, mode string, pkgs []string, stdout
 	return 0
 }
 
+// runDirect runs the suite here, on this machine's KVM: the warm KVM tests
+// (warmPrefix) of the packages that have some first, on their own, then
+// the rest.
+func runDirect(ctx context.Context, o options, goBin string, pkgs []string, stdout io.Writer, t *tally) {
+	env := environ(kvmtest.EnvVar+"="+kvmtest.ModeRequire, kvmtest.SharedEnvVar+"="+o.shared)
+	args := []string{"-count=1", "-timeout", o.timeout.String()}
+	kpkgs, err := kvmPackages(ctx, goBin, pkgs)
+	if err != nil {
+		// The run below reports what is broken; it just has no warm phase.
+		t.problem("finding the warm KVM tests: %v", err)
+	}
+	var warm []string
+	for _, p := range kpkgs {
+		if p.hasWarm() {
+			warm = append(warm, p.ImportPath)
+		}
+	}
+	if len(warm) > 0 {
+		wargs := append(append(slices.Clone(args), "-run", "^"+warmPrefix), warm...)
+		if err := goTestJSON(ctx, goBin, env, wargs, stdout, t, false); err != nil && !t.failing() {
+			t.problem("%v", err)
+		}
+		args = append(args, "-skip", "^"+warmPrefix)
+	}
+	if err := goTestJSON(ctx, goBin, env, append(args, pkgs...), stdout, t, false); err != nil && !t.failing() {
+		t.problem("%v", err)
+	}
+}
+
 // runTCG runs the plain suite here and the KVM tests in L1.
 func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout, stderr io.Writer, t *tally, log *slog.Logger) {
-	env := environ(kvmtest.EnvVar + "=" + kvmtest.ModeOutside)
+	env := environ(kvmtest.EnvVar+"="+kvmtest.ModeOutside, kvmtest.SharedEnvVar+"="+o.shared)
 	args := append([]string{"-timeout", o.timeout.String()}, pkgs...)
 	if err := goTestJSON(ctx, goBin, env, args, stdout, t, true); err != nil && !t.failing() {
 		t.problem("%v", err)
@@ -245,10 +320,12 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 			continue
 		}
 		for j, name := range names {
+			id := fmt.Sprintf("%d-%d", i, j)
 			units = append(units, testBinary{
 				pkg: p, path: path, test: name,
-				out: filepath.Join(job, "out", fmt.Sprintf("%d-%d.out", i, j)),
-				rc:  filepath.Join(job, "out", fmt.Sprintf("%d-%d.rc", i, j)),
+				out: filepath.Join(job, "out", id+".out"),
+				rc:  filepath.Join(job, "out", id+".rc"),
+				dir: filepath.Join(job, "units", id),
 			})
 		}
 	}
@@ -259,49 +336,116 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 		t.problem("%v", err)
 		return
 	}
-	l1env := l1Env(cache, kvmtest.EnvVar+"="+kvmtest.ModeRequire)
-	for i, u := range units {
-		if ctx.Err() != nil {
-			break
+	env = l1Env(cache, kvmtest.EnvVar+"="+kvmtest.ModeRequire, kvmtest.SharedEnvVar+"="+o.shared)
+	l1 := l1Config{
+		qemu: o.qemu, kernel: k, memMiB: o.memMiB, timeout: o.l1Timeout, job: job, shared: o.shared,
+		workdir: workdirForL1(), console: &lockedWriter{w: stdout}, log: log, hangAfter: o.hangAfter,
+	}
+	kvmStart := time.Now()
+	results := runUnits(ctx, o, l1, env, units, log)
+	t.l1Wall, t.l1Parallel = time.Since(kvmStart), min(o.parallel, len(units))
+	for _, r := range results {
+		t.l1Time += r.l1Time
+		t.l1Retries = append(t.l1Retries, r.retries...)
+		if r.err != nil {
+			t.problem("%s: %v", r.u.name(), r.err)
 		}
-		units[i] = runUnitInL1(ctx, o, k, job, l1env, u, stdout, t, log)
 	}
-	for _, u := range units {
-		collectL1Results(ctx, goBin, u, t)
+	for _, r := range results {
+		collectL1Results(ctx, goBin, r.u, t)
 	}
+}
+
+// runUnits runs the units in L1 VMs, o.parallel at a time (a unit whose L1
+// needs more vCPUs than -cpus takes more than one place: unitSlots): the
+// warm tests first, then the others once they have all finished. l1 is
+// every L1's configuration but for what runUnitInL1 sets. It returns one
+// result per unit, in the units' order.
+func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units []testBinary, log *slog.Logger) []unitResult {
+	results := make([]unitResult, len(units))
+	for i, u := range units {
+		results[i].u = u
+	}
+	names := make([]string, len(units))
+	for i, u := range units {
+		names[i] = u.test
+	}
+	weight := func(i int) int { return unitSlots(unitCPUs(o.cpus, units[i].test), o.cpus, o.parallel) }
+	for n, phase := range phases(names) {
+		log.Info("running KVM tests in L1", "phase", n+1, "tests", len(phase), "at_once", min(o.parallel, len(phase)))
+		runPool(ctx, phase, o.parallel, weight, func(i int) {
+			results[i] = runUnitInL1(ctx, o, l1, env, units[i], log)
+		})
+	}
+	return results
+}
+
+// unitCPUs is the vCPUs of the L1 that runs test: -cpus, or more for a
+// test that needs them (smpL1CPUs).
+func unitCPUs(cpus int, test string) int { return max(cpus, smpL1CPUs(test)) }
+
+// unitResult is what running one unit in L1 came to.
+type unitResult struct {
+	u       testBinary    // the unit, with the output paths of its last run
+	retries []string      // why an L1 of it was replaced by a fresh one
+	err     error         // why it did not finish in L1, if it did not
+	l1Time  time.Duration // how long its L1 VMs ran, boots included
+}
+
+// lockedWriter serializes the writes of L1 VMs running at once, so that
+// each console line (one Write) stays whole.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // runUnitInL1 runs u in a fresh L1 VM, and once more in another when that
 // L1 hangs or dies before u finishes (L1's kernel occasionally does under
-// TCG's nested SVM). It returns u with the output paths of its last run.
-func runUnitInL1(ctx context.Context, o options, k *guestkernel.Kernel, job string, l1env []string, u testBinary, stdout io.Writer, t *tally, log *slog.Logger) testBinary {
+// TCG's nested SVM). Its L1 has u.dir for its own files (run.sh, done,
+// heartbeat, initramfs) and prefixes its console lines with u's test name.
+func runUnitInL1(ctx context.Context, o options, l1 l1Config, env []string, u testBinary, log *slog.Logger) unitResult {
+	r := unitResult{u: u}
+	log = log.With("test", u.test)
+	l1.unit, l1.cpus, l1.log = u.dir, unitCPUs(o.cpus, u.test), log
+	l1.prefix = "L1 " + u.test + "| "
+	if err := os.MkdirAll(u.dir, 0o755); err != nil {
+		r.err = fmt.Errorf("creating its L1 folder: %w", err)
+		return r
+	}
 	for attempt := 1; attempt <= l1Attempts; attempt++ {
 		if attempt > 1 {
-			u = u.attempt(attempt)
+			r.u = r.u.attempt(attempt)
 		}
-		os.Remove(filepath.Join(job, "done"))
-		os.Remove(filepath.Join(job, heartbeatFile))
-		if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(testJobScript(job, l1env, []testBinary{u}, o.timeout)), 0o755); err != nil {
-			t.problem("%v", err)
-			return u
+		os.Remove(filepath.Join(u.dir, "done"))
+		os.Remove(filepath.Join(u.dir, heartbeatFile))
+		script := testJobScript(u.dir, env, []testBinary{r.u}, o.timeout)
+		if err := os.WriteFile(filepath.Join(u.dir, "run.sh"), []byte(script), 0o755); err != nil {
+			r.err = fmt.Errorf("writing its job script: %w", err)
+			return r
 		}
-		l1err := runL1(ctx, l1Config{
-			qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: max(o.cpus, smpL1CPUs(u.test)), timeout: o.l1Timeout,
-			job: job, workdir: workdirForL1(), console: stdout, log: log, hangAfter: o.hangAfter,
-		})
+		start := time.Now()
+		l1err := runL1(ctx, l1)
+		r.l1Time += time.Since(start)
 		if l1err == nil {
-			return u
+			r.err = nil
+			return r
 		}
-		_, statErr := os.Stat(u.rc)
+		_, statErr := os.Stat(r.u.rc)
 		if statErr != nil && attempt < l1Attempts && ctx.Err() == nil {
-			t.l1Retries = append(t.l1Retries, fmt.Sprintf("%v; reran %s in a fresh L1", l1err, u.name()))
-			log.Warn("L1 failed; running the test again in a fresh L1", "err", l1err, "test", u.name())
+			r.retries = append(r.retries, fmt.Sprintf("%v; reran %s in a fresh L1", l1err, u.name()))
+			log.Warn("L1 failed; running the test again in a fresh L1", "err", l1err)
 			continue
 		}
-		t.problem("%s: %v", u.name(), l1err)
-		return u
+		r.err = l1err
+		return r
 	}
-	return u
+	return r
 }
 
 // smpL1CPUs returns the L1 vCPUs a KVM test that boots Linux on several
@@ -434,6 +578,7 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 		ctx, cancel := context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Env = environ(kvmtest.SharedEnvVar + "=" + o.shared)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 		cmd.WaitDelay = 5 * time.Second
 		start := time.Now()
@@ -473,7 +618,7 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 		return 1
 	}
 	defer cleanup()
-	script := execJobScript(job, wd, l1Env(cache), argv)
+	script := execJobScript(job, wd, l1Env(cache, kvmtest.SharedEnvVar+"="+o.shared), argv)
 	if err := os.WriteFile(filepath.Join(job, "run.sh"), []byte(script), 0o755); err != nil {
 		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
 		return 1
@@ -481,7 +626,7 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 	start := time.Now()
 	err = runL1(ctx, l1Config{
 		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
-		job: job, workdir: workdirForL1(), console: stdout, log: log,
+		job: job, shared: o.shared, workdir: workdirForL1(), console: stdout, log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
