@@ -41,14 +41,12 @@ func parseBlkRead(console string) (time.Duration, error) {
 // BlkReadKiln boots s on Kiln with image as a read-only virtio-blk disk and
 // returns the guest-measured time to read it all.
 func BlkReadKiln(ctx context.Context, s BootSpec, image string) (time.Duration, error) {
-	b, err := virtio.NewBlock(virtio.BlockConfig{Path: image, ReadOnly: true})
-	if err != nil {
-		return 0, err
-	}
-	defer b.Close()
+	disk := virtio.DeviceSpec{ID: "disk", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: image, ReadOnly: true}}
 	w := newMarkerWriter()
-	vm, err := vmm.New(vmm.Config{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline,
-		CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Console: w, Devices: []virtio.Device{b}})
+	vm, err := vmm.New(vmm.Config{
+		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{disk}},
+		Console: w,
+	})
 	if err != nil {
 		return 0, err
 	}

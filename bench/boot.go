@@ -72,8 +72,10 @@ func (m *markerWriter) tail() string {
 func BootKiln(ctx context.Context, s BootSpec) (time.Duration, error) {
 	w := newMarkerWriter()
 	start := time.Now()
-	vm, err := vmm.New(vmm.Config{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline,
-		CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Console: w})
+	vm, err := vmm.New(vmm.Config{
+		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB},
+		Console: w,
+	})
 	if err != nil {
 		return 0, err
 	}

@@ -2,12 +2,14 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/procfs"
 
@@ -49,14 +51,21 @@ func MiB(b uint64) float64 { return float64(b) / (1 << 20) }
 // RangeUsage sums /proc/self/smaps over the mappings in [start,
 // start+size), which must cover them whole.
 func RangeUsage(start uintptr, size uint64) (MemUsage, error) {
-	f, err := os.Open("/proc/self/smaps")
+	return PIDRangeUsage(os.Getpid(), start, size)
+}
+
+// PIDRangeUsage sums /proc/PID/smaps over the mappings in [start,
+// start+size) of process pid, which must cover them whole.
+func PIDRangeUsage(pid int, start uintptr, size uint64) (MemUsage, error) {
+	p := fmt.Sprintf("/proc/%d/smaps", pid)
+	f, err := os.Open(p)
 	if err != nil {
 		return MemUsage{}, fmt.Errorf("bench: %w", err)
 	}
 	defer f.Close()
 	u, err := parseSmapsRange(f, uint64(start), uint64(start)+size)
 	if err != nil {
-		return u, fmt.Errorf("bench: /proc/self/smaps: %w", err)
+		return u, fmt.Errorf("bench: %s: %w", p, err)
 	}
 	return u, nil
 }
@@ -147,13 +156,38 @@ func smapsHeader(line string) (lo, hi uint64, ok bool) {
 	return lo, hi, true
 }
 
-// GuestUsage is the memory behind sb's guest RAM mapping.
+// GuestUsage is the memory behind sb's guest RAM mapping, in this process
+// or in the sandbox's VMM process.
 func GuestUsage(sb *sandbox.Sandbox) (MemUsage, error) {
-	mem := sb.VM().Memory()
-	if mem == nil || len(mem.Regions()) == 0 {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pid, ranges, err := sb.GuestMemory(ctx)
+	if err != nil {
+		return MemUsage{}, fmt.Errorf("bench: %w", err)
+	}
+	if len(ranges) == 0 {
 		return MemUsage{}, errors.New("bench: the sandbox has no guest memory")
 	}
-	return RangeUsage(mem.HostAddr(0), mem.Size())
+	// Regions that follow each other in the address space may be one
+	// mapping: measure them as one range.
+	merged := ranges[:1]
+	for _, r := range ranges[1:] {
+		last := &merged[len(merged)-1]
+		if last.Addr+uintptr(last.Size) == r.Addr {
+			last.Size += r.Size
+			continue
+		}
+		merged = append(merged, r)
+	}
+	var u MemUsage
+	for _, r := range merged {
+		ru, err := PIDRangeUsage(pid, r.Addr, r.Size)
+		if err != nil {
+			return u, err
+		}
+		u = u.Add(ru)
+	}
+	return u, nil
 }
 
 // ProcessUsage is this process's smaps_rollup (procfs): every VM in it,

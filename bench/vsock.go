@@ -310,15 +310,14 @@ func measureVsock(ctx context.Context, start time.Time, dial func(context.Contex
 // stops the VM. s.Initrd must run VsockEchoScript with /vsockecho.
 func VsockKiln(ctx context.Context, s BootSpec, dir string) (VsockResult, error) {
 	path := filepath.Join(dir, "vsock.sock")
-	dev, err := virtio.NewVsock(virtio.VsockConfig{CID: VsockGuestCID, Path: path}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		return VsockResult{}, err
-	}
-	defer dev.Close()
+	dev := virtio.DeviceSpec{ID: "vsock", Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: VsockGuestCID, Path: path}}
 	w := newMarkerWriter()
 	start := time.Now()
-	vm, err := vmm.New(vmm.Config{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline,
-		CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Console: w, Devices: []virtio.Device{dev}})
+	vm, err := vmm.New(vmm.Config{
+		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{dev}},
+		Logger:  slog.New(slog.DiscardHandler),
+		Console: w,
+	})
 	if err != nil {
 		return VsockResult{}, err
 	}

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
 
 	"github.com/kilnvm/kiln/virtio"
-	"github.com/kilnvm/kiln/vmm"
 )
 
 // Fork makes n children of the running sandbox, each continuing from this
@@ -17,26 +15,29 @@ import (
 // memory (vmm.VM.Fork); the sandbox itself runs on. Each child has its own
 // vsock socket, fresh entropy, the host's time and the host name
 // "<name>-<i>", and is returned once its agent answers. A child can be
-// forked in turn. A sandbox with a writable root disk cannot be forked (the
-// children would write one image); a read-only one is shared. A sandbox
-// with a network card needs opts.Net: each child gets a tap and a MAC
-// address of its own.
+// forked in turn. Read-only disks are shared; a writable disk (the root or
+// a data disk) needs an image per child, from opts.Disks. A sandbox with a
+// network card needs opts.Net: each child gets a tap and a MAC address of
+// its own.
 func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandbox, err error) {
-	if s.extraDevices {
-		return nil, errors.New("sandbox: fork: a sandbox with extra devices cannot be forked")
-	}
+	s.life.Lock()
+	defer s.life.Unlock()
 	if n < 1 {
 		return nil, fmt.Errorf("sandbox: fork: %d children: want at least 1", n)
 	}
-	if err := checkNewNIC("fork: the sandbox", s.nic != nil, opts.Net != nil, "ForkOptions.Net"); err != nil {
+	specs := s.m.devices()
+	oldMAC := specMAC(specs)
+	if err := checkNewNIC("fork: the sandbox", oldMAC != "", opts.Net != nil, "ForkOptions.Net"); err != nil {
 		return nil, err
 	}
-	var oldMAC string
-	if s.nic != nil {
-		oldMAC = s.nic.MAC().String()
+	var writable []string
+	for _, d := range specs {
+		if d.Kind == virtio.KindBlock && !d.Block.ReadOnly {
+			writable = append(writable, d.ID)
+		}
 	}
-	if s.disk != nil && !s.diskReadOnly {
-		return nil, errors.New("sandbox: fork: the root disk is writable; fork needs a read-only one")
+	if len(writable) > 0 && opts.Disks == nil {
+		return nil, fmt.Errorf("sandbox: fork: disk %q is writable and the children cannot share it: ForkOptions.Disks must give each child an image of its own (or make the disk read-only)", writable[0])
 	}
 	start := time.Now()
 	children := make([]*Sandbox, n)
@@ -49,31 +50,44 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			}
 		}
 	}()
+	nics := make([]*virtio.NetSpec, n)
 	for i := range children {
 		c, err := newSandbox(s.log.With("fork", i), "", s.hostname, start)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: fork: %w", err)
 		}
-		// A read-only disk is shared; each child opens it itself.
-		c.diskPath, c.diskReadOnly = s.diskPath, s.diskReadOnly
 		children[i] = c
 		if opts.Net != nil {
-			if c.netCfg = opts.Net(i); c.netCfg == nil {
+			if nics[i] = opts.Net(i); nics[i] == nil {
 				return nil, fmt.Errorf("sandbox: fork: ForkOptions.Net gave child %d no network card", i)
 			}
 		}
 	}
-	devices := func(i int) ([]virtio.Device, error) { return children[i].openDevices(nil) }
-	vms, err := s.vm.Fork(ctx, n, vmm.ForkConfig{
-		Devices: devices,
-		Console: func(i int) io.Writer { return children[i].console },
-		Logger:  s.log,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	// Called while the parent is paused: ForkOptions.Disks may copy a
+	// writable image as it is at this instant.
+	devices := func(i int) ([]virtio.DeviceSpec, error) {
+		disks := map[string]string{}
+		for _, id := range writable {
+			p, err := opts.Disks(i, id)
+			if err != nil {
+				return nil, fmt.Errorf("ForkOptions.Disks for disk %q: %w", id, err)
+			}
+			if p == "" {
+				return nil, fmt.Errorf("ForkOptions.Disks gave no image for disk %q", id)
+			}
+			disks[id] = p
+		}
+		return children[i].overrides(specs, nics[i], func(id string) (string, bool) {
+			p, ok := disks[id]
+			return p, ok
+		})
 	}
-	for i, vm := range vms {
-		children[i].vm = vm
+	machines, err := forkMachines(ctx, s.m, children, devices, s.log)
+	if err != nil {
+		return nil, err
+	}
+	for i, m := range machines {
+		children[i].m = m
 		children[i].run()
 	}
 	errs := make([]error, n)
@@ -98,9 +112,15 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 // Fork gives every child.
 type ForkOptions struct {
 	// Net returns child i's network card (a tap of its own, and a MAC
-	// address: a new random one when nil); required when the sandbox has
-	// a network card.
-	Net func(i int) *virtio.NetConfig
+	// address: a new random one when empty); required when the sandbox
+	// has a network card.
+	Net func(i int) *virtio.NetSpec
+	// Disks returns the image child i uses for the sandbox's writable
+	// disk id (RootDevice, or an ID of Options.Devices); required when
+	// the sandbox has one. It is called while the parent is paused, so it
+	// may copy the parent's image as it is at that instant (cp
+	// --reflink); the image must have the parent's disk's size.
+	Disks func(i int, id string) (string, error)
 }
 
 // forkReadyTimeout is how long Fork waits for each of n children's agents:

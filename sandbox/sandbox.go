@@ -63,42 +63,54 @@ type Options struct {
 	// BootTimeout bounds Start's wait for the agent; 0 means 5 minutes
 	// (emulated KVM boots take a minute).
 	BootTimeout time.Duration
-	// Net, when set, gives the guest a network card (virtio-net) on a host
-	// tap, which is created when it does not exist. Unlike Devices, it
-	// survives Save, Restore and Fork: each restored or forked sandbox
-	// gets a tap and a MAC address of its own (RestoreOptions.Net,
-	// ForkOptions.Net).
-	Net *virtio.NetConfig
-	// Devices are further virtio devices (more disks, say), after the
-	// root disk and network card; Close does not close them. A sandbox
-	// with extra devices cannot be saved or forked.
-	Devices []virtio.Device
+	// Net, when set, gives the guest a network card (virtio-net, device
+	// ID NetDevice) on a host tap, which is created when it does not
+	// exist; a random MAC address when the spec has none. Each restored
+	// or forked sandbox gets a tap and a MAC address of its own
+	// (RestoreOptions.Net, ForkOptions.Net).
+	Net *virtio.NetSpec
+	// Devices are further virtio devices (data disks, say), after the
+	// root disk and network card, each with an ID of its own (not one of
+	// the IDs the sandbox uses: RootDevice, NetDevice, VsockDevice,
+	// RNGDevice). They are saved, restored and forked with the sandbox:
+	// a writable disk needs a path per child to fork
+	// (ForkOptions.Disks).
+	Devices []virtio.DeviceSpec
+	// Process, when set, runs the VM in a VMM process of its own; nil
+	// runs it in this process.
+	Process *ProcessOptions
 	Logger  *slog.Logger
 }
 
-// Sandbox is a running VM with a connected agent.
-type Sandbox struct {
-	vm     *vmm.VM
-	client *client.Client
-	vsock  *virtio.Vsock
-	disk   *virtio.Block
-	nic    *virtio.Net
-	netCfg *virtio.NetConfig // the card to open, nil for none
-	// What Save records to rebuild the sandbox.
-	diskPath     string
-	diskReadOnly bool
-	hostname     string
-	extraDevices bool
-	dir          string
-	tempDir      bool
-	console      *tail
-	log          *slog.Logger
-	started      time.Time
+// The IDs of the devices every sandbox may have.
+const (
+	RootDevice  = "root"  // the root disk (Options.Disk)
+	NetDevice   = "net0"  // the network card (Options.Net)
+	VsockDevice = "vsock" // the agent's vsock device
+	RNGDevice   = "rng"   // the entropy device
+)
 
-	cancel context.CancelFunc
-	done   chan struct{} // closed when Run returns
-	exit   vmm.Exit
-	runErr error
+// Sandbox is a running VM with a connected agent.
+//
+// A Sandbox is safe for concurrent use: execs through its Client run
+// side by side, while Save, Fork and Close run one at a time.
+type Sandbox struct {
+	m        machine
+	client   *client.Client
+	hostname string
+	dir      string
+	tempDir  bool
+	console  *tail
+	log      *slog.Logger
+	started  time.Time
+
+	// life serialises Save, Fork and Close.
+	life sync.Mutex
+
+	running bool          // run was called: done closes when the VM stops
+	done    chan struct{} // closed when Run returns
+	exit    vmm.Exit
+	runErr  error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -129,15 +141,12 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			s.Close(context.Background())
 		}
 	}()
-	s.diskPath, s.diskReadOnly = opts.Disk, opts.DiskReadOnly
-	s.extraDevices = len(opts.Devices) > 0
-	s.netCfg = opts.Net
-	if cfg.Devices, err = s.openDevices(opts.Devices); err != nil {
+	if cfg.Devices, err = s.deviceSpecs(opts); err != nil {
 		return nil, err
 	}
 	cfg.Console = s.consoleWriter(opts.Console)
-	if s.vm, err = vmm.New(cfg); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	if s.m, err = s.startMachine(ctx, cfg, opts.Process); err != nil {
+		return nil, err
 	}
 	s.run()
 	if err = s.connect(ctx, opts.BootTimeout); err != nil {
@@ -160,37 +169,58 @@ func newSandbox(log *slog.Logger, dir, hostname string, started time.Time) (*San
 	return s, nil
 }
 
-// openDevices opens the sandbox's devices in the order every sandbox has
-// them (a snapshot's restore depends on it): the root disk when diskPath is
-// set, the network card when netCfg is, extra, the vsock device on the
-// sandbox's socket, an entropy device.
-func (s *Sandbox) openDevices(extra []virtio.Device) ([]virtio.Device, error) {
-	var devs []virtio.Device
-	if s.diskPath != "" {
-		var err error
-		s.disk, err = virtio.NewBlock(virtio.BlockConfig{Path: s.diskPath, ReadOnly: s.diskReadOnly, ID: "root", Logger: s.log})
+// deviceSpecs returns the devices of a new sandbox, in the order every
+// sandbox has them: the root disk when opts.Disk is set, the network card
+// when opts.Net is, opts.Devices, the vsock device on the sandbox's
+// socket, an entropy device.
+func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
+	var devs []virtio.DeviceSpec
+	if opts.Disk != "" {
+		devs = append(devs, virtio.DeviceSpec{ID: RootDevice, Kind: virtio.KindBlock,
+			Block: &virtio.BlockSpec{Path: opts.Disk, ReadOnly: opts.DiskReadOnly}})
+	}
+	if opts.Net != nil {
+		nic, err := netSpec(opts.Net)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox: root disk: %w", err)
+			return nil, err
 		}
-		devs = append(devs, s.disk)
+		devs = append(devs, nic)
 	}
-	if s.netCfg != nil {
-		cfg := *s.netCfg
-		if cfg.Logger == nil {
-			cfg.Logger = s.log
+	for _, d := range opts.Devices {
+		switch d.ID {
+		case RootDevice, NetDevice, VsockDevice, RNGDevice:
+			return nil, fmt.Errorf("sandbox: device ID %q is the sandbox's own; give the device another", d.ID)
 		}
-		var err error
-		if s.nic, err = virtio.NewNet(cfg); err != nil {
-			return nil, fmt.Errorf("sandbox: network card: %w", err)
+		if err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		devs = append(devs, s.nic)
+		devs = append(devs, d)
 	}
-	devs = append(devs, extra...)
-	var err error
-	if s.vsock, err = virtio.NewVsock(virtio.VsockConfig{CID: GuestCID, Path: s.VsockPath()}, s.log); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	return append(devs, s.vsockSpec(), virtio.DeviceSpec{ID: RNGDevice, Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}), nil
+}
+
+// vsockSpec is the sandbox's vsock device, on its socket.
+func (s *Sandbox) vsockSpec() virtio.DeviceSpec {
+	return virtio.DeviceSpec{ID: VsockDevice, Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: GuestCID, Path: s.VsockPath()}}
+}
+
+// netSpec is the spec of the network card n describes, with a random MAC
+// address when it has none: the address is then known before the card
+// opens, and a snapshot records it.
+func netSpec(n *virtio.NetSpec) (virtio.DeviceSpec, error) {
+	nic := *n
+	if nic.MAC == "" {
+		mac, err := virtio.RandomMAC()
+		if err != nil {
+			return virtio.DeviceSpec{}, fmt.Errorf("sandbox: %w", err)
+		}
+		nic.MAC = mac.String()
 	}
-	return append(devs, s.vsock, virtio.NewRNG()), nil
+	spec := virtio.DeviceSpec{ID: NetDevice, Kind: virtio.KindNet, Net: &nic}
+	if err := spec.Validate(); err != nil {
+		return spec, fmt.Errorf("sandbox: network card: %w", err)
+	}
+	return spec, nil
 }
 
 // consoleWriter is where the VM's console goes: the sandbox's tail, and w
@@ -204,11 +234,10 @@ func (s *Sandbox) consoleWriter(w io.Writer) io.Writer {
 
 // run runs the VM in the background until Close or the guest stops.
 func (s *Sandbox) run() {
-	runCtx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
+	s.running = true
 	go func() {
 		defer close(s.done)
-		s.exit, s.runErr = s.vm.Run(runCtx)
+		s.exit, s.runErr = s.m.run()
 		s.log.Debug("sandbox VM stopped", "exit", s.exit.String())
 	}()
 }
@@ -266,7 +295,27 @@ func (s *Sandbox) consoleTail() string {
 func (s *Sandbox) Client() *client.Client { return s.client }
 
 // VM returns the sandbox's VM.
-func (s *Sandbox) VM() *vmm.VM { return s.vm }
+// It is nil for a sandbox whose VM runs in a VMM process of its own
+// (ProcessOptions).
+func (s *Sandbox) VM() *vmm.VM {
+	if l, ok := s.m.(*localVM); ok {
+		return l.vm
+	}
+	return nil
+}
+
+// PID returns the process that runs the sandbox's VM: this one, or its
+// VMM process.
+func (s *Sandbox) PID() int {
+	if p, ok := s.m.(*processVM); ok {
+		return p.p.PID()
+	}
+	return os.Getpid()
+}
+
+// Dir is the sandbox's host folder: its vsock socket and, with
+// ProcessOptions, its VMM process's socket and log (Attach takes it).
+func (s *Sandbox) Dir() string { return s.dir }
 
 // VsockPath is the host Unix socket of the sandbox's vsock device.
 func (s *Sandbox) VsockPath() string { return filepath.Join(s.dir, "vsock.sock") }
@@ -284,13 +333,17 @@ func (s *Sandbox) Exit() (vmm.Exit, error) { return s.exit, s.runErr }
 // stop, up to ctx's end (or 30 seconds), then stops it by force, and
 // releases everything Start made.
 func (s *Sandbox) Close(ctx context.Context) error {
-	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
+	s.closeOnce.Do(func() {
+		s.life.Lock()
+		defer s.life.Unlock()
+		s.closeErr = s.close(ctx)
+	})
 	return s.closeErr
 }
 
 func (s *Sandbox) close(ctx context.Context) error {
 	var errs []error
-	if s.vm != nil {
+	if s.m != nil {
 		if s.client != nil {
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			if err := s.client.PowerOff(pctx); err != nil {
@@ -303,25 +356,16 @@ func (s *Sandbox) close(ctx context.Context) error {
 			}
 			cancel()
 		}
-		if s.cancel != nil {
-			s.cancel()
+		if s.running {
+			s.m.stop()
 			<-s.done
 		}
 	}
 	if s.client != nil {
 		s.client.Close()
 	}
-	if s.vm != nil {
-		errs = append(errs, s.vm.Close())
-	}
-	if s.vsock != nil {
-		errs = append(errs, s.vsock.Close())
-	}
-	if s.disk != nil {
-		errs = append(errs, s.disk.Close())
-	}
-	if s.nic != nil {
-		errs = append(errs, s.nic.Close())
+	if s.m != nil {
+		errs = append(errs, s.m.release(ctx)) // and its devices
 	}
 	if s.tempDir {
 		errs = append(errs, os.RemoveAll(s.dir))
@@ -334,7 +378,7 @@ func (s *Sandbox) close(ctx context.Context) error {
 
 // vmConfig turns the options into a VM config (without devices).
 func (o Options) vmConfig() (vmm.Config, error) {
-	cfg := vmm.Config{CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, Logger: o.Logger}
+	cfg := vmm.Config{Spec: vmm.Spec{CPUs: o.CPUs, MemoryMiB: o.MemoryMiB}, Logger: o.Logger}
 	hostname := o.Hostname
 	if hostname == "" {
 		hostname = "kiln"
@@ -432,24 +476,57 @@ func (t *tail) String() string {
 	return string(t.buf)
 }
 
-// MAC returns the guest's network card's address, or nil without one.
-func (s *Sandbox) MAC() net.HardwareAddr {
-	if s.nic == nil {
+// nic returns the sandbox's network card, or nil without one.
+// (live in this process only).
+func (s *Sandbox) nic() *virtio.Net {
+	if s.m == nil {
 		return nil
 	}
-	return s.nic.MAC()
+	n, _ := s.m.device(NetDevice).(*virtio.Net)
+	return n
+}
+
+// netSpecOf returns the spec of the sandbox's network card, or nil.
+func (s *Sandbox) netSpecOf() *virtio.NetSpec {
+	if s.m == nil {
+		return nil
+	}
+	for _, d := range s.m.devices() {
+		if d.ID == NetDevice && d.Net != nil {
+			return d.Net
+		}
+	}
+	return nil
+}
+
+// MAC returns the guest's network card's address, or nil without one.
+func (s *Sandbox) MAC() net.HardwareAddr {
+	if n := s.nic(); n != nil {
+		return n.MAC()
+	}
+	if n := s.netSpecOf(); n != nil {
+		mac, _ := net.ParseMAC(n.MAC) // the sandbox always gives one
+		return mac
+	}
+	return nil
 }
 
 // Tap returns the name of the host tap behind the guest's network card, or
 // "" without one.
 func (s *Sandbox) Tap() string {
-	if s.nic == nil {
-		return ""
+	if n := s.nic(); n != nil {
+		return n.TapName()
 	}
-	return s.nic.TapName()
+	if n := s.netSpecOf(); n != nil {
+		return n.Tap
+	}
+	return ""
 }
+
+// Devices returns the specs of the sandbox's devices, in order.
+func (s *Sandbox) Devices() []virtio.DeviceSpec { return s.m.devices() }
 
 // Diagnose describes the sandbox's VM (vCPU exit counts, each virtio
 // queue's indices, the vsock connections) for a report when its guest
 // seems stuck. Call it while the sandbox runs.
-func (s *Sandbox) Diagnose() string { return s.vm.Diagnose() }
+func (s *Sandbox) Diagnose() string { return s.m.diagnose() }

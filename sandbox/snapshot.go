@@ -3,13 +3,10 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
@@ -18,82 +15,30 @@ import (
 	"github.com/kilnvm/kiln/vmm"
 )
 
-// MetaFile is the file in a snapshot directory that holds what a sandbox
-// needs beyond the VM to come back: its root disk and host name.
-const MetaFile = "sandbox.json"
-
-// meta is MetaFile's content.
-type meta struct {
-	Disk         string `json:"disk,omitempty"`
-	DiskReadOnly bool   `json:"disk_read_only,omitempty"`
-	Hostname     string `json:"hostname"`
-	// MAC is the network card's address when the sandbox has one: a
-	// restored sandbox needs a tap of its own (RestoreOptions.Net), and
-	// its guest is told its new address.
-	MAC string `json:"mac,omitempty"`
-}
+// Labels a sandbox's snapshot carries in its manifest
+// (snapshot.WithLabels), beside the VM: a snapshot without LabelHostname
+// is not a sandbox's.
+const (
+	LabelHostname = "kiln.sandbox/hostname"
+)
 
 // Save writes a snapshot of the running sandbox into dir (which must not
 // exist): the guest's filesystems are synced through the agent, the VM is
 // paused and saved (snapshot.Save: atomic, nothing loadable is left on
-// failure), and then it runs on. The root disk is not copied: a sandbox
-// restored from dir uses the same image, which must not change meanwhile.
-// Extra devices (Options.Devices) cannot be saved.
+// failure), and then it runs on. Disks are not copied: a sandbox restored
+// from dir uses the same images (or those RestoreOptions.Disks names),
+// which must not change meanwhile.
 func (s *Sandbox) Save(ctx context.Context, dir string) error {
-	if s.extraDevices {
-		return errors.New("sandbox: save: a sandbox with extra devices cannot be saved")
-	}
+	s.life.Lock()
+	defer s.life.Unlock()
 	if err := s.client.Quiesce(ctx, false); err != nil {
 		return fmt.Errorf("sandbox: save: quiesce the guest: %w", err)
 	}
-	if err := s.vm.Pause(ctx); err != nil {
-		return fmt.Errorf("sandbox: save: %w", err)
-	}
-	defer func() {
-		if err := s.vm.Resume(); err != nil {
-			s.log.Warn("sandbox: resume after save", "err", err)
-		}
-	}()
-	m := meta{Hostname: s.hostname}
-	if s.disk != nil {
-		m.Disk, m.DiskReadOnly = s.diskPath, s.diskReadOnly
-	}
-	if s.nic != nil {
-		m.MAC = s.nic.MAC().String()
-	}
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return fmt.Errorf("sandbox: save: %w", err)
-	}
-	if err := snapshot.Save(ctx, s.vm, dir, snapshot.WithLogger(s.log)); err != nil {
+	labels := map[string]string{LabelHostname: s.hostname}
+	if err := s.m.save(ctx, dir, labels, s.log); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
-	// Written after the snapshot: a snapshot without it does not restore
-	// as a sandbox (Restore says so), so a crash in between leaves nothing
-	// that restores wrongly.
-	if err := writeFileSync(filepath.Join(dir, MetaFile), b); err != nil {
-		return fmt.Errorf("sandbox: save: %w", err)
-	}
 	return nil
-}
-
-// writeFileSync writes a new file and syncs it.
-func writeFileSync(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(p)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(p)
-		return err
-	}
-	return f.Close()
 }
 
 // execHostname is the command that renames the guest.
@@ -114,20 +59,30 @@ type RestoreOptions struct {
 	Hostname string
 	// Net is the restored sandbox's network card, required when the
 	// snapshot's sandbox had one (and refused when it had none): a tap of
-	// its own, and a MAC address (a new random one when nil) that the
+	// its own, and a MAC address (a new random one when empty) that the
 	// guest's interface takes over from the snapshot's.
-	Net *virtio.NetConfig
+	Net *virtio.NetSpec
+	// Disks give some of the snapshot's disks other images, by device
+	// ID (RootDevice, or an ID of Options.Devices): a copy of the
+	// original, say, so that the restored sandbox's writes do not reach
+	// it. Each must have the size the snapshot's disk had.
+	Disks map[string]string
 	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
 	// clones started together share the CPUs).
 	Timeout time.Duration
+	// Process, when set, runs the restored VM in a VMM process of its
+	// own (as Options.Process).
+	Process *ProcessOptions
 	Logger  *slog.Logger
 }
 
 // Restore starts a sandbox from the snapshot in dir (written by Save) and
-// waits until its agent answers. Memory comes back copy-on-write from the
-// snapshot's memory file, so many sandboxes restored from one snapshot
-// share the pages none of them wrote. The guest then gets fresh entropy
-// (its RNG would otherwise repeat every clone's) and the host's time.
+// waits until its agent answers. The machine and its devices come from
+// the snapshot; the sandbox gets a vsock socket of its own, opts.Net and
+// opts.Disks. Memory comes back copy-on-write from the snapshot's memory
+// file, so many sandboxes restored from one snapshot share the pages none
+// of them wrote. The guest then gets fresh entropy (its RNG would
+// otherwise repeat every clone's) and the host's time.
 func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, err error) {
 	start := time.Now()
 	log := opts.Logger
@@ -143,15 +98,17 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	var m meta
-	b, err := os.ReadFile(filepath.Join(dir, MetaFile))
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: snapshot %s is not a sandbox's: %w", dir, err)
+	hostname, ok := info.Labels[LabelHostname]
+	if !ok {
+		return nil, fmt.Errorf("sandbox: snapshot %s is not a sandbox's (no %s label)", dir, LabelHostname)
 	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("sandbox: snapshot %s: %s: %w", dir, MetaFile, err)
+	if err := CheckHostname(hostname); err != nil {
+		return nil, fmt.Errorf("sandbox: snapshot %s: %w", dir, err)
 	}
-	s, err := newSandbox(log, opts.Dir, m.Hostname, start)
+	if i := slices.IndexFunc(info.Devices, func(d virtio.DeviceSpec) bool { return d.ID == VsockDevice }); i < 0 || info.Devices[i].Kind != virtio.KindVsock {
+		return nil, fmt.Errorf("sandbox: snapshot %s is not a sandbox's (no %q vsock device)", dir, VsockDevice)
+	}
+	s, err := newSandbox(log, opts.Dir, hostname, start)
 	if err != nil {
 		return nil, err
 	}
@@ -160,18 +117,25 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 			s.Close(context.Background())
 		}
 	}()
-	s.diskPath, s.diskReadOnly = m.Disk, m.DiskReadOnly
-	if err := checkNewNIC("snapshot "+dir, m.MAC != "", opts.Net != nil, "RestoreOptions.Net"); err != nil {
+	oldMAC := specMAC(info.Devices)
+	if err := checkNewNIC("snapshot "+dir, oldMAC != "", opts.Net != nil, "RestoreOptions.Net"); err != nil {
 		return nil, err
 	}
-	s.netCfg = opts.Net
-	cfg := vmm.Config{CPUs: info.CPUs, MemoryMiB: info.MemoryMiB, Logger: log}
-	if cfg.Devices, err = s.openDevices(nil); err != nil {
+	overrides, err := s.overrides(info.Devices, opts.Net, func(id string) (string, bool) {
+		p, ok := opts.Disks[id]
+		return p, ok
+	})
+	if err != nil {
 		return nil, err
 	}
-	cfg.Console = s.consoleWriter(opts.Console)
-	if s.vm, err = snapshot.Load(dir, cfg); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
+	for id := range opts.Disks {
+		if !slices.ContainsFunc(info.Devices, func(d virtio.DeviceSpec) bool { return d.ID == id && d.Kind == virtio.KindBlock }) {
+			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, which is not a disk of snapshot %s", id, dir)
+		}
+	}
+	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
+	if s.m, err = s.restoreMachine(ctx, dir, cfg, opts.Process); err != nil {
+		return nil, err
 	}
 	s.run()
 	timeout := opts.Timeout
@@ -181,10 +145,50 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
 	}
-	if err := s.freshen(ctx, opts.Hostname, m.MAC); err != nil {
+	if err := s.freshen(ctx, opts.Hostname, oldMAC); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// specMAC returns the MAC address of the network card among specs, or "".
+func specMAC(specs []virtio.DeviceSpec) string {
+	for _, d := range specs {
+		if d.ID == NetDevice && d.Net != nil {
+			return d.Net.MAC
+		}
+	}
+	return ""
+}
+
+// overrides returns what a restored or forked sandbox s changes of the
+// devices it comes from (specs): its own vsock socket, nic as its network
+// card, and the disks that disk names another image for.
+func (s *Sandbox) overrides(specs []virtio.DeviceSpec, nic *virtio.NetSpec, disk func(id string) (string, bool)) ([]virtio.DeviceSpec, error) {
+	out := []virtio.DeviceSpec{s.vsockSpec()}
+	if nic != nil {
+		n, err := netSpec(nic)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	for _, d := range specs {
+		if d.Kind != virtio.KindBlock {
+			continue
+		}
+		p, ok := disk(d.ID)
+		if !ok {
+			continue
+		}
+		if p == "" {
+			return nil, fmt.Errorf("sandbox: no image path for disk %q", d.ID)
+		}
+		b := *d.Block
+		b.Path, b.FD = p, 0
+		out = append(out, virtio.DeviceSpec{ID: d.ID, Kind: virtio.KindBlock, Block: &b})
+	}
+	return out, nil
 }
 
 // freshen makes a restored guest unique: new entropy for its RNG, the
@@ -210,9 +214,9 @@ func (s *Sandbox) freshen(ctx context.Context, hostname, oldMAC string) error {
 		}
 		s.hostname = hostname
 	}
-	if s.nic != nil && oldMAC != "" && oldMAC != s.nic.MAC().String() {
-		if st, err := s.client.Exec(ctx, execSetMAC(oldMAC, s.nic.MAC().String())); err != nil || !st.Success() {
-			return fmt.Errorf("sandbox: give the guest's interface its new MAC address %s: %v %v", s.nic.MAC(), st, err)
+	if nic := s.nic(); nic != nil && oldMAC != "" && oldMAC != nic.MAC().String() {
+		if st, err := s.client.Exec(ctx, execSetMAC(oldMAC, nic.MAC().String())); err != nil || !st.Success() {
+			return fmt.Errorf("sandbox: give the guest's interface its new MAC address %s: %v %v", nic.MAC(), st, err)
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,11 +18,13 @@ import (
 	"github.com/kilnvm/kiln/virtio"
 )
 
-// TestKVMSnapshot boots one sandbox, leaves a counting loop running in it,
-// saves it, and restores the snapshot: once alone, then as 8 clones one
-// after the other. The loop counts on after restore; every clone writes
-// only its own files, draws different random bytes and has the host's
-// time.
+// TestKVMSnapshot boots one sandbox with a read-only root disk, a
+// writable data disk and (as root) a network card, leaves a counting loop
+// running in it, saves it, forks it, and restores the snapshot: once
+// alone, then as 8 clones one after the other. The loop counts on after
+// restore; every clone writes only its own files, draws different random
+// bytes and has the host's time; each child of a fork writes its own copy
+// of the data disk.
 func TestKVMSnapshot(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
@@ -29,22 +32,46 @@ func TestKVMSnapshot(t *testing.T) {
 	defer cancel()
 	// As root the sandbox has a network card on a tap, and every child
 	// and clone needs a tap and a MAC address of its own.
-	nic := func(name string, mac net.HardwareAddr) *virtio.NetConfig { return nil }
+	nic := func(name string, mac net.HardwareAddr) *virtio.NetSpec { return nil }
 	if os.Geteuid() == 0 {
 		prefix := fmt.Sprintf("ks%d", os.Getpid()%100000)
-		nic = func(name string, mac net.HardwareAddr) *virtio.NetConfig {
-			return &virtio.NetConfig{Tap: prefix + name, MAC: mac}
+		nic = func(name string, mac net.HardwareAddr) *virtio.NetSpec {
+			n := &virtio.NetSpec{Tap: prefix + name}
+			if mac != nil {
+				n.MAC = mac.String()
+			}
+			return n
 		}
 	} else {
 		t.Log("not root: no network card (each clone's own tap and MAC address are not checked)")
 	}
-	forkNIC := func(name string) ForkOptions {
-		if nic("", nil) == nil {
-			return ForkOptions{}
-		}
-		return ForkOptions{Net: func(i int) *virtio.NetConfig { return nic(fmt.Sprintf("%s%d", name, i), nil) }}
+	// Each child of a fork writes a copy of the data disk made while
+	// the parent is paused.
+	tmp := t.TempDir()
+	data := filepath.Join(tmp, "data.img")
+	if err := os.WriteFile(data, make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap", Net: nic("p", nil)})
+	childDisks := map[string]string{}
+	forkNIC := func(name string) ForkOptions {
+		o := ForkOptions{Disks: func(i int, id string) (string, error) {
+			if id != "data" {
+				return "", fmt.Errorf("asked for disk %q", id)
+			}
+			p := filepath.Join(tmp, fmt.Sprintf("%s%d-data.img", name, i))
+			childDisks[fmt.Sprintf("%s%d", name, i)] = p
+			return p, copyFile(data, p)
+		}}
+		if nic("", nil) != nil {
+			o.Net = func(i int) *virtio.NetSpec { return nic(fmt.Sprintf("%s%d", name, i), nil) }
+		}
+		return o
+	}
+	sb, err := Start(ctx, Options{
+		Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap", Net: nic("p", nil),
+		Disk: rootImage(t), DiskReadOnly: true,
+		Devices: []virtio.DeviceSpec{{ID: "data", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: data}}},
+	})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -66,6 +93,10 @@ func TestKVMSnapshot(t *testing.T) {
 		}
 		return n
 	}
+	if got := sh(t, sb.Client(), "grep -c '^/dev/vda / ext4 ro' /proc/mounts || cat /proc/mounts"); got != "1" {
+		t.Errorf("the root is not the read-only disk: %q", got)
+	}
+	sh(t, sb.Client(), "printf 'parent-data\\n' | dd of=/dev/vdb conv=fsync 2>/dev/null")
 	sh(t, sb.Client(), `echo before-save > /tmp/marker
 (i=0; while :; do i=$((i+1)); echo $i > /run/count.new; mv /run/count.new /run/count; sleep 0.2; done) >/dev/null 2>&1 &
 sleep 1`)
@@ -77,6 +108,13 @@ sleep 1`)
 	t.Logf("saved in %v", time.Since(begin).Round(time.Millisecond))
 	saved := counter(t, sb.Client()) // the original runs on: at least this
 
+	t.Run("fork refuses a shared writable disk", func(t *testing.T) {
+		o := forkNIC("x")
+		o.Disks = nil
+		if _, err := sb.Fork(ctx, 1, o); err == nil || !strings.Contains(err.Error(), `disk "data" is writable`) {
+			t.Fatalf("Fork without ForkOptions.Disks: %v", err)
+		}
+	})
 	t.Run("fork a running sandbox", func(t *testing.T) {
 		begin := time.Now()
 		kids, err := sb.Fork(ctx, 2, forkNIC("f"))
@@ -96,6 +134,18 @@ sleep 1`)
 				t.Errorf("child %d lost the parent's file: %q", i, got)
 			}
 			checkMAC(t, k, sh)
+			if got := sh(t, k.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
+				t.Errorf("child %d's data disk starts %q, want the parent's", i, got)
+			}
+			sh(t, k.Client(), fmt.Sprintf("printf 'child-%d-data\\n' | dd of=/dev/vdb conv=fsync 2>/dev/null", i))
+		}
+		for i := range kids {
+			if got := firstLine(t, childDisks[fmt.Sprintf("f%d", i)]); got != fmt.Sprintf("child-%d-data", i) {
+				t.Errorf("child %d's own image starts %q", i, got)
+			}
+		}
+		if got := firstLine(t, data); got != "parent-data" {
+			t.Errorf("the parent's data image starts %q after the children wrote theirs", got)
 		}
 		if sb.MAC() != nil && (kids[0].MAC().String() == kids[1].MAC().String() || kids[0].MAC().String() == sb.MAC().String()) {
 			t.Errorf("MAC addresses: parent %v, children %v and %v", sb.MAC(), kids[0].MAC(), kids[1].MAC())
@@ -130,7 +180,11 @@ sleep 1`)
 
 	t.Run("restore", func(t *testing.T) {
 		begin := time.Now()
-		r, err := Restore(ctx, dir, RestoreOptions{Net: nic("r", nil)})
+		copied := filepath.Join(tmp, "restore-data.img")
+		if err := copyFile(data, copied); err != nil {
+			t.Fatal(err)
+		}
+		r, err := Restore(ctx, dir, RestoreOptions{Net: nic("r", nil), Disks: map[string]string{"data": copied}})
 		if err != nil {
 			t.Fatalf("Restore: %v", err)
 		}
@@ -140,6 +194,12 @@ sleep 1`)
 			t.Fatalf("tmpfs file after restore: %q", got)
 		}
 		checkMAC(t, r, sh)
+		if got := sh(t, r.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
+			t.Errorf("restored data disk starts %q", got)
+		}
+		if ids := deviceIDs(r.Devices()); ids != "root net0 data vsock rng" && ids != "root data vsock rng" {
+			t.Errorf("restored devices %s", ids)
+		}
 		first := counter(t, r.Client())
 		time.Sleep(2 * time.Second)
 		second := counter(t, r.Client())
@@ -224,4 +284,66 @@ func checkMAC(t *testing.T, c *Sandbox, sh func(*testing.T, *client.Client, stri
 	if got != c.MAC().String() {
 		t.Errorf("guest interface addresses %q, want the card's %v (tap %s)", got, c.MAC(), c.Tap())
 	}
+}
+
+// rootImage returns a read-only ext4 root image with busybox and its
+// applets, for a sandbox's root disk.
+func rootImage(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "root")
+	for _, d := range []string{"bin", "dev", "proc", "sys", "run", "tmp", "etc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := copyFile("/bin/busybox", filepath.Join(root, "bin", "busybox")); err != nil {
+		t.Fatalf("busybox (busybox-static): %v", err)
+	}
+	if err := os.Chmod(filepath.Join(root, "bin", "busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	list, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	for _, a := range strings.Fields(string(list)) {
+		if a != "busybox" {
+			if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	img := filepath.Join(dir, "root.img")
+	if out, err := exec.Command("mke2fs", "-q", "-F", "-t", "ext4", "-d", root, img, "32M").CombinedOutput(); err != nil {
+		t.Fatalf("mke2fs: %v: %s", err, out)
+	}
+	return img
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o600)
+}
+
+// firstLine returns the first line of the file at p.
+func firstLine(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return line
+}
+
+func deviceIDs(specs []virtio.DeviceSpec) string {
+	var ids []string
+	for _, d := range specs {
+		ids = append(ids, d.ID)
+	}
+	return strings.Join(ids, " ")
 }

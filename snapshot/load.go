@@ -16,16 +16,17 @@ import (
 	"github.com/kilnvm/kiln/vmm"
 )
 
-// Load builds a VM from the snapshot in dir with cfg, whose CPUs,
-// MemoryMiB and Devices (fresh devices of the snapshot's types, in its
-// order) must match the snapshot's; its Console, Logger and the like are
-// the new VM's own. Every file is checked before anything is built: the
-// manifest's format version, the state file's size and SHA-256, the memory
-// file's size, and the config against the snapshot. The memory file is
-// mapped copy-on-write (MAP_PRIVATE) and stays mapped until the VM is
-// closed; the snapshot's files never change. The VM continues where the
-// snapshot's stopped when Run is called.
-func Load(dir string, cfg vmm.Config) (*vmm.VM, error) {
+// Load builds a VM from the snapshot in dir. The machine (vCPUs, memory,
+// devices) is the snapshot's; cfg gives what the new VM is connected to:
+// overrides of the snapshot's devices (a new vsock socket, a tap, a disk
+// path), its console and logger. Every file is checked before anything is
+// built: the manifest's format version, the state file's size and
+// SHA-256, the memory file's size, and the overrides against the
+// snapshot's devices. The memory file is mapped copy-on-write
+// (MAP_PRIVATE) and stays mapped until the VM is closed; the snapshot's
+// files never change. The VM continues where the snapshot's stopped when
+// Run is called.
+func Load(dir string, cfg vmm.RestoreConfig) (*vmm.VM, error) {
 	st, mem, err := open(dir, &cfg)
 	if err != nil {
 		return nil, err
@@ -39,7 +40,7 @@ func Load(dir string, cfg vmm.Config) (*vmm.VM, error) {
 
 // open checks the snapshot in dir against cfg and returns its state and
 // its memory, mapped copy-on-write.
-func open(dir string, cfg *vmm.Config) (*vmm.State, *memory.Memory, error) {
+func open(dir string, cfg *vmm.RestoreConfig) (*vmm.State, *memory.Memory, error) {
 	m, err := Info(dir)
 	if err != nil {
 		return nil, nil, err
@@ -52,11 +53,7 @@ func open(dir string, cfg *vmm.Config) (*vmm.State, *memory.Memory, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	if err := m.checkConfig(cfg); err != nil {
-		unix.Close(fd)
-		return nil, nil, fmt.Errorf("snapshot %s: %w", dir, err)
-	}
-	if err := st.Check(cfg); err != nil {
+	if _, err := st.Check(cfg); err != nil {
 		unix.Close(fd)
 		return nil, nil, fmt.Errorf("snapshot %s: %w: %w", dir, err, ErrMismatch)
 	}

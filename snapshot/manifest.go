@@ -9,14 +9,16 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"time"
 
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
 
 // FormatVersion is the version of the on-disk format this package writes
 // and reads.
-const FormatVersion = 1
+const FormatVersion = 2
 
 // The files of a snapshot directory.
 const (
@@ -29,7 +31,12 @@ const (
 const (
 	maxManifestSize = 1 << 20
 	maxStateSize    = 256 << 20
-	pageSize        = 4096
+	// MaxLabels bounds a manifest's labels; each key is at most
+	// maxLabelKey bytes and each value at most maxLabelValue.
+	MaxLabels     = 64
+	maxLabelKey   = 128
+	maxLabelValue = 4096
+	pageSize      = 4096
 )
 
 // Errors a caller may want to tell apart (with errors.Is).
@@ -40,7 +47,8 @@ var (
 	ErrChecksum = errors.New("checksum mismatch")
 	// ErrCorrupt: a file is missing, truncated or malformed.
 	ErrCorrupt = errors.New("corrupt snapshot")
-	// ErrMismatch: the snapshot's VM is not the one the config describes.
+	// ErrMismatch: the restore's overrides do not fit the snapshot's
+	// devices.
 	ErrMismatch = errors.New("snapshot does not match the config")
 	// ErrExists: Save found a snapshot (or something else) at its target.
 	ErrExists = errors.New("snapshot already exists")
@@ -55,9 +63,12 @@ type Manifest struct {
 	// CPUs and MemoryMiB are the VM's shape.
 	CPUs      int `json:"cpus"`
 	MemoryMiB int `json:"memory_mib"`
-	// Devices are the virtio device IDs, in the VM's device order
-	// (virtio.IDBlock, ...).
-	Devices []uint32 `json:"devices"`
+	// Devices are the specs of the VM's virtio devices, in its order, as
+	// the state file has them: what a restore opens unless overridden.
+	Devices []virtio.DeviceSpec `json:"devices"`
+	// Labels are what the snapshot's maker recorded beside the VM
+	// (WithLabels).
+	Labels map[string]string `json:"labels,omitempty"`
 	// StateVersion is the vmm.StateVersion of the state file.
 	StateVersion int `json:"state_version"`
 	// StateSize and StateSHA256 (hex) are the state file's.
@@ -143,6 +154,9 @@ func (m *Manifest) validate() error {
 	case m.StateSize < 1 || m.StateSize > maxStateSize:
 		return fmt.Errorf("state file of %d bytes: want 1 to %d", m.StateSize, maxStateSize)
 	}
+	if err := checkLabels(m.Labels); err != nil {
+		return err
+	}
 	if sum, err := hex.DecodeString(m.StateSHA256); err != nil || len(sum) != 32 || hex.EncodeToString(sum) != m.StateSHA256 {
 		return fmt.Errorf("state checksum %q is not 64 lowercase hex digits", m.StateSHA256)
 	}
@@ -172,23 +186,17 @@ func (m *Manifest) validate() error {
 	return nil
 }
 
-// checkConfig checks the manifest against a config to restore with.
-func (m *Manifest) checkConfig(cfg *vmm.Config) error {
-	if cfg.CPUs != m.CPUs {
-		return fmt.Errorf("snapshot has %d vCPUs, config asks for %d: %w", m.CPUs, cfg.CPUs, ErrMismatch)
+// checkLabels checks a manifest's labels against the limits.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%d labels: at most %d", len(labels), MaxLabels)
 	}
-	if cfg.MemoryMiB != m.MemoryMiB {
-		return fmt.Errorf("snapshot has %d MiB of memory, config asks for %d MiB: %w", m.MemoryMiB, cfg.MemoryMiB, ErrMismatch)
-	}
-	if len(cfg.Devices) != len(m.Devices) {
-		return fmt.Errorf("snapshot has %d virtio devices, config gives %d: %w", len(m.Devices), len(cfg.Devices), ErrMismatch)
-	}
-	for i, d := range cfg.Devices {
-		if d == nil {
-			return fmt.Errorf("virtio device %d is nil", i)
-		}
-		if d.ID() != m.Devices[i] {
-			return fmt.Errorf("virtio device %d: snapshot has device ID %d, config gives ID %d: %w", i, m.Devices[i], d.ID(), ErrMismatch)
+	for k, v := range labels {
+		switch {
+		case k == "" || len(k) > maxLabelKey:
+			return fmt.Errorf("label key %.40q: want 1 to %d bytes", k, maxLabelKey)
+		case len(v) > maxLabelValue:
+			return fmt.Errorf("label %q: value of %d bytes, at most %d", k, len(v), maxLabelValue)
 		}
 	}
 	return nil
@@ -207,7 +215,7 @@ func (m *Manifest) checkState(st *vmm.State) error {
 		}
 	}
 	for i, d := range st.Devices {
-		if d.DeviceID != m.Devices[i] {
+		if !reflect.DeepEqual(d.Spec, m.Devices[i]) {
 			return fmt.Errorf("state and manifest disagree on virtio device %d: %w", i, ErrCorrupt)
 		}
 	}

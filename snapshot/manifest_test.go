@@ -8,16 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
 
 func validManifest() Manifest {
 	return Manifest{
-		Format:       FormatVersion,
-		Created:      time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
-		CPUs:         2,
-		MemoryMiB:    4096,
-		Devices:      []uint32{2, 4},
+		Format:    FormatVersion,
+		Created:   time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		CPUs:      2,
+		MemoryMiB: 4096,
+		Devices: []virtio.DeviceSpec{
+			{ID: "disk", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/disk.img"}},
+			{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}},
+		},
 		StateVersion: vmm.StateVersion,
 		StateSize:    1234,
 		StateSHA256:  strings.Repeat("ab", 32),
@@ -41,7 +45,7 @@ func TestParseManifest(t *testing.T) {
 		{"no vCPUs", func(m *Manifest) { m.CPUs = 0 }, "0 vCPUs"},
 		{"memory", func(m *Manifest) { m.MemoryMiB = 2 }, "2 MiB of memory"},
 		{"memory size", func(m *Manifest) { m.MemorySize-- }, "memory file of 4294967295 bytes for 4096 MiB"},
-		{"devices", func(m *Manifest) { m.Devices = make([]uint32, 40) }, "40 virtio devices"},
+		{"devices", func(m *Manifest) { m.Devices = make([]virtio.DeviceSpec, 40) }, "40 virtio devices"},
 		{"state size", func(m *Manifest) { m.StateSize = 0 }, "state file of 0 bytes"},
 		{"checksum length", func(m *Manifest) { m.StateSHA256 = "abcd" }, "not 64 lowercase hex digits"},
 		{"checksum case", func(m *Manifest) { m.StateSHA256 = strings.Repeat("AB", 32) }, "not 64 lowercase hex digits"},
@@ -89,12 +93,12 @@ func TestParseManifestMalformed(t *testing.T) {
 		{"empty", "", "not JSON", ErrCorrupt},
 		{"array", "[]", "not JSON", ErrCorrupt},
 		{"no version", `{"cpus":1}`, "no format version", ErrCorrupt},
-		{"newer version", `{"format":2,"something":"new"}`, "snapshot format version 2, this kiln reads format version 1", ErrFormatVersion},
+		{"newer version", `{"format":3,"something":"new"}`, "snapshot format version 3, this kiln reads format version 2", ErrFormatVersion},
 		{"version zero", `{"format":0}`, "snapshot format version 0", ErrFormatVersion},
-		{"unknown field", `{"format":1,"surprise":1}`, "unknown field", ErrCorrupt},
+		{"unknown field", `{"format":2,"surprise":1}`, "unknown field", ErrCorrupt},
 		{"trailing data", func() string { b, _ := json.Marshal(validManifest()); return string(b) + "{}" }(), "not JSON", ErrCorrupt},
-		{"created out of range", `{"format":1,"state_version":1,"created":"0000-01-01T00:00:00+01:00"}`, "out of range", ErrCorrupt},
-		{"wrong type", `{"format":1,"cpus":"two"}`, "manifest:", ErrCorrupt},
+		{"created out of range", `{"format":2,"state_version":2,"created":"0000-01-01T00:00:00+01:00"}`, "out of range", ErrCorrupt},
+		{"wrong type", `{"format":2,"cpus":"two"}`, "manifest:", ErrCorrupt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

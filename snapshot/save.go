@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -31,6 +32,13 @@ func Overwrite() Option { return func(s *saver) { s.overwrite = true } }
 // WithLogger sets where Save logs; slog.Default() otherwise.
 func WithLogger(l *slog.Logger) Option { return func(s *saver) { s.log = l } }
 
+// WithLabels records labels in the manifest: what a caller above the VM
+// (a sandbox: its host name) needs to bring the snapshot back. They are
+// checked against MaxLabels and the key and value sizes.
+func WithLabels(labels map[string]string) Option {
+	return func(s *saver) { s.labels = maps.Clone(labels) }
+}
+
 // file is what the saver writes to; *os.File is one. Tests substitute a
 // file that fails.
 type file interface {
@@ -44,6 +52,7 @@ type file interface {
 // saver writes snapshots.
 type saver struct {
 	overwrite bool
+	labels    map[string]string
 	log       *slog.Logger
 	now       func() time.Time
 	create    func(path string) (file, error)
@@ -64,20 +73,27 @@ func newSaver(opts []Option) *saver {
 }
 
 // Save writes a snapshot of vm into dir, which must not exist (unless
-// Overwrite is given) and whose parent must. The VM must be paused
-// (vm.Pause); Save saves its state (vm.SaveState, which pauses its virtio
-// devices) and its memory, and leaves it paused: vm.Resume lets it go on,
-// devices and all. On any error, nothing is left at dir or beside it.
+// Overwrite is given) and whose parent must. The VM is paused (vm.Pause);
+// Save saves its state (vm.SaveState, which pauses its virtio devices) and
+// its memory, and leaves it paused: vm.Resume lets it go on, devices and
+// all. (A VM still running is paused for the save and resumed after it.)
+// Save is one vm.Checkpoint: the VM stays in the saving state until the
+// memory is written, and a Resume meanwhile waits. On any error, nothing
+// is left at dir or beside it.
 func Save(ctx context.Context, vm *vmm.VM, dir string, opts ...Option) error {
 	s := newSaver(opts)
 	if err := s.checkTarget(dir); err != nil {
 		return err
 	}
-	st, err := vm.SaveState(ctx)
-	if err != nil {
+	var werr error
+	err := vm.Checkpoint(ctx, func(st *vmm.State) error {
+		werr = s.write(ctx, dir, st, vm.Memory())
+		return werr
+	})
+	if err != nil && werr == nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	return s.write(ctx, dir, st, vm.Memory())
+	return err
 }
 
 // checkTarget refuses a target that exists, unless overwriting a snapshot.
@@ -113,6 +129,9 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	}
 	if err := s.checkTarget(dir); err != nil {
 		return err
+	}
+	if err := checkLabels(s.labels); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	dir = filepath.Clean(dir)
 	parent, base := filepath.Dir(dir), filepath.Base(dir)
@@ -150,10 +169,8 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 		StateSHA256:  hex.EncodeToString(sum[:]),
 		MemorySize:   mem.Size(),
 		MemoryLayout: st.Memory,
-		Devices:      []uint32{},
-	}
-	for _, d := range st.Devices {
-		m.Devices = append(m.Devices, d.DeviceID)
+		Devices:      st.Specs(),
+		Labels:       s.labels,
 	}
 	manifest, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -34,7 +35,7 @@ func testState() *vmm.State {
 		CPUs:          1,
 		MemoryMiB:     testMemMiB,
 		Memory:        []vmm.MemoryRegion{{GuestAddr: 0, Size: testMemMiB << 20, Offset: 0}},
-		Devices:       []virtio.MMIOState{{DeviceID: virtio.IDRNG, Queues: []virtio.QueueState{{Size: 64}}}},
+		Devices:       []vmm.DeviceState{{Spec: rngSpec, Transport: virtio.MMIOState{DeviceID: virtio.IDRNG, Queues: []virtio.QueueState{{Size: 64}}}}},
 		Machine: vmm.MachineState{
 			PICMaster: make([]byte, 512), PICSlave: make([]byte, 512), IOAPIC: make([]byte, 512),
 			Clock: kvm.ClockData{Clock: 42},
@@ -70,9 +71,9 @@ func testMemory(t *testing.T) (*memory.Memory, []int) {
 	return mem, pages
 }
 
-func testConfig() vmm.Config {
-	return vmm.Config{CPUs: 1, MemoryMiB: testMemMiB, Devices: []virtio.Device{virtio.NewRNG()}}
-}
+var rngSpec = virtio.DeviceSpec{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}
+
+func testConfig() vmm.RestoreConfig { return vmm.RestoreConfig{} }
 
 func quietSaver(opts ...Option) *saver {
 	s := newSaver(append([]Option{WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...))
@@ -120,7 +121,7 @@ func TestSaveOpenRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if m.Format != FormatVersion || m.CPUs != 1 || m.MemoryMiB != testMemMiB || m.MemorySize != testMemMiB<<20 ||
-		!reflect.DeepEqual(m.Devices, []uint32{virtio.IDRNG}) || !m.Created.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
+		!reflect.DeepEqual(m.Devices, []virtio.DeviceSpec{rngSpec}) || !m.Created.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Fatalf("manifest %+v", m)
 	}
 
@@ -389,7 +390,7 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 	tests := []struct {
 		name    string
 		damage  func(t *testing.T, dir string)
-		cfg     func(*vmm.Config)
+		cfg     func(*vmm.RestoreConfig)
 		is      error
 		wantErr string
 	}{
@@ -399,7 +400,7 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 				rewriteManifest(t, dir, func(m map[string]any) { m["format"] = 7; m["new_field"] = true })
 			},
 			is:      ErrFormatVersion,
-			wantErr: "snapshot format version 7, this kiln reads format version 1",
+			wantErr: "snapshot format version 7, this kiln reads format version 2",
 		},
 		{
 			name: "flipped state byte",
@@ -460,34 +461,40 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 		{
 			name: "manifest and state disagree",
 			damage: func(t *testing.T, dir string) {
-				rewriteManifest(t, dir, func(m map[string]any) { m["devices"] = []uint32{2} })
+				rewriteManifest(t, dir, func(m map[string]any) {
+					m["devices"] = []map[string]any{{"id": "rng2", "kind": "rng", "rng": map[string]any{}}}
+				})
 			},
 			is:      ErrCorrupt,
 			wantErr: "state and manifest disagree on virtio device 0",
 		},
 		{
-			name:    "vCPU count",
-			cfg:     func(c *vmm.Config) { c.CPUs = 2 },
+			name: "override of another kind",
+			cfg: func(c *vmm.RestoreConfig) {
+				c.Devices = []virtio.DeviceSpec{{ID: "rng", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/x.img"}}}
+			},
 			is:      ErrMismatch,
-			wantErr: "snapshot has 1 vCPUs, config asks for 2",
+			wantErr: `override of device "rng": the snapshot's is a rng device, the override a blk one`,
 		},
 		{
-			name:    "memory size",
-			cfg:     func(c *vmm.Config) { c.MemoryMiB = 32 },
+			name: "override of no device",
+			cfg: func(c *vmm.RestoreConfig) {
+				c.Devices = []virtio.DeviceSpec{{ID: "disk", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}}
+			},
 			is:      ErrMismatch,
-			wantErr: "snapshot has 16 MiB of memory, config asks for 32 MiB",
+			wantErr: `override of device "disk": the snapshot has no such device (it has "rng")`,
 		},
 		{
-			name:    "device type",
-			cfg:     func(c *vmm.Config) { c.Devices = []virtio.Device{&otherDevice{virtio.NewRNG()}} },
-			is:      ErrMismatch,
-			wantErr: "virtio device 0: snapshot has device ID 4, config gives ID 2",
-		},
-		{
-			name:    "device count",
-			cfg:     func(c *vmm.Config) { c.Devices = nil },
-			is:      ErrMismatch,
-			wantErr: "snapshot has 1 virtio devices, config gives 0",
+			name: "too many labels",
+			damage: func(t *testing.T, dir string) {
+				labels := map[string]any{}
+				for i := range MaxLabels + 1 {
+					labels[fmt.Sprint("k", i)] = "v"
+				}
+				rewriteManifest(t, dir, func(m map[string]any) { m["labels"] = labels })
+			},
+			is:      ErrCorrupt,
+			wantErr: "65 labels: at most 64",
 		},
 	}
 	for _, tt := range tests {
@@ -515,11 +522,6 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 		})
 	}
 }
-
-// otherDevice is an RNG that says it is a block device.
-type otherDevice struct{ *virtio.RNG }
-
-func (otherDevice) ID() uint32 { return virtio.IDBlock }
 
 func TestLoadReachesRestore(t *testing.T) {
 	// With every check passed, Load hands over to vmm.Restore (which

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gen-proto.sh: regenerate guest/agentpb/agent.pb.go and agent_grpc.pb.go
-# from guest/agentpb/agent.proto.
+# gen-proto.sh: regenerate the Go code of the protobuf APIs:
+# guest/agentpb/agent.proto and vmmproc/vmmpb/vmm.proto.
 #
 # Needs protoc (Debian: protobuf-compiler). Installs the pinned Go plugins
 # into $(go env GOPATH)/bin when they are missing or of another version.
@@ -26,9 +26,14 @@ have protoc-gen-go "$PROTOC_GEN_GO_VERSION" ||
 have protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" ||
   GOFLAGS= $GO install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
 
-protoc \
-  --proto_path=guest/agentpb \
-  --go_out=guest/agentpb --go_opt=paths=source_relative \
-  --go-grpc_out=guest/agentpb --go-grpc_opt=paths=source_relative \
-  agent.proto
-echo "gen-proto: regenerated guest/agentpb"
+# gen DIR FILE: the Go code of DIR/FILE, beside it.
+gen() {
+  protoc \
+    --proto_path="$1" \
+    --go_out="$1" --go_opt=paths=source_relative \
+    --go-grpc_out="$1" --go-grpc_opt=paths=source_relative \
+    "$2"
+  echo "gen-proto: regenerated $1"
+}
+gen guest/agentpb agent.proto
+gen vmmproc/vmmpb vmm.proto

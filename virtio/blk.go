@@ -130,6 +130,36 @@ func NewBlock(cfg BlockConfig) (*Block, error) {
 	return b, nil
 }
 
+// NewBlockFromFile makes a disk over an image already open (a jailer
+// opened it, say): read-write unless cfg.ReadOnly, which must match how f
+// was opened. The device owns f from the call on, and closes it when it
+// fails. cfg.Path only names the image in messages.
+func NewBlockFromFile(f *os.File, cfg BlockConfig) (*Block, error) {
+	if f == nil {
+		return nil, errors.New("virtio-blk: no image file given")
+	}
+	if cfg.Path == "" {
+		cfg.Path = f.Name()
+	}
+	if len(cfg.ID) > BlockIDBytes {
+		f.Close()
+		return nil, fmt.Errorf("virtio-blk %s: ID %q is %d bytes, at most %d allowed", cfg.Path, cfg.ID, len(cfg.ID), BlockIDBytes)
+	}
+	lock := unix.LOCK_EX
+	if cfg.ReadOnly {
+		lock = unix.LOCK_SH
+	} else if fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDONLY {
+		f.Close()
+		return nil, fmt.Errorf("virtio-blk %s: the image is open read-only but the disk is read-write", cfg.Path)
+	}
+	b, err := newBlock(f, cfg, lock)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
 func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	fi, err := f.Stat()
 	if err != nil {

@@ -103,27 +103,14 @@ func TestKVMVirtioBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rw, err := virtio.NewBlock(virtio.BlockConfig{Path: rwImg, ID: "kiln-rw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rw.Close()
-	ro, err := virtio.NewBlock(virtio.BlockConfig{Path: roImg, ReadOnly: true, ID: "kiln-ro"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ro.Close()
+	rw := virtio.DeviceSpec{ID: "rw", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: rwImg, Serial: "kiln-rw"}}
+	ro := virtio.DeviceSpec{ID: "ro", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: roImg, ReadOnly: true, Serial: "kiln-ro"}}
 
 	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_blk", "crc32c_generic", "ext4"}, blkGuestScript)
 	var console kvmtest.Console
 	vm, err := vmm.New(vmm.Config{
-		Kernel:    k.Vmlinux,
-		Initrd:    initrd,
-		Cmdline:   vmm.DefaultCmdline + " quiet",
-		CPUs:      1,
-		MemoryMiB: 256,
-		Console:   &console,
-		Devices:   []virtio.Device{rw, ro},
+		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: 1, MemoryMiB: 256, Devices: []virtio.DeviceSpec{rw, ro}},
+		Console: &console,
 	})
 	if err != nil {
 		t.Fatalf("vmm.New: %v", err)
@@ -137,7 +124,7 @@ func TestKVMVirtioBlock(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v; console:\n%s", err, console.String())
 	}
-	if err := vm.Close(); err != nil {
+	if err := vm.Close(); err != nil { // and its disks
 		t.Errorf("closing the VM: %v", err)
 	}
 	out := console.String()
@@ -166,12 +153,6 @@ func TestKVMVirtioBlock(t *testing.T) {
 		t.Errorf("writing the read-only disk did not fail in the guest; console:\n%s", out)
 	}
 
-	if err := rw.Close(); err != nil {
-		t.Error(err)
-	}
-	if err := ro.Close(); err != nil {
-		t.Error(err)
-	}
 	got, err := exec.Command("debugfs", "-R", "cat /guest.txt", rwImg).Output()
 	if err != nil {
 		t.Fatalf("debugfs: %v", err)

@@ -115,7 +115,6 @@ type MMIO struct {
 	epoch      uint64    // bumped by every reset: callbacks from before are dropped
 	paused     bool      // Pause: queues serve nothing until Resume
 
-	ioevents *ioEvents
 }
 
 // NewMMIO returns a transport for dev over guest memory mem. irq drives the
@@ -424,6 +423,22 @@ func (m *MMIO) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.failed
+}
+
+// Notify delivers a queue notification that reached the VMM another way
+// than a guest write to QueueNotify (an ioeventfd the VM registered for
+// the queue): the device sees it as that write.
+func (m *MMIO) Notify(queue uint32) { m.notify(queue) }
+
+// NumQueues returns how many queues the device has: the indices a guest
+// may write to QueueNotify.
+func (m *MMIO) NumQueues() int { return len(m.queues) }
+
+// Close resets the device. The VM releases what it registered for the
+// transport (ioeventfds, irqfd) before.
+func (m *MMIO) Close() error {
+	m.Reset()
+	return nil
 }
 
 // notify forwards a QueueNotify to the device while it is live.

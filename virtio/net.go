@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnvm/kiln/memory"
 )
 
@@ -130,15 +132,40 @@ func NewNet(cfg NetConfig) (*Net, error) {
 	return newNet(f, name, mac, cfg.Logger), nil
 }
 
+// NewNetFromTap makes a card over a tap already open (a jailer opened it
+// in the sandbox's network namespace, say) with IFF_TAP, IFF_NO_PI and
+// IFF_VNET_HDR; name is the tap's name, for logs. The device owns tap from
+// the call on. cfg.Tap and cfg.Netns are not used.
+func NewNetFromTap(tap *os.File, name string, cfg NetConfig) (*Net, error) {
+	if tap == nil {
+		return nil, errors.New("virtio-net: no tap given")
+	}
+	mac, err := netMAC(cfg.MAC)
+	if err != nil {
+		tap.Close()
+		return nil, err
+	}
+	if err := unix.IoctlSetPointerInt(int(tap.Fd()), unix.TUNSETVNETHDRSZ, netHdrLen); err != nil {
+		tap.Close()
+		return nil, fmt.Errorf("virtio-net: tap %s: setting the vnet header size (is it a tap with IFF_VNET_HDR?): %w", name, err)
+	}
+	return newNet(tap, name, mac, cfg.Logger), nil
+}
+
+// RandomMAC returns a random locally administered unicast MAC address.
+func RandomMAC() (net.HardwareAddr, error) {
+	m := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(m); err != nil {
+		return nil, fmt.Errorf("virtio-net: random MAC address: %w", err)
+	}
+	m[0] = m[0]&^1 | 2 // unicast, locally administered
+	return m, nil
+}
+
 // netMAC checks a configured MAC address, or makes a random one.
 func netMAC(mac net.HardwareAddr) (net.HardwareAddr, error) {
 	if mac == nil {
-		m := make(net.HardwareAddr, 6)
-		if _, err := rand.Read(m); err != nil {
-			return nil, fmt.Errorf("virtio-net: random MAC address: %w", err)
-		}
-		m[0] = m[0]&^1 | 2 // unicast, locally administered
-		return m, nil
+		return RandomMAC()
 	}
 	if len(mac) != 6 {
 		return nil, fmt.Errorf("virtio-net: MAC address %v is %d bytes, want 6", mac, len(mac))

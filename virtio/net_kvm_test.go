@@ -102,11 +102,21 @@ func TestKVMVirtioNet(t *testing.T) {
 	nsPath := filepath.Join(virtio.NetnsDirForTest, ns)
 
 	logger := slog.New(slog.NewTextHandler(netTestLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	dev, err := virtio.NewNet(virtio.NetConfig{Tap: "kiln0", Netns: nsPath, Logger: logger})
+	// vmm.New opens the tap (creating it in the namespace); the guest
+	// starts only with Run.
+	nic := virtio.DeviceSpec{ID: "net0", Kind: virtio.KindNet, Net: &virtio.NetSpec{Tap: "kiln0", Netns: nsPath}}
+	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_net"}, netGuestScript)
+	var console kvmtest.Console
+	vm, err := vmm.New(vmm.Config{
+		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: 1, MemoryMiB: 256, Devices: []virtio.DeviceSpec{nic}},
+		Console: &console,
+		Logger:  logger,
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("vmm.New: %v", err)
 	}
-	defer dev.Close()
+	defer vm.Close()
+	dev := vm.Device("net0").(*virtio.Net)
 	ip("-n", ns, "addr", "add", "10.0.2.1/24", "dev", "kiln0")
 	ip("-n", ns, "link", "set", "kiln0", "up")
 
@@ -151,21 +161,6 @@ func TestKVMVirtioNet(t *testing.T) {
 	go srv.Serve(ln)
 	defer srv.Close()
 
-	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_net"}, netGuestScript)
-	var console kvmtest.Console
-	vm, err := vmm.New(vmm.Config{
-		Kernel:    k.Vmlinux,
-		Initrd:    initrd,
-		Cmdline:   vmm.DefaultCmdline + " quiet",
-		CPUs:      1,
-		MemoryMiB: 256,
-		Console:   &console,
-		Devices:   []virtio.Device{dev},
-	})
-	if err != nil {
-		t.Fatalf("vmm.New: %v", err)
-	}
-	defer vm.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()

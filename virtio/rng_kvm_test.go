@@ -34,12 +34,8 @@ poweroff -f
 	var out kvmtest.Console
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
-		Kernel:    k.Vmlinux,
-		Initrd:    initrd,
-		CPUs:      1,
-		MemoryMiB: 256,
-		Console:   &out,
-		Devices:   []virtio.Device{virtio.NewRNG()},
+		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 256, Devices: []virtio.DeviceSpec{{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}}},
+		Console: &out,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -118,11 +117,7 @@ poweroff -f
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "v.sock")
-	dev, err := virtio.NewVsock(virtio.VsockConfig{CID: 3, Path: path}, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
+	dev := virtio.DeviceSpec{ID: "vsock", Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: 3, Path: path}}
 
 	// The guest dials port 5000: a host listener on path_5000 answers.
 	ln, err := net.Listen("unix", path+"_5000")
@@ -150,8 +145,8 @@ poweroff -f
 	var out kvmtest.Console
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
-		Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 256,
-		Console: &out, Devices: []virtio.Device{dev},
+		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 256, Devices: []virtio.DeviceSpec{dev}},
+		Console: &out,
 	})
 	if err != nil {
 		t.Fatal(err)

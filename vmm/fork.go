@@ -2,7 +2,6 @@ package vmm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,10 +17,12 @@ const MaxForks = 1024
 
 // ForkConfig says how to build each child of a Fork.
 type ForkConfig struct {
-	// Devices returns child i's virtio devices: fresh devices of the
-	// parent's types, in its order (each child needs its own host ends:
-	// its own vsock socket, its own disk or a read-only one).
-	Devices func(i int) ([]virtio.Device, error)
+	// Devices returns child i's overrides of the parent's devices (as
+	// RestoreConfig.Devices): each child needs host ends of its own, a
+	// vsock socket, a tap, a disk (a read-only one may be shared). The
+	// parent's devices that child i does not override are opened again
+	// from their specs.
+	Devices func(i int) ([]virtio.DeviceSpec, error)
 	// Console returns child i's console writer; nil discards it.
 	Console func(i int) io.Writer
 	// Logger is the children's; the parent's when nil.
@@ -36,6 +37,13 @@ type ForkConfig struct {
 // start with Run. Each child gets a new VM generation ID (see
 // NewGeneration), so its guest reseeds its RNG.
 //
+// Fork is one lifecycle operation from the pause to the resume: the
+// parent is in the saving state throughout, and a Resume, Pause or save
+// meanwhile waits for it. A paused parent is forked too, and stays paused;
+// a parent in any other state is refused with a *StateError (ErrState).
+// A parent that stops during the fork (Run's context, Close) is not
+// resumed; the children are still whole.
+//
 // A child can be forked in turn. The first fork of a VM booted by New
 // costs no copy; a VM that is already copy-on-write (a child, a restored
 // snapshot, a parent forked before) first copies its current memory into a
@@ -44,21 +52,26 @@ func (v *VM) Fork(ctx context.Context, n int, cfg ForkConfig) (_ []*VM, err erro
 	if n < 1 || n > MaxForks {
 		return nil, fmt.Errorf("fork: %d children: want 1 to %d", n, MaxForks)
 	}
-	if cfg.Devices == nil {
-		return nil, errors.New("fork: no Devices function")
-	}
-	if err := v.Pause(ctx); err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
-	}
-	defer func() {
-		if rerr := v.Resume(); rerr != nil && err == nil {
-			err = fmt.Errorf("fork: resume the parent: %w", rerr)
+	// The whole fork is one lifecycle operation: nothing resumes the
+	// parent, or saves it, until the children are built.
+	var children []*VM
+	err = v.lc.save(ctx, "fork", true, func() error {
+		st, err := v.saveState(ctx)
+		if err != nil {
+			return fmt.Errorf("fork: %w", err)
 		}
-	}()
-	st, err := v.SaveState(ctx)
+		children, err = v.fork(st, n, cfg)
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
+		return nil, err
 	}
+	return children, nil
+}
+
+// fork builds Fork's n children from the parent's state st: the parent is
+// in the saving state, its vCPUs and devices paused.
+func (v *VM) fork(st *State, n int, cfg ForkConfig) (_ []*VM, err error) {
 	base, err := v.mem.Freeze()
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
@@ -78,9 +91,11 @@ func (v *VM) Fork(ctx context.Context, n int, cfg ForkConfig) (_ []*VM, err erro
 		}
 	}()
 	for i := range n {
-		devs, err := cfg.Devices(i)
-		if err != nil {
-			return nil, fmt.Errorf("fork: child %d's devices: %w", i, err)
+		var devs []virtio.DeviceSpec
+		if cfg.Devices != nil {
+			if devs, err = cfg.Devices(i); err != nil {
+				return nil, fmt.Errorf("fork: child %d's devices: %w", i, err)
+			}
 		}
 		fd, err := unix.FcntlInt(uintptr(base), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -91,10 +106,7 @@ func (v *VM) Fork(ctx context.Context, n int, cfg ForkConfig) (_ []*VM, err erro
 			unix.Close(fd)
 			return nil, fmt.Errorf("fork: child %d: %w", i, err)
 		}
-		ccfg := Config{
-			CPUs: v.cfg.CPUs, MemoryMiB: v.cfg.MemoryMiB, Devices: devs,
-			KVMPath: v.cfg.KVMPath, Logger: log.With("child", i),
-		}
+		ccfg := RestoreConfig{Devices: devs, KVMPath: v.cfg.KVMPath, Logger: log.With("child", i)}
 		if cfg.Console != nil {
 			ccfg.Console = cfg.Console(i)
 		}

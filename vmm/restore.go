@@ -2,42 +2,58 @@ package vmm
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
+	"github.com/kilnvm/kiln/virtio"
 )
 
-// Check reports whether a VM can be restored from the state with cfg: the
-// state is whole (Validate), the config is valid without a kernel, and both
-// describe the same machine: vCPUs, memory, and virtio devices of the same
-// types in the same order. Its errors name the difference ("snapshot has 2
-// vCPUs, config asks for 1").
-func (s *State) Check(cfg *Config) error {
+// RestoreConfig says what a VM restored from a State is connected to. The
+// machine itself (vCPUs, memory, devices) comes from the state.
+type RestoreConfig struct {
+	// Devices override the state's devices of the same IDs and kinds: a
+	// new tap, a new vsock socket, another path for a disk. The state's
+	// other devices are opened from their saved specs.
+	Devices []virtio.DeviceSpec
+
+	Console io.Writer    // serial console output; discarded when nil
+	KVMPath string       // /dev/kvm when empty
+	Logger  *slog.Logger // slog.Default() when nil
+}
+
+// Check reports whether a VM can be restored from the state with cfg, and
+// returns the device specs it would open: the state is whole (Validate)
+// and cfg's overrides each replace one of its devices (State.Resolve).
+// Its errors name what is wrong.
+func (s *State) Check(cfg *RestoreConfig) ([]virtio.DeviceSpec, error) {
 	if err := s.Validate(); err != nil {
-		return fmt.Errorf("snapshot state: %w", err)
+		return nil, fmt.Errorf("snapshot state: %w", err)
 	}
-	if err := cfg.validateShape(); err != nil {
-		return fmt.Errorf("vm config: %w", err)
+	specs, err := s.Resolve(cfg.Devices)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot devices: %w", err)
 	}
-	return s.checkConfig(cfg)
+	return specs, nil
 }
 
 // Restore builds a VM from a saved State over mem, guest RAM that holds
 // the snapshot's memory (package snapshot maps the memory file
 // copy-on-write, so that restores share the pages none of them wrote).
 // It builds the machine as New does, without a kernel or boot setup: the
-// KVM VM with mem as its memory slots, irqchip, PIT, COM1, a virtio
-// transport for each of cfg.Devices (fresh devices of the types the
-// snapshot had, in the same order), and vCPUs with the CPUID New computes;
-// then it writes the saved state into all of them. cfg's Kernel, Initrd
-// and Cmdline are not used. The guest continues with Run.
+// KVM VM with mem as its memory slots, irqchip, PIT, COM1, the state's
+// virtio devices (each opened from its saved spec or from cfg's override
+// of it) behind transports at the addresses the guest knows, and vCPUs
+// with the CPUID New computes; then it writes the saved state into all of
+// them. The guest continues with Run.
 //
 // Everything in st is checked against cfg and mem before KVM is touched;
 // a mismatch is an error that names it. Restore owns mem from the call
 // on: the VM closes it (Close), and Restore closes it when it fails.
-func Restore(cfg Config, st *State, mem *memory.Memory) (_ *VM, err error) {
-	if err := st.Check(&cfg); err != nil {
+func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error) {
+	specs, err := st.Check(&cfg)
+	if err != nil {
 		closeMemory(mem)
 		return nil, fmt.Errorf("restore: %w", err)
 	}
@@ -51,7 +67,10 @@ func Restore(cfg Config, st *State, mem *memory.Memory) (_ *VM, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	v := newVM(cfg)
+	v := newVM(Config{
+		Spec:    Spec{CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Devices: specs},
+		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger,
+	})
 	v.mem = mem
 	defer func() {
 		if err != nil {
@@ -82,9 +101,9 @@ func Restore(cfg Config, st *State, mem *memory.Memory) (_ *VM, err error) {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	restoreSerial(v.uart, st.Serial)
-	for i, m := range v.virtio {
-		if err = m.RestoreState(st.Devices[i]); err != nil {
-			return nil, fmt.Errorf("restore: virtio device %d: %w", i, err)
+	for i, d := range v.devices {
+		if err = d.mmio.RestoreState(st.Devices[i].Transport); err != nil {
+			return nil, fmt.Errorf("restore: virtio device %s: %w", d.spec.ID, err)
 		}
 	}
 	for _, c := range v.vcpus {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
@@ -13,7 +15,7 @@ import (
 
 // StateVersion is the version of State's form. A State of another version
 // is refused by Restore.
-const StateVersion = 1
+const StateVersion = 2
 
 // Bounds on what a State may hold, so that a damaged or hostile state is
 // refused before it sizes an allocation.
@@ -43,15 +45,27 @@ type State struct {
 	Memory []MemoryRegion `json:"memory"`
 	// VirtioVersion is virtio.StateVersion when saved.
 	VirtioVersion int `json:"virtio_version"`
-	// Devices holds each virtio transport and its device, in
-	// Config.Devices order.
-	Devices []virtio.MMIOState `json:"devices"`
+	// Devices holds each virtio device, in the order of its transport's
+	// address: its spec (as saved) and its transport's and its own state.
+	// A restore finds a device by its spec's ID.
+	Devices []DeviceState `json:"devices"`
 	// VCPUs holds each vCPU, in order of their IDs.
 	VCPUs []VCPUState `json:"vcpus"`
 	// Machine is the in-kernel interrupt controllers, PIT and clock.
 	Machine MachineState `json:"machine"`
 	// Serial is COM1's registers.
 	Serial SerialState `json:"serial"`
+}
+
+// DeviceState is one virtio device in a State.
+type DeviceState struct {
+	// Spec is what the device was opened from, less descriptors
+	// (virtio.DeviceSpec.Saved). A restore opens it again unless an
+	// override of the same ID replaces it.
+	Spec virtio.DeviceSpec `json:"spec"`
+	// Transport is its virtio-mmio transport's registers and queues, with
+	// the device's own state inside.
+	Transport virtio.MMIOState `json:"transport"`
 }
 
 // MemoryRegion is one region of guest RAM in a State.
@@ -136,6 +150,19 @@ func (s *State) Validate() error {
 	if len(s.Devices) > MaxVirtioDevices {
 		return fmt.Errorf("state has %d virtio devices: a VM takes at most %d", len(s.Devices), MaxVirtioDevices)
 	}
+	ids := map[string]bool{}
+	for i, d := range s.Devices {
+		// A saved spec may lack what only an override can give (the
+		// path of a disk that was passed as a descriptor): Resolve
+		// checks the specs whole, after the overrides.
+		if ids[d.Spec.ID] {
+			return fmt.Errorf("virtio device %d: ID %q used twice", i, d.Spec.ID)
+		}
+		ids[d.Spec.ID] = true
+		if want := d.Spec.DeviceID(); want == 0 || want != d.Transport.DeviceID {
+			return fmt.Errorf("virtio device %d (%q): a %q spec over a transport of a %s", i, d.Spec.ID, d.Spec.Kind, deviceName(d.Transport.DeviceID))
+		}
+	}
 	if len(s.VCPUs) != s.CPUs {
 		return fmt.Errorf("state has %d vCPUs but the state of %d", s.CPUs, len(s.VCPUs))
 	}
@@ -174,27 +201,51 @@ func checkLayout(regions []MemoryRegion, memMiB int) error {
 	return nil
 }
 
-// checkConfig checks the state against a config a restore was given: the
-// same vCPUs, memory and virtio devices (types, in order).
-func (s *State) checkConfig(cfg *Config) error {
-	if cfg.CPUs != s.CPUs {
-		return fmt.Errorf("snapshot has %d vCPUs, config asks for %d", s.CPUs, cfg.CPUs)
+// Specs returns the specs of the state's devices, in order.
+func (s *State) Specs() []virtio.DeviceSpec {
+	out := make([]virtio.DeviceSpec, len(s.Devices))
+	for i, d := range s.Devices {
+		out[i] = d.Spec
 	}
-	if cfg.MemoryMiB != s.MemoryMiB {
-		return fmt.Errorf("snapshot has %d MiB of memory, config asks for %d MiB", s.MemoryMiB, cfg.MemoryMiB)
-	}
-	if len(cfg.Devices) != len(s.Devices) {
-		return fmt.Errorf("snapshot has %d virtio devices, config gives %d", len(s.Devices), len(cfg.Devices))
-	}
-	for i, d := range cfg.Devices {
-		if d == nil {
-			continue // validateShape names it
+	return out
+}
+
+// Resolve returns the device specs a VM restored from the state opens:
+// the state's own, each replaced by the override of the same ID. An
+// override must name a device the state has, of the same kind, once; the
+// result is validated as a VM's devices are.
+func (s *State) Resolve(overrides []virtio.DeviceSpec) ([]virtio.DeviceSpec, error) {
+	specs := s.Specs()
+	used := map[string]bool{}
+	for _, o := range overrides {
+		if used[o.ID] {
+			return nil, fmt.Errorf("override of device %q given twice", o.ID)
 		}
-		if got, want := d.ID(), s.Devices[i].DeviceID; got != want {
-			return fmt.Errorf("virtio device %d: snapshot has a %s, config gives a %s", i, deviceName(want), deviceName(got))
+		used[o.ID] = true
+		i := slices.IndexFunc(specs, func(d virtio.DeviceSpec) bool { return d.ID == o.ID })
+		if i < 0 {
+			return nil, fmt.Errorf("override of device %q: the snapshot has no such device (it has %s)", o.ID, specIDs(specs))
 		}
+		if o.Kind != specs[i].Kind {
+			return nil, fmt.Errorf("override of device %q: the snapshot's is a %s device, the override a %s one", o.ID, specs[i].Kind, o.Kind)
+		}
+		specs[i] = o
 	}
-	return nil
+	if err := validateDevices(specs); err != nil {
+		return nil, err
+	}
+	return specs, nil
+}
+
+func specIDs(specs []virtio.DeviceSpec) string {
+	if len(specs) == 0 {
+		return "none"
+	}
+	ids := make([]string, len(specs))
+	for i, d := range specs {
+		ids[i] = fmt.Sprintf("%q", d.ID)
+	}
+	return strings.Join(ids, ", ")
 }
 
 // checkMemory checks that mem has the state's layout.
@@ -237,23 +288,33 @@ func deviceName(id uint32) string {
 // devices finish what they hold and take nothing new), so that the state
 // and guest memory agree; it leaves them paused, and Resume resumes them
 // with the vCPUs. Guest memory is not part of the State: copy it
-// (Memory) before Resume.
-func (v *VM) SaveState(ctx context.Context) (*State, error) {
-	v.mu.Lock()
-	switch {
-	case v.stopping:
-		v.mu.Unlock()
-		return nil, errors.New("save state: the VM has stopped")
-	case !v.running || !v.paused || v.parked < len(v.vcpus):
-		v.mu.Unlock()
-		return nil, errors.New("save state: the VM is not paused (call Pause first)")
+// (Memory) before Resume, or use Checkpoint, which holds the VM paused
+// until the copy is done.
+//
+// The VM is in the saving state meanwhile: a Resume, Pause, Fork or other
+// save waits for SaveState to finish. A VM that is not paused when its
+// turn comes is refused with a *StateError (ErrState).
+func (v *VM) SaveState(ctx context.Context) (st *State, err error) {
+	err = v.lc.save(ctx, "save state", false, func() error {
+		st, err = v.saveState(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
+	return st, nil
+}
+
+// saveState is SaveState's work, done in the saving state (the caller
+// holds the lifecycle's turn, the vCPUs parked).
+func (v *VM) saveState(ctx context.Context) (*State, error) {
+	v.mu.Lock()
 	v.devicesPaused = true
 	v.mu.Unlock()
 
-	for i, m := range v.virtio {
-		if err := m.Pause(ctx); err != nil {
-			return nil, fmt.Errorf("save state: pause virtio device %d: %w", i, err)
+	for _, d := range v.devices {
+		if err := d.mmio.Pause(ctx); err != nil {
+			return nil, fmt.Errorf("save state: pause virtio device %s: %w", d.spec.ID, err)
 		}
 	}
 	st := &State{
@@ -263,12 +324,12 @@ func (v *VM) SaveState(ctx context.Context) (*State, error) {
 		Memory:        memoryState(v.mem),
 		VirtioVersion: virtio.StateVersion,
 	}
-	for i, m := range v.virtio {
-		ms, err := m.SaveState()
+	for _, d := range v.devices {
+		ms, err := d.mmio.SaveState()
 		if err != nil {
-			return nil, fmt.Errorf("save state: virtio device %d: %w", i, err)
+			return nil, fmt.Errorf("save state: virtio device %s: %w", d.spec.ID, err)
 		}
-		st.Devices = append(st.Devices, ms)
+		st.Devices = append(st.Devices, DeviceState{Spec: d.spec.Saved(), Transport: ms})
 	}
 	msrs, err := v.stateMSRs()
 	if err != nil {
@@ -292,8 +353,8 @@ func (v *VM) SaveState(ctx context.Context) (*State, error) {
 
 // resumeDevices undoes SaveState's pause of the virtio transports.
 func (v *VM) resumeDevices() {
-	for _, m := range v.virtio {
-		m.Resume()
+	for _, d := range v.devices {
+		d.mmio.Resume()
 	}
 }
 

@@ -177,7 +177,7 @@ func TestKVMSaveRestore(t *testing.T) {
 	initrd := kvmtest.BusyboxInitrd(t, counterScript)
 	const memMiB = 512
 	config := func(out *kvmtest.Console, name string) vmm.Config {
-		return vmm.Config{CPUs: 1, MemoryMiB: memMiB, Console: echoConsole(out, name), Devices: []virtio.Device{virtio.NewRNG()}}
+		return vmm.Config{Spec: vmm.Spec{CPUs: 1, MemoryMiB: memMiB, Devices: []virtio.DeviceSpec{{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}}}, Console: echoConsole(out, name)}
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -241,11 +241,11 @@ func TestKVMSaveRestore(t *testing.T) {
 		t.Fatalf("original stopped with %v", exit)
 	}
 
-	restore := func(name string, build func(cfg vmm.Config) (*vmm.VM, error)) {
+	restore := func(name string, build func(cfg vmm.RestoreConfig) (*vmm.VM, error)) {
 		t.Run(name, func(t *testing.T) {
 			var rout kvmtest.Console
 			start := time.Now()
-			rvm, err := build(config(&rout, name))
+			rvm, err := build(vmm.RestoreConfig{Console: echoConsole(&rout, name)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -269,7 +269,7 @@ func TestKVMSaveRestore(t *testing.T) {
 			}
 		})
 	}
-	fromCopy := func(cfg vmm.Config) (*vmm.VM, error) {
+	fromCopy := func(cfg vmm.RestoreConfig) (*vmm.VM, error) {
 		fd, err := unix.FcntlInt(uintptr(image.FD()), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return nil, err
@@ -283,5 +283,5 @@ func TestKVMSaveRestore(t *testing.T) {
 	}
 	restore("restore", fromCopy)
 	restore("restore again", fromCopy)
-	restore("snapshot.Load", func(cfg vmm.Config) (*vmm.VM, error) { return snapshot.Load(dir, cfg) })
+	restore("snapshot.Load", func(cfg vmm.RestoreConfig) (*vmm.VM, error) { return snapshot.Load(dir, cfg) })
 }

@@ -3,6 +3,7 @@ package vmm
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -36,8 +37,8 @@ func testState(cpus, memMiB int, devices ...uint32) *State {
 		st.Memory = append(st.Memory, MemoryRegion{GuestAddr: r.GuestAddr, Size: r.Size, Offset: off})
 		off += r.Size
 	}
-	for _, id := range devices {
-		st.Devices = append(st.Devices, virtio.MMIOState{DeviceID: id, Queues: []virtio.QueueState{{Size: 256}}})
+	for i, id := range devices {
+		st.Devices = append(st.Devices, DeviceState{Spec: testSpec(i, id), Transport: virtio.MMIOState{DeviceID: id, Queues: []virtio.QueueState{{Size: 256}}}})
 	}
 	for i := range cpus {
 		vs := VCPUState{
@@ -63,6 +64,21 @@ func testState(cpus, memMiB int, devices ...uint32) *State {
 	return st
 }
 
+// testSpec returns a spec for device i of a test state, of virtio device
+// ID id.
+func testSpec(i int, id uint32) virtio.DeviceSpec {
+	name := fmt.Sprintf("dev%d", i)
+	switch id {
+	case virtio.IDBlock:
+		return virtio.DeviceSpec{ID: name, Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/nonexistent/" + name + ".img"}}
+	case virtio.IDNet:
+		return virtio.DeviceSpec{ID: name, Kind: virtio.KindNet, Net: &virtio.NetSpec{Tap: "kilntest" + name}}
+	case virtio.IDVsock:
+		return virtio.DeviceSpec{ID: name, Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: 3, Path: "/nonexistent/" + name + ".sock"}}
+	}
+	return virtio.DeviceSpec{ID: name, Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}
+}
+
 func TestStateValidate(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -70,7 +86,7 @@ func TestStateValidate(t *testing.T) {
 		wantErr string
 	}{
 		{"valid", func(*State) {}, ""},
-		{"other version", func(s *State) { s.Version = 2 }, "state version 2, this kiln restores version 1"},
+		{"other version", func(s *State) { s.Version = 1 }, "state version 1, this kiln restores version 2"},
 		{"other virtio version", func(s *State) { s.VirtioVersion = 9 }, "virtio state version 9"},
 		{"no vCPUs", func(s *State) { s.CPUs = 0 }, "state has 0 vCPUs"},
 		{"too little memory", func(s *State) { s.MemoryMiB = 1 }, "1 MiB of memory"},
@@ -94,9 +110,14 @@ func TestStateValidate(t *testing.T) {
 		{"short IOAPIC", func(s *State) { s.Machine.IOAPIC = make([]byte, 10) }, "IOAPIC state is 10 bytes"},
 		{"too many devices", func(s *State) {
 			for range MaxVirtioDevices {
-				s.Devices = append(s.Devices, virtio.MMIOState{DeviceID: virtio.IDRNG})
+				s.Devices = append(s.Devices, DeviceState{Spec: testSpec(len(s.Devices), virtio.IDRNG), Transport: virtio.MMIOState{DeviceID: virtio.IDRNG}})
 			}
 		}, "virtio devices: a VM takes at most"},
+		{"device ID twice", func(s *State) {
+			s.Devices = append(s.Devices, s.Devices[0])
+		}, `virtio device 1: ID "dev0" used twice`},
+		{"spec and transport differ", func(s *State) { s.Devices[0].Transport.DeviceID = virtio.IDRNG }, `virtio device 0 ("dev0"): a "blk" spec over a transport of a rng device (ID 4)`},
+		{"unknown kind", func(s *State) { s.Devices[0].Spec.Kind = "floppy" }, `a "floppy" spec over a transport of a block device`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,33 +160,47 @@ func TestStateLargeMemoryLayout(t *testing.T) {
 	}
 }
 
-func TestStateCheckConfig(t *testing.T) {
-	rng, blk := uint32(virtio.IDRNG), uint32(virtio.IDBlock)
-	devs := func(n int) []virtio.Device {
-		var d []virtio.Device
-		for range n {
-			d = append(d, virtio.NewRNG())
-		}
-		return d
-	}
+func TestStateResolve(t *testing.T) {
+	rng, blk, vsock := uint32(virtio.IDRNG), uint32(virtio.IDBlock), uint32(virtio.IDVsock)
+	newDisk := virtio.DeviceSpec{ID: "dev1", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/other.img", ReadOnly: true}}
+	newSock := virtio.DeviceSpec{ID: "dev2", Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: 3, Path: "/new.sock"}}
 	tests := []struct {
-		name    string
-		st      *State
-		cfg     Config
-		wantErr string
+		name      string
+		st        *State
+		overrides []virtio.DeviceSpec
+		want      []string // the resolved specs' paths or IDs, in order
+		wantErr   string
 	}{
-		{"same", testState(2, 64, rng), Config{CPUs: 2, MemoryMiB: 64, Devices: devs(1)}, ""},
-		{"vCPUs", testState(2, 64), Config{CPUs: 1, MemoryMiB: 64}, "snapshot has 2 vCPUs, config asks for 1"},
-		{"memory", testState(1, 64), Config{CPUs: 1, MemoryMiB: 128}, "snapshot has 64 MiB of memory, config asks for 128 MiB"},
-		{"device count", testState(1, 64, rng, rng), Config{CPUs: 1, MemoryMiB: 64, Devices: devs(1)}, "snapshot has 2 virtio devices, config gives 1"},
-		{"device type", testState(1, 64, rng, blk), Config{CPUs: 1, MemoryMiB: 64, Devices: devs(2)}, "virtio device 1: snapshot has a block device (ID 2), config gives a rng device (ID 4)"},
-		{"nil device", testState(1, 64, rng), Config{CPUs: 1, MemoryMiB: 64, Devices: []virtio.Device{nil}}, "virtio device 0 is nil"},
-		{"bad config", testState(1, 64), Config{CPUs: 0, MemoryMiB: 64}, "vm config: 0 vCPUs"},
-		{"bad state", func() *State { s := testState(1, 64); s.Version = 0; return s }(), Config{CPUs: 1, MemoryMiB: 64}, "snapshot state: state version 0"},
+		{"no overrides", testState(1, 64, rng, blk), nil, []string{"dev0", "/nonexistent/dev1.img"}, ""},
+		{"overrides by ID", testState(1, 64, rng, blk, vsock), []virtio.DeviceSpec{newSock, newDisk}, []string{"dev0", "/other.img", "/new.sock"}, ""},
+		{"unknown ID", testState(1, 64, rng), []virtio.DeviceSpec{newDisk}, nil, `snapshot devices: override of device "dev1": the snapshot has no such device (it has "dev0")`},
+		{"no devices", testState(1, 64), []virtio.DeviceSpec{newDisk}, nil, "(it has none)"},
+		{"other kind", testState(1, 64, rng, rng), []virtio.DeviceSpec{newDisk}, nil, `override of device "dev1": the snapshot's is a rng device, the override a blk one`},
+		{"twice", testState(1, 64, rng, blk), []virtio.DeviceSpec{newDisk, newDisk}, nil, `override of device "dev1" given twice`},
+		{"bad override", testState(1, 64, rng, blk), []virtio.DeviceSpec{{ID: "dev1", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{}}}, nil, `device "dev1": blk: no image path or fd`},
+		{"bad state", func() *State { s := testState(1, 64); s.Version = 0; return s }(), nil, nil, "snapshot state: state version 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			checkErr(t, tt.st.Check(&tt.cfg), tt.wantErr)
+			specs, err := tt.st.Check(&RestoreConfig{Devices: tt.overrides})
+			checkErr(t, err, tt.wantErr)
+			if err != nil {
+				return
+			}
+			var got []string
+			for _, s := range specs {
+				switch {
+				case s.Block != nil:
+					got = append(got, s.Block.Path)
+				case s.Vsock != nil:
+					got = append(got, s.Vsock.Path)
+				default:
+					got = append(got, s.ID)
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("resolved %q, want %q", got, tt.want)
+			}
 		})
 	}
 }
@@ -178,15 +213,15 @@ func TestRestoreRefusesBeforeKVM(t *testing.T) {
 	tests := []struct {
 		name    string
 		st      *State
-		cfg     Config
+		cfg     RestoreConfig
 		layout  memory.Layout
 		wantErr string
 	}{
-		{"vCPUs", testState(2, 16), Config{CPUs: 1, MemoryMiB: 16}, memoryLayout(16), "restore: snapshot has 2 vCPUs, config asks for 1"},
-		{"nil state", nil, Config{CPUs: 1, MemoryMiB: 16}, memoryLayout(16), "restore: snapshot state: no state"},
-		{"memory layout", testState(1, 16), Config{CPUs: 1, MemoryMiB: 16}, memory.Layout{{GuestAddr: 0, Size: 8 << 20}}, "restore: memory region 0 is 0x0+0x800000"},
-		{"memory regions", testState(1, 16), Config{CPUs: 1, MemoryMiB: 16}, memory.Layout{{GuestAddr: 0, Size: 8 << 20}, {GuestAddr: 16 << 20, Size: 8 << 20}}, "restore: memory has 2 regions, the snapshot 1"},
-		{"no memory", testState(1, 16), Config{CPUs: 1, MemoryMiB: 16}, nil, "restore: no memory given"},
+		{"unknown override", testState(1, 16), RestoreConfig{Devices: []virtio.DeviceSpec{testSpec(0, virtio.IDRNG)}}, memoryLayout(16), `restore: snapshot devices: override of device "dev0": the snapshot has no such device`},
+		{"nil state", nil, RestoreConfig{}, memoryLayout(16), "restore: snapshot state: no state"},
+		{"memory layout", testState(1, 16), RestoreConfig{}, memory.Layout{{GuestAddr: 0, Size: 8 << 20}}, "restore: memory region 0 is 0x0+0x800000"},
+		{"memory regions", testState(1, 16), RestoreConfig{}, memory.Layout{{GuestAddr: 0, Size: 8 << 20}, {GuestAddr: 16 << 20, Size: 8 << 20}}, "restore: memory has 2 regions, the snapshot 1"},
+		{"no memory", testState(1, 16), RestoreConfig{}, nil, "restore: no memory given"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -213,14 +248,14 @@ func TestRestoreRefusesBeforeKVM(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = Restore(Config{CPUs: 1, MemoryMiB: 16, KVMPath: noKVM}, testState(1, 16), mem)
+		_, err = Restore(RestoreConfig{KVMPath: noKVM}, testState(1, 16), mem)
 		checkErr(t, err, "restore: open "+noKVM)
 	})
 }
 
 func TestStateJSONRoundTrip(t *testing.T) {
 	st := testState(2, 4096, virtio.IDBlock, virtio.IDVsock)
-	st.Devices[0].Device = json.RawMessage(`{"capacity_sectors":2048,"read_only":false,"id":"disk"}`)
+	st.Devices[0].Transport.Device = json.RawMessage(`{"capacity_sectors":2048,"read_only":false,"id":"disk"}`)
 	st.Machine.PIT.Channels[0].Count = 0x10000
 	st.Machine.PIT.Channels[2].CountLoadTime = -5
 	st.Machine.PICMaster[3] = 0xff
@@ -302,10 +337,10 @@ func TestCPUIDDiff(t *testing.T) {
 }
 
 func TestSaveStateNeedsPause(t *testing.T) {
-	v := newVM(Config{CPUs: 1, MemoryMiB: 16})
+	v := newVM(Config{Spec: Spec{CPUs: 1, MemoryMiB: 16}})
 	_, err := v.SaveState(context.Background())
 	checkErr(t, err, "save state: the VM is not paused")
-	v.stopping = true
+	v.stop(ReasonCancelled, "test")
 	_, err = v.SaveState(context.Background())
 	checkErr(t, err, "save state: the VM has stopped")
 }

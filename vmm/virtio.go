@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -40,18 +41,14 @@ func virtioGSIs() []uint32 {
 // virtioBase returns the guest-physical base of device i's registers.
 func virtioBase(i int) uint64 { return VirtioMMIOBase + uint64(i)*virtio.MMIOSize }
 
-// validateDevices checks Config.Devices.
-func validateDevices(devs []virtio.Device) error {
+// validateDevices checks a VM's device specs (virtio.ValidateSpecs) and
+// that they fit.
+func validateDevices(devs []virtio.DeviceSpec) error {
 	if len(devs) > MaxVirtioDevices {
 		return fmt.Errorf("%d virtio devices: a VM takes at most %d", len(devs), MaxVirtioDevices)
 	}
-	for i, d := range devs {
-		if d == nil {
-			return fmt.Errorf("virtio device %d is nil", i)
-		}
-		if len(d.QueueSizes()) == 0 {
-			return fmt.Errorf("virtio device %d (ID %d) has no queues", i, d.ID())
-		}
+	if err := virtio.ValidateSpecs(devs); err != nil {
+		return err
 	}
 	if end := virtioBase(len(devs)); end > powerBase {
 		return fmt.Errorf("%d virtio devices overflow the MMIO window", len(devs))
@@ -59,26 +56,86 @@ func validateDevices(devs []virtio.Device) error {
 	return nil
 }
 
-// setupVirtio puts a virtio-mmio transport in front of each configured
-// device, on the MMIO bus and, where KVM allows, with ioeventfds for queue
-// notifications.
+// vdev is one of a VM's virtio devices: its spec, the device opened from
+// it, and its transport.
+type vdev struct {
+	spec virtio.DeviceSpec
+	dev  virtio.Device
+	mmio *virtio.MMIO
+	irq  *virtioIRQ
+	ioev *ioEvents // nil where KVM refused them
+}
+
+// setupVirtio opens each device of v.specs (virtio.Open) and puts a
+// virtio-mmio transport in front of it, on the MMIO bus and, where KVM
+// allows, with ioeventfds for queue notifications. The VM, not the
+// transport, wires the device to KVM: its irqfd and its ioeventfds.
 func (v *VM) setupVirtio() error {
 	gsis := virtioGSIs()
-	kv := v.vm
-	for i, d := range v.cfg.Devices {
-		gsi, base := gsis[i], virtioBase(i)
-		irq := newVirtioIRQ(kv, gsi, v.log)
-		v.virtioIRQs = append(v.virtioIRQs, irq)
-		m := virtio.NewMMIO(d, v.mem, irq.set)
-		m.SetLogger(v.log.With("gsi", gsi))
-		if err := v.mmio.Add(base, virtio.MMIOSize, m); err != nil {
-			return fmt.Errorf("virtio device %d: %w", i, err)
+	for i, spec := range v.specs {
+		if len(v.devices) != i {
+			return fmt.Errorf("virtio device %d: devices out of order", i)
 		}
-		v.virtio = append(v.virtio, m)
-		if err := m.AttachIOEventFD(kv, base); err != nil {
-			// Notifications still arrive as MMIO exits, only slower.
-			v.log.Warn("virtio notifications without ioeventfd", "device", i, "err", err)
+		dev, err := virtio.Open(spec, v.log)
+		if err != nil {
+			return fmt.Errorf("virtio device %d (%s): %w", i, spec.ID, err)
 		}
+		if len(dev.QueueSizes()) == 0 {
+			closeDevice(dev)
+			return fmt.Errorf("virtio device %d (%s) has no queues", i, spec.ID)
+		}
+		if err := v.attachVirtio(i, spec, dev, gsis[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attachVirtio gives device i its transport, interrupt and notifications.
+// The VM owns dev from the call on.
+func (v *VM) attachVirtio(i int, spec virtio.DeviceSpec, dev virtio.Device, gsi uint32) error {
+	base := virtioBase(i)
+	irq := newVirtioIRQ(v.vm, gsi, v.log)
+	m := virtio.NewMMIO(dev, v.mem, irq.set)
+	m.SetLogger(v.log.With("gsi", gsi, "device_id", spec.ID))
+	d := &vdev{spec: spec, dev: dev, mmio: m, irq: irq}
+	v.devices = append(v.devices, d)
+	if err := v.mmio.Add(base, virtio.MMIOSize, m); err != nil {
+		return fmt.Errorf("virtio device %d (%s): %w", i, spec.ID, err)
+	}
+	ev, err := attachIOEvents(v.vm, m, base)
+	if err != nil {
+		// Notifications still arrive as MMIO exits, only slower.
+		v.log.Warn("virtio notifications without ioeventfd", "device", spec.ID, "err", err)
+	}
+	d.ioev = ev
+	return nil
+}
+
+// Device returns the VM's device with the given spec ID, or nil. It is
+// the live device (a *virtio.Net, say) for callers that read its
+// addresses or counters; the VM keeps owning it.
+func (v *VM) Device(id string) virtio.Device {
+	for _, d := range v.devices {
+		if d.spec.ID == id {
+			return d.dev
+		}
+	}
+	return nil
+}
+
+// Devices returns the specs the VM's devices were opened from, in order.
+func (v *VM) Devices() []virtio.DeviceSpec {
+	out := make([]virtio.DeviceSpec, len(v.devices))
+	for i, d := range v.devices {
+		out[i] = d.spec
+	}
+	return out
+}
+
+func closeDevice(d virtio.Device) error {
+	if c, ok := d.(io.Closer); ok {
+		return c.Close()
 	}
 	return nil
 }
@@ -87,25 +144,24 @@ func (v *VM) setupVirtio() error {
 func (v *VM) virtioACPI() []acpi.MMIODevice {
 	gsis := virtioGSIs()
 	var out []acpi.MMIODevice
-	for i := range v.cfg.Devices {
-		edge := i < len(v.virtioIRQs) && v.virtioIRQs[i].edge
+	for i := range v.specs {
+		edge := i < len(v.devices) && v.devices[i].irq.edge
 		out = append(out, acpi.MMIODevice{Base: virtioBase(i), Size: virtio.MMIOSize, GSI: gsis[i], Edge: edge})
 	}
 	return out
 }
 
-// closeVirtio stops the devices and releases their ioeventfds; it runs
-// before the KVM VM is closed.
+// closeVirtio stops the transports, releases their ioeventfds and irqfds
+// and closes the devices; it runs before the KVM VM is closed.
 func (v *VM) closeVirtio() error {
 	var errs []error
-	for _, m := range v.virtio {
-		errs = append(errs, m.Close())
+	for _, d := range v.devices {
+		errs = append(errs, d.ioev.close(), d.mmio.Close())
 	}
-	v.virtio = nil
-	for _, irq := range v.virtioIRQs {
-		errs = append(errs, irq.close())
+	for _, d := range v.devices {
+		errs = append(errs, d.irq.close(), closeDevice(d.dev))
 	}
-	v.virtioIRQs = nil
+	v.devices = nil
 	return errors.Join(errs...)
 }
 
@@ -178,10 +234,10 @@ func (v *VM) resendLostInterrupts(stop <-chan struct{}) {
 			continue
 		}
 		before := time.Now().Add(-irqResendAfter)
-		for i, m := range v.virtio {
-			if irq := v.virtioIRQs[i]; irq.edge && m.InterruptPending(before) {
+		for _, d := range v.devices {
+			if d.irq.edge && d.mmio.InterruptPending(before) {
 				v.irqResends.Add(1)
-				irq.set(true)
+				d.irq.set(true)
 			}
 		}
 	}
@@ -223,13 +279,13 @@ func (v *VM) Diagnose() string {
 	var b strings.Builder
 	v.mu.Lock()
 	fmt.Fprintf(&b, "vm: paused=%t parked=%d stopping=%t interrupts resent=%d", v.paused, v.parked, v.stopping, v.irqResends.Load())
-	transports := v.virtio
+	devices := v.devices
 	v.mu.Unlock()
 	for i, c := range v.vcpus {
 		fmt.Fprintf(&b, "\nvCPU %d: %d exits, running=%t", i, c.exits.Load(), c.tid.Load() != 0)
 	}
-	for i, m := range transports {
-		fmt.Fprintf(&b, "\ntransport %d at %#x: %v", i, virtioBase(i), m.Diagnose())
+	for i, d := range devices {
+		fmt.Fprintf(&b, "\ntransport %d (%s) at %#x: %v", i, d.spec.ID, virtioBase(i), d.mmio.Diagnose())
 	}
 	return b.String()
 }

@@ -25,25 +25,29 @@ func TestVirtioGSIs(t *testing.T) {
 	}
 }
 
-func TestConfigDevices(t *testing.T) {
-	base := Config{Kernel: "k", CPUs: 1, MemoryMiB: 64}
-	rngs := func(n int) []virtio.Device {
-		var d []virtio.Device
-		for range n {
-			d = append(d, virtio.NewRNG())
-		}
-		return d
+// rngSpecs returns n specs of entropy devices.
+func rngSpecs(n int) []virtio.DeviceSpec {
+	var d []virtio.DeviceSpec
+	for i := range n {
+		d = append(d, testSpec(i, virtio.IDRNG))
 	}
+	return d
+}
+
+func TestConfigDevices(t *testing.T) {
+	base := Config{Spec: Spec{Kernel: "k", CPUs: 1, MemoryMiB: 64}}
 	tests := []struct {
 		name    string
-		devices []virtio.Device
+		devices []virtio.DeviceSpec
 		wantErr string
 	}{
 		{"none", nil, ""},
-		{"one", rngs(1), ""},
-		{"the most", rngs(MaxVirtioDevices), ""},
-		{"too many", rngs(MaxVirtioDevices + 1), "virtio devices: a VM takes at most"},
-		{"nil device", []virtio.Device{virtio.NewRNG(), nil}, "virtio device 1 is nil"},
+		{"one", rngSpecs(1), ""},
+		{"the most", rngSpecs(MaxVirtioDevices), ""},
+		{"too many", rngSpecs(MaxVirtioDevices + 1), "virtio devices: a VM takes at most"},
+		{"empty spec", []virtio.DeviceSpec{rngSpecs(1)[0], {}}, `device "": ID: want 1 to 32`},
+		{"same ID", append(rngSpecs(1), rngSpecs(1)...), `device "dev0": ID used by two devices`},
+		{"two vsocks", []virtio.DeviceSpec{testSpec(0, virtio.IDVsock), testSpec(1, virtio.IDVsock)}, "2 vsock devices: a VM takes at most one"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,7 +67,7 @@ func TestConfigDevices(t *testing.T) {
 // TestVirtioACPI builds the tables with the most devices: the DSDT takes
 // every transport, none overlapping anything else.
 func TestVirtioACPI(t *testing.T) {
-	v := &VM{cfg: Config{CPUs: 1, Devices: make([]virtio.Device, MaxVirtioDevices)}}
+	v := &VM{cfg: Config{Spec: Spec{CPUs: 1}}, specs: rngSpecs(MaxVirtioDevices)}
 	cfg := v.acpiConfig()
 	if len(cfg.VirtioMMIO) != MaxVirtioDevices {
 		t.Fatalf("%d transports in the ACPI config", len(cfg.VirtioMMIO))

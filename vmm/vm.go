@@ -29,25 +29,34 @@ const (
 // DefaultCmdline is the kernel command line when Config.Cmdline is empty.
 const DefaultCmdline = "console=ttyS0 reboot=k panic=-1"
 
-// Config describes a VM to build.
-type Config struct {
-	Kernel    string // path to a bzImage or ELF vmlinux
-	Initrd    string // optional path to an initramfs
-	Cmdline   string // kernel command line; DefaultCmdline when empty
-	CPUs      int    // vCPUs, 1..MaxCPUs
-	MemoryMiB int    // guest RAM in MiB
+// Spec is a VM as plain data: what it boots and its devices. It crosses
+// process boundaries (a VMM process is started from one) and, but for the
+// boot files, is what a snapshot keeps of the machine.
+type Spec struct {
+	Kernel    string `json:"kernel,omitempty"`  // path to a bzImage or ELF vmlinux
+	Initrd    string `json:"initrd,omitempty"`  // optional path to an initramfs
+	Cmdline   string `json:"cmdline,omitempty"` // kernel command line; DefaultCmdline when empty
+	CPUs      int    `json:"cpus"`              // vCPUs, 1..MaxCPUs
+	MemoryMiB int    `json:"memory_mib"`        // guest RAM in MiB
 
-	Console      io.Writer // serial console output; discarded when nil
-	ConsoleInput io.Reader // optional serial console input
-
-	// Devices are virtio devices, each behind a virtio-mmio transport
-	// described in the ACPI DSDT; at most MaxVirtioDevices.
-	Devices []virtio.Device
+	// Devices are the virtio devices, each behind a virtio-mmio transport
+	// described in the ACPI DSDT, in this order; at most
+	// MaxVirtioDevices. The VM opens them (virtio.Open) and closes them.
+	Devices []virtio.DeviceSpec `json:"devices,omitempty"`
 	// VirtioOnCmdline also names each transport on the kernel command line
 	// (virtio_mmio.device=4K@ADDR:GSI), for custom kernels built with
 	// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES and without ACPI. Stock distro
 	// kernels find the devices through ACPI and need not it.
-	VirtioOnCmdline bool
+	VirtioOnCmdline bool `json:"virtio_on_cmdline,omitempty"`
+}
+
+// Config describes a VM to build: its Spec, and what the running VM is
+// connected to in this process.
+type Config struct {
+	Spec
+
+	Console      io.Writer // serial console output; discarded when nil
+	ConsoleInput io.Reader // optional serial console input
 
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
@@ -114,32 +123,40 @@ func (e Exit) String() string { return e.Reason.String() + ": " + e.Message }
 
 // VM is a booted-or-bootable virtual machine.
 type VM struct {
-	cfg        Config
-	log        *slog.Logger
-	sys        *kvm.System
-	vm         *kvm.VM
-	mem        *memory.Memory
-	vcpus      []*vcpu
-	pio        Bus
-	mmio       Bus
-	uart       *serial.UART
-	panics     *panicWatcher
-	virtio     []*virtio.MMIO
-	virtioIRQs []*virtioIRQ
-	ged        *gedDevice
+	cfg     Config
+	log     *slog.Logger
+	sys     *kvm.System
+	vm      *kvm.VM
+	mem     *memory.Memory
+	vcpus   []*vcpu
+	pio     Bus
+	mmio    Bus
+	uart    *serial.UART
+	panics  *panicWatcher
+	specs   []virtio.DeviceSpec // what devices holds, in order
+	devices []*vdev
+	ged     *gedDevice
 	// irqResends counts virtio interrupts sent again because the guest
 	// did not acknowledge them (see resendLostInterrupts).
 	irqResends atomic.Uint64
 
+	// lc is the VM's state (created, running, paused, saving, stopped)
+	// and lets one lifecycle operation run at a time; see lifecycle.go.
+	lc *lifecycle
+	// ran is closed when Run's goroutines (vCPUs, interrupt resends)
+	// have all returned.
+	ran chan struct{}
+
+	// The vCPUs' side of the lifecycle, under mu: what the vCPU loops
+	// see at each exit (vcpu.checkpoint).
 	mu       sync.Mutex
 	cond     *sync.Cond
 	exit     *Exit // set once, by the first stop
-	running  bool  // Run in progress
-	paused   bool  // Pause requested
-	parked   int   // vCPUs parked by a pause
-	stopping bool
-	// devicesPaused: SaveState paused the virtio transports; Resume
-	// resumes them.
+	paused   bool  // the vCPUs are asked to park (parkVCPUs)
+	parked   int   // vCPUs parked
+	stopping bool  // the VM stopped: every vCPU loop returns
+	// devicesPaused: a state save paused the virtio transports;
+	// unparkVCPUs resumes them.
 	devicesPaused bool
 }
 
@@ -214,8 +231,14 @@ func New(cfg Config) (_ *VM, err error) {
 
 // newVM returns an empty VM for cfg (defaults filled in).
 func newVM(cfg Config) *VM {
-	v := &VM{cfg: cfg, log: cfg.Logger}
+	v := &VM{cfg: cfg, log: cfg.Logger, specs: cfg.Devices}
 	v.cond = sync.NewCond(&v.mu)
+	v.ran = make(chan struct{})
+	v.lc = newLifecycle(lifecycleHooks{
+		park:   v.parkVCPUs,
+		unpark: v.unparkVCPUs,
+		halt:   func() { v.stop(ReasonCancelled, "VM closed") },
+	})
 	return v
 }
 
@@ -506,7 +529,8 @@ func (v *VM) AddMMIO(base, size uint64, d Device) error { return v.mmio.Add(base
 // AddPIO claims a range of I/O ports for a device.
 func (v *VM) AddPIO(base, size uint64, d Device) error { return v.pio.Add(base, size, d) }
 
-// stop records the first reason the VM stops and kicks every vCPU out.
+// stop records the first reason the VM stops, makes its state stopped and
+// kicks every vCPU out. It never waits, so a vCPU can call it.
 func (v *VM) stop(r Reason, msg string) {
 	v.mu.Lock()
 	if v.exit != nil {
@@ -521,27 +545,36 @@ func (v *VM) stop(r Reason, msg string) {
 	}
 	v.exit = &Exit{Reason: r, Message: msg}
 	v.stopping = true
+	// Stopped before anything sees stopping: a Pause that finds the
+	// vCPUs stopping then reports the stopped state.
+	v.lc.ended()
 	v.cond.Broadcast()
-	v.mu.Unlock()
 	v.kickAll()
+	v.mu.Unlock()
 }
 
+// kickAll kicks every vCPU out of the guest; v.mu is held (Close takes
+// the vCPUs away under it).
 func (v *VM) kickAll() {
 	for _, c := range v.vcpus {
 		c.kick()
 	}
 }
 
+// State returns where the VM is in its life: created, running, paused,
+// saving (a SaveState, Checkpoint or Fork in progress) or stopped.
+func (v *VM) State() VMState { return v.lc.State() }
+
 // Run runs the guest until it powers off, reboots, panics, triple-faults or
-// fails, or ctx is cancelled, and says which. A VM runs once.
+// fails, or ctx is cancelled, and says which. A VM runs once: Run on a VM
+// that is not in the created state returns a *StateError (ErrState). Run
+// waits for a lifecycle operation in progress (one that began before it,
+// such as a Close) while ctx allows.
 func (v *VM) Run(ctx context.Context) (Exit, error) {
-	v.mu.Lock()
-	if v.running || v.exit != nil {
-		v.mu.Unlock()
-		return Exit{}, errors.New("VM already ran")
+	if err := v.lc.start(ctx); err != nil {
+		return Exit{}, err
 	}
-	v.running = true
-	v.mu.Unlock()
+	defer close(v.ran)
 
 	var wg sync.WaitGroup
 	for _, c := range v.vcpus {
@@ -572,68 +605,40 @@ func (v *VM) Run(ctx context.Context) (Exit, error) {
 	return exit, nil
 }
 
-// Pause stops every vCPU at its next exit and returns when all are parked,
-// or when ctx ends. The guest's state can then be read consistently.
-func (v *VM) Pause(ctx context.Context) error {
-	v.mu.Lock()
-	if !v.running || v.stopping {
-		v.mu.Unlock()
-		return errors.New("pause: VM is not running")
-	}
-	v.paused = true
-	v.mu.Unlock()
-	v.kickAll()
+// Pause moves a running VM to paused: it stops every vCPU at its next exit
+// and returns when all are parked. The guest's state can then be read
+// consistently. It waits for a lifecycle operation in progress while ctx
+// allows; a VM that is not running when its turn comes is refused with a
+// *StateError (ErrState). When ctx ends before every vCPU parked, the VM
+// goes on running and Pause returns ctx's error.
+func (v *VM) Pause(ctx context.Context) error { return v.lc.pause(ctx) }
 
-	stopWait := context.AfterFunc(ctx, func() {
-		v.mu.Lock()
-		v.cond.Broadcast()
-		v.mu.Unlock()
-	})
-	defer stopWait()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for v.parked < len(v.vcpus) && !v.stopping {
-		if ctx.Err() != nil {
-			return fmt.Errorf("pause: %d of %d vCPUs parked: %w", v.parked, len(v.vcpus), ctx.Err())
-		}
-		v.cond.Wait()
-	}
-	if v.stopping {
-		return errors.New("pause: VM stopped")
-	}
-	return nil
-}
+// Resume moves a paused VM to running: the vCPUs run again, with the
+// virtio transports that SaveState paused. It waits for a lifecycle
+// operation in progress, so a VM is never resumed in the middle of a
+// SaveState, Checkpoint or Fork; a VM that is not paused then is refused
+// with a *StateError (ErrState).
+func (v *VM) Resume() error { return v.lc.resume() }
 
-// Resume lets paused vCPUs run again, and resumes the virtio transports
-// that SaveState paused.
-func (v *VM) Resume() error {
-	v.mu.Lock()
-	if !v.paused {
-		v.mu.Unlock()
-		return errors.New("resume: VM is not paused")
-	}
-	v.paused = false
-	for _, c := range v.vcpus {
-		c.kv.SetImmediateExit(false)
-	}
-	v.cond.Broadcast()
-	devices := v.devicesPaused
-	v.devicesPaused = false
-	v.mu.Unlock()
-	if devices {
-		v.resumeDevices()
-	}
-	return nil
-}
+// Close stops the VM, first its vCPUs when it runs (Run returns, cancelled),
+// waits for a lifecycle operation in progress and for Run's goroutines,
+// and releases the VM's vCPUs, memory and file descriptors. The VM is then
+// stopped. Closing it again does nothing.
+func (v *VM) Close() error { return v.lc.close(v.release) }
 
-// Close releases the VM's vCPUs, memory and file descriptors. Call it after
-// Run has returned (or instead of Run).
-func (v *VM) Close() error {
+// release frees what the VM holds; Close calls it once.
+func (v *VM) release() error {
+	if v.lc.hasStarted() {
+		<-v.ran
+	}
 	errs := []error{v.closeVirtio()}
-	for _, c := range v.vcpus {
+	v.mu.Lock() // kickAll reads the vCPUs under it
+	vcpus := v.vcpus
+	v.vcpus = nil
+	v.mu.Unlock()
+	for _, c := range vcpus {
 		errs = append(errs, c.kv.Close())
 	}
-	v.vcpus = nil
 	if v.vm != nil {
 		errs = append(errs, v.vm.Close())
 		v.vm = nil

@@ -43,7 +43,7 @@ func TestKVMStopReasons(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			exit, out := runVM(t, Config{Kernel: elfKernel(t, tt.code), CPUs: 1, MemoryMiB: 32}, time.Minute)
+			exit, out := runVM(t, Config{Spec: Spec{Kernel: elfKernel(t, tt.code), CPUs: 1, MemoryMiB: 32}}, time.Minute)
 			if exit.Reason != tt.reason {
 				t.Errorf("stopped with %v, want %v", exit, tt.reason)
 			}
@@ -59,7 +59,7 @@ func TestKVMStopReasons(t *testing.T) {
 // stop changing) until Resume.
 func TestKVMCancelPauseResume(t *testing.T) {
 	kvmtest.Require(t)
-	vm, err := New(Config{Kernel: elfKernel(t, codeCount), CPUs: 2, MemoryMiB: 32})
+	vm, err := New(Config{Spec: Spec{Kernel: elfKernel(t, codeCount), CPUs: 2, MemoryMiB: 32}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ echo "KILN-MARKER cpus=$(grep -c ^processor /proc/cpuinfo) online=$(cat /sys/dev
 poweroff -f
 `)
 	var out kvmtest.Console
-	vm, err := New(Config{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 512, Console: &out})
+	vm, err := New(Config{Spec: Spec{Kernel: k.Vmlinux, Initrd: initrd, CPUs: 1, MemoryMiB: 512}, Console: &out})
 	if err != nil {
 		t.Fatal(err)
 	}

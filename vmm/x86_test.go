@@ -103,10 +103,10 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"no kernel", Config{CPUs: 1, MemoryMiB: 128}, "no kernel"},
-		{"zero cpus", Config{Kernel: "k", CPUs: 0, MemoryMiB: 128}, "0 vCPUs"},
-		{"too many cpus", Config{Kernel: "k", CPUs: 1000, MemoryMiB: 128}, "1000 vCPUs"},
-		{"tiny memory", Config{Kernel: "k", CPUs: 1, MemoryMiB: 1}, "1 MiB"},
+		{"no kernel", Config{Spec: Spec{CPUs: 1, MemoryMiB: 128}}, "no kernel"},
+		{"zero cpus", Config{Spec: Spec{Kernel: "k", CPUs: 0, MemoryMiB: 128}}, "0 vCPUs"},
+		{"too many cpus", Config{Spec: Spec{Kernel: "k", CPUs: 1000, MemoryMiB: 128}}, "1000 vCPUs"},
+		{"tiny memory", Config{Spec: Spec{Kernel: "k", CPUs: 1, MemoryMiB: 1}}, "1 MiB"},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()

@@ -39,15 +39,15 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		*kernel = k
 	}
 	log := newLogger(stderr, *debug)
-	devs, closeDevs, err := devFlags.open(log)
+	devs, err := devFlags.specs()
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
 		return exitUsage
 	}
-	defer closeDevs()
 	cfg := vmm.Config{
-		Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem,
-		Console: stdout, Logger: log, Devices: devs, VirtioOnCmdline: *virtioCmdline,
+		Spec:    vmm.Spec{Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem, Devices: devs, VirtioOnCmdline: *virtioCmdline},
+		Console: stdout,
+		Logger:  log,
 	}
 	if *input {
 		cfg.ConsoleInput = stdin

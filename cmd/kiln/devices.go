@@ -1,11 +1,8 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"strings"
 
@@ -34,12 +31,12 @@ func (f *deviceFlags) register(fs *flag.FlagSet) {
 }
 
 // parseDisk parses --disk PATH[,ro].
-func parseDisk(s string) (virtio.BlockConfig, error) {
+func parseDisk(s string) (virtio.BlockSpec, error) {
 	path, opts, _ := strings.Cut(s, ",")
 	if path == "" {
-		return virtio.BlockConfig{}, fmt.Errorf("--disk %q: no path", s)
+		return virtio.BlockSpec{}, fmt.Errorf("--disk %q: no path", s)
 	}
-	cfg := virtio.BlockConfig{Path: path}
+	cfg := virtio.BlockSpec{Path: path}
 	if opts != "" {
 		for _, o := range strings.Split(opts, ",") {
 			switch o {
@@ -56,15 +53,15 @@ func parseDisk(s string) (virtio.BlockConfig, error) {
 }
 
 // parseNet parses --net TAP[,mac=MAC][,netns=NAME].
-func parseNet(s string) (virtio.NetConfig, error) {
+func parseNet(s string) (virtio.NetSpec, error) {
 	tap, opts, _ := strings.Cut(s, ",")
 	if tap == "" {
-		return virtio.NetConfig{}, fmt.Errorf("--net %q: no tap name", s)
+		return virtio.NetSpec{}, fmt.Errorf("--net %q: no tap name", s)
 	}
 	if len(tap) > 15 || strings.ContainsAny(tap, "/ \t\n") {
-		return virtio.NetConfig{}, fmt.Errorf("--net %q: %q is not a valid interface name", s, tap)
+		return virtio.NetSpec{}, fmt.Errorf("--net %q: %q is not a valid interface name", s, tap)
 	}
-	cfg := virtio.NetConfig{Tap: tap}
+	cfg := virtio.NetSpec{Tap: tap}
 	if opts != "" {
 		for _, o := range strings.Split(opts, ",") {
 			k, v, ok := strings.Cut(o, "=")
@@ -74,7 +71,7 @@ func parseNet(s string) (virtio.NetConfig, error) {
 				if err != nil || len(mac) != 6 {
 					return cfg, fmt.Errorf("--net %q: bad MAC %q", s, v)
 				}
-				cfg.MAC = mac
+				cfg.MAC = mac.String()
 			case ok && k == "netns" && v != "":
 				cfg.Netns = v
 			default:
@@ -85,53 +82,30 @@ func parseNet(s string) (virtio.NetConfig, error) {
 	return cfg, nil
 }
 
-// open creates the devices the flags name, plus an entropy device, and
-// returns them with a function that closes them all.
-func (f *deviceFlags) open(log *slog.Logger) ([]virtio.Device, func() error, error) {
-	var devs []virtio.Device
-	var closers []io.Closer
-	closeAll := func() error {
-		var errs []error
-		for _, c := range closers {
-			errs = append(errs, c.Close())
+// specs returns the devices the flags name, plus an entropy device: disk0,
+// disk1, ... net0, net1, ..., vsock, rng.
+func (f *deviceFlags) specs() ([]virtio.DeviceSpec, error) {
+	var devs []virtio.DeviceSpec
+	for i, d := range f.disks {
+		b, err := parseDisk(d)
+		if err != nil {
+			return nil, err
 		}
-		return errors.Join(errs...)
+		devs = append(devs, virtio.DeviceSpec{ID: fmt.Sprintf("disk%d", i), Kind: virtio.KindBlock, Block: &b})
 	}
-	fail := func(err error) ([]virtio.Device, func() error, error) {
-		closeAll()
-		return nil, nil, err
-	}
-	for _, d := range f.disks {
-		cfg, err := parseDisk(d)
+	for i, s := range f.nets {
+		n, err := parseNet(s)
 		if err != nil {
-			return fail(err)
+			return nil, err
 		}
-		cfg.Logger = log
-		b, err := virtio.NewBlock(cfg)
-		if err != nil {
-			return fail(err)
-		}
-		devs, closers = append(devs, b), append(closers, b)
-	}
-	for _, s := range f.nets {
-		cfg, err := parseNet(s)
-		if err != nil {
-			return fail(err)
-		}
-		cfg.Logger = log
-		n, err := virtio.NewNet(cfg)
-		if err != nil {
-			return fail(err)
-		}
-		devs, closers = append(devs, n), append(closers, n)
+		devs = append(devs, virtio.DeviceSpec{ID: fmt.Sprintf("net%d", i), Kind: virtio.KindNet, Net: &n})
 	}
 	if f.vsock != "" {
-		v, err := virtio.NewVsock(virtio.VsockConfig{CID: f.cid, Path: f.vsock}, log)
-		if err != nil {
-			return fail(err)
-		}
-		devs, closers = append(devs, v), append(closers, v)
+		devs = append(devs, virtio.DeviceSpec{ID: "vsock", Kind: virtio.KindVsock, Vsock: &virtio.VsockSpec{CID: f.cid, Path: f.vsock}})
 	}
-	devs = append(devs, virtio.NewRNG())
-	return devs, closeAll, nil
+	devs = append(devs, virtio.DeviceSpec{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}})
+	if err := virtio.ValidateSpecs(devs); err != nil {
+		return nil, err
+	}
+	return devs, nil
 }

@@ -57,7 +57,7 @@ func TestParseNet(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || cfg.Tap != tt.tap || cfg.MAC.String() != tt.mac || cfg.Netns != tt.netns {
+		if err != nil || cfg.Tap != tt.tap || cfg.MAC != tt.mac || cfg.Netns != tt.netns {
 			t.Errorf("parseNet(%q) = %+v, %v", tt.in, cfg, err)
 		}
 	}

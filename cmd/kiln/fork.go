@@ -33,6 +33,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	timing := fs.Bool("time", false, "print restore and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	hostname := fs.String("hostname", "kiln", "clone i is named `NAME`-i")
+	proc := fs.Bool("vmm-process", false, "run each clone's VM in a VMM process of its own (kiln vmm)")
 	netFlag := fs.String("net", "", "for a snapshot with a network card: clone i gets tap `PREFIX`i (created when missing; PREFIX[,netns=NAME]) and a MAC address of its own")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -53,7 +54,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kiln fork: --hostname: %v\n", err)
 		return exitUsage
 	}
-	var nic func(i int) *virtio.NetConfig
+	var nic func(i int) *virtio.NetSpec
 	if *netFlag != "" {
 		prefix, rest, _ := strings.Cut(*netFlag, ",")
 		if rest != "" {
@@ -64,7 +65,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kiln fork: --net %q: want PREFIX[,netns=NAME], PREFIX short enough for %d clones' tap names\n", *netFlag, *n)
 			return exitUsage
 		}
-		nic = func(i int) *virtio.NetConfig {
+		nic = func(i int) *virtio.NetSpec {
 			cfg, _ := parseNet(fmt.Sprintf("%s%d%s", prefix, i, rest))
 			return &cfg
 		}
@@ -75,6 +76,14 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitRunFailed
 	}
 	log := newLogger(stderr, *debug)
+	var po *sandbox.ProcessOptions
+	if *proc {
+		var err error
+		if po, err = vmmProcess(); err != nil {
+			fmt.Fprintf(stderr, "kiln fork: --vmm-process: %v\n", err)
+			return exitRunFailed
+		}
+	}
 	var outMu sync.Mutex // one line at a time on each stream
 	type result struct {
 		code     int
@@ -90,7 +99,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			defer wg.Done()
 			r := &results[i]
 			start := time.Now()
-			ro := sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i)}
+			ro := sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i), Process: po}
 			if nic != nil {
 				ro.Net = nic(i)
 			}

@@ -51,6 +51,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdFork(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
+	case "vmm":
+		return cmdVMM(ctx, args[1:], stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return exitOK
@@ -69,6 +71,8 @@ commands:
           (--save DIR snapshots it afterwards; --from DIR restores one)
   fork    restore N clones of a snapshot and run a command in each:
           kiln fork --from DIR -n N -- CMD [ARG...]
+  vmm     serve one VM for a parent process over a Unix socket
+          (what --vmm-process starts; not for people)
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:
           boot (to a userspace marker), start (sandbox to first exec),
           snapshot (save, restore, fork, memory per clone)

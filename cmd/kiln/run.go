@@ -48,6 +48,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	console := fs.Bool("console", false, "copy the guest's serial console to stderr")
 	timing := fs.Bool("time", false, "print boot and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	proc := fs.Bool("vmm-process", false, "run the VM in a VMM process of its own (kiln vmm)")
 	save := fs.String("save", "", "after CMD, save a snapshot of the running sandbox to `DIR` (which must not exist)")
 	from := fs.String("from", "", "restore the sandbox from the snapshot in `DIR` instead of booting one")
 	netFlag := fs.String("net", "", "a network card on a host tap, created when missing: `TAP[,mac=MAC][,netns=NAME]` (with --from: the restored sandbox's own tap)")
@@ -92,6 +93,14 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	o.Logger = newLogger(stderr, *debug)
 	o.BootTimeout = *bootTimeout
+	if *proc {
+		po, err := vmmProcess()
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln run: --vmm-process: %v\n", err)
+			return exitRunFailed
+		}
+		o.Process = po
+	}
 	if *console {
 		o.Console = stderr
 	}
@@ -100,7 +109,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var sb *sandbox.Sandbox
 	var err error
 	if *from != "" {
-		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net}
+		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net, Process: o.Process}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "hostname" {
 				ro.Hostname = o.Hostname

@@ -1,4 +1,4 @@
-package virtio
+package vmm
 
 import (
 	"errors"
@@ -9,10 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/virtio"
 )
 
-// ioEvents are the ioeventfds that carry a transport's queue notifications
-// without a vCPU exit to userspace.
+// ioEvents are the ioeventfds the VM registers for one transport, so that
+// the guest's queue notifications reach the device without a vCPU exit to
+// userspace (as Firecracker's device manager, not the device, wires them).
 type ioEvents struct {
 	vm    *kvm.VM
 	regs  []kvm.IOEventFD // as registered, to deassign
@@ -20,42 +22,36 @@ type ioEvents struct {
 	wg    sync.WaitGroup
 }
 
-// AttachIOEventFD registers with KVM, for each queue, an ioeventfd on the
-// QueueNotify register of this transport at guest-physical base (a 4-byte
-// write matching the queue index), and serves each with a goroutine that
-// calls the device's QueueNotify. Writes that match no queue still reach
-// Write. Close undoes it.
-func (m *MMIO) AttachIOEventFD(vm *kvm.VM, base uint64) (err error) {
-	m.mu.Lock()
-	attached := m.ioevents != nil
-	m.mu.Unlock()
-	if attached {
-		return errors.New("virtio-mmio: ioeventfds already attached")
-	}
+// attachIOEvents registers with KVM, for each of m's queues, an ioeventfd
+// on the QueueNotify register of the transport at guest-physical base (a
+// 4-byte write matching the queue index), and serves each with a goroutine
+// that hands the notification to m. Writes that match no queue still
+// reach the transport as MMIO exits. close undoes it.
+func attachIOEvents(vm *kvm.VM, m *virtio.MMIO, base uint64) (_ *ioEvents, err error) {
 	ev := &ioEvents{vm: vm}
 	defer func() {
 		if err != nil {
 			ev.close()
 		}
 	}()
-	for i := range m.queues {
+	for i := range m.NumQueues() {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
-			return fmt.Errorf("virtio-mmio queue %d: eventfd: %w", i, err)
+			return nil, fmt.Errorf("virtio-mmio queue %d: eventfd: %w", i, err)
 		}
 		// A non-blocking fd goes to the runtime poller, so Close wakes
 		// the goroutine reading it.
 		f := os.NewFile(uintptr(fd), fmt.Sprintf("virtio-notify-%d", i))
 		reg := kvm.IOEventFD{
 			DataMatch: uint64(i),
-			Addr:      base + MMIOQueueNotify,
+			Addr:      base + virtio.MMIOQueueNotify,
 			Len:       4,
 			FD:        int32(fd),
 			Flags:     kvm.IOEventFDFlagDataMatch,
 		}
 		if err := vm.IOEventFD(&reg); err != nil {
 			f.Close()
-			return fmt.Errorf("virtio-mmio queue %d: %w", i, err)
+			return nil, fmt.Errorf("virtio-mmio queue %d: %w", i, err)
 		}
 		ev.regs = append(ev.regs, reg)
 		ev.files = append(ev.files, f)
@@ -69,19 +65,19 @@ func (m *MMIO) AttachIOEventFD(vm *kvm.VM, base uint64) (err error) {
 				if _, err := f.Read(buf[:]); err != nil {
 					return // closed
 				}
-				m.notify(uint32(i))
+				m.Notify(uint32(i))
 			}
 		}()
 	}
-	m.mu.Lock()
-	m.ioevents = ev
-	m.mu.Unlock()
-	return nil
+	return ev, nil
 }
 
 // close deassigns the ioeventfds, closes them and waits for their
-// goroutines.
+// goroutines. A nil ioEvents has nothing to close.
 func (ev *ioEvents) close() error {
+	if ev == nil {
+		return nil
+	}
 	var errs []error
 	for _, reg := range ev.regs {
 		reg.Flags |= kvm.IOEventFDFlagDeassign
@@ -94,19 +90,4 @@ func (ev *ioEvents) close() error {
 	}
 	ev.wg.Wait()
 	return errors.Join(errs...)
-}
-
-// Close resets the device and releases the transport's ioeventfds. Call it
-// before closing the KVM VM they were registered with.
-func (m *MMIO) Close() error {
-	m.mu.Lock()
-	ev := m.ioevents
-	m.ioevents = nil
-	m.mu.Unlock()
-	var err error
-	if ev != nil {
-		err = ev.close()
-	}
-	m.Reset()
-	return err
 }

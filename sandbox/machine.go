@@ -1,0 +1,333 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
+)
+
+// ProcessOptions run a sandbox's VM in a VMM process of its own (package
+// vmmproc) instead of in the caller's process: a VMM that panics or is
+// killed then fails its own sandbox only, and the caller can jail and
+// limit each VM apart. Execs do not cross the VMM process: the agent's
+// socket is in the sandbox's folder.
+type ProcessOptions struct {
+	// Command starts a VMM process: the kiln binary and its vmm command,
+	// ["/usr/bin/kiln", "vmm"].
+	Command []string
+	// Env is added to the VMM process's environment.
+	Env []string
+}
+
+// machine is a sandbox's VM, in this process or in a VMM process.
+type machine interface {
+	// run runs the VM until it stops, and says how; called once.
+	run() (vmm.Exit, error)
+	// stop makes run return: the VM stops by force.
+	stop()
+	// save writes a snapshot into dir with labels.
+	save(ctx context.Context, dir string, labels map[string]string, log *slog.Logger) error
+	// devices returns the specs of the VM's devices, in order.
+	devices() []virtio.DeviceSpec
+	// device returns a live device by ID (in this process only).
+	device(id string) virtio.Device
+	diagnose() string
+	// release frees what the VM holds, after run returned.
+	release(ctx context.Context) error
+}
+
+// localVM is a VM in this process.
+type localVM struct {
+	vm     *vmm.VM
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newLocalVM(vm *vmm.VM) *localVM {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &localVM{vm: vm, ctx: ctx, cancel: cancel}
+}
+
+func (m *localVM) run() (vmm.Exit, error) { return m.vm.Run(m.ctx) }
+func (m *localVM) stop()                  { m.cancel() }
+func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, log *slog.Logger) error {
+	return snapshot.Save(ctx, m.vm, dir, snapshot.WithLogger(log), snapshot.WithLabels(labels))
+}
+func (m *localVM) devices() []virtio.DeviceSpec   { return m.vm.Devices() }
+func (m *localVM) device(id string) virtio.Device { return m.vm.Device(id) }
+func (m *localVM) diagnose() string               { return m.vm.Diagnose() }
+func (m *localVM) release(context.Context) error  { m.cancel(); return m.vm.Close() }
+
+// processVM is a VM in a VMM process.
+type processVM struct {
+	p    *vmmproc.Process
+	opts ProcessOptions
+	// specs are the VM's devices, read once it was created.
+	specs  []virtio.DeviceSpec
+	cancel context.CancelFunc // ends the console copy
+}
+
+// startProcess starts a VMM process for the sandbox s, with its console
+// copied into the sandbox's console writer w.
+func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Writer) (*processVM, error) {
+	p, err := vmmproc.Start(ctx, vmmproc.StartConfig{Command: opts.Command, Dir: s.dir, Env: opts.Env, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	go p.CopyConsole(cctx, w)
+	return &processVM{p: p, opts: opts, cancel: cancel}, nil
+}
+
+// describe reads the devices of the process's new VM.
+func (m *processVM) describe(ctx context.Context) error {
+	d, err := m.p.Describe(ctx)
+	if err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	m.specs = d.Devices
+	return nil
+}
+
+func (m *processVM) run() (vmm.Exit, error) { return m.p.Wait(context.Background()) }
+
+func (m *processVM) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m.p.Stop(ctx) // a dead process has stopped already
+}
+
+func (m *processVM) save(ctx context.Context, dir string, labels map[string]string, _ *slog.Logger) error {
+	return m.p.Save(ctx, dir, labels)
+}
+
+func (m *processVM) devices() []virtio.DeviceSpec { return m.specs }
+func (m *processVM) device(string) virtio.Device  { return nil }
+
+func (m *processVM) diagnose() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := m.p.Describe(ctx)
+	if err != nil {
+		return fmt.Sprintf("VMM process %d: %v", m.p.PID(), err)
+	}
+	return fmt.Sprintf("VMM process %d, VM %s\n%s", m.p.PID(), d.State, d.Diagnosis)
+}
+
+func (m *processVM) release(ctx context.Context) error {
+	m.cancel()
+	return m.p.Close(ctx)
+}
+
+// startMachine builds the machine of a new sandbox from cfg: in this
+// process, or in a VMM process when proc is set.
+func (s *Sandbox) startMachine(ctx context.Context, cfg vmm.Config, proc *ProcessOptions) (machine, error) {
+	if proc == nil {
+		vm, err := vmm.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		return newLocalVM(vm), nil
+	}
+	m, err := startProcess(ctx, s, *proc, cfg.Console)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.p.Boot(ctx, cfg.Spec); err != nil {
+		m.release(context.Background())
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := m.describe(ctx); err != nil {
+		m.release(context.Background())
+		return nil, err
+	}
+	return m, nil
+}
+
+// restoreMachine builds the machine of a sandbox restored from the
+// snapshot in dir.
+func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.RestoreConfig, proc *ProcessOptions) (machine, error) {
+	if proc == nil {
+		vm, err := snapshot.Load(dir, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		return newLocalVM(vm), nil
+	}
+	m, err := startProcess(ctx, s, *proc, cfg.Console)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.p.Restore(ctx, dir, cfg.Devices); err != nil {
+		m.release(context.Background())
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := m.describe(ctx); err != nil {
+		m.release(context.Background())
+		return nil, err
+	}
+	return m, nil
+}
+
+// forkMachines makes the machines of n children of m: devices(i) gives
+// child i's overrides and is called while m is paused.
+func forkMachines(ctx context.Context, m machine, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error), log *slog.Logger) ([]machine, error) {
+	switch m := m.(type) {
+	case *localVM:
+		vms, err := m.vm.Fork(ctx, len(children), vmm.ForkConfig{
+			Devices: devices,
+			Console: func(i int) io.Writer { return children[i].console },
+			Logger:  log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		out := make([]machine, len(vms))
+		for i, vm := range vms {
+			out[i] = newLocalVM(vm)
+		}
+		return out, nil
+	case *processVM:
+		return m.fork(ctx, children, devices)
+	}
+	return nil, errors.New("sandbox: fork: unknown machine")
+}
+
+// fork makes the children of a VM in a VMM process, each in a VMM process
+// of its own over the parent's frozen memory (passed as a descriptor), so
+// that they share its pages copy-on-write as in-process children do.
+func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error)) (_ []machine, err error) {
+	// Paused for the whole of the parent's part: devices(i) may copy a
+	// writable disk as it is at the fork.
+	if err := m.p.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox: fork: %w", err)
+	}
+	resumed := false
+	resume := func() error {
+		if resumed {
+			return nil
+		}
+		resumed = true
+		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return m.p.Resume(rctx)
+	}
+	defer func() {
+		if rerr := resume(); rerr != nil && err == nil {
+			err = fmt.Errorf("sandbox: fork: resume the parent: %w", rerr)
+		}
+	}()
+	st, base, err := m.p.Freeze(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: fork: %w", err)
+	}
+	defer base.Close()
+	overrides := make([][]virtio.DeviceSpec, len(children))
+	for i := range children {
+		if overrides[i], err = devices(i); err != nil {
+			return nil, fmt.Errorf("sandbox: fork: child %d's devices: %w", i, err)
+		}
+	}
+	if err := resume(); err != nil {
+		return nil, fmt.Errorf("sandbox: fork: resume the parent: %w", err)
+	}
+	out := make([]machine, 0, len(children))
+	defer func() {
+		if err != nil {
+			for _, c := range out {
+				c.release(context.Background())
+			}
+		}
+	}()
+	for i, c := range children {
+		cm, err := startProcess(ctx, c, m.opts, c.console)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: fork: child %d: %w", i, err)
+		}
+		out = append(out, cm)
+		if err := cm.p.RestoreFork(ctx, st, base, overrides[i]); err != nil {
+			return nil, fmt.Errorf("sandbox: fork: child %d: %w", i, err)
+		}
+		if err := cm.describe(ctx); err != nil {
+			return nil, fmt.Errorf("sandbox: fork: child %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// Attach takes over the sandbox whose VM runs in the VMM process with the
+// folder dir (a sandbox started with ProcessOptions, by this process or
+// another one, which may have exited since): it connects to the VMM
+// process and to the agent, and returns the sandbox as it runs. Close
+// stops it as it would one this process started.
+func Attach(ctx context.Context, dir string, log *slog.Logger) (_ *Sandbox, err error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	p, err := vmmproc.Attach(ctx, vmmSocket(dir), log)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: attach %s: %w", dir, err)
+	}
+	m := &processVM{p: p, cancel: func() {}}
+	if err := m.describe(ctx); err != nil {
+		p.Close(ctx)
+		return nil, err
+	}
+	s := &Sandbox{dir: dir, log: log, console: newTail(16 << 10), started: time.Now(), done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.Close(context.Background())
+		}
+	}()
+	cctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go p.CopyConsole(cctx, s.console)
+	s.m = m
+	s.run()
+	if err := s.connect(ctx, time.Minute); err != nil {
+		return nil, err
+	}
+	info, err := s.client.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: attach %s: %w", dir, err)
+	}
+	s.hostname = info.Hostname
+	return s, nil
+}
+
+// vmmSocket is the VMM process's socket in a sandbox folder.
+func vmmSocket(dir string) string { return dir + string(os.PathSeparator) + vmmproc.SocketFile }
+
+// GuestMemory returns the process that holds the sandbox's guest RAM and
+// where the RAM lies in it, for a caller that measures it
+// (/proc/PID/smaps).
+func (s *Sandbox) GuestMemory(ctx context.Context) (int, []vmmproc.MemoryRange, error) {
+	switch m := s.m.(type) {
+	case *localVM:
+		mem := m.vm.Memory()
+		if mem == nil {
+			return 0, nil, errors.New("sandbox: the VM has no memory")
+		}
+		var out []vmmproc.MemoryRange
+		for i, r := range mem.Regions() {
+			out = append(out, vmmproc.MemoryRange{Addr: mem.HostAddr(i), Size: r.Size})
+		}
+		return os.Getpid(), out, nil
+	case *processVM:
+		d, err := m.p.Describe(ctx)
+		if err != nil {
+			return 0, nil, fmt.Errorf("sandbox: %w", err)
+		}
+		return m.p.PID(), d.GuestMemory, nil
+	}
+	return 0, nil, errors.New("sandbox: no VM")
+}

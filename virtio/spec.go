@@ -1,0 +1,284 @@
+package virtio
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"regexp"
+)
+
+// Kind names a type of device in a DeviceSpec.
+type Kind string
+
+// Device kinds.
+const (
+	KindBlock Kind = "blk"
+	KindNet   Kind = "net"
+	KindVsock Kind = "vsock"
+	KindRNG   Kind = "rng"
+	// KindFS is a shared filesystem (virtio-9p), reserved for image-rooted
+	// sandboxes: no device opens from it yet.
+	KindFS Kind = "fs"
+)
+
+// DeviceSpec describes one virtio device as plain data: what a VM is built
+// from, what crosses a process boundary, and what a snapshot keeps of each
+// device beside its state. Exactly the field of its Kind is set.
+type DeviceSpec struct {
+	// ID names the device within its VM: 1 to 32 of [a-z0-9_-], unique.
+	// A snapshot keys each device's state by it, and a restore's
+	// overrides name the device they replace by it.
+	ID    string     `json:"id"`
+	Kind  Kind       `json:"kind"`
+	Block *BlockSpec `json:"blk,omitempty"`
+	Net   *NetSpec   `json:"net,omitempty"`
+	Vsock *VsockSpec `json:"vsock,omitempty"`
+	RNG   *RNGSpec   `json:"rng,omitempty"`
+	FS    *FSSpec    `json:"fs,omitempty"`
+}
+
+// BlockSpec is a virtio-blk disk.
+type BlockSpec struct {
+	// Path is the image. With FD set it only names the image in messages
+	// and in snapshots.
+	Path string `json:"path,omitempty"`
+	// FD, when positive, is an image already open in this process (a
+	// jailer opened it): the device takes it over. It is never saved.
+	FD       int  `json:"fd,omitempty"`
+	ReadOnly bool `json:"read_only,omitempty"`
+	// Serial is what the guest reads as the disk's ID (at most
+	// BlockIDBytes); the device ID when empty.
+	Serial string `json:"serial,omitempty"`
+}
+
+// NetSpec is a virtio-net card on a host tap.
+type NetSpec struct {
+	// Tap is the tap's name; it is created when missing. With FD set it
+	// only names the tap.
+	Tap string `json:"tap,omitempty"`
+	// FD, when positive, is a tap already open in this process
+	// (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR): the device takes it over.
+	FD int `json:"fd,omitempty"`
+	// MAC is the guest's address (aa:bb:cc:dd:ee:ff); a random locally
+	// administered one when empty.
+	MAC string `json:"mac,omitempty"`
+	// Netns opens the tap inside this network namespace (a name under
+	// /var/run/netns or a path).
+	Netns string `json:"netns,omitempty"`
+}
+
+// VsockSpec is a virtio-vsock device whose host side is Unix sockets.
+type VsockSpec struct {
+	CID  uint64 `json:"guest_cid"`
+	Path string `json:"path"`
+}
+
+// RNGSpec is a virtio-rng entropy device; it has no settings.
+type RNGSpec struct{}
+
+// FSSpec is a shared filesystem under a mount tag (virtio-9p).
+type FSSpec struct {
+	Tag    string `json:"tag"`
+	Source string `json:"source"`
+}
+
+var specIDPattern = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
+
+// SpecError says what is wrong with a device spec.
+type SpecError struct {
+	ID  string // the device's ID, as given
+	Err error
+}
+
+func (e *SpecError) Error() string {
+	return fmt.Sprintf("device %q: %v", e.ID, e.Err)
+}
+
+func (e *SpecError) Unwrap() error { return e.Err }
+
+// Validate checks the spec without opening anything.
+func (s DeviceSpec) Validate() error {
+	if err := s.validate(); err != nil {
+		return &SpecError{ID: s.ID, Err: err}
+	}
+	return nil
+}
+
+func (s DeviceSpec) validate() error {
+	if !specIDPattern.MatchString(s.ID) {
+		return errors.New("ID: want 1 to 32 of a-z, 0-9, '_' and '-'")
+	}
+	set := 0
+	for _, p := range []bool{s.Block != nil, s.Net != nil, s.Vsock != nil, s.RNG != nil, s.FS != nil} {
+		if p {
+			set++
+		}
+	}
+	if set != 1 {
+		return fmt.Errorf("kind %q with %d device settings: want exactly the one of its kind", s.Kind, set)
+	}
+	switch s.Kind {
+	case KindBlock:
+		if s.Block == nil {
+			return errors.New("kind blk without blk settings")
+		}
+		if s.Block.Path == "" && s.Block.FD <= 0 {
+			return errors.New("blk: no image path or fd")
+		}
+		if len(s.Block.Serial) > BlockIDBytes {
+			return fmt.Errorf("blk: serial %q is %d bytes, at most %d", s.Block.Serial, len(s.Block.Serial), BlockIDBytes)
+		}
+	case KindNet:
+		if s.Net == nil {
+			return errors.New("kind net without net settings")
+		}
+		if s.Net.MAC != "" {
+			if _, err := parseMAC(s.Net.MAC); err != nil {
+				return fmt.Errorf("net: %w", err)
+			}
+		}
+	case KindVsock:
+		if s.Vsock == nil {
+			return errors.New("kind vsock without vsock settings")
+		}
+		if s.Vsock.CID < 3 || s.Vsock.CID > 0xffffffff {
+			return fmt.Errorf("vsock: guest CID %d: want 3 to %d", s.Vsock.CID, uint64(0xffffffff))
+		}
+		if s.Vsock.Path == "" {
+			return errors.New("vsock: no host socket path")
+		}
+	case KindRNG:
+		if s.RNG == nil {
+			return errors.New("kind rng without rng settings")
+		}
+	case KindFS:
+		if s.FS == nil {
+			return errors.New("kind fs without fs settings")
+		}
+	default:
+		return fmt.Errorf("unknown kind %q (want blk, net, vsock, rng or fs)", s.Kind)
+	}
+	return nil
+}
+
+// DeviceID returns the virtio device ID of the spec's kind, 0 for an
+// unknown kind.
+func (s DeviceSpec) DeviceID() uint32 {
+	switch s.Kind {
+	case KindBlock:
+		return IDBlock
+	case KindNet:
+		return IDNet
+	case KindVsock:
+		return IDVsock
+	case KindRNG:
+		return IDRNG
+	case KindFS:
+		return ID9P
+	}
+	return 0
+}
+
+// ID9P is the virtio device ID of a 9P transport.
+const ID9P = 9
+
+// ValidateSpecs checks a VM's device specs: each valid, IDs unique, at most
+// one vsock device (the guest has one CID).
+func ValidateSpecs(specs []DeviceSpec) error {
+	seen := map[string]bool{}
+	vsocks := 0
+	for _, s := range specs {
+		if err := s.Validate(); err != nil {
+			return err
+		}
+		if seen[s.ID] {
+			return &SpecError{ID: s.ID, Err: errors.New("ID used by two devices")}
+		}
+		seen[s.ID] = true
+		if s.Kind == KindVsock {
+			vsocks++
+		}
+	}
+	if vsocks > 1 {
+		return fmt.Errorf("%d vsock devices: a VM takes at most one", vsocks)
+	}
+	return nil
+}
+
+// Saved returns the spec as a snapshot keeps it: without descriptors,
+// which mean nothing to another process.
+func (s DeviceSpec) Saved() DeviceSpec {
+	out := s
+	if s.Block != nil {
+		b := *s.Block
+		b.FD = 0
+		out.Block = &b
+	}
+	if s.Net != nil {
+		n := *s.Net
+		n.FD = 0
+		out.Net = &n
+	}
+	if s.Vsock != nil {
+		v := *s.Vsock
+		out.Vsock = &v
+	}
+	if s.FS != nil {
+		f := *s.FS
+		out.FS = &f
+	}
+	return out
+}
+
+// Open makes the device a spec describes: it opens the disk image, the tap
+// or the vsock socket (or takes over the descriptor the spec names). The
+// caller owns the device and closes it when it implements io.Closer.
+func Open(s DeviceSpec, log *slog.Logger) (Device, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("device_id", s.ID)
+	switch s.Kind {
+	case KindBlock:
+		cfg := BlockConfig{Path: s.Block.Path, ReadOnly: s.Block.ReadOnly, ID: s.Block.Serial, Logger: log}
+		if cfg.ID == "" {
+			cfg.ID = s.ID
+		}
+		if s.Block.FD > 0 {
+			return NewBlockFromFile(os.NewFile(uintptr(s.Block.FD), s.Block.Path), cfg)
+		}
+		return NewBlock(cfg)
+	case KindNet:
+		cfg := NetConfig{Tap: s.Net.Tap, Netns: s.Net.Netns, Logger: log}
+		if s.Net.MAC != "" {
+			cfg.MAC, _ = parseMAC(s.Net.MAC) // checked by Validate
+		}
+		if s.Net.FD > 0 {
+			return NewNetFromTap(os.NewFile(uintptr(s.Net.FD), "tap:"+s.Net.Tap), s.Net.Tap, cfg)
+		}
+		return NewNet(cfg)
+	case KindVsock:
+		return NewVsock(VsockConfig{CID: s.Vsock.CID, Path: s.Vsock.Path}, log)
+	case KindRNG:
+		return NewRNG(), nil
+	case KindFS:
+		return nil, &SpecError{ID: s.ID, Err: errors.New("fs (virtio-9p) devices are not available in this version")}
+	}
+	return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("unknown kind %q", s.Kind)}
+}
+
+func parseMAC(s string) (net.HardwareAddr, error) {
+	mac, err := net.ParseMAC(s)
+	if err != nil || len(mac) != 6 {
+		return nil, fmt.Errorf("MAC %q: want six bytes such as 02:00:00:00:00:01", s)
+	}
+	if mac[0]&1 != 0 {
+		return nil, fmt.Errorf("MAC %q is a multicast address", s)
+	}
+	return mac, nil
+}

@@ -1,0 +1,190 @@
+package virtio
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDeviceSpecValidate(t *testing.T) {
+	blk := func(b BlockSpec) DeviceSpec { return DeviceSpec{ID: "disk", Kind: KindBlock, Block: &b} }
+	tests := []struct {
+		name    string
+		spec    DeviceSpec
+		wantErr string
+	}{
+		{"disk", blk(BlockSpec{Path: "/a.img"}), ""},
+		{"disk by fd", blk(BlockSpec{FD: 7}), ""},
+		{"net", DeviceSpec{ID: "net0", Kind: KindNet, Net: &NetSpec{Tap: "tap0", MAC: "02:00:00:00:00:01"}}, ""},
+		{"vsock", DeviceSpec{ID: "vsock", Kind: KindVsock, Vsock: &VsockSpec{CID: 3, Path: "/v.sock"}}, ""},
+		{"rng", DeviceSpec{ID: "rng", Kind: KindRNG, RNG: &RNGSpec{}}, ""},
+		{"no ID", DeviceSpec{Kind: KindRNG, RNG: &RNGSpec{}}, `device "": ID: want 1 to 32`},
+		{"bad ID", DeviceSpec{ID: "Disk/1", Kind: KindRNG, RNG: &RNGSpec{}}, "ID: want"},
+		{"long ID", DeviceSpec{ID: strings.Repeat("a", 33), Kind: KindRNG, RNG: &RNGSpec{}}, "ID: want"},
+		{"unknown kind", DeviceSpec{ID: "x", Kind: "floppy", RNG: &RNGSpec{}}, `unknown kind "floppy"`},
+		{"no settings", DeviceSpec{ID: "x", Kind: KindBlock}, "with 0 device settings"},
+		{"two settings", DeviceSpec{ID: "x", Kind: KindBlock, Block: &BlockSpec{Path: "/a"}, RNG: &RNGSpec{}}, "with 2 device settings"},
+		{"kind and settings differ", DeviceSpec{ID: "x", Kind: KindBlock, RNG: &RNGSpec{}}, "kind blk without blk settings"},
+		{"disk without image", blk(BlockSpec{}), "no image path or fd"},
+		{"long serial", blk(BlockSpec{Path: "/a", Serial: strings.Repeat("s", BlockIDBytes+1)}), "serial"},
+		{"bad MAC", DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{MAC: "zz"}}, `MAC "zz"`},
+		{"multicast MAC", DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{MAC: "01:00:00:00:00:01"}}, "multicast"},
+		{"low CID", DeviceSpec{ID: "v", Kind: KindVsock, Vsock: &VsockSpec{CID: 2, Path: "/v"}}, "guest CID 2"},
+		{"no socket", DeviceSpec{ID: "v", Kind: KindVsock, Vsock: &VsockSpec{CID: 3}}, "no host socket path"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.spec.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			var se *SpecError
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.As(err, &se) {
+				t.Fatalf("Validate = %v, want a *SpecError saying %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestValidateSpecs(t *testing.T) {
+	rng := DeviceSpec{ID: "rng", Kind: KindRNG, RNG: &RNGSpec{}}
+	vsock := func(id string) DeviceSpec {
+		return DeviceSpec{ID: id, Kind: KindVsock, Vsock: &VsockSpec{CID: 3, Path: "/" + id}}
+	}
+	if err := ValidateSpecs([]DeviceSpec{rng, vsock("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ValidateSpecs([]DeviceSpec{rng, rng}); err == nil || !strings.Contains(err.Error(), `device "rng": ID used by two devices`) {
+		t.Fatalf("duplicate IDs: %v", err)
+	}
+	if err := ValidateSpecs([]DeviceSpec{vsock("a"), vsock("b")}); err == nil || !strings.Contains(err.Error(), "2 vsock devices") {
+		t.Fatalf("two vsock devices: %v", err)
+	}
+}
+
+func TestDeviceSpecSaved(t *testing.T) {
+	s := DeviceSpec{ID: "disk", Kind: KindBlock, Block: &BlockSpec{Path: "/a.img", FD: 9, ReadOnly: true}}
+	saved := s.Saved()
+	if saved.Block.FD != 0 || saved.Block.Path != "/a.img" || !saved.Block.ReadOnly {
+		t.Fatalf("saved %+v", saved.Block)
+	}
+	if s.Block.FD != 9 {
+		t.Fatal("Saved changed the original")
+	}
+	n := DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{Tap: "t", FD: 4}}.Saved()
+	if n.Net.FD != 0 || n.Net.Tap != "t" {
+		t.Fatalf("saved %+v", n.Net)
+	}
+}
+
+func TestOpen(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.img")
+	if err := os.WriteFile(img, make([]byte, 8*BlockSectorSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("disk by path", func(t *testing.T) {
+		d, err := Open(DeviceSpec{ID: "data", Kind: KindBlock, Block: &BlockSpec{Path: img, ReadOnly: true}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.(*Block).Close()
+		if d.ID() != IDBlock {
+			t.Fatalf("device ID %d", d.ID())
+		}
+		// The serial defaults to the spec's ID.
+		if st, err := d.SaveState(); err != nil || !strings.Contains(string(st), `"id":"data"`) {
+			t.Fatalf("state %s, %v", st, err)
+		}
+	})
+	t.Run("disk by descriptor", func(t *testing.T) {
+		f, err := os.OpenFile(img, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Open(DeviceSpec{ID: "data", Kind: KindBlock, Block: &BlockSpec{FD: int(f.Fd()), Path: img}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.(*Block).Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("read-only descriptor for a writable disk", func(t *testing.T) {
+		f, err := os.Open(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = NewBlockFromFile(f, BlockConfig{Path: img})
+		if err == nil || !strings.Contains(err.Error(), "open read-only but the disk is read-write") {
+			t.Fatalf("NewBlockFromFile = %v", err)
+		}
+	})
+	t.Run("missing image", func(t *testing.T) {
+		_, err := Open(DeviceSpec{ID: "data", Kind: KindBlock, Block: &BlockSpec{Path: filepath.Join(dir, "none.img")}}, nil)
+		if err == nil || !strings.Contains(err.Error(), "none.img") {
+			t.Fatalf("Open = %v", err)
+		}
+	})
+	t.Run("rng", func(t *testing.T) {
+		d, err := Open(DeviceSpec{ID: "rng", Kind: KindRNG, RNG: &RNGSpec{}}, nil)
+		if err != nil || d.ID() != IDRNG {
+			t.Fatalf("Open = %v, %v", d, err)
+		}
+	})
+	t.Run("fs is refused", func(t *testing.T) {
+		_, err := Open(DeviceSpec{ID: "root", Kind: KindFS, FS: &FSSpec{Tag: "root"}}, nil)
+		if err == nil || !strings.Contains(err.Error(), "not available") {
+			t.Fatalf("Open = %v", err)
+		}
+	})
+	t.Run("invalid", func(t *testing.T) {
+		if _, err := Open(DeviceSpec{ID: "x", Kind: KindBlock}, nil); err == nil {
+			t.Fatal("Open took an invalid spec")
+		}
+	})
+}
+
+// FuzzDeviceSpec feeds device specs as JSON (as snapshots and API requests
+// carry them) to Validate and Saved: neither may panic, and a valid spec
+// round-trips through JSON unchanged.
+func FuzzDeviceSpec(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"disk","kind":"blk","blk":{"path":"/a.img","read_only":true}}`,
+		`{"id":"net0","kind":"net","net":{"tap":"t0","mac":"02:00:00:00:00:01"}}`,
+		`{"id":"vsock","kind":"vsock","vsock":{"guest_cid":3,"path":"/v"}}`,
+		`{"id":"rng","kind":"rng","rng":{}}`,
+		`{"id":"x","kind":"blk","rng":{}}`,
+		`{"kind":"fs","fs":{"tag":"t"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s DeviceSpec
+		if json.Unmarshal(b, &s) != nil {
+			return
+		}
+		if s.Validate() != nil {
+			return
+		}
+		saved := s.Saved()
+		out, err := json.Marshal(saved)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back DeviceSpec
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatal(err)
+		}
+		again, _ := json.Marshal(back)
+		if string(again) != string(out) {
+			t.Fatalf("round trip: %s then %s", out, again)
+		}
+	})
+}

@@ -1,0 +1,504 @@
+// Package vmmproc runs one VM in a process of its own (`kiln vmm`) and
+// drives it from another: the parent process that starts sandboxes (kiln,
+// kilnd) keeps none of a VM's state, so a VMM that panics or is killed
+// takes only its own sandbox down, and each VM can get its own seccomp
+// filter, jail and cgroup. The API is gRPC over a Unix socket
+// (vmmpb, versioned); a fork's frozen memory crosses as a descriptor on a
+// sibling socket (SCM_RIGHTS), so children in other processes still share
+// their parent's pages copy-on-write. A parent can attach to a VMM process
+// it did not start, by its socket, as a daemon does after its own restart.
+package vmmproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/memory"
+	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc/vmmpb"
+)
+
+// APIVersion is the version of the VMM process API this package speaks.
+const APIVersion = 1
+
+// lingerAfterStop is how long a VMM process whose VM has stopped waits for
+// its parent to ask how (Wait) before it exits anyway.
+const lingerAfterStop = 30 * time.Second
+
+// ServeConfig configures Serve.
+type ServeConfig struct {
+	// Socket is the API's Unix socket path; the descriptor socket is
+	// FDSocket(Socket). Both are created, and removed on return.
+	Socket string
+	// KVMPath is /dev/kvm when empty.
+	KVMPath string
+	Logger  *slog.Logger
+}
+
+// Serve serves the VMM API until the process's VM has stopped and its
+// parent has been told (Wait), or lingerAfterStop after the stop, or ctx
+// ends (which stops the VM).
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	if cfg.Socket == "" {
+		return errors.New("vmmproc: no socket path")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// The descriptor socket first: a parent that sees the API socket
+	// may use both.
+	fdln, err := listenUnix(FDSocket(cfg.Socket))
+	if err != nil {
+		return fmt.Errorf("vmmproc: %w", err)
+	}
+	defer fdln.Close()
+	ln, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("vmmproc: %w", err)
+	}
+	defer ln.Close()
+
+	s := newServer(cfg.KVMPath, log)
+	defer s.fds.closeAll()
+	go s.fds.serveFDs(fdln)
+	g := grpc.NewServer()
+	vmmpb.RegisterVMMServer(g, s)
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ln) }()
+
+	select {
+	case <-ctx.Done():
+		s.stopVM()
+	case <-s.told:
+	case err := <-served:
+		s.stopVM()
+		return fmt.Errorf("vmmproc: serve: %w", err)
+	case <-s.stoppedLinger():
+	}
+	s.stopVM()
+	<-s.done()
+	// Let the last answers (Wait's) reach the parent.
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		g.Stop()
+	}
+	return s.closeVM()
+}
+
+// server is the VMM API over one VM.
+type server struct {
+	vmmpb.UnimplementedVMMServer
+	kvmPath string
+	log     *slog.Logger
+	fds     *fdStore
+	console *fanout
+
+	mu      sync.Mutex
+	vm      *vmm.VM
+	cancel  context.CancelFunc
+	stopped chan struct{} // closed when Run returns; nil before Create
+	exit    vmm.Exit
+	runErr  error
+
+	tellOnce sync.Once
+	told     chan struct{} // closed once a Wait answered after the stop
+}
+
+func newServer(kvmPath string, log *slog.Logger) *server {
+	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), console: newFanout(), told: make(chan struct{})}
+}
+
+// done returns a channel closed when the VM has stopped (at once when
+// there is none).
+func (s *server) done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return s.stopped
+}
+
+// stoppedLinger returns a channel closed lingerAfterStop after the VM
+// stopped.
+func (s *server) stoppedLinger() <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		for {
+			s.mu.Lock()
+			st := s.stopped
+			s.mu.Unlock()
+			if st != nil {
+				<-st
+				time.Sleep(lingerAfterStop)
+				close(c)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return c
+}
+
+func (s *server) stopVM() {
+	s.mu.Lock()
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+func (s *server) closeVM() error {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm == nil {
+		return nil
+	}
+	return vm.Close()
+}
+
+// current returns the VM, or an error when there is none yet.
+func (s *server) current() (*vmm.VM, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vm == nil {
+		return nil, status.Error(codes.FailedPrecondition, errNoVM.Error())
+	}
+	return s.vm, nil
+}
+
+func (s *server) Hello(context.Context, *vmmpb.HelloRequest) (*vmmpb.HelloResponse, error) {
+	state := "none"
+	if vm, err := s.current(); err == nil {
+		state = vm.State().String()
+	}
+	return &vmmpb.HelloResponse{ApiVersion: APIVersion, Pid: int64(os.Getpid()), State: state}, nil
+}
+
+// decodeStrict decodes JSON, refusing unknown fields: what crosses is the
+// parent's plain data, and a mismatch of versions must not pass silently.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data")
+	}
+	return nil
+}
+
+func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.CreateResponse, error) {
+	s.mu.Lock()
+	busy := s.vm != nil || s.stopped != nil
+	if !busy {
+		s.stopped = make(chan struct{}) // claims the process's one VM
+	}
+	s.mu.Unlock()
+	if busy {
+		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
+	}
+	vm, err := s.build(req)
+	if err != nil {
+		s.mu.Lock()
+		close(s.stopped)
+		s.runErr = err
+		s.mu.Unlock()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.vm, s.cancel = vm, cancel
+	stopped := s.stopped
+	s.mu.Unlock()
+	go func() {
+		exit, err := vm.Run(runCtx)
+		s.mu.Lock()
+		s.exit, s.runErr = exit, err
+		s.mu.Unlock()
+		s.console.close()
+		close(stopped)
+		s.log.Info("vm stopped", "exit", exit.String(), "err", err)
+	}()
+	return &vmmpb.CreateResponse{}, nil
+}
+
+// build makes the VM a Create asks for.
+func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
+	var overrides []virtio.DeviceSpec
+	if len(req.OverridesJson) > 0 {
+		if err := decodeStrict(req.OverridesJson, &overrides); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "device overrides: %v", err)
+		}
+	}
+	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log}
+	switch src := req.Source.(type) {
+	case *vmmpb.CreateRequest_BootSpecJson:
+		var spec vmm.Spec
+		if err := decodeStrict(src.BootSpecJson, &spec); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "VM spec: %v", err)
+		}
+		if len(overrides) > 0 {
+			return nil, status.Error(codes.InvalidArgument, "device overrides are for restores; a booted VM has its spec's devices")
+		}
+		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log})
+		if err != nil {
+			return nil, statusFor(err)
+		}
+		return vm, nil
+	case *vmmpb.CreateRequest_SnapshotDir:
+		vm, err := snapshot.Load(src.SnapshotDir, rcfg)
+		if err != nil {
+			return nil, statusFor(err)
+		}
+		return vm, nil
+	case *vmmpb.CreateRequest_Fork:
+		var st vmm.State
+		if err := decodeStrict(src.Fork.StateJson, &st); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "fork state: %v", err)
+		}
+		if err := st.Validate(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "fork state: %v", err)
+		}
+		f, err := s.fds.take(src.Fork.MemoryToken)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "fork memory: %v", err)
+		}
+		// The mapping owns the descriptor it is given: a duplicate, so
+		// that the File (closed here) keeps its own.
+		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		f.Close()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "fork memory: %v", err)
+		}
+		mem, err := memory.MapFile(fd, st.Layout(), true)
+		if err != nil {
+			unix.Close(fd)
+			return nil, status.Errorf(codes.InvalidArgument, "fork memory: %v", err)
+		}
+		vm, err := vmm.Restore(rcfg, &st, mem)
+		if err != nil {
+			return nil, statusFor(err)
+		}
+		return vm, nil
+	}
+	return nil, status.Error(codes.InvalidArgument, "Create needs a boot spec, a snapshot or a fork")
+}
+
+func (s *server) Pause(ctx context.Context, _ *vmmpb.PauseRequest) (*vmmpb.PauseResponse, error) {
+	vm, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	if err := vm.Pause(ctx); err != nil {
+		return nil, statusFor(err)
+	}
+	return &vmmpb.PauseResponse{}, nil
+}
+
+func (s *server) Resume(context.Context, *vmmpb.ResumeRequest) (*vmmpb.ResumeResponse, error) {
+	vm, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	if err := vm.Resume(); err != nil {
+		return nil, statusFor(err)
+	}
+	return &vmmpb.ResumeResponse{}, nil
+}
+
+func (s *server) Save(ctx context.Context, req *vmmpb.SaveRequest) (*vmmpb.SaveResponse, error) {
+	vm, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	if req.Dir == "" {
+		return nil, status.Error(codes.InvalidArgument, "no snapshot directory")
+	}
+	if err := snapshot.Save(ctx, vm, req.Dir, snapshot.WithLogger(s.log), snapshot.WithLabels(req.Labels)); err != nil {
+		return nil, statusFor(err)
+	}
+	return &vmmpb.SaveResponse{}, nil
+}
+
+func (s *server) Freeze(ctx context.Context, _ *vmmpb.FreezeRequest) (*vmmpb.FreezeResponse, error) {
+	vm, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	st, base, err := vm.Freeze(ctx)
+	if err != nil {
+		return nil, statusFor(err)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		base.Close()
+		return nil, status.Errorf(codes.Internal, "encode state: %v", err)
+	}
+	token, err := newToken()
+	if err == nil {
+		err = s.fds.put(token, base)
+	}
+	if err != nil {
+		base.Close()
+		return nil, status.Errorf(codes.ResourceExhausted, "hold the frozen memory: %v", err)
+	}
+	return &vmmpb.FreezeResponse{StateJson: b, MemoryToken: token}, nil
+}
+
+func (s *server) Wait(ctx context.Context, _ *vmmpb.WaitRequest) (*vmmpb.WaitResponse, error) {
+	select {
+	case <-s.done():
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	s.mu.Lock()
+	resp := &vmmpb.WaitResponse{Reason: s.exit.Reason.String(), Message: s.exit.Message}
+	if s.runErr != nil {
+		resp.Error = s.runErr.Error()
+	}
+	s.mu.Unlock()
+	s.tellOnce.Do(func() {
+		// Exit once this answer is on its way (Serve stops gracefully).
+		go func() { time.Sleep(100 * time.Millisecond); close(s.told) }()
+	})
+	return resp, nil
+}
+
+func (s *server) Stop(context.Context, *vmmpb.StopRequest) (*vmmpb.StopResponse, error) {
+	s.stopVM()
+	return &vmmpb.StopResponse{}, nil
+}
+
+func (s *server) Describe(context.Context, *vmmpb.DescribeRequest) (*vmmpb.DescribeResponse, error) {
+	vm, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(vm.Devices())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode devices: %v", err)
+	}
+	resp := &vmmpb.DescribeResponse{DevicesJson: b, State: vm.State().String(), Diagnosis: vm.Diagnose()}
+	if mem := vm.Memory(); mem != nil {
+		for i, r := range mem.Regions() {
+			resp.GuestMemory = append(resp.GuestMemory, &vmmpb.MemoryRange{HostAddr: uint64(mem.HostAddr(i)), Size: r.Size})
+		}
+	}
+	return resp, nil
+}
+
+func (s *server) Console(_ *vmmpb.ConsoleRequest, stream vmmpb.VMM_ConsoleServer) error {
+	ch, cancel := s.console.subscribe()
+	defer cancel()
+	for {
+		select {
+		case b, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			if err := stream.Send(&vmmpb.ConsoleChunk{Data: b}); err != nil {
+				return err
+			}
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+}
+
+// statusFor turns a VMM error into a gRPC status: bad input and refused
+// lifecycle operations are the caller's to correct.
+func statusFor(err error) error {
+	var se *vmm.StateError
+	var spec *virtio.SpecError
+	switch {
+	case errors.As(err, &se):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.As(err, &spec), errors.Is(err, snapshot.ErrMismatch):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, snapshot.ErrCorrupt), errors.Is(err, snapshot.ErrChecksum), errors.Is(err, snapshot.ErrFormatVersion):
+		return status.Error(codes.DataLoss, err.Error())
+	case errors.Is(err, snapshot.ErrExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// fanout copies the guest's console to every subscriber, dropping what a
+// slow one cannot take (the console is for people and diagnoses).
+type fanout struct {
+	mu     sync.Mutex
+	subs   map[chan []byte]bool
+	closed bool
+}
+
+func newFanout() *fanout { return &fanout{subs: map[chan []byte]bool{}} }
+
+var _ io.Writer = (*fanout)(nil)
+
+func (f *fanout) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.subs {
+		select {
+		case c <- bytes.Clone(p):
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+func (f *fanout) subscribe() (<-chan []byte, func()) {
+	c := make(chan []byte, 256)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		close(c)
+		return c, func() {}
+	}
+	f.subs[c] = true
+	return c, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.subs[c] {
+			delete(f.subs, c)
+			close(c)
+		}
+	}
+}
+
+func (f *fanout) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for c := range f.subs {
+		delete(f.subs, c)
+		close(c)
+	}
+}
