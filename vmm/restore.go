@@ -55,7 +55,7 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 	specs, err := st.Check(&cfg)
 	if err != nil {
 		closeMemory(mem)
-		return nil, fmt.Errorf("restore: %w", err)
+		return nil, fmt.Errorf("restore: %w", &ConfigError{Err: err})
 	}
 	if err := st.checkMemory(mem); err != nil {
 		closeMemory(mem)
@@ -77,6 +77,9 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 			v.Close()
 		}
 	}()
+	if err = v.openDevices(); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
 	if err = v.setupMachine(); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}

@@ -66,28 +66,40 @@ type vdev struct {
 	ioev *ioEvents // nil where KVM refused them
 }
 
-// setupVirtio opens each device of v.specs (virtio.Open) and puts a
-// virtio-mmio transport in front of it, on the MMIO bus and, where KVM
-// allows, with ioeventfds for queue notifications. The VM, not the
-// transport, wires the device to KVM: its irqfd and its ioeventfds.
-func (v *VM) setupVirtio() error {
-	gsis := virtioGSIs()
+// openDevices opens each device of v.specs (virtio.Open), before any KVM
+// work: a missing image or tap is the caller's error (a *ConfigError),
+// found first. setupVirtio attaches them.
+func (v *VM) openDevices() error {
 	for i, spec := range v.specs {
-		if len(v.devices) != i {
-			return fmt.Errorf("virtio device %d: devices out of order", i)
-		}
 		dev, err := virtio.Open(spec, v.log)
 		if err != nil {
-			return fmt.Errorf("virtio device %d (%s): %w", i, spec.ID, err)
+			return &ConfigError{Err: fmt.Errorf("virtio device %d (%s): %w", i, spec.ID, err)}
 		}
+		v.opened = append(v.opened, dev)
 		if len(dev.QueueSizes()) == 0 {
-			closeDevice(dev)
-			return fmt.Errorf("virtio device %d (%s) has no queues", i, spec.ID)
+			return &ConfigError{Err: fmt.Errorf("virtio device %d (%s) has no queues", i, spec.ID)}
 		}
+	}
+	return nil
+}
+
+// setupVirtio puts a virtio-mmio transport in front of each opened
+// device, on the MMIO bus and, where KVM allows, with ioeventfds for
+// queue notifications. The VM, not the transport, wires the device to
+// KVM: its irqfd and its ioeventfds.
+func (v *VM) setupVirtio() error {
+	gsis := virtioGSIs()
+	if len(v.opened) != len(v.specs) {
+		return fmt.Errorf("%d virtio devices opened of %d", len(v.opened), len(v.specs))
+	}
+	for i, spec := range v.specs {
+		dev := v.opened[i]
+		v.opened[i] = nil // the VM's devices own it now
 		if err := v.attachVirtio(i, spec, dev, gsis[i]); err != nil {
 			return err
 		}
 	}
+	v.opened = nil
 	return nil
 }
 
@@ -162,6 +174,12 @@ func (v *VM) closeVirtio() error {
 		errs = append(errs, d.irq.close(), closeDevice(d.dev))
 	}
 	v.devices = nil
+	for _, d := range v.opened { // opened, never attached
+		if d != nil {
+			errs = append(errs, closeDevice(d))
+		}
+	}
+	v.opened = nil
 	return errors.Join(errs...)
 }
 
@@ -277,8 +295,9 @@ func (q *virtioIRQ) close() error {
 // registers and queue indices. It does not pause the VM.
 func (v *VM) Diagnose() string {
 	var b strings.Builder
+	state := v.State()
 	v.mu.Lock()
-	fmt.Fprintf(&b, "vm: paused=%t parked=%d stopping=%t interrupts resent=%d", v.paused, v.parked, v.stopping, v.irqResends.Load())
+	fmt.Fprintf(&b, "vm: %s, %d of %d vCPUs parked, interrupts resent=%d", state, v.parked, len(v.vcpus), v.irqResends.Load())
 	devices := v.devices
 	v.mu.Unlock()
 	for i, c := range v.vcpus {

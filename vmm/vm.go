@@ -134,6 +134,7 @@ type VM struct {
 	uart    *serial.UART
 	panics  *panicWatcher
 	specs   []virtio.DeviceSpec // what devices holds, in order
+	opened  []virtio.Device     // opened from specs, not attached yet
 	devices []*vdev
 	ged     *gedDevice
 	// irqResends counts virtio interrupts sent again because the guest
@@ -165,7 +166,7 @@ type VM struct {
 // guest starts running with Run.
 func New(cfg Config) (_ *VM, err error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("vm config: %w", err)
+		return nil, &ConfigError{Err: fmt.Errorf("vm config: %w", err)}
 	}
 	if cfg.Cmdline == "" {
 		cfg.Cmdline = DefaultCmdline
@@ -181,27 +182,27 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	kernel, err := os.ReadFile(cfg.Kernel)
 	if err != nil {
-		return nil, fmt.Errorf("read kernel: %w", err)
+		return nil, &ConfigError{Err: fmt.Errorf("read kernel: %w", err)}
 	}
 	img, err := linuxboot.Parse(kernel)
 	if err != nil {
-		return nil, fmt.Errorf("kernel %s: %w", cfg.Kernel, err)
+		return nil, &ConfigError{Err: fmt.Errorf("kernel %s: %w", cfg.Kernel, err)}
 	}
 	var initrd []byte
 	if cfg.Initrd != "" {
 		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
-			return nil, fmt.Errorf("read initrd: %w", err)
+			return nil, &ConfigError{Err: fmt.Errorf("read initrd: %w", err)}
 		}
 	}
 
 	// Check that kernel and initrd fit before any KVM work.
 	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
 	if img.End > low {
-		return nil, fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)
+		return nil, &ConfigError{Err: fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)}
 	}
 	initrdAddr, err := placeInitrd(low, img, uint64(len(initrd)))
 	if err != nil {
-		return nil, err
+		return nil, &ConfigError{Err: err}
 	}
 
 	v := newVM(cfg)
@@ -210,6 +211,9 @@ func New(cfg Config) (_ *VM, err error) {
 			v.Close()
 		}
 	}()
+	if err = v.openDevices(); err != nil {
+		return nil, err
+	}
 	if v.mem, err = memory.New("kiln-guest-ram", memoryLayout(cfg.MemoryMiB)); err != nil {
 		return nil, err
 	}

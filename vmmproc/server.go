@@ -435,10 +435,11 @@ func (s *server) Console(_ *vmmpb.ConsoleRequest, stream vmmpb.VMM_ConsoleServer
 func statusFor(err error) error {
 	var se *vmm.StateError
 	var spec *virtio.SpecError
+	var ce *vmm.ConfigError
 	switch {
 	case errors.As(err, &se):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.As(err, &spec), errors.Is(err, snapshot.ErrMismatch):
+	case errors.As(err, &ce), errors.As(err, &spec), errors.Is(err, snapshot.ErrMismatch):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, snapshot.ErrCorrupt), errors.Is(err, snapshot.ErrChecksum), errors.Is(err, snapshot.ErrFormatVersion):
 		return status.Error(codes.DataLoss, err.Error())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -55,7 +56,11 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	vm, err := vmm.New(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
-		return exitUsage
+		var ce *vmm.ConfigError
+		if errors.As(err, &ce) {
+			return exitUsage // the input was wrong
+		}
+		return exitInternal // KVM, memory: the host
 	}
 	defer vm.Close()
 	if *timeout > 0 {
