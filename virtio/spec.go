@@ -71,8 +71,13 @@ type NetSpec struct {
 
 // VsockSpec is a virtio-vsock device whose host side is Unix sockets.
 type VsockSpec struct {
-	CID  uint64 `json:"guest_cid"`
+	CID uint64 `json:"guest_cid"`
+	// Path is the socket host processes connect to (created; it must
+	// not exist); guest connections to port P dial Path_P.
 	Path string `json:"path"`
+	// FD, when positive, is a Unix socket already listening in this
+	// process (a jailer made it at Path): the device takes it over.
+	FD int `json:"fd,omitempty"`
 }
 
 // RNGSpec is a virtio-rng entropy device; it has no settings.
@@ -223,6 +228,7 @@ func (s DeviceSpec) Saved() DeviceSpec {
 	}
 	if s.Vsock != nil {
 		v := *s.Vsock
+		v.FD = 0
 		out.Vsock = &v
 	}
 	if s.FS != nil {
@@ -263,7 +269,22 @@ func Open(s DeviceSpec, log *slog.Logger) (Device, error) {
 		}
 		return NewNet(cfg)
 	case KindVsock:
-		return NewVsock(VsockConfig{CID: s.Vsock.CID, Path: s.Vsock.Path}, log)
+		cfg := VsockConfig{CID: s.Vsock.CID, Path: s.Vsock.Path}
+		if s.Vsock.FD > 0 {
+			f := os.NewFile(uintptr(s.Vsock.FD), s.Vsock.Path)
+			l, err := net.FileListener(f) // a duplicate: f is closed
+			f.Close()
+			if err != nil {
+				return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("vsock: descriptor %d: %w", s.Vsock.FD, err)}
+			}
+			ul, ok := l.(*net.UnixListener)
+			if !ok {
+				l.Close()
+				return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("vsock: descriptor %d is not a listening Unix socket", s.Vsock.FD)}
+			}
+			return NewVsockFromListener(ul, cfg, log)
+		}
+		return NewVsock(cfg, log)
 	case KindRNG:
 		return NewRNG(), nil
 	case KindFS:

@@ -3,6 +3,7 @@ package virtio
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,6 +132,29 @@ func TestOpen(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "none.img") {
 			t.Fatalf("Open = %v", err)
 		}
+	})
+	t.Run("vsock by descriptor", func(t *testing.T) {
+		sock := filepath.Join(dir, "v.sock")
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := ln.File()
+		ln.SetUnlinkOnClose(false)
+		ln.Close() // the File holds a duplicate
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Open(DeviceSpec{ID: "vsock", Kind: KindVsock, Vsock: &VsockSpec{CID: 3, Path: sock, FD: int(f.Fd())}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.(*Vsock).Close()
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatalf("dial the passed listener: %v", err)
+		}
+		c.Close()
 	})
 	t.Run("rng", func(t *testing.T) {
 		d, err := Open(DeviceSpec{ID: "rng", Kind: KindRNG, RNG: &RNGSpec{}}, nil)

@@ -97,6 +97,30 @@ func NewVsock(cfg VsockConfig, log *slog.Logger) (*Vsock, error) {
 	return v, nil
 }
 
+// NewVsockFromListener creates a vsock device for guest cfg.CID over a
+// Unix socket already listening (a jailer made it): host processes
+// connect to it, and guest connections to port P still dial cfg.Path_P.
+// The device owns ln from the call on.
+func NewVsockFromListener(ln *net.UnixListener, cfg VsockConfig, log *slog.Logger) (*Vsock, error) {
+	if ln == nil {
+		return nil, errors.New("vsock: no listener given")
+	}
+	if cfg.CID < 3 || cfg.CID > 0xffffffff {
+		ln.Close()
+		return nil, fmt.Errorf("vsock: guest CID %d: want 3 to %d", cfg.CID, uint64(0xffffffff))
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Path == "" {
+		cfg.Path = ln.Addr().String()
+	}
+	v := newVsock(cfg, log)
+	v.ln = ln
+	go v.acceptLoop()
+	return v, nil
+}
+
 // newVsock returns a device with no listener (tests use it directly).
 func newVsock(cfg VsockConfig, log *slog.Logger) *Vsock {
 	return &Vsock{
