@@ -150,7 +150,7 @@ type agentVM struct {
 // startKilnVM starts s as a Kiln sandbox; the clock starts just before
 // sandbox.Start.
 func startKilnVM(ctx context.Context, s StartSpec) (*agentVM, error) {
-	opts := sandbox.Options{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline,
+	opts := sandbox.Options{Runtime: sandbox.Runtime{Kernel: s.Kernel, Initrd: s.Initrd}, Cmdline: s.Cmdline,
 		CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, BootTimeout: s.BootTimeout}
 	start := time.Now()
 	sb, err := sandbox.Start(ctx, opts)
@@ -580,7 +580,7 @@ func StartSpecFor(kernel, agent string) (StartSpec, error) {
 		}
 		s.Name, s.Kernel = kernel, kernel
 	}
-	initrd, err := sandbox.AgentInitrd(agent, k)
+	initrd, err := sandbox.AgentInitrd(agent, k, initrdCache())
 	if err != nil {
 		return s, err
 	}
@@ -594,4 +594,14 @@ func lastBytes(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// initrdCache is where the benchmarks keep agent initramfs images: under
+// the kernel cache, as the kiln command does; "" (a temporary folder)
+// without one.
+func initrdCache() string {
+	if cache, err := guestkernel.CacheDir(); err == nil {
+		return filepath.Join(cache, "initramfs")
+	}
+	return ""
 }

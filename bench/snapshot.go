@@ -374,7 +374,7 @@ func closeAll(sbs []*sandbox.Sandbox) error {
 // snapRunner holds what every measurement shares.
 type snapRunner struct {
 	spec     SnapshotSpec
-	initrd   string
+	runtime  sandbox.Runtime
 	dir      string
 	progress io.Writer
 }
@@ -389,8 +389,8 @@ func (r *snapRunner) logf(format string, args ...any) {
 func (r *snapRunner) boot(ctx context.Context, memMiB int) (*sandbox.Sandbox, time.Duration, error) {
 	start := time.Now()
 	sb, err := sandbox.Start(ctx, sandbox.Options{
-		Kernel: r.spec.Kernel, Agent: r.spec.Agent, Initrd: r.initrd,
-		CPUs: r.spec.CPUs, MemoryMiB: memMiB, BootTimeout: r.spec.BootTimeout, Logger: r.spec.Logger,
+		Runtime: r.runtime,
+		CPUs:    r.spec.CPUs, MemoryMiB: memMiB, BootTimeout: r.spec.BootTimeout, Logger: r.spec.Logger,
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("cold boot of %d MiB: %w", memMiB, err)
@@ -532,7 +532,8 @@ func RunSnapshot(ctx context.Context, spec SnapshotSpec, progress io.Writer) (re
 			return rep, fmt.Errorf("bench: %w", err)
 		}
 	}
-	if r.initrd, err = sandbox.AgentInitrd(r.spec.Agent, k); err != nil {
+	rc := sandbox.RuntimeConfig{Kernel: k, KernelPath: spec.Kernel, Agent: r.spec.Agent, CacheDir: initrdCache()}
+	if r.runtime, err = sandbox.NewRuntime(rc); err != nil {
 		return rep, fmt.Errorf("bench: %w", err)
 	}
 	r.dir = spec.Dir
@@ -849,7 +850,7 @@ func (r *snapRunner) newQEMUPeer(k *guestkernel.Kernel, memMiB int) (*qemuPeer, 
 	if strings.ContainsAny(r.dir, ",'") {
 		return nil, fmt.Errorf("qemu: the snapshot directory %q has a comma or quote, which QEMU's options cannot take", r.dir)
 	}
-	p.args = QEMUStartArgs(StartSpec{Kernel: kernel, Initrd: r.initrd, CPUs: r.spec.CPUs, MemoryMiB: memMiB}, p.cid)
+	p.args = QEMUStartArgs(StartSpec{Kernel: kernel, Initrd: r.runtime.Initrd, CPUs: r.spec.CPUs, MemoryMiB: memMiB}, p.cid)
 	return p, nil
 }
 

@@ -14,7 +14,8 @@ import (
 	"github.com/kilnvm/kiln/initramfs"
 )
 
-// AgentEnv names the environment variable FindAgent reads first.
+// AgentEnv names the environment variable FindAgent (and so FindRuntime)
+// reads first.
 const AgentEnv = "KILN_AGENT"
 
 // FindAgent returns the kiln-agent binary to put in sandboxes: $KILN_AGENT,
@@ -40,10 +41,11 @@ func FindAgent() (string, error) {
 
 // AgentInitrd returns the path of an agent initramfs for kernel k (nil: a
 // kernel without modules to load): agent as /init, busybox, and k's
-// default agent modules. Images are cached under the kernel cache
-// (<cache>/initramfs/<hash>.cpio), keyed by the agent's bytes, the kernel
-// version and the module list, so the same inputs build once.
-func AgentInitrd(agent string, k *guestkernel.Kernel) (string, error) {
+// default agent modules. Images are cached in cacheDir
+// (<cacheDir>/<hash>.cpio; a folder under the temporary directory when
+// empty or not writable), keyed by the agent's bytes, the kernel version
+// and the module list, so the same inputs build once.
+func AgentInitrd(agent string, k *guestkernel.Kernel, cacheDir string) (string, error) {
 	img := initramfs.AgentImage{Agent: agent, Kernel: k, Busybox: true}
 	key, err := imageKey(img)
 	if err != nil {
@@ -52,8 +54,8 @@ func AgentInitrd(agent string, k *guestkernel.Kernel) (string, error) {
 	// The kernel cache may be read-only (the test harness's L1 VM sees it
 	// so): then a folder under the temporary directory serves.
 	dirs := []string{filepath.Join(os.TempDir(), "kiln-initramfs")}
-	if cache, err := guestkernel.CacheDir(); err == nil {
-		dirs = append([]string{filepath.Join(cache, "initramfs")}, dirs...)
+	if cacheDir != "" {
+		dirs = append([]string{cacheDir}, dirs...)
 	}
 	for _, dir := range dirs {
 		p := filepath.Join(dir, key+".cpio")

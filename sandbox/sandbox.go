@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
@@ -32,16 +31,9 @@ const GuestCID = 3
 // no kiln-agent binary can be found, starts the cached Debian kernel with
 // 1 vCPU and 512 MiB, running commands in the agent's initramfs.
 type Options struct {
-	// Kernel is the kernel image; empty means the cached Debian kernel
-	// (make kernel), whose modules the initramfs then carries. Another
-	// kernel gets no modules: it must have virtio-mmio, vsock and the
-	// devices built in.
-	Kernel string
-	// Agent is the static kiln-agent binary; empty means FindAgent.
-	Agent string
-	// Initrd is a prebuilt agent initramfs; empty means one built (and
-	// cached) from Agent and the kernel's modules.
-	Initrd string
+	// Runtime is the kernel and the agent's initramfs to boot (required:
+	// NewRuntime or FindRuntime makes one).
+	Runtime Runtime
 	// Disk, when set, is an image with the root filesystem (ext4 unless
 	// RootFSType says otherwise), attached as /dev/vda; the agent switches
 	// root to it.
@@ -393,32 +385,10 @@ func (o Options) vmConfig() (vmm.Config, error) {
 	if cfg.MemoryMiB == 0 {
 		cfg.MemoryMiB = 512
 	}
-	var k *guestkernel.Kernel
-	cfg.Kernel = o.Kernel
-	if cfg.Kernel == "" {
-		var err error
-		if k, err = guestkernel.Find(); err != nil {
-			return cfg, fmt.Errorf("sandbox: no kernel given and %w", err)
-		}
-		cfg.Kernel = k.Image
-		if k.Vmlinux != "" {
-			cfg.Kernel = k.Vmlinux
-		}
+	if o.Runtime.Kernel == "" || o.Runtime.Initrd == "" {
+		return cfg, errors.New("sandbox: no runtime: Options.Runtime needs a kernel and the agent's initramfs (NewRuntime, or FindRuntime for the cached kernel and the agent beside kiln)")
 	}
-	cfg.Initrd = o.Initrd
-	if cfg.Initrd == "" {
-		agent := o.Agent
-		if agent == "" {
-			var err error
-			if agent, err = FindAgent(); err != nil {
-				return cfg, err
-			}
-		}
-		var err error
-		if cfg.Initrd, err = AgentInitrd(agent, k); err != nil {
-			return cfg, err
-		}
-	}
+	cfg.Kernel, cfg.Initrd = o.Runtime.Kernel, o.Runtime.Initrd
 	cmdline := []string{vmm.DefaultCmdline, "quiet", "kiln.hostname=" + hostname}
 	if o.Disk != "" {
 		cmdline = append(cmdline, "kiln.root=/dev/vda")

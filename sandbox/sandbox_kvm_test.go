@@ -70,8 +70,9 @@ func watchStall(t *testing.T, sb *Sandbox, w *hashWriter, stall time.Duration) f
 	return func() { close(done) }
 }
 
-// TestKVMAgent boots one sandbox (Debian's kernel loading its virtio
-// modules, the agent as init) and runs the guest agent's must-shows in it.
+// TestKVMAgent restores one sandbox from the run's warm snapshot (Debian's
+// kernel with its virtio modules, the agent as init) and runs the guest
+// agent's must-shows in it.
 func TestKVMAgent(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
@@ -83,9 +84,9 @@ func TestKVMAgent(t *testing.T) {
 	// I/O have stalled (an RCU stall on one vCPU, a soft lockup on the
 	// other, as if an IPI were lost); two-vCPU guests are covered by the
 	// kiln boot test.
-	sb, err := Start(ctx, Options{Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 512, Hostname: "kvmtest", Console: &console})
+	sb, err := Restore(ctx, warmSnapshot(t), RestoreOptions{Hostname: "kvmtest", Console: &console})
 	if err != nil {
-		t.Fatalf("Start: %v", err)
+		t.Fatalf("Restore: %v", err)
 	}
 	t.Logf("agent ready after %v", time.Since(start).Round(time.Millisecond))
 	defer func() {

@@ -12,7 +12,8 @@ import (
 func TestVMConfig(t *testing.T) {
 	agent := filepath.Join(t.TempDir(), "agent")
 	// A kernel path given: no module lookup; an Initrd given: no build.
-	base := Options{Kernel: "/k", Initrd: "/i", Agent: agent}
+	_ = agent
+	base := Options{Runtime: Runtime{Kernel: "/k", Initrd: "/i"}}
 	for _, tc := range []struct {
 		name    string
 		opts    func(*Options)
@@ -27,6 +28,7 @@ func TestVMConfig(t *testing.T) {
 		{"bad hostname", func(o *Options) { o.Hostname = "a b" }, nil, nil, "hostname"},
 		{"quoting hostname", func(o *Options) { o.Hostname = `a"b` }, nil, nil, "hostname"},
 		{"bad fstype", func(o *Options) { o.Disk = "/d"; o.RootFSType = "ext4 init=/bin/sh" }, nil, nil, "root filesystem type"},
+		{"no runtime", func(o *Options) { o.Runtime = Runtime{} }, nil, nil, "no runtime"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
@@ -85,7 +87,7 @@ func TestAgentInitrdCached(t *testing.T) {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("no busybox-static")
 	}
-	t.Setenv("KILN_CACHE", t.TempDir())
+	cache := t.TempDir()
 	// Any static binary serves as the agent here: busybox is one.
 	agent := filepath.Join(t.TempDir(), "agent")
 	data, err := os.ReadFile("/bin/busybox")
@@ -95,12 +97,12 @@ func TestAgentInitrdCached(t *testing.T) {
 	if err := os.WriteFile(agent, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p1, err := AgentInitrd(agent, nil)
+	p1, err := AgentInitrd(agent, nil, cache)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fi1, _ := os.Stat(p1)
-	p2, err := AgentInitrd(agent, nil)
+	p2, err := AgentInitrd(agent, nil, cache)
 	if err != nil || p2 != p1 {
 		t.Fatalf("second build %q, %v; want the cached %q", p2, err, p1)
 	}
@@ -111,10 +113,13 @@ func TestAgentInitrdCached(t *testing.T) {
 	if err := os.WriteFile(agent, append(data, 0), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if p3, err := AgentInitrd(agent, nil); err != nil || p3 == p1 {
+	if p3, err := AgentInitrd(agent, nil, cache); err != nil || p3 == p1 {
 		t.Fatalf("changed agent: %q, %v", p3, err)
 	}
-	if _, err := AgentInitrd(filepath.Join(t.TempDir(), "missing"), &guestkernel.Kernel{}); err == nil {
+	if filepath.Dir(p1) != cache {
+		t.Errorf("image %s is not in the cache folder given", p1)
+	}
+	if _, err := AgentInitrd(filepath.Join(t.TempDir(), "missing"), &guestkernel.Kernel{}, cache); err == nil {
 		t.Fatal("a missing agent built an image")
 	}
 }
@@ -151,5 +156,44 @@ func TestExecSetMAC(t *testing.T) {
 	o := execSetMAC("02:00:00:00:00:01", "02:00:00:00:00:02")
 	if len(o.Argv) != 6 || o.Argv[4] != "02:00:00:00:00:01" || o.Argv[5] != "02:00:00:00:00:02" || strings.Contains(o.Argv[2], "02:00") {
 		t.Fatalf("argv %q", o.Argv)
+	}
+}
+
+func TestNewRuntime(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinux")
+	initrd := filepath.Join(dir, "initrd.cpio")
+	for _, p := range []string{kernel, initrd} {
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		cfg     RuntimeConfig
+		want    Runtime
+		wantErr string
+	}{
+		{"paths", RuntimeConfig{KernelPath: kernel, Initrd: initrd}, Runtime{Kernel: kernel, Initrd: initrd}, ""},
+		{"cached kernel's vmlinux", RuntimeConfig{Kernel: &guestkernel.Kernel{Image: "/nonexistent", Vmlinux: kernel}, Initrd: initrd}, Runtime{Kernel: kernel, Initrd: initrd}, ""},
+		{"no kernel", RuntimeConfig{Initrd: initrd}, Runtime{}, "no kernel"},
+		{"two kernels", RuntimeConfig{Kernel: &guestkernel.Kernel{Image: kernel}, KernelPath: kernel}, Runtime{}, "give one"},
+		{"missing kernel", RuntimeConfig{KernelPath: filepath.Join(dir, "none"), Initrd: initrd}, Runtime{}, "kernel: stat"},
+		{"missing initrd", RuntimeConfig{KernelPath: kernel, Initrd: filepath.Join(dir, "none")}, Runtime{}, "initramfs: stat"},
+		{"no agent", RuntimeConfig{KernelPath: kernel}, Runtime{}, "no agent binary"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := NewRuntime(tt.cfg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("NewRuntime = %+v, %v; want %q", got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("NewRuntime = %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
 	}
 }

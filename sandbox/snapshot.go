@@ -214,9 +214,9 @@ func (s *Sandbox) freshen(ctx context.Context, hostname, oldMAC string) error {
 		}
 		s.hostname = hostname
 	}
-	if nic := s.nic(); nic != nil && oldMAC != "" && oldMAC != nic.MAC().String() {
-		if st, err := s.client.Exec(ctx, execSetMAC(oldMAC, nic.MAC().String())); err != nil || !st.Success() {
-			return fmt.Errorf("sandbox: give the guest's interface its new MAC address %s: %v %v", nic.MAC(), st, err)
+	if mac := s.MAC(); mac != nil && oldMAC != "" && oldMAC != mac.String() {
+		if st, err := s.client.Exec(ctx, execSetMAC(oldMAC, mac.String())); err != nil || !st.Success() {
+			return fmt.Errorf("sandbox: give the guest's interface its new MAC address %s: %v %v", mac, st, err)
 		}
 	}
 	return nil

@@ -25,7 +25,15 @@ import (
 // restore; every clone writes only its own files, draws different random
 // bytes and has the host's time; each child of a fork writes its own copy
 // of the data disk.
-func TestKVMSnapshot(t *testing.T) {
+func TestKVMSnapshot(t *testing.T) { testSnapshot(t, nil) }
+
+// TestKVMSnapshotProcess is TestKVMSnapshot with every sandbox's VM in a
+// VMM process of its own: the same checks hold across the process
+// boundary, and a fork's children get the parent's frozen memory as a
+// descriptor.
+func TestKVMSnapshotProcess(t *testing.T) { testSnapshot(t, testProcess()) }
+
+func testSnapshot(t *testing.T, proc *ProcessOptions) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -68,9 +76,10 @@ func TestKVMSnapshot(t *testing.T) {
 		return o
 	}
 	sb, err := Start(ctx, Options{
-		Agent: kvmtest.AgentBinary(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap", Net: nic("p", nil),
+		Runtime: testRuntime(t), CPUs: 1, MemoryMiB: 256, Hostname: "snap", Net: nic("p", nil),
 		Disk: rootImage(t), DiskReadOnly: true,
 		Devices: []virtio.DeviceSpec{{ID: "data", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: data}}},
+		Process: proc,
 	})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -92,6 +101,9 @@ func TestKVMSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 		return n
+	}
+	if proc != nil && (sb.PID() == os.Getpid() || sb.VM() != nil) {
+		t.Fatalf("the sandbox's VM runs in this process (PID %d)", sb.PID())
 	}
 	if got := sh(t, sb.Client(), "grep -c '^/dev/vda / ext4 ro' /proc/mounts || cat /proc/mounts"); got != "1" {
 		t.Errorf("the root is not the read-only disk: %q", got)
@@ -124,6 +136,9 @@ sleep 1`)
 		t.Logf("2 children answering after %v", time.Since(begin).Round(time.Millisecond))
 		for _, k := range kids {
 			defer k.Close(context.Background())
+		}
+		if proc != nil && (kids[0].PID() == kids[1].PID() || kids[0].PID() == sb.PID() || kids[0].PID() == os.Getpid()) {
+			t.Errorf("children's VMM processes %d and %d, parent's %d", kids[0].PID(), kids[1].PID(), sb.PID())
 		}
 		for i, k := range kids {
 			sh(t, k.Client(), fmt.Sprintf("echo %d > /tmp/kid", i))
@@ -184,7 +199,7 @@ sleep 1`)
 		if err := copyFile(data, copied); err != nil {
 			t.Fatal(err)
 		}
-		r, err := Restore(ctx, dir, RestoreOptions{Net: nic("r", nil), Disks: map[string]string{"data": copied}})
+		r, err := Restore(ctx, dir, RestoreOptions{Net: nic("r", nil), Disks: map[string]string{"data": copied}, Process: proc})
 		if err != nil {
 			t.Fatalf("Restore: %v", err)
 		}
@@ -219,7 +234,7 @@ sleep 1`)
 		for i := range n {
 			begin := time.Now()
 			mac := net.HardwareAddr{0x02, 0x6b, 0x69, 0x6c, 0x6e, byte(i)}
-			c, err := Restore(ctx, dir, RestoreOptions{Hostname: fmt.Sprintf("clone-%d", i), Net: nic(fmt.Sprintf("c%d", i), mac)})
+			c, err := Restore(ctx, dir, RestoreOptions{Hostname: fmt.Sprintf("clone-%d", i), Net: nic(fmt.Sprintf("c%d", i), mac), Process: proc})
 			if err != nil {
 				t.Fatalf("clone %d: %v", i, err)
 			}

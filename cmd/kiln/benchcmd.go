@@ -26,9 +26,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if len(args) > 0 && args[0] == "start" {
 		return cmdBenchStart(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "process" {
+		return cmdBenchProcess(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "boot" {
 		fmt.Fprintln(stderr, "usage: kiln bench boot [-n RUNS] [--kernel K] [--cpus N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench start [-n RUNS] [--kernel debian|minimal|PATH]... [--execs N] [--cpus N] [--mem MiB]")
+		fmt.Fprintln(stderr, "       kiln bench snapshot [flags]   (kiln bench snapshot -h)")
+		fmt.Fprintln(stderr, "       kiln bench process [--execs N] [--forks N] [--mem MiB]")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("kiln bench boot", flag.ContinueOnError)
@@ -222,4 +227,37 @@ func loadAverage() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// cmdBenchProcess is `kiln bench process`: a sandbox in this process and
+// one in a VMM process of its own (kiln vmm), restored from one snapshot:
+// exec and fork latency and the VMM process's memory.
+func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln bench process", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	execs := fs.Int("execs", 20, "execs of true each way")
+	forks := fs.Int("forks", 3, "forks of one child each way")
+	mem := fs.Int("mem", 256, "guest memory in MiB")
+	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
+	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	rt, err := sandbox.FindRuntime(*kernel, *agent)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
+		return exitUsage
+	}
+	po, err := vmmProcess()
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
+		return exitInternal
+	}
+	rep, err := bench.RunProcess(ctx, bench.ProcessSpec{Runtime: rt, MemoryMiB: *mem, Process: *po, Execs: *execs, Forks: *forks}, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
+		return exitInternal
+	}
+	rep.Print(stdout)
+	return exitOK
 }

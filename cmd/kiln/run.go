@@ -32,8 +32,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fs.PrintDefaults()
 	}
 	var o sandbox.Options
-	fs.StringVar(&o.Kernel, "kernel", "", "kernel image; default: the cached Debian kernel, whose modules the agent loads")
-	fs.StringVar(&o.Agent, "agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel, whose modules the agent loads")
+	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
 	fs.StringVar(&o.Disk, "disk", "", "root filesystem image (ext4) to run the command in; default: the agent's initramfs, with busybox")
 	fs.BoolVar(&o.DiskReadOnly, "ro", false, "attach --disk read-only")
 	fs.IntVar(&o.CPUs, "cpus", 1, "number of vCPUs")
@@ -91,6 +91,10 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprintf(stderr, "kiln run: -w %q: want an absolute path\n", *dir)
 		return exitUsage
 	}
+	if err := sandbox.CheckHostname(o.Hostname); err != nil {
+		fmt.Fprintf(stderr, "kiln run: --hostname: %v\n", err)
+		return exitUsage
+	}
 	o.Logger = newLogger(stderr, *debug)
 	o.BootTimeout = *bootTimeout
 	if *proc {
@@ -116,7 +120,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			}
 		})
 		sb, err = sandbox.Restore(ctx, *from, ro)
-	} else {
+	} else if o.Runtime, err = sandbox.FindRuntime(*kernel, *agent); err == nil {
 		sb, err = sandbox.Start(ctx, o)
 	}
 	if err != nil {

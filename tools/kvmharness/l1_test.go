@@ -223,7 +223,7 @@ func TestL1InitScriptParses(t *testing.T) {
 	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
 		t.Fatalf("sh -n: %v\n%s\n%s", err, out, script)
 	}
-	for _, want := range []string{"for m in irqbypass kvm kvm_amd;", `'/host/tmp/kiln job'\''s'`, "chroot /host /bin/sh '/tmp/kiln job'\\''s/units/0-1/run.sh'",
+	for _, want := range []string{"for m in irqbypass kvm kvm_amd;", "[ $m = kvm ] && args=tsc_tolerance_ppm=10000", `'/host/tmp/kiln job'\''s'`, "chroot /host /bin/sh '/tmp/kiln job'\\''s/units/0-1/run.sh'",
 		"cache=mmap shared '/host/tmp/kiln-test-shared-1'", "poweroff -f"} {
 		if !strings.Contains(script, want) {
 			t.Errorf("init script lacks %q:\n%s", want, script)

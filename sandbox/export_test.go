@@ -1,0 +1,4 @@
+package sandbox
+
+// WarmSnapshot is warmSnapshot, for the package's external tests.
+var WarmSnapshot = warmSnapshot
