@@ -13,6 +13,15 @@ import (
 )
 
 // runKiln runs the CLI in-process and returns its exit code and output.
+// TestMain lets the test binary serve as `kiln vmm`: --vmm-process starts
+// this very executable with the vmm command.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "vmm" {
+		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
 func runKiln(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
@@ -155,7 +164,9 @@ func TestKVMRunCommand(t *testing.T) {
 	}
 	t.Logf("restored: the loop counts %d, then %d", before, after)
 
-	args = append([]string{"fork", "--from", dir, "-n", "2", "--boot-timeout", "5m"}, netFork...)
+	// The clones in VMM processes of their own: `kiln vmm`, which is
+	// this test binary (TestMain).
+	args = append([]string{"fork", "--vmm-process", "--from", dir, "-n", "2", "--boot-timeout", "5m"}, netFork...)
 	code, stdout, stderr = runKiln(t, append(args, "--", "sh", "-c", "test -s /run/n && hostname && cat /sys/class/net/*/address | grep -vx 00:00:00:00:00:00 || true")...)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	slices.Sort(lines)
@@ -166,7 +177,7 @@ func TestKVMRunCommand(t *testing.T) {
 		}
 	}
 	if code != 0 || !slices.Equal(lines, want) {
-		t.Fatalf("kiln fork -n 2: exit code %d, stdout %q (want host names and, as root, two different MAC addresses), stderr %q", code, stdout, stderr)
+		t.Fatalf("kiln fork --vmm-process -n 2: exit code %d, stdout %q (want host names and, as root, two different MAC addresses), stderr %q", code, stdout, stderr)
 	}
 }
 
