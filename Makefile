@@ -6,7 +6,9 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# Debian packages the build, the demo and the tests use.
+# Debian packages the build, the demo and the tests use. QEMU comes at
+# version 10 or newer (tools/install-qemu.sh: bookworm-backports on Debian
+# 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
 DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils
 
 KILN := bin/kiln
@@ -40,6 +42,7 @@ deps:
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+	@tools/install-qemu.sh
 	@command -v $(GO) >/dev/null || { echo "deps: no Go: install Go 1.26 in /usr/local/go"; exit 1; }
 
 build: harness
