@@ -138,19 +138,7 @@ func (s *Sandbox) startMachine(ctx context.Context, cfg vmm.Config, proc *Proces
 		}
 		return newLocalVM(vm), nil
 	}
-	m, err := startProcess(ctx, s, *proc, cfg.Console)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.p.Boot(ctx, cfg.Spec); err != nil {
-		m.release(context.Background())
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	if err := m.describe(ctx); err != nil {
-		m.release(context.Background())
-		return nil, err
-	}
-	return m, nil
+	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error { return p.Boot(ctx, cfg.Spec) })
 }
 
 // restoreMachine builds the machine of a sandbox restored from the
@@ -163,11 +151,17 @@ func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.Restor
 		}
 		return newLocalVM(vm), nil
 	}
-	m, err := startProcess(ctx, s, *proc, cfg.Console)
+	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error { return p.Restore(ctx, dir, cfg.Devices) })
+}
+
+// processMachine starts a VMM process for s, has create build its VM, and
+// reads the VM's devices.
+func (s *Sandbox) processMachine(ctx context.Context, proc ProcessOptions, console io.Writer, create func(*vmmproc.Process) error) (machine, error) {
+	m, err := startProcess(ctx, s, proc, console)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.p.Restore(ctx, dir, cfg.Devices); err != nil {
+	if err := create(m.p); err != nil {
 		m.release(context.Background())
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -264,12 +258,21 @@ func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(
 	return out, nil
 }
 
+// AttachOptions are what Attach needs beyond the sandbox's folder.
+type AttachOptions struct {
+	// Process starts the VMM processes of the sandbox's fork children
+	// (the attached one was started by another parent).
+	Process ProcessOptions
+	Logger  *slog.Logger
+}
+
 // Attach takes over the sandbox whose VM runs in the VMM process with the
 // folder dir (a sandbox started with ProcessOptions, by this process or
 // another one, which may have exited since): it connects to the VMM
 // process and to the agent, and returns the sandbox as it runs. Close
 // stops it as it would one this process started.
-func Attach(ctx context.Context, dir string, log *slog.Logger) (_ *Sandbox, err error) {
+func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, err error) {
+	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
@@ -277,7 +280,7 @@ func Attach(ctx context.Context, dir string, log *slog.Logger) (_ *Sandbox, err 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: attach %s: %w", dir, err)
 	}
-	m := &processVM{p: p, cancel: func() {}}
+	m := &processVM{p: p, opts: opts.Process, cancel: func() {}}
 	if err := m.describe(ctx); err != nil {
 		p.Close(ctx)
 		return nil, err

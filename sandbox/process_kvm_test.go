@@ -88,7 +88,7 @@ func TestKVMProcess(t *testing.T) {
 
 	outer := t
 	t.Run("attach", func(t *testing.T) {
-		at, err := sandbox.Attach(ctx, a.Dir(), nil)
+		at, err := sandbox.Attach(ctx, a.Dir(), sandbox.AttachOptions{Process: *vmmProcess()})
 		if err != nil {
 			t.Fatalf("Attach: %v", err)
 		}
@@ -102,6 +102,15 @@ func TestKVMProcess(t *testing.T) {
 		}
 		if len(at.Devices()) != len(a.Devices()) {
 			t.Fatalf("attached devices %v, a's %v", at.Devices(), a.Devices())
+		}
+		// The attached sandbox forks as one this process started would.
+		kids, err := at.Fork(ctx, 1, sandbox.ForkOptions{})
+		if err != nil {
+			t.Fatalf("Fork of the attached sandbox: %v", err)
+		}
+		defer kids[0].Close(context.Background())
+		if got := execOut(t, ctx, kids[0], "hostname"); got != "a-0" {
+			t.Fatalf("child of the attached sandbox: hostname %q", got)
 		}
 	})
 
