@@ -375,3 +375,44 @@ func TestSerialStateRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// FuzzStateCheck feeds the device part of snapshot state files (hostile
+// input: each device's spec and transport state) to the checks a restore
+// runs before KVM: decoding, Validate and Check with and without an
+// override. None may panic, and what they pass resolves to device specs
+// that validate. (The rest of a state is checked field by field in
+// TestStateValidate; inputs stay small so that the fuzzer stays fast.)
+func FuzzStateCheck(f *testing.F) {
+	for _, st := range []*State{
+		testState(1, 16, virtio.IDBlock, virtio.IDVsock, virtio.IDRNG),
+		testState(1, 16, virtio.IDNet),
+		testState(1, 16),
+	} {
+		b, err := json.Marshal(st.Devices)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	override := []virtio.DeviceSpec{{ID: "dev0", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/other.img"}}}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var devs []DeviceState
+		if json.Unmarshal(b, &devs) != nil {
+			return
+		}
+		st := testState(1, 16)
+		st.Devices = devs
+		if st.Validate() != nil {
+			return
+		}
+		for _, o := range [][]virtio.DeviceSpec{nil, override} {
+			specs, err := st.Check(&RestoreConfig{Devices: o})
+			if err != nil {
+				continue
+			}
+			if err := virtio.ValidateSpecs(specs); err != nil {
+				t.Fatalf("Check passed specs that do not validate: %v", err)
+			}
+		}
+	})
+}
