@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/mdlayher/vsock v1.4.0
+	github.com/opencontainers/go-digest v1.0.0
 	github.com/prometheus/procfs v0.23.0
 	github.com/u-root/u-root v0.16.0
 	golang.org/x/sys v0.50.0
