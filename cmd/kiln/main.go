@@ -53,6 +53,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	case "vmm":
 		return cmdVMM(ctx, args[1:], stderr)
+	case "image":
+		return cmdImage(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return exitOK
@@ -71,6 +73,7 @@ commands:
           (--save DIR snapshots it afterwards; --from DIR restores one)
   fork    restore N clones of a snapshot and run a command in each:
           kiln fork --from DIR -n N -- CMD [ARG...]
+  image   OCI images: kiln image pull|import|ls|rm|inspect [--dir DIR] ...
   vmm     serve one VM for a parent process over a Unix socket
           (what --vmm-process starts; not for people)
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:

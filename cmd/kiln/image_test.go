@@ -1,0 +1,66 @@
+package main
+
+import (
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+// TestImageCommands pulls from a loopback registry, lists, inspects and
+// removes, and checks the exit codes of bad input.
+func TestImageCommands(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img, err := random.Image(1000, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := host + "/demo:v1"
+	r, _ := name.ParseReference(ref)
+	if err := remote.Write(r, img); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.tar")
+	os.WriteFile(garbage, []byte("not a tarball"), 0o644)
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string // in stdout, or stderr when the code is not 0
+	}{
+		{[]string{"pull", ref}, 0, ref},
+		{[]string{"ls"}, 0, "demo:v1"},
+		{[]string{"inspect", ref}, 0, `"manifest"`},
+		{[]string{"pull", "Bad:Ref"}, 2, "image reference"},
+		{[]string{"pull", host + "/absent:v1"}, 2, "not found"},
+		{[]string{"pull", "127.0.0.1:1/closed:v1"}, 1, "pulling"},
+		{[]string{"import", garbage}, 2, "not a tar archive"},
+		{[]string{"inspect", "debian:bookworm"}, 2, `no image named "debian:bookworm"`},
+		{[]string{"rm", "debian:bookworm"}, 2, "no image named"},
+		{[]string{"rm", ref}, 0, "removed " + ref},
+		{[]string{"inspect", ref}, 2, "no image named"},
+		{[]string{"ls", "extra"}, 2, "want 0"},
+		{[]string{"frob"}, 2, "unknown command"},
+	} {
+		args := append([]string{"image", tc.args[0], "--dir", dir}, tc.args[1:]...)
+		code, stdout, stderr := runKiln(t, args...)
+		got := stdout
+		if tc.code != 0 {
+			got = stderr
+		}
+		if code != tc.code || !strings.Contains(got, tc.out) {
+			t.Errorf("kiln image %v: code %d, stdout %q, stderr %q; want %d and %q", tc.args, code, stdout, stderr, tc.code, tc.out)
+		}
+	}
+}
