@@ -107,10 +107,13 @@ func BootKiln(ctx context.Context, s BootSpec) (time.Duration, error) {
 }
 
 // QEMUArgs is the peer's command line for a spec: the microvm machine with
-// KVM, no firmware ROMs, no default devices, COM1 on stdio.
+// KVM, qboot as its firmware, no option ROMs, no default devices, COM1 on
+// stdio.
 func QEMUArgs(s BootSpec) []string {
 	args := []string{
-		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off", "-enable-kvm", "-cpu", "host",
+		// qboot loads the kernel itself: QEMU 10's default microvm
+		// firmware (Debian: SeaBIOS's) boots nothing without option ROMs.
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off", "-bios", "qboot.rom", "-enable-kvm", "-cpu", "host",
 		"-m", fmt.Sprint(s.MemoryMiB), "-smp", fmt.Sprint(s.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
 		"-kernel", s.Kernel, "-append", s.Cmdline,

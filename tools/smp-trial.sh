@@ -229,7 +229,7 @@ bootKiln() {
 
 bootQEMU() {
 	i=$1 t0=$(now)
-	"$qemu" -M microvm,x-option-roms=off,isa-serial=on,rtc=off -enable-kvm -cpu host \
+	"$qemu" -M microvm,x-option-roms=off,isa-serial=on,rtc=off -bios qboot.rom -enable-kvm -cpu host \
 		-m 512 -smp "$cpus" -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
 		-kernel "$kernel" -initrd "$initrd" -append "$cmdline" >"$out/qemu-$i.console" 2>"$out/qemu-$i.stderr" </dev/null &
 	watchVMM qemu "$i" $! "$t0"

@@ -370,7 +370,7 @@ func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units [
 	for i, u := range units {
 		names[i] = u.test
 	}
-	weight := func(i int) int { return unitSlots(o.cpus, o.cpus, o.parallel) }
+	weight := func(i int) int { return unitSlots(unitCPUs(o.cpus, units[i].test), o.cpus, o.parallel) }
 	for n, phase := range phases(names) {
 		log.Info("running KVM tests in L1", "phase", n+1, "tests", len(phase), "at_once", min(o.parallel, len(phase)))
 		runPool(ctx, phase, o.parallel, weight, func(i int) {
@@ -379,6 +379,10 @@ func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units [
 	}
 	return results
 }
+
+// unitCPUs is the vCPUs of the L1 that runs test: -cpus, or more for a
+// test that needs them (smpL1CPUs).
+func unitCPUs(cpus int, test string) int { return max(cpus, smpL1CPUs(test)) }
 
 // unitResult is what running one unit in L1 came to.
 type unitResult struct {
@@ -408,7 +412,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 func runUnitInL1(ctx context.Context, o options, l1 l1Config, env []string, u testBinary, log *slog.Logger) unitResult {
 	r := unitResult{u: u}
 	log = log.With("test", u.test)
-	l1.unit, l1.cpus, l1.log = u.dir, o.cpus, log
+	l1.unit, l1.cpus, l1.log = u.dir, unitCPUs(o.cpus, u.test), log
 	l1.prefix = "L1 " + u.test + "| "
 	if err := os.MkdirAll(u.dir, 0o755); err != nil {
 		r.err = fmt.Errorf("creating its L1 folder: %w", err)
@@ -442,6 +446,22 @@ func runUnitInL1(ctx context.Context, o options, l1 l1Config, env []string, u te
 		return r
 	}
 	return r
+}
+
+// smpL1CPUs returns the L1 vCPUs a KVM test that boots Linux on several
+// vCPUs needs, or 0 for the others (they keep -cpus, defaultL1CPUs: see
+// there for why). Under a one-vCPU L1, TestKVMBootCommand's two-vCPU
+// Linux guest froze L1 in two runs of three under QEMU 7.2, and once in
+// four whole-suite runs under QEMU 10 (host load about 4), though 21
+// quieter trials passed; with two it never has. The emulator is at fault,
+// not Kiln (docs/bench.md, "Two vCPUs under emulated nested SVM"), so this
+// stays until an emulator stops freezing.
+func smpL1CPUs(test string) int {
+	switch test {
+	case "TestKVMBootCommand":
+		return 2
+	}
+	return 0
 }
 
 // listKVMTests returns the KVM tests the test binary at path defines, in
