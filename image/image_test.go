@@ -434,10 +434,16 @@ func TestNormalize(t *testing.T) {
 }
 
 func TestGuardRefusesPlainHTTP(t *testing.T) {
-	g := &guard{base: http.DefaultTransport}
+	// The base transport must never be reached: no packet leaves for an
+	// address that is not loopback.
+	reached := false
+	g := &guard{base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		reached = true
+		return nil, errors.New("the guard let a plain HTTP request through")
+	})}
 	req, _ := http.NewRequest("GET", "http://10.1.2.3:5000/v2/", nil)
-	if _, err := g.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "--insecure") {
-		t.Errorf("got %v", err)
+	if _, err := g.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "--insecure") || reached {
+		t.Errorf("got %v (base transport reached: %v)", err, reached)
 	}
 }
 
@@ -497,3 +503,7 @@ func mustRef(t *testing.T, s string) name.Reference {
 	}
 	return r
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
