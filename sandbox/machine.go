@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kilnvm/kiln/snapshot"
@@ -308,7 +309,7 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 }
 
 // vmmSocket is the VMM process's socket in a sandbox folder.
-func vmmSocket(dir string) string { return dir + string(os.PathSeparator) + vmmproc.SocketFile }
+func vmmSocket(dir string) string { return filepath.Join(dir, vmmproc.SocketFile) }
 
 // GuestMemory returns the process that holds the sandbox's guest RAM and
 // where the RAM lies in it, for a caller that measures it

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -252,5 +251,3 @@ func putFD(ctx context.Context, path, token string, f *os.File) error {
 	}
 	return nil
 }
-
-var errNoVM = errors.New("the VMM process has no VM yet (Create first)")

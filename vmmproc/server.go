@@ -36,6 +36,9 @@ import (
 // APIVersion is the version of the VMM process API this package speaks.
 const APIVersion = 1
 
+// errNoVM: a request that needs the VM came before Create.
+var errNoVM = errors.New("the VMM process has no VM yet (Create first)")
+
 // lingerAfterStop is how long a VMM process whose VM has stopped waits for
 // its parent to ask how (Wait) before it exits anyway.
 const lingerAfterStop = 30 * time.Second
@@ -89,7 +92,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	case err := <-served:
 		s.stopVM()
 		return fmt.Errorf("vmmproc: serve: %w", err)
-	case <-s.stoppedLinger():
+	case <-linger(s.stopped, lingerAfterStop):
 	}
 	s.stopVM()
 	<-s.done()
@@ -115,7 +118,8 @@ type server struct {
 	mu      sync.Mutex
 	vm      *vmm.VM
 	cancel  context.CancelFunc
-	stopped chan struct{} // closed when Run returns; nil before Create
+	created bool          // Create claimed the process's one VM
+	stopped chan struct{} // closed when Run returns or Create failed
 	exit    vmm.Exit
 	runErr  error
 
@@ -124,7 +128,7 @@ type server struct {
 }
 
 func newServer(kvmPath string, log *slog.Logger) *server {
-	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), console: newFanout(), told: make(chan struct{})}
+	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), console: newFanout(), stopped: make(chan struct{}), told: make(chan struct{})}
 }
 
 // done returns a channel closed when the VM has stopped (at once when
@@ -132,7 +136,7 @@ func newServer(kvmPath string, log *slog.Logger) *server {
 func (s *server) done() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped == nil {
+	if !s.created {
 		c := make(chan struct{})
 		close(c)
 		return c
@@ -140,23 +144,13 @@ func (s *server) done() <-chan struct{} {
 	return s.stopped
 }
 
-// stoppedLinger returns a channel closed lingerAfterStop after the VM
-// stopped.
-func (s *server) stoppedLinger() <-chan struct{} {
+// linger returns a channel closed d after stopped is.
+func linger(stopped <-chan struct{}, d time.Duration) <-chan struct{} {
 	c := make(chan struct{})
 	go func() {
-		for {
-			s.mu.Lock()
-			st := s.stopped
-			s.mu.Unlock()
-			if st != nil {
-				<-st
-				time.Sleep(lingerAfterStop)
-				close(c)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		<-stopped
+		time.Sleep(d)
+		close(c)
 	}()
 	return c
 }
@@ -214,10 +208,8 @@ func decodeStrict(b []byte, v any) error {
 
 func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.CreateResponse, error) {
 	s.mu.Lock()
-	busy := s.vm != nil || s.stopped != nil
-	if !busy {
-		s.stopped = make(chan struct{}) // claims the process's one VM
-	}
+	busy := s.created
+	s.created = true // claims the process's one VM
 	s.mu.Unlock()
 	if busy {
 		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
