@@ -1,11 +1,13 @@
 package initramfs
 
 import (
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sort"
 
 	"github.com/kilnvm/kiln/guestkernel"
@@ -26,6 +28,21 @@ func DefaultAgentModules() []string {
 	}
 }
 
+// AgentImageModulesDir is where an AgentImage puts the modules only an
+// image-rooted sandbox needs (ImageModules); the agent loads them only when
+// its root is a 9p tree, as pid1.ImageModulesDir.
+const AgentImageModulesDir = "lib/kiln/image-modules"
+
+// ImageModules returns the kernel modules an image root needs: virtio-9p
+// (9pnet_virtio, 9p, and their netfs and fscache) and overlayfs.
+func ImageModules() []string {
+	return []string{"9pnet_virtio", "9p", "overlay"}
+}
+
+// ImageConfigPath is where ImageConfigArchive puts an image's config, as
+// pid1.ImageConfigPath.
+const ImageConfigPath = "kiln/image.json"
+
 // AgentImage describes the initramfs of a sandbox VM whose /init is the Kiln
 // guest agent (cmd/kiln-agent).
 type AgentImage struct {
@@ -38,6 +55,9 @@ type AgentImage struct {
 	// empty means DefaultAgentModules. Modules built into Kernel are left
 	// out.
 	Modules []string
+	// NoImageModules leaves out ImageModules (they go under
+	// AgentImageModulesDir by default, when Kernel is set).
+	NoImageModules bool
 	// Busybox adds Debian's busybox-static (HostBusybox) as /bin/busybox
 	// with symbolic links for BusyboxApplets, /bin/sh among them.
 	Busybox bool
@@ -120,7 +140,30 @@ func (a AgentImage) addModules(b *Builder) error {
 	if err := b.AddDir("lib", 0o755); err != nil {
 		return err
 	}
-	if err := b.AddDir(AgentModulesDir, 0o755); err != nil {
+	if err := addModuleFiles(b, AgentModulesDir, order); err != nil {
+		return err
+	}
+	if a.NoImageModules {
+		return nil
+	}
+	imgOrder, err := a.Kernel.ModuleLoadOrder(ImageModules()...)
+	if err != nil {
+		return fmt.Errorf("initramfs: agent image: modules for image roots: %w", err)
+	}
+	have := map[string]bool{}
+	for _, m := range order {
+		have[m.Name] = true
+	}
+	imgOrder = slices.DeleteFunc(imgOrder, func(m guestkernel.Module) bool { return have[m.Name] })
+	if err := b.AddDir("lib/kiln", 0o755); err != nil {
+		return err
+	}
+	return addModuleFiles(b, AgentImageModulesDir, imgOrder)
+}
+
+// addModuleFiles adds the modules, decompressed, to dir.
+func addModuleFiles(b *Builder, dir string, order []guestkernel.Module) error {
+	if err := b.AddDir(dir, 0o755); err != nil {
 		return err
 	}
 	for _, m := range order {
@@ -128,7 +171,7 @@ func (a AgentImage) addModules(b *Builder) error {
 		if err != nil {
 			return fmt.Errorf("initramfs: agent image: %w", err)
 		}
-		if err := b.AddFile(AgentModulesDir+"/"+m.Name+".ko", ko, 0o644); err != nil {
+		if err := b.AddFile(dir+"/"+m.Name+".ko", ko, 0o644); err != nil {
 			return err
 		}
 	}
@@ -178,4 +221,23 @@ func checkStatic(path string) error {
 		}
 	}
 	return nil
+}
+
+// ImageConfigArchive returns a cpio archive that holds config (JSON in the
+// form of pid1.ImageConfig) at ImageConfigPath. Appended to an agent
+// initramfs it gives an image-rooted sandbox its image's config: the kernel
+// unpacks concatenated archives in order.
+func ImageConfigArchive(config []byte) ([]byte, error) {
+	b := New()
+	if err := b.AddDir("kiln", 0o755); err != nil {
+		return nil, err
+	}
+	if err := b.AddFile(ImageConfigPath, config, 0o644); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if _, err := b.WriteTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

@@ -73,6 +73,12 @@ kernel/fs/jbd2/jbd2.ko:
 kernel/fs/ext4/ext4.ko: kernel/lib/crc16.ko kernel/fs/mbcache.ko kernel/fs/jbd2/jbd2.ko
 kernel/crypto/crc32c_generic.ko:
 kernel/drivers/net/tun.ko:
+kernel/fs/netfs/netfs.ko:
+kernel/fs/fscache/fscache.ko: kernel/fs/netfs/netfs.ko
+kernel/net/9p/9pnet.ko:
+kernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
+kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko kernel/fs/netfs/netfs.ko kernel/fs/fscache/fscache.ko
+kernel/fs/overlayfs/overlay.ko:
 `
 	writeFile(t, filepath.Join(dir, "modules.dep"), []byte(dep), 0o644)
 	writeFile(t, filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/net/net_failover.ko\nkernel/net/core/failover.ko\n"), 0o644)
@@ -142,14 +148,25 @@ func TestAgentImage(t *testing.T) {
 			wantModules: []string{"crc16", "crc32c_generic", "ext4", "jbd2", "mbcache", "virtio", "virtio_blk", "virtio_mmio",
 				"virtio_net", "virtio_ring", "virtio_rng", "vmw_vsock_virtio_transport", "vmw_vsock_virtio_transport_common", "vsock"},
 			want: map[string]readEntry{
-				"lib":                           {mode: cpio.S_IFDIR | 0o755},
-				"lib/modules":                   {mode: cpio.S_IFDIR | 0o755},
-				"lib/modules/virtio_blk.ko":     {mode: cpio.S_IFREG | 0o644, data: "module virtio_blk"},
-				"lib/modules/virtio_rng.ko":     {mode: cpio.S_IFREG | 0o644, data: "module virtio_rng"},
-				"lib/modules/ext4.ko":           {mode: cpio.S_IFREG | 0o644, data: "module ext4"},
-				"lib/modules/virtio_ring.ko":    {mode: cpio.S_IFREG | 0o644, data: "module virtio_ring"},
-				"lib/modules/crc32c_generic.ko": {mode: cpio.S_IFREG | 0o644, data: "module crc32c_generic"},
+				"lib":                               {mode: cpio.S_IFDIR | 0o755},
+				"lib/modules":                       {mode: cpio.S_IFDIR | 0o755},
+				"lib/modules/virtio_blk.ko":         {mode: cpio.S_IFREG | 0o644, data: "module virtio_blk"},
+				"lib/modules/virtio_rng.ko":         {mode: cpio.S_IFREG | 0o644, data: "module virtio_rng"},
+				"lib/modules/ext4.ko":               {mode: cpio.S_IFREG | 0o644, data: "module ext4"},
+				"lib/modules/virtio_ring.ko":        {mode: cpio.S_IFREG | 0o644, data: "module virtio_ring"},
+				"lib/modules/crc32c_generic.ko":     {mode: cpio.S_IFREG | 0o644, data: "module crc32c_generic"},
+				"lib/kiln/image-modules":            {mode: cpio.S_IFDIR | 0o755},
+				"lib/kiln/image-modules/9p.ko":      {mode: cpio.S_IFREG | 0o644, data: "module 9p"},
+				"lib/kiln/image-modules/overlay.ko": {mode: cpio.S_IFREG | 0o644, data: "module overlay"},
+				"lib/kiln/image-modules/netfs.ko":   {mode: cpio.S_IFREG | 0o644, data: "module netfs"},
 			},
+			wantCount: len(base) + 2 + 14 + 2 + 6,
+		},
+		{
+			name:  "no image modules",
+			image: AgentImage{Agent: agent, Kernel: k, NoImageModules: true},
+			wantModules: []string{"crc16", "crc32c_generic", "ext4", "jbd2", "mbcache", "virtio", "virtio_blk", "virtio_mmio",
+				"virtio_net", "virtio_ring", "virtio_rng", "vmw_vsock_virtio_transport", "vmw_vsock_virtio_transport_common", "vsock"},
 			wantCount: len(base) + 2 + 14,
 		},
 		{
@@ -164,7 +181,7 @@ func TestAgentImage(t *testing.T) {
 				"etc/hosts":   {mode: cpio.S_IFREG | 0o640, data: "127.0.0.1 localhost\n"},
 				"opt/tool":    {mode: cpio.S_IFREG | 0o755, data: string(fakeExecutable(false))},
 			},
-			wantCount: len(base) + 2 + 4 + 2 + len(BusyboxApplets()) + 2 + 1,
+			wantCount: len(base) + 2 + 4 + 2 + len(BusyboxApplets()) + 2 + 1 + 2 + 6,
 		},
 	}
 	for _, tt := range tests {
@@ -307,5 +324,19 @@ func TestAgentImageCachedKernel(t *testing.T) {
 	}
 	if len(mods) != len(order) {
 		t.Errorf("image has modules %q, want the %d of %v", mods, len(order), DefaultAgentModules())
+	}
+}
+
+func TestImageConfigArchive(t *testing.T) {
+	data, err := ImageConfigArchive([]byte(`{"User":"app"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, got := readBack(t, data)
+	if e := got[ImageConfigPath]; e.data != `{"User":"app"}` || e.mode != cpio.S_IFREG|0o644 {
+		t.Errorf("%s = {%#o %q}", ImageConfigPath, e.mode, e.data)
+	}
+	if len(data)%4 != 0 {
+		t.Errorf("archive of %d bytes: not 4-byte aligned, so it cannot be appended", len(data))
 	}
 }

@@ -55,6 +55,7 @@ func main() {
 // run does process 1's chores when isInit, then serves the agent API until
 // ctx is done or serving fails.
 func run(ctx context.Context, log *slog.Logger, level *slog.LevelVar, isInit bool) error {
+	var defaults *agent.ExecDefaults
 	if isInit {
 		opts, err := pid1.Setup(log)
 		consoleStdio()
@@ -64,12 +65,18 @@ func run(ctx context.Context, log *slog.Logger, level *slog.LevelVar, isInit boo
 		if opts.Debug {
 			level.Set(slog.LevelDebug)
 		}
+		if c := opts.Image; c != nil {
+			defaults = &agent.ExecDefaults{Env: c.Env, Cwd: c.WorkingDir, User: c.User}
+			if err := defaults.Validate(); err != nil {
+				return err
+			}
+		}
 	}
 	ln, err := vsock.Listen(agentpb.Port, nil)
 	if err != nil {
 		return fmt.Errorf("listening on vsock port %d: %w", agentpb.Port, err)
 	}
-	srv := agent.NewServer(agent.Config{Logger: log, PowerOff: pid1.PowerOff, CgroupRoot: pid1.CgroupRoot})
+	srv := agent.NewServer(agent.Config{Logger: log, PowerOff: pid1.PowerOff, CgroupRoot: pid1.CgroupRoot, Defaults: defaults})
 	log.Info("kiln-agent serving", "vsock_port", agentpb.Port)
 	if err := srv.Serve(ctx, ln); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("serving on vsock port %d: %w", agentpb.Port, err)

@@ -205,7 +205,7 @@ func (s *Server) Exec(stream agentpb.Agent_ExecServer) error {
 	if start == nil {
 		return status.Error(codes.InvalidArgument, "exec: the first request must carry start")
 	}
-	spec, err := newExecSpec(start)
+	spec, err := newExecSpec(start, s.cfg.Defaults, "/")
 	if err != nil {
 		return err
 	}

@@ -43,8 +43,10 @@ type execSpec struct {
 	hasStdin bool
 }
 
-// newExecSpec validates start and resolves its executable.
-func newExecSpec(start *agentpb.ExecStart) (*execSpec, error) {
+// newExecSpec validates start and resolves its executable. d, when not nil,
+// fills what start leaves unset (ExecDefaults), with the image's account
+// files under root.
+func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execSpec, error) {
 	argv := start.GetArgv()
 	switch {
 	case len(argv) == 0:
@@ -60,13 +62,39 @@ func newExecSpec(start *agentpb.ExecStart) (*execSpec, error) {
 		}
 	}
 	env := start.GetEnv()
-	if len(env) == 0 {
-		env = DefaultEnv()
-	} else if err := validateEnv(env); err != nil {
+	if err := validateEnv(env); err != nil {
 		return nil, err
+	}
+	var user *resolvedUser
+	if d != nil && d.User != "" && start.Uid == nil {
+		u, err := resolveUser(root, d.User)
+		if err != nil {
+			return nil, err
+		}
+		user = u
+	}
+	switch {
+	case d != nil:
+		base := d.Env
+		if _, ok := envValue(base, "PATH"); !ok {
+			base = append([]string{"PATH=" + DefaultPath}, base...)
+		}
+		if _, ok := envValue(base, "HOME"); !ok {
+			home := "/root"
+			if user != nil {
+				home = user.home
+			}
+			base = append(base, "HOME="+home)
+		}
+		env = mergeEnv(base, env)
+	case len(env) == 0:
+		env = DefaultEnv()
 	}
 
 	dir := start.GetCwd()
+	if dir == "" && d != nil {
+		dir = d.Cwd
+	}
 	if dir == "" {
 		dir = "/"
 	}
@@ -100,6 +128,10 @@ func newExecSpec(start *agentpb.ExecStart) (*execSpec, error) {
 		dir:      dir,
 		timeout:  timeout,
 		hasStdin: start.GetHasStdin(),
+	}
+	if user != nil {
+		uid, gid := user.uid, user.gid
+		spec.uid, spec.gid = &uid, &gid
 	}
 	if start.Uid != nil {
 		uid := start.GetUid()

@@ -70,6 +70,10 @@ type Config struct {
 
 	// System performs the snapshot hooks; nil means LinuxSystem().
 	System System
+
+	// Defaults fill what an Exec leaves unset (an image's config); nil:
+	// the agent's own defaults (DefaultEnv, "/", root).
+	Defaults *ExecDefaults
 }
 
 // Server implements agentpb.AgentServer.

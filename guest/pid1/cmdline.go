@@ -9,7 +9,8 @@ const DefaultRootFSType = "ext4"
 // Options are Kiln's parameters on the kernel command line.
 type Options struct {
 	// Root is the block device to make the root filesystem (kiln.root=),
-	// e.g. /dev/vda; "" keeps the initramfs as the root.
+	// e.g. /dev/vda, or "9p:TAG" for an image served over virtio-9p under
+	// mount tag TAG (SwitchRootImage); "" keeps the initramfs as the root.
 	Root string
 	// RootFSType is the root filesystem's type (kiln.rootfstype=),
 	// DefaultRootFSType when not given or empty.
@@ -24,6 +25,22 @@ type Options struct {
 	Hostname string
 	// Debug asks for verbose logging (kiln.debug).
 	Debug bool
+	// Image is the image config of an image root, read by Setup (not from
+	// the command line); nil otherwise.
+	Image *ImageConfig
+}
+
+// RootImagePrefix starts a kiln.root= that names a virtio-9p mount tag
+// rather than a block device.
+const RootImagePrefix = "9p:"
+
+// ImageTag returns the mount tag of an image root (kiln.root=9p:TAG), or
+// "" when the root is not one.
+func (o Options) ImageTag() string {
+	if tag, ok := strings.CutPrefix(o.Root, RootImagePrefix); ok {
+		return tag
+	}
+	return ""
 }
 
 // ParseCmdline returns Kiln's parameters on the kernel command line cmdline

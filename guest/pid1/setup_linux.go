@@ -13,7 +13,8 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // Setup does process 1's chores, in order: MountBase, PATH (DefaultPath
 // when unset), LoadModules(ModulesDir), Kiln's options from /proc/cmdline,
 // the hostname (kiln.hostname), and SwitchRoot when kiln.root names a
-// device. It returns the options; on error, those read so far. A nil log
+// device or SwitchRootImage (with the image config read first, returned in
+// Options.Image) when it names a 9p tag. It returns the options; on error, those read so far. A nil log
 // discards.
 func (s *Sys) Setup(log *slog.Logger) (Options, error) {
 	return s.setup(log, ModulesDir)
@@ -21,6 +22,11 @@ func (s *Sys) Setup(log *slog.Logger) (Options, error) {
 
 // setup is Setup loading the modules in modulesDir.
 func (s *Sys) setup(log *slog.Logger, modulesDir string) (Options, error) {
+	return s.setupWith(log, modulesDir, ImageModulesDir)
+}
+
+// setupWith is setup loading an image root's modules from imageModulesDir.
+func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (Options, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -50,7 +56,23 @@ func (s *Sys) setup(log *slog.Logger, modulesDir string) (Options, error) {
 	if err := s.LinkUp("lo"); err != nil {
 		log.Warn("loopback interface", "err", err)
 	}
-	if opts.Root != "" {
+	if tag := opts.ImageTag(); tag != "" {
+		cfg, err := s.ReadImageConfig()
+		if err != nil {
+			return opts, err
+		}
+		opts.Image = cfg
+		if err := s.SwitchRootImage(tag, opts.RootFlags, imageModulesDir, log); err != nil {
+			return opts, err
+		}
+		if cfg.WorkingDir != "" {
+			// runc creates a missing working directory; so does Kiln.
+			if err := s.MkdirAll(cfg.WorkingDir, 0o755); err != nil {
+				log.Warn("creating the image's working directory", "dir", cfg.WorkingDir, "err", err)
+			}
+		}
+		log.Info("switched root", "image", tag)
+	} else if opts.Root != "" {
 		if err := s.SwitchRoot(opts.Root, opts.RootFSType, opts.RootFlags, opts.ReadOnly); err != nil {
 			return opts, err
 		}

@@ -51,6 +51,12 @@ func (s *Sys) SwitchRoot(dev, fstype, flags string, readOnly bool) error {
 	if err := s.Mount(dev, NewRoot, fstype, mflags, data); err != nil {
 		return fmt.Errorf("switching root: mounting %s (%s, options %q) on %s: %w", dev, fstype, flags, NewRoot, err)
 	}
+	return s.enterNewRoot()
+}
+
+// enterNewRoot moves /dev, /proc, /sys and /run into the filesystem mounted
+// on NewRoot, gives it a fresh /tmp, and makes it the root.
+func (s *Sys) enterNewRoot() error {
 	for _, m := range []struct {
 		dir      string
 		optional bool

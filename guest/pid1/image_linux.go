@@ -1,0 +1,116 @@
+package pid1
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Where an image-rooted sandbox's initramfs carries what only such a
+// sandbox needs: the modules for virtio-9p and overlayfs, loaded only when
+// kiln.root names a 9p tag (so a disk-rooted boot loads none of them), and
+// the image's config.
+const (
+	ImageModulesDir = "/lib/kiln/image-modules"
+	ImageConfigPath = "/kiln/image.json"
+)
+
+// The image root's layout inside the initramfs, before SwitchRootImage
+// moves the overlay onto /: the 9p tree (read-only, the overlay's lower
+// layer) and the tmpfs that holds the overlay's upper and work
+// directories, in guest RAM so that snapshots and forks capture them.
+const (
+	ImageLower = "/kiln/lower"
+	ImageRW    = "/kiln/rw"
+)
+
+// ImageMountOptions are the 9p mount options of an image root: read-only,
+// 9P2000.L, the largest message the 6.1 virtio transport allows, and the
+// guest page cache kept for the tree (it never changes under the guest).
+const ImageMountOptions = "trans=virtio,version=9p2000.L,msize=512000,cache=loose,access=client"
+
+// imageMountWait bounds the wait for the 9p device: its driver probes it
+// asynchronously, and a mount before that fails with ENOENT.
+const imageMountWait = 10 * time.Second
+
+// ImageConfig is the part of an OCI image's config the guest applies, in
+// the OCI config's own JSON names: the host writes it at ImageConfigPath.
+type ImageConfig struct {
+	Env        []string `json:"Env,omitempty"`
+	WorkingDir string   `json:"WorkingDir,omitempty"`
+	User       string   `json:"User,omitempty"`
+}
+
+// maxImageConfig bounds ImageConfigPath's size.
+const maxImageConfig = 1 << 20
+
+// ReadImageConfig reads ImageConfigPath; a missing file is an empty config.
+func (s *Sys) ReadImageConfig() (*ImageConfig, error) {
+	data, err := s.ReadFile(ImageConfigPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &ImageConfig{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the image config: %w", err)
+	}
+	if len(data) > maxImageConfig {
+		return nil, fmt.Errorf("image config %s: %d bytes, at most %d", ImageConfigPath, len(data), maxImageConfig)
+	}
+	var c ImageConfig
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("image config %s: %w", ImageConfigPath, err)
+	}
+	return &c, nil
+}
+
+// SwitchRootImage makes an image served over virtio-9p under mount tag the
+// root: it loads the modules in modulesDir, mounts the tree read-only
+// (ImageMountOptions, then flags) on ImageLower, a tmpfs on ImageRW, an
+// overlay of the two on NewRoot, and enters it as SwitchRoot does. Writes
+// and deletes land in the tmpfs and vanish with the sandbox.
+func (s *Sys) SwitchRootImage(tag, flags, modulesDir string, log *slog.Logger) error {
+	if tag == "" {
+		return errors.New("switching root: no 9p mount tag")
+	}
+	if err := s.LoadModules(modulesDir, log); err != nil {
+		return fmt.Errorf("switching root: image modules: %w", err)
+	}
+	for _, d := range []string{ImageLower, ImageRW, NewRoot} {
+		if err := s.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("switching root: creating %s: %w", d, err)
+		}
+	}
+	mflags, data := parseMountOptions(flags)
+	opts := ImageMountOptions
+	if data != "" {
+		opts += "," + data
+	}
+	for waited := time.Duration(0); ; waited += rootPoll {
+		err := s.Mount(tag, ImageLower, "9p", mflags|unix.MS_RDONLY, opts)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENOENT) || waited >= imageMountWait {
+			return fmt.Errorf("switching root: mounting 9p tag %q (options %q) on %s: %w", tag, opts, ImageLower, err)
+		}
+		s.Sleep(rootPoll)
+	}
+	if err := s.Mount("tmpfs", ImageRW, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("switching root: mounting tmpfs on %s: %w", ImageRW, err)
+	}
+	for _, d := range []string{ImageRW + "/upper", ImageRW + "/work"} {
+		if err := s.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("switching root: creating %s: %w", d, err)
+		}
+	}
+	ov := "lowerdir=" + ImageLower + ",upperdir=" + ImageRW + "/upper,workdir=" + ImageRW + "/work"
+	if err := s.Mount("overlay", NewRoot, "overlay", 0, ov); err != nil {
+		return fmt.Errorf("switching root: mounting the overlay (%s) on %s: %w", ov, NewRoot, err)
+	}
+	return s.enterNewRoot()
+}

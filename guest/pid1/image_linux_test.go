@@ -1,0 +1,98 @@
+package pid1
+
+import (
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+const nineMount = "mount kilnroot /kiln/lower 9p ro " + ImageMountOptions
+
+// imageCalls is SwitchRootImage's calls for tag kilnroot, no options, no
+// modules.
+var imageCalls = append([]string{
+	"mkdir /kiln/lower -rwxr-xr-x",
+	"mkdir /kiln/rw -rwxr-xr-x",
+	"mkdir /newroot -rwxr-xr-x",
+	nineMount,
+	"mount tmpfs /kiln/rw tmpfs 0 mode=0755",
+	"mkdir /kiln/rw/upper -rwxr-xr-x",
+	"mkdir /kiln/rw/work -rwxr-xr-x",
+	"mount overlay /newroot overlay 0 lowerdir=/kiln/lower,upperdir=/kiln/rw/upper,workdir=/kiln/rw/work",
+}, switchCalls[2:]...)
+
+func TestSwitchRootImage(t *testing.T) {
+	tests := []struct {
+		name       string
+		tag, flags string
+		setup      func(f *fakeSys)
+		want       []string
+		wantSleeps int
+		wantErr    string
+	}{
+		{name: "mounts and enters", tag: "kilnroot", want: imageCalls},
+		{name: "extra options", tag: "kilnroot", flags: "noatime,debug=0",
+			want: replaced(imageCalls, 3, "mount kilnroot /kiln/lower 9p ro|noatime "+ImageMountOptions+",debug=0")},
+		{name: "device never appears", tag: "kilnroot",
+			setup:      func(f *fakeSys) { f.errs[nineMount] = unix.ENOENT },
+			wantErr:    `mounting 9p tag "kilnroot"`,
+			wantSleeps: int(imageMountWait / rootPoll)},
+		{name: "other mount error at once", tag: "kilnroot",
+			setup:   func(f *fakeSys) { f.errs[nineMount] = unix.EINVAL },
+			wantErr: "invalid argument"},
+		{name: "overlay refused", tag: "kilnroot",
+			setup: func(f *fakeSys) {
+				f.errs["mount overlay /newroot overlay 0 lowerdir=/kiln/lower,upperdir=/kiln/rw/upper,workdir=/kiln/rw/work"] = unix.ENODEV
+			},
+			wantErr: "mounting the overlay"},
+		{name: "no tag", wantErr: "no 9p mount tag"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake()
+			if tt.setup != nil {
+				tt.setup(f)
+			}
+			err := f.sys().SwitchRootImage(tt.tag, tt.flags, t.TempDir()+"/none", nil)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+				}
+				if f.sleeps != tt.wantSleeps {
+					t.Errorf("slept %d times, want %d", f.sleeps, tt.wantSleeps)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			diffCalls(t, f.calls, tt.want)
+		})
+	}
+}
+
+func TestReadImageConfig(t *testing.T) {
+	f := newFake()
+	c, err := f.sys().ReadImageConfig()
+	if err != nil || c.User != "" || len(c.Env) != 0 {
+		t.Fatalf("missing file: %+v, %v", c, err)
+	}
+	f.files[ImageConfigPath] = `{"Env":["A=1"],"WorkingDir":"/w","User":"app","Cmd":["x"]}`
+	c, err = f.sys().ReadImageConfig()
+	if err != nil || c.User != "app" || c.WorkingDir != "/w" || len(c.Env) != 1 {
+		t.Fatalf("got %+v, %v", c, err)
+	}
+	f.files[ImageConfigPath] = `{"Env":`
+	if _, err := f.sys().ReadImageConfig(); err == nil {
+		t.Fatal("truncated config: no error")
+	}
+}
+
+func TestImageTag(t *testing.T) {
+	for in, want := range map[string]string{"kiln.root=9p:kilnroot": "kilnroot", "kiln.root=/dev/vda": "", "": ""} {
+		if got := ParseCmdline(in).ImageTag(); got != want {
+			t.Errorf("%q: tag %q, want %q", in, got, want)
+		}
+	}
+}
