@@ -448,6 +448,26 @@ type GCResult struct {
 // error: TotalBytes says what is left. Files in blobs/ that are not named by
 // a valid digest are left alone.
 func (s *Store) GC(ctx context.Context, keep func(digest.Digest) bool) (GCResult, error) {
+	if s.opts.MaxBytes == 0 {
+		return s.gc(ctx, -1, keep)
+	}
+	return s.gc(ctx, s.opts.MaxBytes, keep)
+}
+
+// GCTo is GC with a cap of its own instead of Options.MaxBytes: it evicts
+// the least recently used blobs that are neither pinned nor kept until the
+// blobs total at most maxBytes; 0 evicts every blob that is neither pinned
+// nor kept. Images uses it to drop unreferenced blobs outright and then to
+// hold a cache of refetchable chunks under the store's cap.
+func (s *Store) GCTo(ctx context.Context, maxBytes int64, keep func(digest.Digest) bool) (GCResult, error) {
+	if maxBytes < 0 {
+		return GCResult{}, fmt.Errorf("store: gc: cap %d is negative", maxBytes)
+	}
+	return s.gc(ctx, maxBytes, keep)
+}
+
+// gc is GC down to maxBytes; a negative maxBytes evicts nothing.
+func (s *Store) gc(ctx context.Context, maxBytes int64, keep func(digest.Digest) bool) (GCResult, error) {
 	var res GCResult
 	now := time.Now()
 	tmps, err := os.ReadDir(s.tmp)
@@ -483,7 +503,7 @@ func (s *Store) GC(ctx context.Context, keep func(digest.Digest) bool) (GCResult
 		res.TotalBytes += fi.Size()
 	}
 	res.Blobs = len(blobs)
-	if s.opts.MaxBytes == 0 || res.TotalBytes <= s.opts.MaxBytes {
+	if maxBytes < 0 || res.TotalBytes <= maxBytes {
 		return res, nil
 	}
 	sort.Slice(blobs, func(i, j int) bool {
@@ -493,7 +513,7 @@ func (s *Store) GC(ctx context.Context, keep func(digest.Digest) bool) (GCResult
 		return blobs[i].Digest < blobs[j].Digest
 	})
 	for _, b := range blobs {
-		if res.TotalBytes <= s.opts.MaxBytes {
+		if res.TotalBytes <= maxBytes {
 			break
 		}
 		if err := ctx.Err(); err != nil {

@@ -565,6 +565,43 @@ func TestGCNoCap(t *testing.T) {
 	}
 }
 
+// GCTo uses its own cap, ignoring Options.MaxBytes, and honours pins and
+// keep; 0 evicts everything else.
+func TestGCTo(t *testing.T) {
+	s := newStore(t, Options{}) // no cap of its own
+	var ds []digest.Digest
+	for i := range 4 {
+		b := bytes.Repeat([]byte{byte(i)}, 100)
+		d := digest.FromBytes(b)
+		if _, err := s.Put(context.Background(), d, bytes.NewReader(b)); err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	s.Pin(ds[0], "sandbox")
+	keep := func(d digest.Digest) bool { return d == ds[1] }
+	for _, tc := range []struct {
+		max       int64
+		wantLeft  int
+		wantError bool
+	}{
+		{-1, 4, true},
+		{300, 3, false}, // one of 2, 3 goes
+		{0, 2, false},   // only the pinned and the kept stay
+	} {
+		res, err := s.GCTo(context.Background(), tc.max, keep)
+		if (err != nil) != tc.wantError {
+			t.Fatalf("GCTo(%d): %v", tc.max, err)
+		}
+		if err == nil && res.Blobs != tc.wantLeft {
+			t.Errorf("GCTo(%d) left %d blobs, want %d: %+v", tc.max, res.Blobs, tc.wantLeft, res)
+		}
+	}
+	if !s.Has(ds[0]) || !s.Has(ds[1]) || s.Has(ds[2]) || s.Has(ds[3]) {
+		t.Error("GCTo(0) removed a pinned or kept blob, or kept another")
+	}
+}
+
 // Put of a present blob and Open mark it used; Stat does not.
 func TestMarkUsed(t *testing.T) {
 	s := newStore(t, Options{})
