@@ -6,10 +6,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# Debian packages the build, the demo and the tests use. QEMU comes at
+# Debian packages the build, the demo and the tests use (debootstrap makes
+# the image tests' Debian root, tools/build-test-rootfs.sh). QEMU comes at
 # version 10 or newer (tools/install-qemu.sh: bookworm-backports on Debian
 # 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap
 
 KILN := bin/kiln
 AGENT := bin/kiln-agent
@@ -27,7 +28,7 @@ HARNESS_TRIES ?= 1
 DEMO_CMD = $(KILN) run --time --boot-timeout 4m -- sh -c 'uname -a; echo hello from kiln'
 DEMO_TIMEOUT := 5m
 
-.PHONY: all deps build harness kernel guest-kernel demo test fuzz bench clean
+.PHONY: all deps build harness kernel guest-kernel test-rootfs demo test fuzz bench clean
 
 all: deps build kernel demo
 
@@ -62,10 +63,15 @@ kernel:
 guest-kernel:
 	tools/build-guest-kernel.sh
 
+# The image tests' Debian minbase root with python3 and git (debootstrap,
+# about a minute, once): <cache>/test-rootfs/.
+test-rootfs:
+	@tools/build-test-rootfs.sh >/dev/null
+
 demo: build kernel
 	$(HARNESS) -exec -timeout $(DEMO_TIMEOUT) -l1-timeout 10m -- $(DEMO_CMD)
 
-test: harness
+test: harness test-rootfs
 	@unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
