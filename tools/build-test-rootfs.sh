@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # build-test-rootfs.sh: a Debian minbase root with python3 and git, made with
-# debootstrap, as one tarball in Kiln's cache (once):
+# debootstrap, as one tarball in Kiln's cache (once), and the image tests'
+# OCI images made from it (tools/testimage: estargz layers, deterministic):
 #   <cache>/test-rootfs/bookworm-minbase-python3-git.tar
+#   <cache>/test-rootfs/images-v1/      (an OCI image layout)
 # where <cache> is $KILN_CACHE, else $XDG_CACHE_HOME/kiln, else
 # $HOME/.cache/kiln. The image tests package it as an OCI image (estargz
 # layers), push it to an in-process registry and run python3 and git from it
@@ -16,7 +18,16 @@ cache=${KILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}
 out=$cache/test-rootfs/$suite-minbase-python3-git.tar
 say() { echo "build-test-rootfs: $*" >&2; }
 
+# Bump when tools/testimage changes what it makes.
+images=$cache/test-rootfs/images-v1
+make_images() {
+	[ -d "$images" ] && return 0
+	say "making the test images (tools/testimage) in $images"
+	go run ./tools/testimage -rootfs "$out" -out "$images"
+}
+
 if [ -s "$out" ]; then
+	make_images
 	echo "$out"
 	exit 0
 fi
@@ -48,4 +59,5 @@ $sudo tar --numeric-owner --xattrs --sort=name -C "$work/root" -cf "$work/root.t
 $sudo chown "$(id -u):$(id -g)" "$work/root.tar"
 mv "$work/root.tar" "$out"
 say "$(du -h "$out" | cut -f1) in $(($(date +%s) - start)) s: $out"
+make_images
 echo "$out"

@@ -1,0 +1,324 @@
+// Command testimage makes the image tests' OCI images from a root
+// filesystem tarball (tools/build-test-rootfs.sh makes one with
+// debootstrap): an OCI image layout whose layers are estargz, built
+// deterministically (fixed compression level, chunk size and parallelism),
+// so the same tarball gives the same digests on every machine. It runs on
+// the host once per cache: compressing a Debian root under the test
+// harness's emulated L1 VM would take minutes.
+//
+// Images in the layout (org.opencontainers.image.ref.name):
+//
+//	debian         the root as the base layer, and a small top layer with
+//	               what the image tests look for: a whiteout of a base file,
+//	               an opaque directory, a deep directory, a data file
+//	debian-nobody  the same layers; the config runs as nobody:nogroup in /tmp
+//	debian-big     debian plus a layer of -big-mib MiB of random files that
+//	               nobody reads (laziness: opening it must cost no more)
+//
+// Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024]
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/stargz-snapshotter/estargz"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Build settings fixed for reproducible digests.
+const (
+	chunkSize   = 4 << 20
+	compression = gzip.BestSpeed
+	parallelism = 1
+)
+
+// Fixtures of the top layer, which the image tests check.
+const (
+	DeletedFile = "etc/issue.net"     // in the base, whited out on top
+	OpaqueDir   = "usr/share/doc/git" // emptied on top, but for one file
+	OpaqueKeep  = "usr/share/doc/git/KILN"
+	DeepDir     = "srv/deep/a/b/c/d/e/f/g/h"
+	DataFile    = "srv/data.bin" // DataSize random bytes
+	DataSize    = 8 << 20
+	WorkDir     = "/srv/work"
+)
+
+func main() {
+	rootfs := flag.String("rootfs", "", "root filesystem `TAR`")
+	out := flag.String("out", "", "OCI image layout `DIR` to write (must not exist)")
+	bigMiB := flag.Int("big-mib", 1024, "MiB of random files in debian-big's extra layer")
+	flag.Parse()
+	if *rootfs == "" || *out == "" || *bigMiB < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(*rootfs, *out, *bigMiB); err != nil {
+		fmt.Fprintf(os.Stderr, "testimage: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(rootfs, out string, bigMiB int) error {
+	if _, err := os.Stat(out); err == nil {
+		return fmt.Errorf("%s exists", out)
+	}
+	tmp := out + ".tmp"
+	os.RemoveAll(tmp)
+	scratch, err := os.MkdirTemp("", "testimage-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	b := &builder{dir: scratch}
+	start := time.Now()
+	base, err := b.layerFromFile(rootfs)
+	if err != nil {
+		return fmt.Errorf("base layer: %w", err)
+	}
+	topTar, err := topLayerTar()
+	if err != nil {
+		return err
+	}
+	top, err := b.layerFromBytes(topTar)
+	if err != nil {
+		return fmt.Errorf("top layer: %w", err)
+	}
+	bigTar, err := bigLayerTar(scratch, bigMiB)
+	if err != nil {
+		return err
+	}
+	big, err := b.layerFromFile(bigTar)
+	os.Remove(bigTar)
+	if err != nil {
+		return fmt.Errorf("big layer: %w", err)
+	}
+	cfg := v1.Config{
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "KILN_TEST_IMAGE=debian"},
+		WorkingDir: WorkDir,
+		Cmd:        []string{"/bin/sh", "-c", "echo default command ran in $PWD"},
+	}
+	nobody := cfg
+	nobody.User, nobody.WorkingDir = "nobody:nogroup", "/tmp"
+	p, err := layout.Write(tmp, empty.Index)
+	if err != nil {
+		return err
+	}
+	for _, im := range []struct {
+		name   string
+		cfg    v1.Config
+		layers []v1.Layer
+	}{
+		{"debian", cfg, []v1.Layer{base, top}},
+		{"debian-nobody", nobody, []v1.Layer{base, top}},
+		{"debian-big", cfg, []v1.Layer{base, top, big}},
+	} {
+		img, err := image(im.cfg, im.layers)
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.name, err)
+		}
+		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": im.name})); err != nil {
+			return fmt.Errorf("%s: %w", im.name, err)
+		}
+		d, _ := img.Digest()
+		fmt.Fprintf(os.Stderr, "testimage: %s %s\n", im.name, d)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "testimage: %s in %v\n", out, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// image is an amd64 Linux image of layers with config cfg and a fixed
+// creation time.
+func image(cfg v1.Config, layers []v1.Layer) (v1.Image, error) {
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	var adds []mutate.Addendum
+	for _, l := range layers {
+		tocDigest, err := l.(*estargzLayer).toc()
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.Addendum{Layer: l, MediaType: types.OCILayer,
+			Annotations: map[string]string{estargz.TOCJSONDigestAnnotation: tocDigest}})
+	}
+	img, err := mutate.Append(img, adds...)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config = cfg
+	cf.Created = v1.Time{Time: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	return mutate.ConfigFile(img, cf)
+}
+
+// estargzLayer is a layer built once into a temporary file, with its TOC
+// digest.
+type estargzLayer struct {
+	v1.Layer
+	tocDigest string
+}
+
+func (l *estargzLayer) toc() (string, error) { return l.tocDigest, nil }
+
+// builder builds layers into files under dir.
+type builder struct{ dir string }
+
+// layerFromFile builds an estargz layer from the tar at path.
+func (b *builder) layerFromFile(path string) (v1.Layer, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return b.build(io.NewSectionReader(f, 0, fi.Size()))
+}
+
+func (b *builder) layerFromBytes(data []byte) (v1.Layer, error) {
+	return b.build(io.NewSectionReader(bytes.NewReader(data), 0, int64(len(data))))
+}
+
+func (b *builder) build(sr *io.SectionReader) (v1.Layer, error) {
+	blob, err := estargz.Build(sr, estargz.WithChunkSize(chunkSize), estargz.WithCompressionLevel(compression),
+		estargz.WithParallelism(parallelism))
+	if err != nil {
+		return nil, err
+	}
+	defer blob.Close()
+	f, err := os.CreateTemp(b.dir, "layer-*")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, blob); err != nil {
+		os.Remove(f.Name())
+		return nil, err
+	}
+	name := f.Name()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(name) }, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	return &estargzLayer{Layer: l, tocDigest: blob.TOCDigest().String()}, nil
+}
+
+// topLayerTar is the top layer's tar.
+func topLayerTar() ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	dir := func(name string) error {
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: 0o755, ModTime: mt})
+	}
+	file := func(name string, data []byte, mode int64) error {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: mt}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	data := make([]byte, DataSize)
+	rng := rand.NewChaCha8([32]byte{'k', 'i', 'l', 'n', 'd', 'a', 't', 'a'})
+	rng.Read(data)
+	var err error
+	for _, step := range []func() error{
+		func() error { return dir("etc") },
+		func() error { return file("etc/"+".wh."+filepath.Base(DeletedFile), nil, 0o644) },
+		func() error { return dir("usr/share/doc/git") },
+		func() error { return file(OpaqueDir+"/.wh..wh..opq", nil, 0o644) },
+		func() error { return file(OpaqueKeep, []byte("the only file left in an opaque directory\n"), 0o644) },
+		func() error { return dir("srv") },
+		func() error { return dir("srv/work") },
+		func() error {
+			p := ""
+			for _, el := range []string{"srv", "deep", "a", "b", "c", "d", "e", "f", "g", "h"} {
+				if p == "" {
+					p = el
+					continue
+				}
+				p += "/" + el
+				if err := dir(p); err != nil {
+					return err
+				}
+			}
+			return file(DeepDir+"/marker", []byte("deep\n"), 0o644)
+		},
+		func() error { return file(DataFile, data, 0o644) },
+	} {
+		if err = step(); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// bigLayerTar writes a tar of mib MiB of random files (4 MiB each, under
+// opt/big/) to a temporary file and returns its path.
+func bigLayerTar(dir string, mib int) (string, error) {
+	f, err := os.CreateTemp(dir, "big-*.tar")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rng := rand.NewChaCha8([32]byte{'k', 'i', 'l', 'n', 'b', 'i', 'g'})
+	buf := make([]byte, 4<<20)
+	fail := func(err error) (string, error) {
+		os.Remove(f.Name())
+		return "", err
+	}
+	for _, d := range []string{"opt/", "opt/big/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: mt}); err != nil {
+			return fail(err)
+		}
+	}
+	for i := 0; i < mib/4 || i == 0; i++ {
+		n := len(buf)
+		if mib < 4 {
+			n = mib << 20
+		}
+		rng.Read(buf[:n])
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("opt/big/%04d.bin", i), Mode: 0o644, Size: int64(n), ModTime: mt}); err != nil {
+			return fail(err)
+		}
+		if _, err := tw.Write(buf[:n]); err != nil {
+			return fail(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return fail(err)
+	}
+	return f.Name(), nil
+}
