@@ -11,9 +11,9 @@
 //	debian         the root as the base layer, and a small top layer with
 //	               what the image tests look for: a whiteout of a base file,
 //	               an opaque directory, a deep directory, a data file
-//	debian-nobody  the same layers; the config runs as nobody:nogroup in /tmp
 //	debian-big     debian plus a layer of -big-mib MiB of random files that
-//	               nobody reads (laziness: opening it must cost no more)
+//	               nobody reads (laziness: opening it must cost no more);
+//	               its config runs commands as nobody:nogroup in /tmp
 //
 // Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024]
 package main
@@ -102,7 +102,7 @@ func run(rootfs, out string, bigMiB int) error {
 	if err != nil {
 		return err
 	}
-	big, err := b.layerFromFile(bigTar)
+	bigLayer, err := b.layerFromFile(bigTar)
 	os.Remove(bigTar)
 	if err != nil {
 		return fmt.Errorf("big layer: %w", err)
@@ -112,8 +112,8 @@ func run(rootfs, out string, bigMiB int) error {
 		WorkingDir: WorkDir,
 		Cmd:        []string{"/bin/sh", "-c", "echo default command ran in $PWD"},
 	}
-	nobody := cfg
-	nobody.User, nobody.WorkingDir = "nobody:nogroup", "/tmp"
+	big := cfg
+	big.User, big.WorkingDir = "nobody:nogroup", "/tmp"
 	p, err := layout.Write(tmp, empty.Index)
 	if err != nil {
 		return err
@@ -124,8 +124,7 @@ func run(rootfs, out string, bigMiB int) error {
 		layers []v1.Layer
 	}{
 		{"debian", cfg, []v1.Layer{base, top}},
-		{"debian-nobody", nobody, []v1.Layer{base, top}},
-		{"debian-big", cfg, []v1.Layer{base, top, big}},
+		{"debian-big", big, []v1.Layer{base, top, bigLayer}},
 	} {
 		img, err := image(im.cfg, im.layers)
 		if err != nil {
