@@ -151,7 +151,10 @@ func (m *memFS) ReadAt(ctx context.Context, ino uint64, p []byte, off int64) (in
 	case n.attr.Mode&unix.S_IFMT != unix.S_IFREG:
 		return 0, fmt.Errorf("memfs: inode %d is not a file: %w", ino, syscall.EINVAL)
 	case n.block:
-		m.blockStarted <- struct{}{}
+		select {
+		case m.blockStarted <- struct{}{}:
+		default:
+		}
 		<-ctx.Done()
 		return 0, fmt.Errorf("memfs: fetch of inode %d: %w", ino, ctx.Err())
 	case n.eio:
