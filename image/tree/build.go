@@ -313,24 +313,38 @@ func (b *builder) addLayer(li int, l Layer) error {
 	}
 
 	// Hardlinks last, so a link may come before its target in the TOC. A
-	// link to a path that is itself a link of this layer waits for that
-	// one; a cycle of links never resolves and is refused.
-	pending := map[string]bool{}
-	live := links[:0]
+	// link to a path that is itself a link of this layer follows that one
+	// first (a chain is walked once, so this stays linear); a cycle of
+	// links never resolves and is refused.
+	pending := map[string]link{}
 	for _, k := range links {
-		if last[names[k.entry]] == k.entry { // not replaced later in this layer
-			live = append(live, k)
-			pending[names[k.entry]] = true
+		if name := names[k.entry]; last[name] == k.entry { // not replaced later in this layer
+			pending[name] = k
 		}
 	}
-	for len(live) > 0 {
-		next := live[:0]
-		for _, k := range live {
-			name := names[k.entry]
-			if pending[k.target] && k.target != name {
-				next = append(next, k)
-				continue
+	const active, done = 1, 2
+	state := map[string]uint8{}
+	var chain []link
+	for _, k := range links {
+		chain = chain[:0]
+		for cur := k; ; {
+			name := names[cur.entry]
+			if pending[name] != cur || state[name] == done {
+				break
 			}
+			if state[name] == active {
+				return b.errorf(li, cur.entry, es[cur.entry].Name, "hardlink cycle through %q", cur.target)
+			}
+			state[name] = active
+			chain = append(chain, cur)
+			next, ok := pending[cur.target]
+			if !ok || cur.target == name {
+				break
+			}
+			cur = next
+		}
+		for _, k := range slices.Backward(chain) {
+			name := names[k.entry]
 			target := b.lookup(k.target)
 			switch {
 			case target == nil:
@@ -340,13 +354,8 @@ func (b *builder) addLayer(li int, l Layer) error {
 			}
 			dir, base := splitName(name)
 			place(b.mkdirAll(dir), base, target)
-			delete(pending, name)
+			state[name] = done
 		}
-		if len(next) == len(live) {
-			k := next[0]
-			return b.errorf(li, k.entry, es[k.entry].Name, "hardlink cycle through %q", k.target)
-		}
-		live = next
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"golang.org/x/sys/unix"
@@ -319,5 +320,28 @@ func TestBuildErrorType(t *testing.T) {
 		if !strings.Contains(err.Error(), s) {
 			t.Errorf("error %q does not mention %s", err, s)
 		}
+	}
+}
+
+// TestBuildLinkChain builds a long chain of hardlinks listed against their
+// order (each names the next, the last a file): linear work, one inode.
+func TestBuildLinkChain(t *testing.T) {
+	const n = 20000
+	es := make([]*estargz.TOCEntry, 0, n+1)
+	for i := range n {
+		es = append(es, linkE("l/"+strconv.Itoa(i), "l/"+strconv.Itoa(i+1)))
+	}
+	es = append(es, regE("l/"+strconv.Itoa(n), 0o644, 0))
+	start := time.Now()
+	tr, err := Build([]Layer{layerOf(es...)}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Build took %s for %d links", d, n)
+	}
+	ino := resolve(t, tr, "/l/0")
+	if a, _ := tr.Getattr(ino); a.Nlink != n+1 || tr.Len() != 3 {
+		t.Errorf("nlink %d, %d inodes; want %d, 3", a.Nlink, tr.Len(), n+1)
 	}
 }
