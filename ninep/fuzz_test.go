@@ -112,7 +112,7 @@ func FuzzHandle(f *testing.F) {
 	f.Add(seq)
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, tread, 0, 0})
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // nothing may block: a read of /slow ends at once
+	cancel()           // nothing may block: a read of /slow ends at once
 	tree := testTree() // read-only: shared by every run
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := fuzzServer(t, tree)

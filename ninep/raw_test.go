@@ -576,3 +576,28 @@ func TestLogLimiter(t *testing.T) {
 		t.Errorf("the record after the limit does not count what was held back:\n%s", buf.String())
 	}
 }
+
+// TestFlushOfBegunCall flushes a request the device has taken from its
+// queue but not yet served: the flush waits for it, and the request, its
+// context cancelled, ends at once.
+func TestFlushOfBegunCall(t *testing.T) {
+	tree := testTree()
+	r := newRaw(t, tree, Options{})
+	slow := r.walkOpen("slow")
+	call := r.s.Begin(context.Background(), 7)
+	flushed := make(chan rmsg, 1)
+	go func() { flushed <- parseR(t, r.s.Handle(context.Background(), tmsg(tflush, 8, uint16(7)))) }()
+	select {
+	case resp := <-flushed:
+		t.Fatalf("Rflush before the flushed request was served: %s", resp)
+	case <-time.After(20 * time.Millisecond):
+	}
+	out := make([]byte, 64)
+	n := call.Serve(tmsg(tread, 7, slow, uint64(0), uint32(10)), out, nil)
+	if resp := parseR(t, out[:n]); resp.errno() != unix.EINTR {
+		t.Errorf("flushed request: %s, want EINTR", resp)
+	}
+	if resp := <-flushed; resp.typ != tflush+1 {
+		t.Errorf("flush: %s", resp)
+	}
+}

@@ -221,27 +221,57 @@ func (s *Server) Serve(ctx context.Context, req, resp []byte, reply func([]byte)
 	if len(req) >= headerSize {
 		tag = binary.LittleEndian.Uint16(req[5:])
 	}
+	return s.Begin(ctx, tag).Serve(req, resp, reply)
+}
+
+// Call is a request the server knows of before it serves it: Begin
+// registers its tag, so that a Tflush that arrives meanwhile waits for it
+// (and cancels it). A device begins requests in the order it takes them
+// from its queue and serves them later, on its workers.
+type Call struct {
+	s          *Server
+	tag        uint16
+	ctx        context.Context
+	c          *call
+	registered bool
+}
+
+// Begin registers a request with tag, whose context is ctx; Serve it
+// exactly once. A tag already in flight (a client error) is served but
+// cannot be flushed.
+func (s *Server) Begin(ctx context.Context, tag uint16) *Call {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	c := &call{cancel: cancel, done: make(chan struct{})}
 	s.flightMu.Lock()
-	registered := false
-	if _, busy := s.inflight[tag]; !busy {
+	_, busy := s.inflight[tag]
+	if !busy {
 		s.inflight[tag] = c
-		registered = true
 	}
 	s.flightMu.Unlock()
+	return &Call{s: s, tag: tag, ctx: ctx, c: c, registered: !busy}
+}
 
-	n := s.handleSafe(ctx, req, resp, tag)
+// Serve serves the request, as Server.Serve does; req's tag should be the
+// one given to Begin (the reply carries req's).
+func (c *Call) Serve(req, resp []byte, reply func([]byte)) int {
+	s := c.s
+	tag := uint16(NoTag)
+	if len(req) >= headerSize {
+		tag = binary.LittleEndian.Uint16(req[5:])
+	}
+	n := s.handleSafe(c.ctx, req, resp, tag)
 	if reply != nil {
 		reply(resp[:n])
 	}
-	if registered {
+	if c.registered {
 		s.flightMu.Lock()
-		delete(s.inflight, tag)
+		if s.inflight[c.tag] == c.c {
+			delete(s.inflight, c.tag)
+		}
 		s.flightMu.Unlock()
 	}
-	close(c.done)
+	c.c.cancel()
+	close(c.c.done)
 	return n
 }
 
