@@ -68,7 +68,12 @@ func (e *BuildError) Unwrap() error { return e.Err }
 // Every entry is checked (names, types, chunk layout, owners, devices,
 // times, xattrs, chunk digests); bad input gives a *BuildError naming the
 // layer and entry. Build neither modifies nor copies the TOCs: the tree
-// keeps pointers to their entries and passes them to the ChunkReaders.
+// keeps their entries (and slices of their Entries) and passes them to the
+// ChunkReaders, so the TOCs must not change while the tree is in use.
+//
+// Inode numbers follow the merged tree's paths sorted element by element
+// (a depth-first walk, each directory's entries by name), the root 1; a
+// file with hardlinks takes the number of its first path.
 func Build(layers []Layer, opts Options) (*Tree, error) {
 	start := time.Now()
 	b := &builder{name: opts.Name, root: newDir()}
