@@ -188,6 +188,13 @@ func (s *Server) Fids() int {
 	return len(s.fids)
 }
 
+// InFlight returns how many requests have begun and not yet finished.
+func (s *Server) InFlight() int {
+	s.flightMu.Lock()
+	defer s.flightMu.Unlock()
+	return len(s.inflight)
+}
+
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
 	return Stats{Requests: s.requests.Load(), Errors: s.errs.Load(), BytesRead: s.bytesRead.Load(), Panics: s.panics.Load()}
