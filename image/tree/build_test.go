@@ -345,3 +345,13 @@ func TestBuildLinkChain(t *testing.T) {
 		t.Errorf("nlink %d, %d inodes; want %d, 3", a.Nlink, tr.Len(), n+1)
 	}
 }
+
+func TestBuildErrorUnwraps(t *testing.T) {
+	e := regE("a", 0o644, 0)
+	e.ModTime3339 = "2024-13-01T00:00:00Z"
+	_, err := Build([]Layer{layerOf(e)}, Options{})
+	var pe *time.ParseError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Build: %v, want it to wrap the *time.ParseError", err)
+	}
+}
