@@ -290,30 +290,43 @@ func (d *p9Driver) submit(slot int, req []byte, respSizes ...int) {
 	if len(respSizes) == 0 {
 		respSizes = []int{65536}
 	}
-	if len(respSizes) > 3 {
-		d.t.Fatal("at most 3 writable buffers")
+	d.submitBufs(slot, [][]byte{req}, respSizes)
+}
+
+// submitBufs is submit with the request split over readable buffers: at
+// most 4 buffers in all.
+func (d *p9Driver) submitBufs(slot int, reqs [][]byte, respSizes []int) {
+	d.t.Helper()
+	if len(reqs)+len(respSizes) > 4 {
+		d.t.Fatal("at most 4 buffers")
 	}
 	base := uint64(p9SlotBase + slot*p9SlotSize)
 	head := uint16(4 * slot)
-	d.put(base, req)
-	desc := func(i uint16, addr uint64, n int, flags uint16) {
+	i := head
+	last := head + uint16(len(reqs)+len(respSizes)) - 1
+	desc := func(addr uint64, n int, flags uint16) {
+		if i < last {
+			flags |= descFNext
+		}
 		e := make([]byte, 16)
 		binary.LittleEndian.PutUint64(e, addr)
 		binary.LittleEndian.PutUint32(e[8:], uint32(n))
 		binary.LittleEndian.PutUint16(e[12:], flags)
 		binary.LittleEndian.PutUint16(e[14:], i+1)
 		d.put(p9DescAddr+16*uint64(i), e)
+		i++
 	}
-	desc(head, base, len(req), descFNext)
+	addr := base
+	for _, req := range reqs {
+		d.put(addr, req)
+		desc(addr, len(req), 0)
+		addr += uint64(len(req)+15) &^ 15
+	}
 	d.resp[slot] = nil
-	addr := base + 0x10000
-	for i, n := range respSizes {
-		flags := uint16(descFWrite)
-		if i < len(respSizes)-1 {
-			flags |= descFNext
-		}
+	addr = base + 0x10000
+	for _, n := range respSizes {
 		d.put(addr, bytes.Repeat([]byte{0xee}, n))
-		desc(head+1+uint16(i), addr, n, flags)
+		desc(addr, n, descFWrite)
 		d.resp[slot] = append(d.resp[slot], [2]uint64{addr, uint64(n)})
 		addr += uint64(n+4095) &^ 4095
 	}
