@@ -550,3 +550,48 @@ func TestClientConcurrent(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// BenchmarkRead measures Tread of msize-sized chunks of a file held in
+// memory, through HandleTo into a reused buffer: the server's own cost.
+func BenchmarkRead(b *testing.B) {
+	tree := testTree()
+	s := NewServer(tree, Options{})
+	ctx := context.Background()
+	resp := make([]byte, DefaultMsize)
+	for _, m := range [][]byte{
+		tmsg(tversion, NoTag, uint32(DefaultMsize), "9P2000.L"),
+		tmsg(tattach, 1, uint32(1), uint32(NoFid), "", "", uint32(0)),
+		tmsg(twalk, 1, uint32(1), uint32(2), uint16(1), "big"),
+		tmsg(tlopen, 1, uint32(2), uint32(0)),
+	} {
+		if n := s.HandleTo(ctx, m, resp); resp[4] == rlerror {
+			b.Fatalf("setup: % x", resp[:n])
+		}
+	}
+	count := uint32(DefaultMsize - rreadHeader)
+	b.SetBytes(int64(count))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		off := uint64(i%2) * uint64(count)
+		if n := s.HandleTo(ctx, tmsg(tread, 1, uint32(2), off, count), resp); n != DefaultMsize {
+			b.Fatalf("Rread of %d bytes", n)
+		}
+	}
+}
+
+// BenchmarkGetattr measures a small request's round trip.
+func BenchmarkGetattr(b *testing.B) {
+	tree := testTree()
+	s := NewServer(tree, Options{})
+	ctx := context.Background()
+	resp := make([]byte, 8192)
+	s.HandleTo(ctx, tmsg(tversion, NoTag, uint32(8192), "9P2000.L"), resp)
+	s.HandleTo(ctx, tmsg(tattach, 1, uint32(1), uint32(NoFid), "", "", uint32(0)), resp)
+	req := tmsg(tgetattr, 1, uint32(1), uint64(getattrBasic))
+	b.ReportAllocs()
+	for b.Loop() {
+		if n := s.HandleTo(ctx, req, resp); n != 160 {
+			b.Fatalf("Rgetattr of %d bytes", n)
+		}
+	}
+}
