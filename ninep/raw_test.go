@@ -601,3 +601,72 @@ func TestFlushOfBegunCall(t *testing.T) {
 		t.Errorf("flush: %s", resp)
 	}
 }
+
+// TestXattrHeldLimit makes xattr fids on a large value until the server
+// refuses to hold more, and checks that clunks give the room back.
+func TestXattrHeldLimit(t *testing.T) {
+	tree := testTree()
+	hello := tree.nodes[tree.paths["/etc/hello"]]
+	hello.xattrs["user.big"] = bytes.Repeat([]byte{'x'}, maxXattrSize)
+	r := newRaw(t, tree, Options{})
+	f := r.walkTo("etc/hello")
+	const fits = maxXattrHeld / maxXattrSize
+	for i := range fits {
+		if resp := r.do(tmsg(txattrwalk, 1, f, uint32(1000+i), "user.big")); resp.typ != txattrwalk+1 {
+			t.Fatalf("xattr fid %d: %s", i, resp)
+		}
+	}
+	r.wantErr("one xattr fid too many", tmsg(txattrwalk, 1, f, uint32(5000), "user.big"), unix.ENOMEM)
+	if resp := r.do(tmsg(txattrwalk, 1, f, uint32(5000), "user.note")); resp.errno() != unix.ENOMEM {
+		t.Errorf("a small value past the limit: %s", resp)
+	}
+	r.do(tmsg(tclunk, 1, uint32(1000)))
+	if resp := r.do(tmsg(txattrwalk, 1, f, uint32(5000), "user.big")); resp.typ != txattrwalk+1 {
+		t.Errorf("after a clunk: %s", resp)
+	}
+	// A saved session holds the same, and restores.
+	st, err := r.s.SaveState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := NewServer(tree, Options{})
+	if err := s2.RestoreState(st); err != nil {
+		t.Fatal(err)
+	}
+	r2 := &raw{t: t, s: s2}
+	r2.wantErr("restored server at the limit", tmsg(txattrwalk, 1, f, uint32(5001), "user.big"), unix.ENOMEM)
+}
+
+// TestDirCache checks that fids share a directory's listing and that the
+// budget evicts.
+func TestDirCache(t *testing.T) {
+	tree := testTree()
+	c := newDirCache(manyFiles + 4)
+	a, err := c.list(tree, tree.paths["/many"])
+	if err != nil || len(a) != manyFiles {
+		t.Fatalf("list: %d %v", len(a), err)
+	}
+	b, _ := c.list(tree, tree.paths["/many"])
+	if &a[0] != &b[0] {
+		t.Error("second listing not from the cache")
+	}
+	if _, err := c.list(tree, tree.paths["/etc"]); err != nil {
+		t.Fatal(err)
+	}
+	if c.n != manyFiles+3 || len(c.byIno) != 2 {
+		t.Errorf("cache holds %d entries in %d listings", c.n, len(c.byIno))
+	}
+	if _, err := c.list(tree, tree.paths["/dev"]); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.byIno[tree.paths["/many"]]; ok || c.n > c.max {
+		t.Errorf("over budget: %d entries, /many still cached: %v", c.n, ok)
+	}
+	small := newDirCache(10)
+	if ents, err := small.list(tree, tree.paths["/many"]); err != nil || len(ents) != manyFiles || small.n != 0 {
+		t.Errorf("a listing over the budget: %d entries, %d cached, %v", len(ents), small.n, err)
+	}
+	if _, err := c.list(tree, tree.paths["/etc/hello"]); err == nil {
+		t.Error("listing a file succeeded")
+	}
+}

@@ -39,6 +39,9 @@ const (
 	MaxMsizeLimit = 16 << 20
 	// DefaultMaxFids bounds the fid table unless told otherwise.
 	DefaultMaxFids = 1 << 16
+	// maxXattrHeld bounds the bytes all xattr fids hold at once (each up
+	// to 64 KiB): a guest cannot pin more of the host's memory with them.
+	maxXattrHeld = 16 << 20
 )
 
 // Options configures a Server.
@@ -71,10 +74,12 @@ type Server struct {
 	maxFids  int
 	log      *logLimiter
 	bufs     sync.Pool // *[]byte of maxMsize bytes, for Handle
+	dirs     *dirCache
 
 	mu    sync.Mutex
 	msize uint32 // negotiated by Tversion; 0 before
 	fids  map[uint32]*fid
+	held  int // bytes of xattr values the fids hold
 
 	flightMu sync.Mutex
 	inflight map[uint16]*call
@@ -92,9 +97,14 @@ type fid struct {
 	flags uint32
 	// xattr is set for a fid made by Txattrwalk: Tread reads its value.
 	xattr *xattrValue
-	// dirents caches the directory's entries for Treaddir, once read.
-	dirents []rofs.Dirent
-	listed  bool
+}
+
+// heldBytes is what the fid holds of host memory beyond its entry.
+func (f *fid) heldBytes() int {
+	if f.xattr == nil {
+		return 0
+	}
+	return len(f.xattr.value)
 }
 
 // node is a file and the directories above it, up to the root: ".." walks
@@ -164,6 +174,7 @@ func NewServer(fs rofs.FS, opts Options) *Server {
 		maxFids:  maxFids,
 		log:      newLogLimiter(log.With("component", "9p"), 10, 20),
 		fids:     make(map[uint32]*fid),
+		dirs:     newDirCache(defaultDirCacheEntries),
 		inflight: make(map[uint16]*call),
 	}
 	s.bufs.New = func() any { b := make([]byte, maxMsize); return &b }
@@ -317,7 +328,7 @@ func (s *Server) handle(ctx context.Context, req, resp []byte, tag uint16) int {
 		d := decoder{b: req[headerSize:]}
 		err = s.dispatch(ctx, typ, tag, &d, &e)
 		if err == nil && e.full {
-			err = fmt.Errorf("%s: the reply does not fit in %d bytes: %w", msgName(typ), limit, unix.EMSGSIZE)
+			err = fmt.Errorf("the reply does not fit in %d bytes: %w", limit, unix.EMSGSIZE)
 		}
 		if err == nil {
 			putHeader(resp, uint32(headerSize+e.n), typ+1, tag)
@@ -542,6 +553,7 @@ func (s *Server) version(d *decoder, e *encoder) error {
 	s.mu.Lock()
 	s.msize = msize
 	clear(s.fids)
+	s.held = 0
 	s.mu.Unlock()
 	e.u32(msize)
 	e.str(Version)
@@ -608,7 +620,19 @@ func (s *Server) addFid(f uint32, x *fid) error {
 	if len(s.fids) >= s.maxFids {
 		return fmt.Errorf("fid table full (%d fids): %w", s.maxFids, unix.EMFILE)
 	}
+	if err := s.hold(x.heldBytes()); err != nil {
+		return err
+	}
 	s.fids[f] = x
+	return nil
+}
+
+// hold accounts for n more bytes held by fids. Called with s.mu.
+func (s *Server) hold(n int) error {
+	if s.held+n > maxXattrHeld {
+		return fmt.Errorf("xattr fids would hold %d bytes, over %d: %w", s.held+n, maxXattrHeld, unix.ENOMEM)
+	}
+	s.held += n
 	return nil
 }
 
@@ -620,8 +644,12 @@ func (s *Server) setFid(old, f uint32, x *fid) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.fids[f]; !ok {
+	prev, ok := s.fids[f]
+	if !ok {
 		return fmt.Errorf("fid %d was clunked during the walk: %w", f, unix.EBADF)
+	}
+	if err := s.hold(x.heldBytes() - prev.heldBytes()); err != nil {
+		return err
 	}
 	s.fids[f] = x
 	return nil
@@ -630,9 +658,11 @@ func (s *Server) setFid(old, f uint32, x *fid) error {
 func (s *Server) clunk(f uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.fids[f]; !ok {
+	x, ok := s.fids[f]
+	if !ok {
 		return fmt.Errorf("fid %d: %w", f, unix.EBADF)
 	}
+	s.held -= x.heldBytes()
 	delete(s.fids, f)
 	return nil
 }
@@ -881,16 +911,9 @@ func (s *Server) readdir(d *decoder, e *encoder) error {
 	if x.mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("Treaddir of inode %d: %w", x.node.ino, unix.ENOTDIR)
 	}
-	ents := x.dirents
-	if !x.listed {
-		if ents, err = s.fs.ReadDir(x.node.ino); err != nil {
-			return fmt.Errorf("directory inode %d: %w", x.node.ino, err)
-		}
-		s.mu.Lock()
-		if p, ok := s.fids[f]; ok && !p.listed {
-			p.dirents, p.listed = ents, true
-		}
-		s.mu.Unlock()
+	ents, err := s.dirs.list(s.fs, x.node.ino)
+	if err != nil {
+		return fmt.Errorf("directory inode %d: %w", x.node.ino, err)
 	}
 	if !e.room(4) {
 		return nil

@@ -88,6 +88,7 @@ func (s *Server) RestoreState(data json.RawMessage) error {
 		return fmt.Errorf("9P server state: %d fids, this server holds at most %d", len(st.Fids), s.maxFids)
 	}
 	fids := make(map[uint32]*fid, len(st.Fids))
+	held := 0
 	nodes := map[uint64]*node{} // shared ancestors, as the walks made them
 	for _, fs := range st.Fids {
 		if _, dup := fids[fs.Fid]; dup {
@@ -101,10 +102,14 @@ func (s *Server) RestoreState(data json.RawMessage) error {
 			return fmt.Errorf("9P server state: fid %d: %w", fs.Fid, err)
 		}
 		fids[fs.Fid] = f
+		if held += f.heldBytes(); held > maxXattrHeld {
+			return fmt.Errorf("9P server state: xattr fids hold over %d bytes", maxXattrHeld)
+		}
 	}
 	s.mu.Lock()
 	s.msize = st.Msize
 	s.fids = fids
+	s.held = held
 	s.mu.Unlock()
 	return nil
 }
