@@ -241,6 +241,15 @@ func TestWalkRaw(t *testing.T) {
 		t.Errorf(".. from /deep/a/b: %v", qidPaths(resp))
 	}
 
+	// A clone onto itself keeps the fid as it is, open.
+	o := r.walkOpen("etc/hello")
+	if resp := r.do(tmsg(twalk, 1, o, o, uint16(0))); resp.typ != twalk+1 {
+		t.Fatalf("clone onto itself: %s", resp)
+	}
+	if resp := r.do(tmsg(tread, 1, o, uint64(0), uint32(5))); resp.typ != tread+1 {
+		t.Errorf("read after a clone onto itself: %s", resp)
+	}
+
 	names16 := []any{uint32(1), uint32(60), uint16(16)}
 	names17 := []any{uint32(1), uint32(60), uint16(17)}
 	for range 16 {

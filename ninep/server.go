@@ -698,6 +698,10 @@ func (s *Server) walk(d *decoder, e *encoder) error {
 	if err != nil {
 		return err
 	}
+	if nw == 0 && newf == f { // a clone onto itself changes nothing
+		e.u16(0)
+		return nil
+	}
 	if newf != f {
 		s.mu.Lock()
 		_, busy := s.fids[newf]
