@@ -214,7 +214,7 @@ func (p *P9) Activate(mem *memory.Memory, features uint64, queues []*Queue) erro
 	p.wg.Add(1 + p.workers)
 	go p.dispatch(ctx, p.queue, p.kick, pending)
 	for range p.workers {
-		go p.work(ctx, p.queue, pending)
+		go p.work(p.queue, pending)
 	}
 	return nil
 }
@@ -311,8 +311,8 @@ type p9Scratch struct {
 	req, resp []byte
 }
 
-// grow returns b with length n, reusing its storage when it can.
-func grow(b []byte, n int) []byte {
+// p9Grow returns b with length n, reusing its storage when it can.
+func p9Grow(b []byte, n int) []byte {
 	if cap(b) >= n {
 		return b[:n]
 	}
@@ -322,7 +322,7 @@ func grow(b []byte, n int) []byte {
 // work serves chains until the dispatcher stops. After a reset the chains
 // left are still served (quickly: their context is cancelled) so that
 // every call ends; their pushes fail as stale and are dropped.
-func (p *P9) work(ctx context.Context, q *Queue, pending <-chan p9Item) {
+func (p *P9) work(q *Queue, pending <-chan p9Item) {
 	defer p.wg.Done()
 	var s p9Scratch
 	for it := range pending {
@@ -345,10 +345,10 @@ func (p *P9) serve(q *Queue, it p9Item, s *p9Scratch) {
 			n = sz // the driver's buffers may be longer than the message
 		}
 	}
-	s.req = grow(s.req, n)
+	s.req = p9Grow(s.req, n)
 	blkGather(s.req, c.Readable)
 	w := min(c.WritableLen(), maxMsize)
-	s.resp = grow(s.resp, w)
+	s.resp = p9Grow(s.resp, w)
 	it.call.Serve(s.req, s.resp, func(r []byte) {
 		written := 0
 		if len(r) > 0 {
