@@ -3,10 +3,14 @@ package virtio
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
+
+	"github.com/kilnvm/kiln/rofs"
 )
 
 // Kind names a type of device in a DeviceSpec.
@@ -83,11 +87,26 @@ type VsockSpec struct {
 // RNGSpec is a virtio-rng entropy device; it has no settings.
 type RNGSpec struct{}
 
-// FSSpec is a shared filesystem under a mount tag (virtio-9p).
+// FSSpec is an image's merged, read-only tree exported under a mount tag
+// (virtio-9p). The tree is opened through OpenOptions.FS (package image
+// knows how), by the image's manifest digest from the images folder: a
+// VMM process opens the same image from the same folder.
 type FSSpec struct {
-	Tag    string `json:"tag"`
-	Source string `json:"source"`
+	Tag string `json:"tag"`
+	// Image is the image's manifest digest (sha256:<64 hex>).
+	Image string `json:"image"`
+	// Images is the images folder that holds it (absolute).
+	Images string `json:"images"`
 }
+
+// MaxTagLen is the longest mount tag: Linux's 9p transport copies at most
+// this many bytes of it.
+const MaxTagLen = 64
+
+var (
+	tagPattern    = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+	digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+)
 
 var specIDPattern = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
 
@@ -161,6 +180,14 @@ func (s DeviceSpec) validate() error {
 	case KindFS:
 		if s.FS == nil {
 			return errors.New("kind fs without fs settings")
+		}
+		switch {
+		case len(s.FS.Tag) == 0 || len(s.FS.Tag) > MaxTagLen || !tagPattern.MatchString(s.FS.Tag):
+			return fmt.Errorf("fs: mount tag %q: want 1 to %d letters, digits, '.', '_' or '-'", s.FS.Tag, MaxTagLen)
+		case !digestPattern.MatchString(s.FS.Image):
+			return fmt.Errorf("fs: image %q is not a manifest digest (sha256:<64 hex digits>)", s.FS.Image)
+		case !filepath.IsAbs(s.FS.Images):
+			return fmt.Errorf("fs: images folder %q is not an absolute path", s.FS.Images)
 		}
 	default:
 		return fmt.Errorf("unknown kind %q (want blk, net, vsock, rng or fs)", s.Kind)
@@ -238,10 +265,30 @@ func (s DeviceSpec) Saved() DeviceSpec {
 	return out
 }
 
+// FSOpener opens the tree an fs device serves: package image opens an
+// image by its manifest digest. The closer releases the tree (the device
+// calls it when it is closed).
+type FSOpener func(spec FSSpec) (rofs.FS, io.Closer, error)
+
+// OpenOptions are what Open needs beyond the spec: live objects that do
+// not cross a process boundary.
+type OpenOptions struct {
+	Logger *slog.Logger
+	// FS opens the trees of fs devices; nil refuses them.
+	FS FSOpener
+}
+
 // Open makes the device a spec describes: it opens the disk image, the tap
 // or the vsock socket (or takes over the descriptor the spec names). The
-// caller owns the device and closes it when it implements io.Closer.
+// caller owns the device and closes it when it implements io.Closer. An fs
+// device needs OpenWith.
 func Open(s DeviceSpec, log *slog.Logger) (Device, error) {
+	return OpenWith(s, OpenOptions{Logger: log})
+}
+
+// OpenWith is Open with the options an fs device needs.
+func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
+	log := opts.Logger
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -288,7 +335,21 @@ func Open(s DeviceSpec, log *slog.Logger) (Device, error) {
 	case KindRNG:
 		return NewRNG(), nil
 	case KindFS:
-		return nil, &SpecError{ID: s.ID, Err: errors.New("fs (virtio-9p) devices are not available in this version")}
+		if opts.FS == nil {
+			return nil, &SpecError{ID: s.ID, Err: errors.New("fs: no way to open an image here (OpenOptions.FS is nil)")}
+		}
+		tree, closer, err := opts.FS(*s.FS)
+		if err != nil {
+			return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: image %s: %w", s.FS.Image, err)}
+		}
+		dev, err := newFSDevice(FSConfig{Tag: s.FS.Tag, FS: tree, Key: s.FS.Image, Logger: log}, closer)
+		if err != nil {
+			if closer != nil {
+				closer.Close()
+			}
+			return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: %w", err)}
+		}
+		return dev, nil
 	}
 	return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("unknown kind %q", s.Kind)}
 }

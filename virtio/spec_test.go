@@ -3,15 +3,21 @@ package virtio
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kilnvm/kiln/image/tree"
+	"github.com/kilnvm/kiln/rofs"
 )
 
 func TestDeviceSpecValidate(t *testing.T) {
 	blk := func(b BlockSpec) DeviceSpec { return DeviceSpec{ID: "disk", Kind: KindBlock, Block: &b} }
+	fsd := func(f FSSpec) DeviceSpec { return DeviceSpec{ID: "image", Kind: KindFS, FS: &f} }
+	dig := "sha256:" + strings.Repeat("0f", 32)
 	tests := []struct {
 		name    string
 		spec    DeviceSpec
@@ -35,6 +41,12 @@ func TestDeviceSpecValidate(t *testing.T) {
 		{"multicast MAC", DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{MAC: "01:00:00:00:00:01"}}, "multicast"},
 		{"low CID", DeviceSpec{ID: "v", Kind: KindVsock, Vsock: &VsockSpec{CID: 2, Path: "/v"}}, "guest CID 2"},
 		{"no socket", DeviceSpec{ID: "v", Kind: KindVsock, Vsock: &VsockSpec{CID: 3}}, "no host socket path"},
+		{"fs", fsd(FSSpec{Tag: "kilnroot", Image: dig, Images: "/i"}), ""},
+		{"fs without tag", fsd(FSSpec{Image: dig, Images: "/i"}), "mount tag"},
+		{"fs tag with a space", fsd(FSSpec{Tag: "a b", Image: dig, Images: "/i"}), "mount tag"},
+		{"fs long tag", fsd(FSSpec{Tag: strings.Repeat("t", MaxTagLen+1), Image: dig, Images: "/i"}), "mount tag"},
+		{"fs image not a digest", fsd(FSSpec{Tag: "t", Image: "debian:12", Images: "/i"}), "not a manifest digest"},
+		{"fs relative images", fsd(FSSpec{Tag: "t", Image: dig, Images: "images"}), "not an absolute path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,10 +174,30 @@ func TestOpen(t *testing.T) {
 			t.Fatalf("Open = %v, %v", d, err)
 		}
 	})
-	t.Run("fs is refused", func(t *testing.T) {
-		_, err := Open(DeviceSpec{ID: "root", Kind: KindFS, FS: &FSSpec{Tag: "root"}}, nil)
-		if err == nil || !strings.Contains(err.Error(), "not available") {
-			t.Fatalf("Open = %v", err)
+	t.Run("fs", func(t *testing.T) {
+		fsSpec := DeviceSpec{ID: "image", Kind: KindFS, FS: &FSSpec{Tag: "kilnroot", Image: "sha256:" + strings.Repeat("ab", 32), Images: "/var/lib/kiln/images"}}
+		if _, err := Open(fsSpec, nil); err == nil || !strings.Contains(err.Error(), "OpenOptions.FS is nil") {
+			t.Fatalf("Open without an opener = %v", err)
+		}
+		_, err := OpenWith(fsSpec, OpenOptions{FS: func(FSSpec) (rofs.FS, io.Closer, error) { return nil, nil, errors.New("no such image") }})
+		if err == nil || !strings.Contains(err.Error(), "no such image") || !strings.Contains(err.Error(), fsSpec.FS.Image) {
+			t.Fatalf("Open with a failing opener = %v", err)
+		}
+		tr, err := tree.Build(nil, tree.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got FSSpec
+		closed := 0
+		d, err := OpenWith(fsSpec, OpenOptions{FS: func(s FSSpec) (rofs.FS, io.Closer, error) {
+			got = s
+			return tr, closerFunc(func() error { closed++; return nil }), nil
+		}})
+		if err != nil || d.ID() != ID9P || got != *fsSpec.FS {
+			t.Fatalf("Open = %v, %v (opener got %+v)", d, err, got)
+		}
+		if err := d.(io.Closer).Close(); err != nil || closed != 1 {
+			t.Fatalf("Close = %v, tree released %d times", err, closed)
 		}
 	})
 	t.Run("invalid", func(t *testing.T) {
@@ -212,3 +244,7 @@ func FuzzDeviceSpec(f *testing.F) {
 		}
 	})
 }
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }

@@ -18,9 +18,10 @@ type RestoreConfig struct {
 	// other devices are opened from their saved specs.
 	Devices []virtio.DeviceSpec
 
-	Console io.Writer    // serial console output; discarded when nil
-	KVMPath string       // /dev/kvm when empty
-	Logger  *slog.Logger // slog.Default() when nil
+	Console io.Writer       // serial console output; discarded when nil
+	KVMPath string          // /dev/kvm when empty
+	Logger  *slog.Logger    // slog.Default() when nil
+	OpenFS  virtio.FSOpener // as Config.OpenFS
 }
 
 // Check reports whether a VM can be restored from the state with cfg, and
@@ -69,7 +70,7 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 	}
 	v := newVM(Config{
 		Spec:    Spec{CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Devices: specs},
-		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger,
+		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger, OpenFS: cfg.OpenFS,
 	})
 	v.mem = mem
 	defer func() {

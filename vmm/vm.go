@@ -60,6 +60,11 @@ type Config struct {
 
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
+
+	// OpenFS opens the trees of fs devices (image roots); nil refuses
+	// them. Restored and forked VMs need it again (RestoreConfig.OpenFS;
+	// a fork's children take the parent's).
+	OpenFS virtio.FSOpener
 }
 
 // Validate checks the parts of the config that need no files.
