@@ -23,8 +23,12 @@ type ExecOptions struct {
 	Env []string
 	// Dir is the absolute working directory; empty means "/".
 	Dir string
-	// UID and GID to run as; 0 keeps the agent's (root).
+	// UID and GID to run as; 0 keeps the default: the image's user in an
+	// image-rooted sandbox, else the agent's (root).
 	UID, GID uint32
+	// AsRoot runs the process as root (uid and gid 0) even where the
+	// image's config names another user.
+	AsRoot bool
 	// Timeout kills the process group with SIGKILL after this long; 0
 	// means none.
 	Timeout time.Duration
@@ -124,6 +128,10 @@ func (c *Client) Start(ctx context.Context, opts ExecOptions) (*Process, error) 
 	}
 	if opts.Timeout > 0 {
 		start.TimeoutMs = uint64((opts.Timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	if opts.AsRoot {
+		var zero uint32
+		start.Uid, start.Gid = &zero, &zero
 	}
 	if opts.UID != 0 {
 		start.Uid = &opts.UID
