@@ -1,23 +1,45 @@
 // Package image keeps OCI images in the host's store: it pulls them from
 // registries and imports them from `docker save` tarballs and OCI image
-// layouts, names them as users name them, and lists, inspects and removes
-// them.
+// layouts, names them as users name them, lists, inspects, removes and
+// converts them, and opens them for running, layer by layer.
 //
 // # Layout
 //
 // Under the images folder:
 //
-//	store/        an image/store.Store: every manifest, index, config and
-//	              layer blob (layers compressed, as the registry serves them)
-//	index.json    names -> manifest, config and layer digests, size, created
+//	store/        an image/store.Store: manifests, indexes, configs, layer
+//	              TOCs, and file chunks by their sha256
+//	index.json    names -> manifest, config, layers (TOC digest, where the
+//	              chunks are), repository, size, created
 //	index.lock    flock(2)ed while index.json is rewritten
 //
 // index.json is replaced by a rename, so readers never see half of it;
 // writers hold the lock, so two processes adding images at once both land.
-// Every blob goes through store.PutSized, which checks its digest and size
-// against the descriptor naming it: a blob that does not match is refused
-// and the image is not added. Blobs already stored are not fetched again, so
-// two images sharing a base layer store it once.
+// Every blob goes through store.PutSized, which checks its digest and size:
+// content that does not match is refused.
+//
+// # Layers
+//
+// A layer is kept as a TOC (estargz's stargz.index.json form) and chunks,
+// never as its compressed blob:
+//
+//   - An estargz layer of a pull (the manifest annotates it with
+//     containerd.io/snapshot/stargz/toc.digest) is lazy: Pull reads only its
+//     footer and TOC by HTTP range, checks the TOC against the annotation
+//     and stores it. Chunks are fetched on first read (ChunkReader), checked
+//     against their chunkDigest, and cached in the store; GC may evict them
+//     under the store's cap, since they can be fetched again.
+//   - Every other layer (plain gzip, zstd or uncompressed tar, and every
+//     imported layer) is read whole once and indexed: each file is cut into
+//     4 MiB chunks, as estargz cuts them, so a file stored by both kinds
+//     of layer is stored once, and a TOC is written as estargz would write
+//     it. GC keeps these chunks while the image is named: there is nothing
+//     to refetch them from. The compressed blob is dropped: it would double
+//     the storage, and Convert rebuilds the layer's tar from the TOC and
+//     chunks instead.
+//
+// Chunks are shared by every image and layer, so two images sharing a base
+// layer store its chunks once.
 //
 // Names are kept as the user typed them, for display, and matched by their
 // canonical form (Normalize): "debian:bookworm" and
@@ -39,10 +61,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/kilnvm/kiln/image/fetch"
 	"github.com/kilnvm/kiln/image/store"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/singleflight"
@@ -74,9 +98,17 @@ type Options struct {
 	GCGrace time.Duration
 	// Keep, if set, keeps other blobs from GC (a sandbox's pins in another
 	// process).
-	Keep   func(digest.Digest) bool
-	Logger *slog.Logger
+	Keep func(digest.Digest) bool
+	// FetchTimeout bounds each request for a lazy layer's footer, TOC or
+	// chunks (retries included): a registry that stalls fails the read
+	// with an error wrapping context.DeadlineExceeded and syscall.EIO.
+	// 30s if zero.
+	FetchTimeout time.Duration
+	Logger       *slog.Logger
 }
+
+// maxConcurrentFetches bounds the range requests in flight per Images.
+const maxConcurrentFetches = 8
 
 // Images is the images folder: a store and an index of names.
 type Images struct {
@@ -84,15 +116,49 @@ type Images struct {
 	st   *store.Store
 	opts Options
 	mu   sync.Mutex         // serialises index updates in this process
-	sf   singleflight.Group // one fetch per blob in this process
+	sf   singleflight.Group // one fetch per layer in this process
+
+	fetched  fetch.Counter // lazy range requests
+	fsem     chan struct{} // bounds them
+	fmu      sync.Mutex
+	inflight map[digest.Digest]*flight // chunks being fetched
+	cmu      sync.Mutex
+	clients  map[string]*http.Client // per repository
+
+	wmu        sync.Mutex // rate-limits warnings a registry can trigger
+	lastWarn   time.Time
+	suppressed int
 }
 
-// Layer is one layer of an image, as its manifest describes it.
+// Layer is one layer of an image, as its manifest describes it, and where
+// its files' bytes come from.
 type Layer struct {
 	Digest    digest.Digest `json:"digest"`
 	Size      int64         `json:"size"`
 	MediaType string        `json:"mediaType,omitempty"`
+	// TOC is the digest of the layer's TOC JSON, kept in the store: the
+	// estargz TOC of a lazy layer, the one indexing wrote for the others.
+	TOC digest.Digest `json:"toc,omitempty"`
+	// Chunks says where the chunks the TOC names are: ChunksRegistry or
+	// ChunksStore. Empty in records of an older kiln, which stored layers
+	// whole: such an image must be pulled again to run.
+	Chunks string `json:"chunks,omitempty"`
+	// TOCOffset is where the TOC starts in a lazy layer's blob: the end of
+	// its last chunk's gzip member.
+	TOCOffset int64 `json:"tocOffset,omitempty"`
 }
+
+// Where a layer's chunks come from.
+const (
+	// ChunksRegistry: an estargz layer; chunks are fetched from the
+	// image's registry on first read and cached in the store, which may
+	// evict them.
+	ChunksRegistry = "registry"
+	// ChunksStore: a layer indexed when it was pulled or imported; every
+	// chunk is in the store and GC keeps them while the image is named.
+	// The layer's blob itself is not kept.
+	ChunksStore = "store"
+)
 
 // Image is an entry of the index.
 type Image struct {
@@ -107,16 +173,49 @@ type Image struct {
 	Created   time.Time     `json:"created,omitzero"` // from the config
 	Added     time.Time     `json:"added"`
 	Source    string        `json:"source,omitempty"` // registry or file it came from
+	// Repo is the repository lazy layers are fetched from
+	// ("registry/path/name"); PlainHTTP allows plain HTTP to it (--insecure
+	// at pull time, or a loopback registry).
+	Repo      string `json:"repo,omitempty"`
+	PlainHTTP bool   `json:"plainHTTP,omitempty"`
 }
 
-// blobs lists every blob the image references.
+// lazy reports whether some layer's chunks come from the registry.
+func (img *Image) lazy() bool {
+	for _, l := range img.Layers {
+		if l.Chunks == ChunksRegistry {
+			return true
+		}
+	}
+	return false
+}
+
+// stale reports whether the record is from an older kiln (layers stored
+// whole, no TOCs).
+func (img *Image) stale() bool {
+	for _, l := range img.Layers {
+		if l.Chunks == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// blobs lists the blobs the image's record names: manifest, config, index,
+// TOCs, and the whole layers of an older kiln's records. (Chunks are named
+// by the TOCs.)
 func (img *Image) blobs() []digest.Digest {
 	ds := []digest.Digest{img.Manifest, img.Config}
 	if img.Index != "" {
 		ds = append(ds, img.Index)
 	}
 	for _, l := range img.Layers {
-		ds = append(ds, l.Digest)
+		if l.Chunks == "" {
+			ds = append(ds, l.Digest)
+		}
+		if l.TOC != "" {
+			ds = append(ds, l.TOC)
+		}
 	}
 	return ds
 }
@@ -136,7 +235,12 @@ func Open(dir string, opts Options) (*Images, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
-	return &Images{dir: dir, st: st, opts: opts}, nil
+	return &Images{
+		dir: dir, st: st, opts: opts,
+		fsem:     make(chan struct{}, maxConcurrentFetches),
+		inflight: map[digest.Digest]*flight{},
+		clients:  map[string]*http.Client{},
+	}, nil
 }
 
 // Store is the blob store under the images folder.
@@ -203,11 +307,13 @@ func (im *Images) Pull(ctx context.Context, ref string, opts PullOptions) (*Imag
 		}
 		want = desc.Descriptor
 	}
-	rec, err := im.put(ctx, img, want, indexes, opts.Progress, "pulling")
+	rr := &remoteRepo{repo: r.Context(), plain: opts.Insecure || loop}
+	rec, err := im.put(ctx, img, want, indexes, opts.Progress, "pulling", rr)
 	if err != nil {
 		return nil, fmt.Errorf("image: pulling %s: %w", ref, err)
 	}
 	rec.Name, rec.Ref, rec.Source = ref, r.Name(), r.Context().RegistryStr()
+	rec.Repo, rec.PlainHTTP = r.Context().Name(), rr.plain
 	if err := im.add(rec); err != nil {
 		return nil, err
 	}
@@ -320,9 +426,11 @@ func pickPlatform(m *v1.IndexManifest) (v1.Descriptor, error) {
 }
 
 // put stores an image's blobs: indexes, the manifest (checked against want),
-// its config and layers (each checked against its descriptor). Layers
-// already stored are not read.
-func (im *Images) put(ctx context.Context, img v1.Image, want v1.Descriptor, indexes []rawBlob, p *Progress, verb string) (*Image, error) {
+// its config, and its layers (each checked against its descriptor): an
+// estargz layer of a pull (rr set) by its TOC only, every other layer
+// indexed into chunks. Layers already indexed or TOCs already stored are
+// not fetched again.
+func (im *Images) put(ctx context.Context, img v1.Image, want v1.Descriptor, indexes []rawBlob, p *Progress, verb string, rr *remoteRepo) (*Image, error) {
 	for _, b := range indexes {
 		if err := im.putBytes(ctx, b.desc.Digest.String(), b.desc.Size, b.data, "index"); err != nil {
 			return nil, err
@@ -368,7 +476,7 @@ func (im *Images) put(ctx context.Context, img v1.Image, want v1.Descriptor, ind
 	if len(indexes) > 0 {
 		rec.Index = digest.Digest(indexes[0].desc.Digest.String())
 	}
-	for _, l := range m.Layers {
+	for i, l := range m.Layers {
 		d, err := store.ParseDigest(l.Digest.String())
 		if err != nil {
 			return nil, fmt.Errorf("%w: manifest %s: layer: %v", ErrInvalid, want.Digest, err)
@@ -376,10 +484,15 @@ func (im *Images) put(ctx context.Context, img v1.Image, want v1.Descriptor, ind
 		if l.Size < 0 {
 			return nil, fmt.Errorf("%w: manifest %s: layer %s has size %d", ErrInvalid, want.Digest, d, l.Size)
 		}
-		if err := im.putLayer(ctx, img, l, d, p, verb); err != nil {
+		var diffID digest.Digest
+		if len(cf.RootFS.DiffIDs) == len(m.Layers) {
+			diffID = digest.Digest(cf.RootFS.DiffIDs[i].String())
+		}
+		lr := Layer{Digest: d, Size: l.Size, MediaType: string(l.MediaType)}
+		if err := im.putLayer(ctx, img, l, &lr, diffID, p, verb, rr); err != nil {
 			return nil, err
 		}
-		rec.Layers = append(rec.Layers, Layer{Digest: d, Size: l.Size, MediaType: string(l.MediaType)})
+		rec.Layers = append(rec.Layers, lr)
 		rec.Size += l.Size
 	}
 	return rec, nil
@@ -397,36 +510,143 @@ func (im *Images) putBytes(ctx context.Context, dgst string, size int64, data []
 	return nil
 }
 
-// putLayer stores one layer unless it is stored already; concurrent calls
-// for one digest in this process fetch it once.
-func (im *Images) putLayer(ctx context.Context, img v1.Image, l v1.Descriptor, d digest.Digest, p *Progress, verb string) error {
-	short := d.Encoded()[:12]
-	if im.st.Has(d) {
+// putLayer fills in rec for one layer: lazily (an estargz layer of a pull)
+// or by indexing it. Concurrent calls for one layer in this process do the
+// work once.
+func (im *Images) putLayer(ctx context.Context, img v1.Image, l v1.Descriptor, rec *Layer, diffID digest.Digest, p *Progress, verb string, rr *remoteRepo) error {
+	if ann, ok := l.Annotations[estargz.TOCJSONDigestAnnotation]; ok && rr != nil {
+		toc, err := store.ParseDigest(ann)
+		if err != nil {
+			return fmt.Errorf("%w: layer %s: %s annotation: %v", ErrInvalid, rec.Digest, estargz.TOCJSONDigestAnnotation, err)
+		}
+		v, err, _ := im.sf.Do("lazy "+string(rec.Digest)+" "+string(toc), func() (any, error) {
+			r := *rec
+			err := im.putLazy(ctx, *rr, &r, toc, p, verb)
+			return r, err
+		})
+		if err != nil {
+			return err
+		}
+		*rec = v.(Layer)
+		return nil
+	}
+	short := rec.Digest.Encoded()[:12]
+	if got, ok := im.knownIndexed(rec.Digest); ok {
+		rec.TOC, rec.Chunks = got.TOC, ChunksStore
 		p.Printf("%s %s: already stored", verb, short)
 		return nil
 	}
-	_, err, _ := im.sf.Do(string(d), func() (any, error) {
-		if im.st.Has(d) {
-			return nil, nil
+	v, err, _ := im.sf.Do("index "+string(rec.Digest), func() (any, error) {
+		if got, ok := im.knownIndexed(rec.Digest); ok {
+			return got.TOC, nil
 		}
 		layer, err := img.LayerByDigest(l.Digest)
 		if err != nil {
-			return nil, fmt.Errorf("layer %s: %w", d, err)
+			return nil, fmt.Errorf("layer %s: %w", rec.Digest, err)
 		}
-		rc, err := layer.Compressed()
-		if err != nil {
-			return nil, fmt.Errorf("layer %s: %w", d, err)
-		}
-		defer rc.Close()
 		t := p.start(verb, short, l.Size)
-		_, err = im.st.PutSized(ctx, d, l.Size, t.reader(rc))
+		ix, err := im.indexLayer(ctx, layer, rec, diffID, t, rr != nil)
 		t.done(err)
 		if err != nil {
-			return nil, fmt.Errorf("layer %s: %w", d, err)
+			return nil, fmt.Errorf("layer %s: %w", rec.Digest, err)
 		}
-		return nil, nil
+		return ix.tocDgt, nil
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	rec.TOC, rec.Chunks = v.(digest.Digest), ChunksStore
+	return nil
+}
+
+// indexLayer reads a layer whole, once, and indexes it (indexTar). From a
+// registry (compressed true) the compressed bytes are read and checked
+// against the layer's digest and size; from a file, the uncompressed
+// stream is read and checked against the config's diff ID, which the
+// manifest's checked config names.
+func (im *Images) indexLayer(ctx context.Context, layer v1.Layer, rec *Layer, diffID digest.Digest, t *transfer, compressed bool) (*indexed, error) {
+	var src io.ReadCloser
+	var err error
+	var hash *digestCounter
+	var tee io.Reader
+	if compressed {
+		var rc io.ReadCloser
+		if rc, err = layer.Compressed(); err != nil {
+			return nil, err
+		}
+		defer rc.Close()
+		hash = newDigestCounter()
+		tee = io.TeeReader(t.reader(rc), hash)
+		src, err = decompress(tee)
+	} else {
+		if diffID == "" {
+			return nil, fmt.Errorf("%w: the config gives no diff ID for it", ErrInvalid)
+		}
+		var rc io.ReadCloser
+		if rc, err = layer.Uncompressed(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		defer rc.Close()
+		src = io.NopCloser(t.reader(rc))
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	ix, err := indexTar(ctx, im.st, src)
+	if err != nil {
+		return nil, err
+	}
+	if hash != nil {
+		// The rest of the blob (gzip trailer, padding) is part of its digest.
+		if _, err := io.Copy(io.Discard, src); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		if _, err := io.Copy(io.Discard, tee); err != nil {
+			return nil, err
+		}
+		if got, n := hash.sum(); got != rec.Digest || n != rec.Size {
+			return nil, &store.DigestError{Want: rec.Digest, Got: got, WantSize: rec.Size, GotSize: n}
+		}
+	}
+	if diffID != "" && ix.diffID != diffID {
+		return nil, fmt.Errorf("%w: uncompressed content has digest %s, the config's diff ID is %s", ErrInvalid, ix.diffID, diffID)
+	}
+	if _, err := im.st.PutSized(ctx, ix.tocDgt, int64(len(ix.toc)), bytes.NewReader(ix.toc)); err != nil {
+		return nil, fmt.Errorf("storing its TOC: %w", err)
+	}
+	return ix, nil
+}
+
+// knownIndexed finds a record of layer d indexed into the store whose TOC
+// and chunks are all still there.
+func (im *Images) knownIndexed(d digest.Digest) (Layer, bool) {
+	imgs, err := im.load()
+	if err != nil {
+		return Layer{}, false
+	}
+	for _, img := range imgs {
+		for _, l := range img.Layers {
+			if l.Digest != d || l.Chunks != ChunksStore || !im.st.Has(l.TOC) {
+				continue
+			}
+			_, ix, err := im.readTOC(l)
+			if err != nil {
+				continue
+			}
+			all := true
+			for _, c := range ix.chunks {
+				if !im.st.Has(c.digest) {
+					all = false
+					break
+				}
+			}
+			if all {
+				return l, true
+			}
+		}
+	}
+	return Layer{}, false
 }
 
 // add names an image in the index, replacing what the name meant before.
@@ -505,49 +725,6 @@ func (im *Images) Remove(name string) (*Image, error) {
 		return nil, err
 	}
 	return &gone, nil
-}
-
-// GC removes the store's blobs that no image references, except those used
-// within Options.GCGrace and those Options.Keep keeps. It holds the index
-// lock, so no image is named meanwhile.
-func (im *Images) GC(ctx context.Context) (store.GCResult, error) {
-	im.mu.Lock()
-	defer im.mu.Unlock()
-	unlock, err := im.lock()
-	if err != nil {
-		return store.GCResult{}, err
-	}
-	defer unlock()
-	imgs, err := im.load()
-	if err != nil {
-		return store.GCResult{}, err
-	}
-	ref := map[digest.Digest]bool{}
-	for _, img := range imgs {
-		for _, d := range img.blobs() {
-			ref[d] = true
-		}
-	}
-	// A second handle with a cap of one byte: GC then removes every blob
-	// that is not kept.
-	sopts := im.opts.Store
-	sopts.MaxBytes = 1
-	st, err := store.Open(im.st.Dir(), sopts)
-	if err != nil {
-		return store.GCResult{}, fmt.Errorf("image: %w", err)
-	}
-	cutoff := time.Now().Add(-im.opts.GCGrace)
-	return st.GC(ctx, func(d digest.Digest) bool {
-		if ref[d] || (im.opts.Keep != nil && im.opts.Keep(d)) {
-			return true
-		}
-		if im.opts.GCGrace > 0 {
-			if info, err := st.Stat(d); err == nil && info.LastUsed.After(cutoff) {
-				return true
-			}
-		}
-		return false
-	})
 }
 
 // Details is what Inspect shows.

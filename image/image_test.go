@@ -153,20 +153,18 @@ func TestPullSharedBaseAndInspect(t *testing.T) {
 	if recA.Manifest != digest.Digest(digestOf(t, a).String()) || len(recA.Layers) != 2 {
 		t.Errorf("record %+v", recA)
 	}
-	// The base layer is one file in the store.
-	n := 0
+	// Plain layers are indexed: the blobs are not kept, their TOCs and
+	// chunks are, the base layer's once.
+	if im.Store().Has(digest.Digest(bd.String())) {
+		t.Error("the compressed base layer was kept")
+	}
+	if recA.Layers[0].Chunks != ChunksStore || recA.Layers[0].TOC == "" || !im.Store().Has(recA.Layers[0].TOC) {
+		t.Errorf("base layer record %+v", recA.Layers[0])
+	}
 	ents, _ := os.ReadDir(filepath.Join(im.Dir(), "store", "blobs", "sha256"))
-	for _, e := range ents {
-		if e.Name() == bd.Hex {
-			n++
-		}
-	}
-	if n != 1 {
-		t.Errorf("base layer stored %d times", n)
-	}
-	// 2 manifests + 2 configs + 3 layers.
-	if len(ents) != 7 {
-		t.Errorf("%d blobs stored, want 7", len(ents))
+	// 2 manifests + 2 configs + 3 TOCs + 3 chunks (one file per layer).
+	if len(ents) != 10 {
+		t.Errorf("%d blobs stored, want 10", len(ents))
 	}
 
 	d, err := im.Inspect(refA)
@@ -199,11 +197,17 @@ func TestPullSharedBaseAndInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Removed) != 3 { // A's manifest, config, top layer
-		t.Errorf("GC removed %v, want 3 blobs", res.Removed)
+	if len(res.Removed) != 4 { // A's manifest, config, top layer's TOC and chunk
+		t.Errorf("GC removed %v, want 4 blobs", res.Removed)
 	}
-	if !im.Store().Has(digest.Digest(bd.String())) {
-		t.Error("GC removed the shared base layer")
+	if !im.Store().Has(recA.Layers[0].TOC) {
+		t.Error("GC removed the shared base layer's TOC")
+	}
+	recB, _ := im.Get(refB)
+	if ls, err := im.Layers(ctx, recB); err != nil || len(ls) != 2 {
+		t.Errorf("layers of B after GC: %v", err)
+	} else if _, err := ls[0].Chunks.ReadChunk(ctx, ls[0].TOC.Entries[len(ls[0].TOC.Entries)-1], make([]byte, 10), 0); err != nil {
+		t.Errorf("reading B's base layer after GC: %v", err)
 	}
 	if _, err := im.Inspect(refB); err != nil {
 		t.Error(err)
@@ -292,8 +296,12 @@ func TestConcurrentPulls(t *testing.T) {
 	if err != nil || len(list) != 1 {
 		t.Fatalf("list: %v %v", list, err)
 	}
-	for _, l := range list[0].Layers {
-		if err := im.Store().Verify(l.Digest); err != nil {
+	must, _, err := im.needs(&list[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range must {
+		if err := im.Store().Verify(d); err != nil {
 			t.Error(err)
 		}
 	}
@@ -449,7 +457,7 @@ func TestGuardRefusesPlainHTTP(t *testing.T) {
 
 func TestIndexBad(t *testing.T) {
 	im := openImages(t)
-	os.WriteFile(filepath.Join(im.Dir(), "index.json"), []byte(`{"version":1,"images":[{"name":"a","ref":"a","manifest":"sha256:../../x"}]}`), 0o644)
+	os.WriteFile(filepath.Join(im.Dir(), "index.json"), []byte(`{"version":2,"images":[{"name":"a","ref":"a","manifest":"sha256:../../x"}]}`), 0o644)
 	if _, err := im.List(); err == nil || !strings.Contains(err.Error(), "index.json") {
 		t.Errorf("got %v", err)
 	}

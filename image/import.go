@@ -115,7 +115,7 @@ func (im *Images) importLayout(ctx context.Context, dir string, opts ImportOptio
 	if err != nil {
 		return nil, "", err
 	}
-	rec, err := im.put(ctx, img, want, indexes, opts.Progress, "importing")
+	rec, err := im.put(ctx, img, want, indexes, opts.Progress, "importing", nil)
 	return rec, named, err
 }
 
@@ -170,7 +170,7 @@ func (im *Images) importTar(ctx context.Context, file string, opts ImportOptions
 		return nil, "", fmt.Errorf("%w: docker save tarball: %v", ErrInvalid, err)
 	}
 	mt, _ := img.MediaType()
-	rec, err := im.put(ctx, img, v1.Descriptor{Digest: h, MediaType: mt}, nil, opts.Progress, "importing")
+	rec, err := im.put(ctx, img, v1.Descriptor{Digest: h, MediaType: mt}, nil, opts.Progress, "importing", nil)
 	return rec, dockerTags, err
 }
 

@@ -16,8 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// indexVersion is the version of index.json this package writes and reads.
-const indexVersion = 1
+// indexVersion is the version of index.json this package writes. Version
+// 1 (layers stored whole, no TOCs) is still read: its records load with
+// no Layer.Chunks, list and inspect as before, and fail Layers with
+// ErrStale until the image is pulled or imported again; the next write
+// of the index makes it version 2. A newer version is refused.
+const indexVersion = 2
 
 // maxIndexBytes bounds index.json: it is read whole.
 const maxIndexBytes = 64 << 20
@@ -39,7 +43,17 @@ func parseIndex(data []byte) ([]Image, error) {
 	if dec.More() {
 		return nil, errors.New("parsing: data after the JSON object")
 	}
-	if f.Version != indexVersion {
+	switch {
+	case f.Version == 1:
+		for i := range f.Images {
+			for j := range f.Images[i].Layers {
+				l := &f.Images[i].Layers[j]
+				l.Chunks, l.TOC, l.TOCOffset = "", "", 0 // a version 1 record cannot have them
+			}
+		}
+	case f.Version > indexVersion:
+		return nil, fmt.Errorf("version %d, from a newer kiln (this one reads up to %d)", f.Version, indexVersion)
+	case f.Version != indexVersion:
 		return nil, fmt.Errorf("version %d, want %d", f.Version, indexVersion)
 	}
 	seen := map[string]bool{}
@@ -76,6 +90,24 @@ func (img *Image) check() error {
 			return fmt.Errorf("%q: layer %s has size %d", img.Name, l.Digest, l.Size)
 		}
 		ds = append(ds, l.Digest)
+		switch l.Chunks {
+		case "":
+		case ChunksStore, ChunksRegistry:
+			if l.TOC == "" {
+				return fmt.Errorf("%q: layer %s has chunks in the %s but no TOC", img.Name, l.Digest, l.Chunks)
+			}
+			ds = append(ds, l.TOC)
+		default:
+			return fmt.Errorf("%q: layer %s: chunks from %q", img.Name, l.Digest, l.Chunks)
+		}
+		if l.Chunks == ChunksRegistry && (l.TOCOffset <= 0 || l.TOCOffset >= l.Size) {
+			return fmt.Errorf("%q: layer %s: TOC offset %d in a blob of %d bytes", img.Name, l.Digest, l.TOCOffset, l.Size)
+		}
+	}
+	if img.lazy() {
+		if _, err := repoOf(img); err != nil {
+			return fmt.Errorf("%q: %w", img.Name, err)
+		}
 	}
 	for _, d := range ds {
 		if _, err := store.ParseDigest(string(d)); err != nil {

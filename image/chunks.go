@@ -1,0 +1,299 @@
+package image
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/kilnvm/kiln/image/store"
+	"github.com/opencontainers/go-digest"
+)
+
+// maxRunBytes caps one request for adjacent missing chunks.
+const maxRunBytes = 8 << 20
+
+// ChunkReader reads a layer's chunks: from the store, which checked them
+// when they were put; on a miss (a lazy layer), from the registry, checked
+// against their ChunkDigest and then stored. It satisfies image/tree's
+// ChunkReader. Safe for concurrent use.
+type ChunkReader struct {
+	im    *Images
+	img   string // the image's name, for messages
+	layer Layer
+	ix    *tocIndex
+	rr    remoteRepo // lazy layers
+
+	bmu  sync.Mutex
+	blob rangeReader // made on the first miss
+}
+
+// flight is one chunk being fetched in this process.
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+// ReadChunk copies into p the uncompressed bytes of chunk ce (a "reg" or
+// "chunk" entry of this layer's TOC) from off within the chunk, fetching
+// and checking the chunk first if it is not stored. Like io.ReaderAt, it
+// returns io.EOF with n < len(p) when the chunk ends first. A chunk that
+// cannot be fetched or fails its check gives an error wrapping
+// syscall.EIO.
+func (c *ChunkReader) ReadChunk(ctx context.Context, ce *estargz.TOCEntry, p []byte, off int64) (int, error) {
+	ch, err := c.ix.lookup(ce)
+	if err != nil {
+		return 0, fmt.Errorf("image: layer %s: %w: %w", c.layer.Digest, syscall.EINVAL, err)
+	}
+	if off < 0 {
+		return 0, fmt.Errorf("image: layer %s: %w: negative offset %d", c.layer.Digest, syscall.EINVAL, off)
+	}
+	if off >= ch.size {
+		return 0, io.EOF
+	}
+	for try := 0; ; try++ {
+		n, err := c.readStored(ch, p, off)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return n, err
+		}
+		if try > 0 {
+			// Fetched, then gone: another process's GC in between.
+			return 0, c.eio(ch, fmt.Errorf("chunk removed from the store right after it was fetched"))
+		}
+		if err := c.fetch(ctx, []*chunk{ch}); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// readStored preads a chunk's bytes from the store.
+func (c *ChunkReader) readStored(ch *chunk, p []byte, off int64) (int, error) {
+	f, size, err := c.im.st.Open(ch.digest)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if size != ch.size {
+		return 0, c.eio(ch, fmt.Errorf("stored chunk has %d bytes, the TOC says %d", size, ch.size))
+	}
+	want := min(int64(len(p)), ch.size-off)
+	n, err := f.ReadAt(p[:want], off)
+	if int64(n) < want {
+		return n, c.eio(ch, fmt.Errorf("reading the stored chunk: %v", err))
+	}
+	if want < int64(len(p)) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Fetch makes chunks ces available: consecutive chunks of one file, in
+// file order. Missing ones are fetched, adjacent ones in one request of up
+// to 8 MiB, and checked against their ChunkDigest. A chunk this process is
+// fetching already is waited for, not fetched twice.
+func (c *ChunkReader) Fetch(ctx context.Context, ces []*estargz.TOCEntry) error {
+	chs := make([]*chunk, 0, len(ces))
+	for _, ce := range ces {
+		ch, err := c.ix.lookup(ce)
+		if err != nil {
+			return fmt.Errorf("image: layer %s: %w: %w", c.layer.Digest, syscall.EINVAL, err)
+		}
+		chs = append(chs, ch)
+	}
+	return c.fetch(ctx, chs)
+}
+
+func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk) error {
+	var missing []*chunk
+	seen := map[digest.Digest]bool{}
+	for _, ch := range chs {
+		if seen[ch.digest] || c.im.st.Has(ch.digest) {
+			continue
+		}
+		seen[ch.digest] = true
+		missing = append(missing, ch)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if c.layer.Chunks != ChunksRegistry {
+		return c.eio(missing[0], fmt.Errorf("chunk missing from the store; the layer was indexed and cannot be refetched: pull or import %s again", c.img))
+	}
+	// Claim the chunks no one in this process is fetching.
+	var mine []*chunk
+	var waits []*flight
+	c.im.fmu.Lock()
+	for _, ch := range missing {
+		if f := c.im.inflight[ch.digest]; f != nil {
+			waits = append(waits, f)
+			continue
+		}
+		f := &flight{done: make(chan struct{})}
+		c.im.inflight[ch.digest] = f
+		waits = append(waits, f)
+		mine = append(mine, ch)
+	}
+	c.im.fmu.Unlock()
+	// The fetches run on their own, under the fetch deadline: a reader that
+	// gives up does not fail the others waiting for the same chunks.
+	fctx := context.WithoutCancel(ctx)
+	for _, run := range runs(mine) {
+		go c.fetchRun(fctx, run)
+	}
+	for _, f := range waits {
+		select {
+		case <-f.done:
+			if f.err != nil {
+				return f.err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("image: layer %s: %w: %w", c.layer.Digest, syscall.EIO, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// runs groups chunks into requests: a run is chunks whose gzip members
+// are adjacent in the blob, at most maxRunBytes in all (a single chunk
+// bigger than that is a run of its own).
+func runs(chs []*chunk) [][]*chunk {
+	var out [][]*chunk
+	var cur []*chunk
+	for _, ch := range chs {
+		if len(cur) > 0 {
+			first, last := cur[0], cur[len(cur)-1]
+			adjacent := ch.ent.Offset == last.end || ch.ent.Offset == last.ent.Offset
+			if !adjacent || max(ch.end, last.end)-first.ent.Offset > maxRunBytes {
+				out = append(out, cur)
+				cur = nil
+			}
+		}
+		cur = append(cur, ch)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// fetchRun fetches one run in one range request, checks and stores each
+// chunk, and ends the chunks' flights.
+func (c *ChunkReader) fetchRun(ctx context.Context, run []*chunk) {
+	errs := make([]error, len(run))
+	defer func() {
+		c.im.fmu.Lock()
+		for i, ch := range run {
+			f := c.im.inflight[ch.digest]
+			delete(c.im.inflight, ch.digest)
+			f.err = errs[i]
+			close(f.done)
+		}
+		c.im.fmu.Unlock()
+	}()
+	fail := func(err error) {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	ra, err := c.remote(ctx)
+	if err != nil {
+		fail(c.eio(run[0], err))
+		return
+	}
+	start, end := run[0].ent.Offset, run[0].end
+	for _, ch := range run {
+		end = max(end, ch.end)
+	}
+	if end-start > maxMemberBytes || end <= start {
+		fail(c.eio(run[0], fmt.Errorf("compressed range [%d, %d) of a chunk is implausible", start, end)))
+		return
+	}
+	select {
+	case c.im.fsem <- struct{}{}:
+	case <-ctx.Done():
+		fail(c.eio(run[0], ctx.Err()))
+		return
+	}
+	t0 := time.Now()
+	data, err := ra.Range(ctx, start, end-start)
+	<-c.im.fsem
+	if err != nil {
+		fail(c.eio(run[0], err))
+		return
+	}
+	for i, ch := range run {
+		errs[i] = c.storeChunk(ctx, ch, data[ch.ent.Offset-start:ch.end-start])
+	}
+	c.im.opts.Logger.Debug("image: fetched chunks", "layer", c.layer.Digest.Encoded()[:12],
+		"chunks", len(run), "bytes", end-start, "took", time.Since(t0))
+}
+
+// storeChunk inflates one chunk out of its gzip member and stores it; the
+// store checks it against its digest and stores nothing on a mismatch.
+func (c *ChunkReader) storeChunk(ctx context.Context, ch *chunk, member []byte) error {
+	zr, err := gzip.NewReader(bytes.NewReader(member))
+	if err != nil {
+		return c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
+	}
+	zr.Multistream(false)
+	if _, err := io.CopyN(io.Discard, zr, ch.ent.InnerOffset); err != nil {
+		return c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
+	}
+	buf := make([]byte, ch.size)
+	if _, err := io.ReadFull(zr, buf); err != nil {
+		// A corrupt member may fail to inflate before its digest is known.
+		return c.eio(ch, &store.DigestError{Want: ch.digest, WantSize: ch.size, GotSize: -1})
+	}
+	if _, err := c.im.st.PutSized(ctx, ch.digest, ch.size, bytes.NewReader(buf)); err != nil {
+		c.im.warnBadChunk(c.layer.Digest, ch.digest, err)
+		return c.eio(ch, err)
+	}
+	return nil
+}
+
+// remote returns the layer's blob fetcher, made on first use.
+func (c *ChunkReader) remote(ctx context.Context) (rangeReader, error) {
+	c.bmu.Lock()
+	defer c.bmu.Unlock()
+	if c.blob != nil {
+		return c.blob, nil
+	}
+	b, err := c.im.blob(ctx, c.rr, c.layer.Digest, c.layer.Size)
+	if err != nil {
+		return nil, err
+	}
+	c.blob = b
+	return b, nil
+}
+
+// eio wraps err as the guest must see it: EIO, naming the file and chunk.
+func (c *ChunkReader) eio(ch *chunk, err error) error {
+	return fmt.Errorf("image: layer %s: %q chunk at %d (%s): %w: %w",
+		c.layer.Digest.Encoded()[:12], ch.file, ch.ent.ChunkOffset, ch.digest, syscall.EIO, err)
+}
+
+// warnBadChunk logs a chunk that failed its check, at most once a second:
+// a registry (or a guest reading in a loop) can trigger it at will.
+func (im *Images) warnBadChunk(layer, chunk digest.Digest, err error) {
+	im.wmu.Lock()
+	now := time.Now()
+	if now.Sub(im.lastWarn) < time.Second {
+		im.suppressed++
+		im.wmu.Unlock()
+		return
+	}
+	n := im.suppressed
+	im.lastWarn, im.suppressed = now, 0
+	im.wmu.Unlock()
+	im.opts.Logger.Warn("image: chunk failed its check", "layer", layer, "chunk", chunk, "err", err, slog.Int("suppressed", n))
+}
