@@ -22,6 +22,9 @@ const imageUsage = `usage: kiln image <command> [--dir DIR] [flags]
 
   pull [--insecure] REF     fetch REF (linux/amd64) from its registry
   import [--name REF] PATH  add a docker save tarball or an OCI layout (dir or tar)
+  convert [--push DEST] [--name NAME] [--insecure] REF
+                            rebuild REF's layers as estargz (deterministic), name
+                            it NAME (default DEST, else REF's tag + "-esgz"), push it
   ls                        list images
   rm NAME...                remove images and the blobs no other image uses
   inspect NAME              print an image's manifest digests and config as JSON
@@ -41,11 +44,15 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	dir := fs.String("dir", "", "images `DIR` (default: <kernel cache>/images)")
 	var insecure *bool
-	var importName *string
+	var importName, push *string
 	nargs := 1
 	switch sub {
 	case "pull":
 		insecure = fs.Bool("insecure", false, "allow plain HTTP to the registry (loopback registries always are)")
+	case "convert":
+		insecure = fs.Bool("insecure", false, "allow plain HTTP to the registries (loopback registries always are)")
+		importName = fs.String("name", "", "name the result `NAME` (default: DEST, else REF's tag + \"-esgz\")")
+		push = fs.String("push", "", "push the result to `DEST`")
 	case "import":
 		importName = fs.String("name", "", "name the image `REF` (default: the name in the file, else its digest)")
 	case "ls":
@@ -102,6 +109,14 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "%s %s\n", rec.Name, rec.Manifest)
 	case "import":
 		rec, err := im.Import(ctx, rest[0], image.ImportOptions{Name: *importName, Progress: image.NewProgress(stderr)})
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "%s %s\n", rec.Name, rec.Manifest)
+	case "convert":
+		rec, err := im.Convert(ctx, rest[0], image.ConvertOptions{
+			Name: *importName, Push: *push, Insecure: *insecure, Progress: image.NewProgress(stderr),
+		})
 		if err != nil {
 			return fail(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/kilnvm/kiln/image/imagetest"
 )
 
 // TestImageCommands pulls from a loopback registry, lists, inspects and
@@ -52,6 +53,8 @@ func TestImageCommands(t *testing.T) {
 		{[]string{"inspect", ref}, 2, "no image named"},
 		{[]string{"ls", "extra"}, 2, "want 0"},
 		{[]string{"frob"}, 2, "unknown command"},
+		{[]string{"convert"}, 2, "want 1"},
+		{[]string{"convert", "Bad:Ref"}, 2, "image reference"},
 	} {
 		args := append([]string{"image", tc.args[0], "--dir", dir}, tc.args[1:]...)
 		code, stdout, stderr := runKiln(t, args...)
@@ -62,5 +65,52 @@ func TestImageCommands(t *testing.T) {
 		if code != tc.code || !strings.Contains(got, tc.out) {
 			t.Errorf("kiln image %v: code %d, stdout %q, stderr %q; want %d and %q", tc.args, code, stdout, stderr, tc.code, tc.out)
 		}
+	}
+}
+
+// TestImageConvert converts a plain image twice (the same digest both
+// times), pushes it, and pulls the pushed image lazily.
+func TestImageConvert(t *testing.T) {
+	reg := imagetest.NewRegistry(t)
+	plain, err := imagetest.Gzip(imagetest.Tar(append(imagetest.BaseFiles(), imagetest.RandomFiles(1, "data", 5)...)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Push(t, "plain:v1", img)
+	dest := reg.Host + "/esgz:v1"
+	dir := t.TempDir()
+	kiln := func(args ...string) (int, string, string) {
+		return runKiln(t, append([]string{"image", args[0], "--dir", dir}, args[1:]...)...)
+	}
+	var digests []string
+	for _, args := range [][]string{
+		{"convert", ref},                               // pulls it first
+		{"convert", "--name", "again:v1", ref},         // the same digest
+		{"convert", "--push", dest, "--insecure", ref}, // and pushed
+	} {
+		code, stdout, stderr := kiln(args...)
+		f := strings.Fields(stdout)
+		if code != 0 || len(f) != 2 || !strings.Contains(stderr, "converting") {
+			t.Fatalf("kiln image %v: code %d, stdout %q, stderr %q", args, code, stdout, stderr)
+		}
+		digests = append(digests, f[1])
+	}
+	if digests[0] != digests[1] || digests[1] != digests[2] {
+		t.Errorf("converts gave %v", digests)
+	}
+	code, stdout, stderr := kiln("ls")
+	for _, want := range []string{"plain:v1-esgz", "again:v1", "esgz:v1"} {
+		if code != 0 || !strings.Contains(stdout, want) {
+			t.Errorf("ls: %d %q %q, want %q", code, stdout, stderr, want)
+		}
+	}
+	// The pushed image pulls lazily into another folder.
+	code, stdout, stderr = runKiln(t, "image", "pull", "--dir", t.TempDir(), dest)
+	if code != 0 || !strings.Contains(stdout, digests[0]) || !strings.Contains(stderr, "chunks on demand") {
+		t.Errorf("pull of the converted image: %d %q %q", code, stdout, stderr)
 	}
 }
