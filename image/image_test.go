@@ -344,6 +344,21 @@ func TestImport(t *testing.T) {
 		if rec.Name != tc.wantName || len(rec.Layers) != 2 {
 			t.Errorf("import %s: %+v", tc.path, rec)
 		}
+		// Imported layers are indexed: readable with no registry.
+		if ls, err := im.Layers(context.Background(), rec); err != nil {
+			t.Errorf("import %s: layers: %v", tc.path, err)
+		} else {
+			for _, l := range ls {
+				if l.Layer.Chunks != ChunksStore {
+					t.Errorf("import %s: layer %+v", tc.path, l.Layer)
+				}
+				for _, c := range l.Chunks.ix.chunks {
+					if _, err := l.Chunks.ReadChunk(context.Background(), c.ent, make([]byte, 1), 0); err != nil {
+						t.Errorf("import %s: %v", tc.path, err)
+					}
+				}
+			}
+		}
 		if tc.path != dockerTar && rec.Manifest != digest.Digest(digestOf(t, img).String()) {
 			t.Errorf("import %s picked %s, want amd64 %s", tc.path, rec.Manifest, digestOf(t, img))
 		}

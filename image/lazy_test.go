@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -278,6 +279,52 @@ func TestFlippedByte(t *testing.T) {
 	got, err := readFile(ctx, cr, ces)
 	if err != nil || !bytes.Equal(got, imagetest.RandomFiles(4, "data", 1)[1].Body) {
 		t.Errorf("after the fault: %v", err)
+	}
+}
+
+// A registry that fails chunk GETs: EIO, retried transient failures, and
+// a read that works once the registry does.
+func TestFailingRegistry(t *testing.T) {
+	reg := imagetest.NewRegistry(t)
+	img, _, err := imagetest.RandomImage(12, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Push(t, "fail:v1", img)
+	im := openImages(t)
+	ctx := context.Background()
+	rec, err := im.Pull(ctx, ref, PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := im.Layers(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, ces := file(t, ls, "data/f000.bin")
+	blob, _ := layerBlob(t, img, 1)
+	for _, tc := range []struct {
+		status       int
+		wantRequests int64 // 1 + retries of a transient failure
+	}{
+		{http.StatusInternalServerError, 3},
+		{http.StatusTooManyRequests, 3},
+		{http.StatusNotFound, 1},
+		{http.StatusForbidden, 1},
+	} {
+		undo := reg.Fail(blob, tc.status)
+		before := im.Fetched().Requests
+		_, err := cr.ReadChunk(ctx, ces[0], make([]byte, 10), 0)
+		if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), fmt.Sprint(tc.status)) {
+			t.Errorf("HTTP %d: got %v, want EIO naming the status", tc.status, err)
+		}
+		if n := im.Fetched().Requests - before; n != tc.wantRequests {
+			t.Errorf("HTTP %d: %d requests, want %d", tc.status, n, tc.wantRequests)
+		}
+		undo()
+	}
+	if _, err := readFile(ctx, cr, ces); err != nil {
+		t.Errorf("after the failures: %v", err)
 	}
 }
 
@@ -644,7 +691,7 @@ func FuzzParseTOC(f *testing.F) {
 			return
 		}
 		for _, c := range ix.chunks {
-			if c.size <= 0 || c.size > maxChunkSize || c.ent.ChunkOffset+c.size > ix.byEnt[c.ent].ent.ChunkOffset+c.size {
+			if c.size <= 0 || c.size > maxChunkSize || c.size != c.ent.ChunkSize || c.ent.Name != c.file {
 				t.Fatalf("chunk %+v", c)
 			}
 			if _, err := store.ParseDigest(string(c.digest)); err != nil {
