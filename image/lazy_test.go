@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/image/store"
+	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -710,4 +712,50 @@ func FuzzParseTOC(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A layer blob is recognised as gzip, zstd or a bare tar, and all three
+// index to the same TOC.
+func TestDecompressKinds(t *testing.T) {
+	tb := imagetest.Tar(imagetest.BaseFiles()...)
+	var gz, zs bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(tb)
+	zw.Close()
+	ze, err := zstd.NewWriter(&zs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ze.Write(tb)
+	ze.Close()
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want digest.Digest
+	for _, tc := range []struct {
+		name string
+		blob []byte
+	}{{"tar", tb}, {"gzip", gz.Bytes()}, {"zstd", zs.Bytes()}} {
+		r, err := decompress(bytes.NewReader(tc.blob))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		ix, err := indexTar(context.Background(), st, r)
+		r.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if want == "" {
+			want = ix.tocDgt
+		}
+		if ix.tocDgt != want || ix.diffID != digest.FromBytes(tb) {
+			t.Errorf("%s: TOC %s (want %s), diff ID %s", tc.name, ix.tocDgt, want, ix.diffID)
+		}
+	}
+	// Not a tar at all.
+	r, _ := decompress(strings.NewReader("plain text, not a layer"))
+	if _, err := indexTar(context.Background(), st, r); !errors.Is(err, ErrInvalid) {
+		t.Errorf("text: %v", err)
+	}
 }

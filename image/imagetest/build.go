@@ -26,7 +26,7 @@ import (
 const ChunkSize = 4 << 20
 
 // ModTime is the modification time of every File that gives none.
-var ModTime = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+func ModTime() time.Time { return time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC) }
 
 // File is one entry of a layer tar.
 type File struct {
@@ -60,7 +60,7 @@ func Tar(files ...File) []byte {
 		}
 		mt := f.ModTime
 		if mt.IsZero() {
-			mt = ModTime
+			mt = ModTime()
 		}
 		h := &tar.Header{
 			Name: f.Name, Typeflag: typ, Mode: mode, Linkname: f.Linkname,
@@ -88,7 +88,7 @@ func Tar(files ...File) []byte {
 }
 
 // DirTar is a tar of the tree under dir (names relative to it), in sorted
-// order, with modification times set to ModTime so that it does not depend
+// order, with modification times set to ModTime() so that it does not depend
 // on when the files were written.
 func DirTar(dir string) ([]byte, error) {
 	var files []File

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
@@ -316,4 +317,50 @@ func gzipBytes(b []byte) []byte {
 	zw.Write(b)
 	zw.Close()
 	return buf.Bytes()
+}
+
+// ServeLayout starts a registry (NewRegistry) holding every image of the
+// OCI image layout at dir that names itself (the index's
+// org.opencontainers.image.ref.name annotation), pushed as they are (the
+// same manifests and layers, so estargz annotations survive) to
+// prefix/<name> (":latest" unless the name has a tag). It returns the
+// registry and each name's full reference.
+func ServeLayout(t testing.TB, dir, prefix string) (*Registry, map[string]string) {
+	t.Helper()
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		t.Fatalf("imagetest: layout %s: %v", dir, err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatalf("imagetest: layout %s: %v", dir, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatalf("imagetest: layout %s: %v", dir, err)
+	}
+	r := NewRegistry(t)
+	refs := map[string]string{}
+	for _, d := range m.Manifests {
+		n := d.Annotations["org.opencontainers.image.ref.name"]
+		if n == "" || !d.MediaType.IsImage() {
+			continue
+		}
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			t.Fatalf("imagetest: layout %s: image %s: %v", dir, n, err)
+		}
+		repoTag := n
+		if !strings.Contains(n, ":") {
+			repoTag += ":latest"
+		}
+		if prefix != "" {
+			repoTag = strings.TrimSuffix(prefix, "/") + "/" + repoTag
+		}
+		refs[n] = r.Push(t, repoTag, img)
+	}
+	if len(refs) == 0 {
+		t.Fatalf("imagetest: layout %s names no images", dir)
+	}
+	return r, refs
 }
