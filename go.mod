@@ -3,7 +3,10 @@ module github.com/kilnvm/kiln
 go 1.26.0
 
 require (
+	github.com/containerd/stargz-snapshotter/estargz v0.19.1
 	github.com/google/go-containerregistry v0.22.1
+	github.com/hugelgupf/p9 v0.3.0
+	github.com/klauspost/compress v1.20.1
 	github.com/mdlayher/vsock v1.4.0
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/prometheus/procfs v0.23.0
@@ -16,12 +19,9 @@ require (
 )
 
 require (
-	github.com/containerd/stargz-snapshotter/estargz v0.19.1 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
-	github.com/hugelgupf/p9 v0.3.0 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.22 // indirect

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/vmmproc"
 )
@@ -15,7 +16,7 @@ import (
 // out-of-process tests start it again with vmmproc.SocketEnv set.
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(vmmproc.ServeMain(context.Background(), ""))
+		os.Exit(vmmproc.ServeMain(context.Background(), "", OpenImageFS(image.NewRoots(image.Options{}))))
 	}
 	os.Exit(m.Run())
 }

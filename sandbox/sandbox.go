@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 )
@@ -72,6 +73,20 @@ type Options struct {
 	// runs it in this process.
 	Process *ProcessOptions
 	Logger  *slog.Logger
+
+	// Image, when set, is the root instead of Disk: an OCI image of the
+	// images folder Images (DefaultImagesDir when empty), named as kiln
+	// image ls shows it or by manifest digest. Its merged layers are
+	// served read-only over virtio-9p (device ImageDevice), under an
+	// overlay whose upper layer is a tmpfs in guest RAM: writes vanish with
+	// the sandbox, and snapshots and forks keep them. Its config's Env,
+	// WorkingDir and User become the defaults of every exec.
+	Image  string
+	Images string
+	// ImageRoots shares image trees among sandboxes of this process (one
+	// tree per image, however many sandboxes and clones run it); nil: the
+	// sandbox and its forks get their own.
+	ImageRoots *image.Roots
 }
 
 // The IDs of the devices every sandbox may have.
@@ -106,7 +121,14 @@ type Sandbox struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	image  string          // an image root's manifest digest; "" for none
+	openFS virtio.FSOpener // how its VM opens image roots (this process's)
 }
+
+// Image returns the manifest digest of the sandbox's image root, "" when
+// its root is not an image.
+func (s *Sandbox) Image() string { return s.image }
 
 // Start boots a sandbox and waits until its agent answers. ctx bounds the
 // wait (with opts.BootTimeout), not the sandbox's life: Close ends that.
@@ -119,6 +141,17 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	cfg, err := opts.vmConfig()
 	if err != nil {
 		return nil, err
+	}
+	var root *imageRoot
+	if opts.Image != "" {
+		if root, err = opts.resolveImage(); err != nil {
+			return nil, err
+		}
+		if cfg.Initrd, err = imageInitrd(cfg.Initrd, root.config); err != nil {
+			return nil, err
+		}
+		cfg.Cmdline += " kiln.root=9p:" + ImageTag
+		cfg.OpenFS = OpenImageFS(root.roots)
 	}
 	hostname := opts.Hostname
 	if hostname == "" {
@@ -135,6 +168,11 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	}()
 	if cfg.Devices, err = s.deviceSpecs(opts); err != nil {
 		return nil, err
+	}
+	if root != nil {
+		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
+		s.image = root.spec.FS.Image
+		s.openFS = cfg.OpenFS
 	}
 	cfg.Console = s.consoleWriter(opts.Console)
 	if s.m, err = s.startMachine(ctx, cfg, opts.Process); err != nil {
@@ -180,7 +218,7 @@ func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 	}
 	for _, d := range opts.Devices {
 		switch d.ID {
-		case RootDevice, NetDevice, VsockDevice, RNGDevice:
+		case RootDevice, NetDevice, VsockDevice, RNGDevice, ImageDevice:
 			return nil, fmt.Errorf("sandbox: device ID %q is the sandbox's own; give the device another", d.ID)
 		}
 		if err := d.Validate(); err != nil {

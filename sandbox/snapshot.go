@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -74,6 +76,16 @@ type RestoreOptions struct {
 	// own (as Options.Process).
 	Process *ProcessOptions
 	Logger  *slog.Logger
+
+	// Images is where an image-rooted snapshot's image is now, when its
+	// images folder moved; empty: where it was. Image, when set, names
+	// the image to restore against (by name or digest): it must be the
+	// snapshot's own (the same manifest digest), since the guest's view
+	// of its root (open files, cached pages) is of that image: another
+	// is refused.
+	Images, Image string
+	// ImageRoots shares image trees, as Options.ImageRoots.
+	ImageRoots *image.Roots
 }
 
 // Restore starts a sandbox from the snapshot in dir (written by Save) and
@@ -134,6 +146,9 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 		}
 	}
 	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
+	if err := s.restoreImage(dir, info.Devices, opts, &cfg); err != nil {
+		return nil, err
+	}
 	if s.m, err = s.restoreMachine(ctx, dir, cfg, opts.Process); err != nil {
 		return nil, err
 	}
@@ -244,4 +259,50 @@ func execSetMAC(oldMAC, newMAC string) client.ExecOptions {
 done
 echo "no interface has address $1" >&2; exit 1`
 	return client.ExecOptions{Argv: []string{"sh", "-c", script, "setmac", oldMAC, newMAC}}
+}
+
+// restoreImage sets cfg up for the snapshot's image root, if it has one:
+// the opener of its tree, and the device moved to opts.Images. It refuses
+// opts.Image when that is another image than the snapshot's.
+func (s *Sandbox) restoreImage(dir string, devs []virtio.DeviceSpec, opts RestoreOptions, cfg *vmm.RestoreConfig) error {
+	i := slices.IndexFunc(devs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS })
+	if i < 0 {
+		if opts.Image != "" || opts.Images != "" {
+			return fmt.Errorf("sandbox: snapshot %s has no image root: RestoreOptions.Image and Images do not apply", dir)
+		}
+		return nil
+	}
+	dev := devs[i]
+	fs := *dev.FS
+	roots := opts.ImageRoots
+	if roots == nil {
+		roots = image.NewRoots(image.Options{Logger: s.log})
+	}
+	moved := false
+	if opts.Images != "" {
+		abs, err := filepath.Abs(opts.Images)
+		if err != nil {
+			return fmt.Errorf("sandbox: images folder: %w", err)
+		}
+		moved, fs.Images = abs != fs.Images, abs
+	}
+	if opts.Image != "" {
+		im, err := roots.Images(fs.Images)
+		if err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+		img, err := im.Get(opts.Image)
+		if err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+		if string(img.Manifest) != fs.Image {
+			return fmt.Errorf("sandbox: snapshot %s runs image %s; %s is %s: a snapshot restores only against its own image", dir, fs.Image, opts.Image, img.Manifest)
+		}
+	}
+	if moved {
+		cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &fs})
+	}
+	cfg.OpenFS = OpenImageFS(roots)
+	s.image, s.openFS = fs.Image, cfg.OpenFS
+	return nil
 }

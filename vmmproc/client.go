@@ -462,8 +462,8 @@ func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // ServeMain is the main of a VMM process: it serves on the socket SocketEnv
 // names (or sock, when not empty) until done, logging to stderr, and
-// returns the process's exit code.
-func ServeMain(ctx context.Context, sock string) int {
+// returns the process's exit code. openFS opens image roots (nil: none).
+func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 	if sock == "" {
 		sock = os.Getenv(SocketEnv)
 	}
@@ -472,7 +472,7 @@ func ServeMain(ctx context.Context, sock string) int {
 		log.Error("no socket: set " + SocketEnv + " or pass --socket")
 		return 2
 	}
-	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log}); err != nil {
+	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS}); err != nil {
 		log.Error("vmm process", "err", err)
 		return 1
 	}

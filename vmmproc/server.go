@@ -51,6 +51,9 @@ type ServeConfig struct {
 	// KVMPath is /dev/kvm when empty.
 	KVMPath string
 	Logger  *slog.Logger
+	// OpenFS opens the trees of fs devices (image roots); nil refuses
+	// them.
+	OpenFS virtio.FSOpener
 }
 
 // Serve serves the VMM API until the process's VM has stopped and its
@@ -78,6 +81,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	defer ln.Close()
 
 	s := newServer(cfg.KVMPath, log)
+	s.openFS = cfg.OpenFS
 	defer s.fds.closeAll()
 	go s.fds.serveFDs(fdln)
 	g := grpc.NewServer()
@@ -111,6 +115,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 type server struct {
 	vmmpb.UnimplementedVMMServer
 	kvmPath string
+	openFS  virtio.FSOpener
 	log     *slog.Logger
 	fds     *fdStore
 	console *fanout
@@ -247,7 +252,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 			return nil, status.Errorf(codes.InvalidArgument, "device overrides: %v", err)
 		}
 	}
-	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log}
+	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS}
 	switch src := req.Source.(type) {
 	case *vmmpb.CreateRequest_BootSpecJson:
 		var spec vmm.Spec
@@ -257,7 +262,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		if len(overrides) > 0 {
 			return nil, status.Error(codes.InvalidArgument, "device overrides are for restores; a booted VM has its spec's devices")
 		}
-		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log})
+		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS})
 		if err != nil {
 			return nil, statusFor(err)
 		}

@@ -20,7 +20,7 @@ import (
 // with SocketEnv set.
 func TestMain(m *testing.M) {
 	if os.Getenv(SocketEnv) != "" {
-		os.Exit(ServeMain(context.Background(), ""))
+		os.Exit(ServeMain(context.Background(), "", nil))
 	}
 	os.Exit(m.Run())
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
 )
 
@@ -28,7 +30,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs := flag.NewFlagSet("kiln run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kiln run [flags] [--save DIR | --from DIR] -- CMD [ARG...]")
+		fmt.Fprintln(stderr, "usage: kiln run [flags] [--image REF] [--save DIR | --from DIR] -- CMD [ARG...]")
+		fmt.Fprintln(stderr, "       (with --image, CMD defaults to the image's entrypoint and command)")
 		fs.PrintDefaults()
 	}
 	var o sandbox.Options
@@ -36,6 +39,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
 	fs.StringVar(&o.Disk, "disk", "", "root filesystem image (ext4) to run the command in; default: the agent's initramfs, with busybox")
 	fs.BoolVar(&o.DiskReadOnly, "ro", false, "attach --disk read-only")
+	fs.StringVar(&o.Image, "image", "", "run in this OCI image (`REF`, pulled when not stored; kiln image ls): its layers over 9p, writes in guest RAM")
+	fs.StringVar(&o.Images, "images", "", "images `DIR` (default: <kernel cache>/images)")
+	insecure := fs.Bool("insecure", false, "with --image: pull over plain HTTP from a registry that is not on loopback")
 	fs.IntVar(&o.CPUs, "cpus", 1, "number of vCPUs")
 	fs.IntVar(&o.MemoryMiB, "mem", 512, "guest memory in MiB")
 	fs.StringVar(&o.Hostname, "hostname", "kiln", "guest host name")
@@ -77,6 +83,23 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 	}
 	argv := fs.Args()
+	if o.Image != "" && o.Disk != "" {
+		fmt.Fprintln(stderr, "kiln run: --image and --disk both give the root: choose one")
+		return exitUsage
+	}
+	if o.Image != "" && len(argv) == 0 {
+		cmd, err := imageCommand(ctx, &o, *insecure, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+			return exitRunFailed
+		}
+		argv = cmd
+	} else if o.Image != "" {
+		if err := ensureImage(ctx, &o, *insecure, stderr); err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+			return exitRunFailed
+		}
+	}
 	if len(argv) == 0 {
 		fmt.Fprintln(stderr, "kiln run: no command given (kiln run [flags] -- CMD [ARG...])")
 		return exitUsage
@@ -113,7 +136,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var sb *sandbox.Sandbox
 	var err error
 	if *from != "" {
-		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net, Process: o.Process}
+		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net, Process: o.Process,
+			Image: o.Image, Images: o.Images}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "hostname" {
 				ro.Hostname = o.Hostname
@@ -134,7 +158,10 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 	}()
 	eo := client.ExecOptions{Argv: argv, Dir: *dir, Timeout: *timeout, Stdout: stdout, Stderr: stderr}
-	if len(env) > 0 {
+	switch {
+	case len(env) > 0 && o.Image != "":
+		eo.Env = env // the guest merges them over the image's Env
+	case len(env) > 0:
 		eo.Env = withDefaults(env)
 	}
 	if *interactive {
@@ -187,4 +214,47 @@ func withDefaults(env []string) []string {
 		}
 	}
 	return out
+}
+
+// ensureImage makes sure o.Image is in o's images folder, pulling it when
+// it is not (as docker run does), with progress on stderr.
+func ensureImage(ctx context.Context, o *sandbox.Options, insecure bool, stderr io.Writer) error {
+	_, err := imageDetails(ctx, o, insecure, stderr)
+	return err
+}
+
+// imageCommand is ensureImage that also returns the image's default
+// command: its entrypoint followed by its command.
+func imageCommand(ctx context.Context, o *sandbox.Options, insecure bool, stderr io.Writer) ([]string, error) {
+	d, err := imageDetails(ctx, o, insecure, stderr)
+	if err != nil {
+		return nil, err
+	}
+	argv := append(append([]string(nil), d.Config.Entrypoint...), d.Config.Cmd...)
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("image %s has no entrypoint or command: give one (kiln run --image %s -- CMD)", o.Image, o.Image)
+	}
+	return argv, nil
+}
+
+func imageDetails(ctx context.Context, o *sandbox.Options, insecure bool, stderr io.Writer) (*image.Details, error) {
+	if o.Images == "" {
+		dir, err := sandbox.DefaultImagesDir()
+		if err != nil {
+			return nil, err
+		}
+		o.Images = dir
+	}
+	im, err := image.Open(o.Images, image.Options{Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	d, err := im.Inspect(o.Image)
+	if errors.Is(err, image.ErrNotFound) {
+		if _, perr := im.Pull(ctx, o.Image, image.PullOptions{Insecure: insecure, Progress: image.NewProgress(stderr)}); perr != nil {
+			return nil, perr
+		}
+		d, err = im.Inspect(o.Image)
+	}
+	return d, err
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
 )
@@ -25,7 +26,9 @@ func cmdVMM(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kiln vmm: unexpected argument %q\n", fs.Arg(0))
 		return exitUsage
 	}
-	return vmmproc.ServeMain(ctx, *sock)
+	// Image roots open from the images folder their spec names, lazily
+	// fetching chunks from the image's registry as the parent would.
+	return vmmproc.ServeMain(ctx, *sock, sandbox.OpenImageFS(image.NewRoots(image.Options{})))
 }
 
 // vmmProcess returns the options that run a sandbox's VM in a `kiln vmm`

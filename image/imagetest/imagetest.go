@@ -8,11 +8,16 @@ package imagetest
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,18 +63,21 @@ type fault struct {
 // NewRegistry starts a registry; it stops when the test ends.
 func NewRegistry(t testing.TB) *Registry {
 	t.Helper()
+	return newRegistry(t, registry.NewInMemoryBlobHandler())
+}
+
+// newRegistry starts a registry whose blobs bh holds.
+func newRegistry(t testing.TB, bh registry.BlobHandler) *Registry {
+	t.Helper()
 	r := &Registry{blobs: map[string]*Stats{}, faults: map[string]*fault{}}
 	h := registry.New(
 		registry.Logger(log.New(io.Discard, "", 0)), // nil panics
-		registry.WithBlobHandler(registry.NewInMemoryBlobHandler()),
+		registry.WithBlobHandler(bh),
 	)
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.serve(h, w, req)
 	}))
-	t.Cleanup(func() {
-		r.releaseAll()
-		r.srv.Close()
-	})
+	t.Cleanup(r.Close)
 	r.URL = r.srv.URL
 	r.Host = strings.TrimPrefix(r.srv.URL, "http://")
 	return r
@@ -270,6 +278,13 @@ func (r *Registry) Fail(d fmt.Stringer, status int) (undo func()) {
 	}
 }
 
+// Close stops the registry (a registry gone): requests fail to connect.
+// It releases every stall first. Idempotent; the test's end calls it.
+func (r *Registry) Close() {
+	r.releaseAll()
+	r.srv.Close()
+}
+
 func (r *Registry) releaseAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -339,7 +354,9 @@ func ServeLayout(t testing.TB, dir, prefix string) (*Registry, map[string]string
 	if err != nil {
 		t.Fatalf("imagetest: layout %s: %v", dir, err)
 	}
-	r := NewRegistry(t)
+	// The layout's blobs are served from its files, not copied: a
+	// layout of a GiB pushes in a moment and takes no memory.
+	r := newRegistry(t, layoutBlobs{dir: filepath.Join(dir, "blobs")})
 	refs := map[string]string{}
 	for _, d := range m.Manifests {
 		n := d.Annotations["org.opencontainers.image.ref.name"]
@@ -363,4 +380,44 @@ func ServeLayout(t testing.TB, dir, prefix string) (*Registry, map[string]string
 		t.Fatalf("imagetest: layout %s names no images", dir)
 	}
 	return r, refs
+}
+
+// layoutBlobs serves the blobs of an OCI image layout from its files
+// (blobs/<alg>/<hex>), read-only: a push finds them present and uploads
+// nothing. Files are io.ReaderAt, so ranges are served without reading
+// what precedes them.
+type layoutBlobs struct{ dir string }
+
+func (b layoutBlobs) path(h v1.Hash) (string, error) {
+	if h.Algorithm != "sha256" || len(h.Hex) != 64 || strings.ContainsAny(h.Hex, "./") {
+		return "", registry.ErrNotFound
+	}
+	return filepath.Join(b.dir, h.Algorithm, h.Hex), nil
+}
+
+func (b layoutBlobs) Stat(_ context.Context, _ string, h v1.Hash) (int64, error) {
+	p, err := b.path(h)
+	if err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, registry.ErrNotFound
+	}
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+func (b layoutBlobs) Get(_ context.Context, _ string, h v1.Hash) (io.ReadCloser, error) {
+	p, err := b.path(h)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, registry.ErrNotFound
+	}
+	return f, err
 }
