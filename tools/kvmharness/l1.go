@@ -159,7 +159,8 @@ func buildL1Initramfs(c l1Config, path string) error {
 // in place, so the cached pages cannot go stale.
 const sharedCache = "mmap"
 
-// l1InitScript is L1's /init (after the #! line): load the modules in order,
+// l1InitScript is L1's /init (after the #! line): bring up loopback, load
+// the modules in order,
 // mount the host's root read-only, fresh tmpfs on /tmp, /run, /var/tmp and
 // /dev/shm, the job folder and the shared folder read-write over 9p, then
 // run c.dir()/run.sh.
@@ -171,6 +172,8 @@ say() { echo "kvmharness-l1: $*"; }
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+# Tests serve registries and other servers on loopback.
+ip link set lo up || say "cannot bring up the loopback interface"
 for m in %s; do
   args=
   # Every L1 calibrates its TSC anew, a little differently (2594316 kHz,
