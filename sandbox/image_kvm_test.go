@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/internal/kvmtest"
@@ -33,21 +31,6 @@ const (
 	imgWorkDir    = "/srv/work"
 	imgFetchLimit = 20 * time.Second
 )
-
-// testImages is the OCI layout make test-rootfs builds from a debootstrap
-// root (tools/build-test-rootfs.sh); the image tests fail without it.
-func testImages(t *testing.T) string {
-	t.Helper()
-	cache, err := guestkernel.CacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(cache, "test-rootfs", "images-v1")
-	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Fatalf("the image tests' images are missing (make test-rootfs builds them): %v", err)
-	}
-	return dir
-}
 
 // imageEnv is a registry serving the test images and an images folder
 // with them pulled.
@@ -176,7 +159,7 @@ func TestKVMImage(t *testing.T) {
 	kvmtest.Kernel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	reg, refs := imagetest.ServeLayout(t, testImages(t), "kiln/test")
+	reg, refs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
 	e := newImageEnv(t, reg, refs)
 
 	reg.Reset()

@@ -1,0 +1,30 @@
+package kvmtest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kilnvm/kiln/guestkernel"
+)
+
+// TestImagesLayout names the OCI image layout make test-rootfs builds
+// (tools/build-test-rootfs.sh, tools/testimage) under <cache>/test-rootfs.
+const TestImagesLayout = "images-v1"
+
+// TestImages returns the image tests' OCI layout: estargz images made from
+// a debootstrap Debian root (python3, git). It fails the test when the
+// layout is missing (make test-rootfs builds it): an image test never
+// skips.
+func TestImages(tb testing.TB) string {
+	tb.Helper()
+	cache, err := guestkernel.CacheDir()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := filepath.Join(cache, "test-rootfs", TestImagesLayout)
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		tb.Fatalf("the image tests' images are missing (make test-rootfs builds them): %v", err)
+	}
+	return dir
+}
