@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/kilnvm/kiln/guestkernel"
@@ -28,6 +30,9 @@ const imageUsage = `usage: kiln image <command> [--dir DIR] [flags]
   ls                        list images
   rm NAME...                remove images and the blobs no other image uses
   inspect NAME              print an image's manifest digests and config as JSON
+  gc [--max-size SIZE]      remove blobs no image needs; with --max-size, then
+                            evict lazily fetched chunks, least recently used
+                            first, until the store is at most SIZE (e.g. 20GiB)
 `
 
 func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -44,7 +49,7 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	dir := fs.String("dir", "", "images `DIR` (default: <kernel cache>/images)")
 	var insecure *bool
-	var importName, push *string
+	var importName, push, maxSize *string
 	nargs := 1
 	switch sub {
 	case "pull":
@@ -60,6 +65,9 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case "rm":
 		nargs = -1
 	case "inspect":
+	case "gc":
+		nargs = 0
+		maxSize = fs.String("max-size", "", "cap the store at `SIZE` (bytes, or with KiB, MiB, GiB, TiB); default: no cap")
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, imageUsage)
 		return exitOK
@@ -88,7 +96,16 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		*dir = filepath.Join(cache, "images")
 	}
-	im, err := image.Open(*dir, image.Options{Logger: newLogger(stderr, false)})
+	opts := image.Options{Logger: newLogger(stderr, false)}
+	if maxSize != nil && *maxSize != "" {
+		n, err := parseSize(*maxSize)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln image gc: --max-size: %v\n", err)
+			return exitUsage
+		}
+		opts.Store.MaxBytes = n
+	}
+	im, err := image.Open(*dir, opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln image: %v\n", err)
 		return exitPullFailed
@@ -153,6 +170,13 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			fmt.Fprintf(stdout, "freed %d blobs, %.1f MiB\n", len(res.Removed), float64(res.FreedBytes)/(1<<20))
 		}
 		return code
+	case "gc":
+		res, err := im.GC(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "freed %d blobs, %.1f MiB; %d blobs, %.1f MiB left\n", len(res.Removed), float64(res.FreedBytes)/(1<<20),
+			res.Blobs, float64(res.TotalBytes)/(1<<20))
 	case "inspect":
 		d, err := im.Inspect(rest[0])
 		if err != nil {
@@ -165,4 +189,19 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	return exitOK
+}
+
+// parseSize parses a size in bytes, optionally with a binary unit (KiB,
+// MiB, GiB, TiB; K, M, G, T and KB... mean the same).
+func parseSize(s string) (int64, error) {
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.ToUpper(strings.TrimSpace(s[len(num):]))
+	shift := map[string]uint{"": 0, "B": 0, "K": 10, "KB": 10, "KIB": 10, "M": 20, "MB": 20, "MIB": 20,
+		"G": 30, "GB": 30, "GIB": 30, "T": 40, "TB": 40, "TIB": 40}
+	sh, ok := shift[unit]
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || err != nil || n <= 0 || n > (1<<62)>>sh {
+		return 0, fmt.Errorf("%q: want a positive size such as 500MiB or 20GiB", s)
+	}
+	return n << sh, nil
 }

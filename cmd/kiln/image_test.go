@@ -49,6 +49,11 @@ func TestImageCommands(t *testing.T) {
 		{[]string{"import", garbage}, 2, "not a tar archive"},
 		{[]string{"inspect", "debian:bookworm"}, 2, `no image named "debian:bookworm"`},
 		{[]string{"rm", "debian:bookworm"}, 2, "no image named"},
+		{[]string{"gc"}, 0, "blobs, "},
+		{[]string{"gc", "--max-size", "1KiB"}, 0, "left"},
+		{[]string{"gc", "--max-size", "lots"}, 2, "want a positive size"},
+		{[]string{"gc", "--max-size", "-5G"}, 2, "want a positive size"},
+		{[]string{"inspect", ref}, 0, `"manifest"`}, // a cap evicts no image's own blobs
 		{[]string{"rm", ref}, 0, "removed " + ref},
 		{[]string{"inspect", ref}, 2, "no image named"},
 		{[]string{"ls", "extra"}, 2, "want 0"},
@@ -112,5 +117,18 @@ func TestImageConvert(t *testing.T) {
 	code, stdout, stderr = runKiln(t, "image", "pull", "--dir", t.TempDir(), dest)
 	if code != 0 || !strings.Contains(stdout, digests[0]) || !strings.Contains(stderr, "chunks on demand") {
 		t.Errorf("pull of the converted image: %d %q %q", code, stdout, stderr)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"1": 1, "512B": 512, "4KiB": 4 << 10, "500MiB": 500 << 20, "20GiB": 20 << 30, "2t": 2 << 40, "3 GB": 3 << 30} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "GiB", "1PiB", "1.5G", "99999999999999999999"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q): no error", in)
+		}
 	}
 }
