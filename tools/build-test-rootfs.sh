@@ -3,7 +3,10 @@
 # debootstrap, as one tarball in Kiln's cache (once), and the image tests'
 # OCI images made from it (tools/testimage: estargz layers, deterministic):
 #   <cache>/test-rootfs/bookworm-minbase-python3-git.tar
-#   <cache>/test-rootfs/images-v1/      (an OCI image layout)
+#   <cache>/test-rootfs/images-v2/      (an OCI image layout)
+#   <cache>/test-rootfs/ext4-v2/NAME.ext4  (ext4 images of the busybox and
+#                                          debian-read images' trees, for
+#                                          kiln bench image)
 # where <cache> is $KILN_CACHE, else $XDG_CACHE_HOME/kiln, else
 # $HOME/.cache/kiln. The image tests package it as an OCI image (estargz
 # layers), push it to an in-process registry and run python3 and git from it
@@ -17,13 +20,50 @@ include=python3,git
 cache=${KILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}
 out=$cache/test-rootfs/$suite-minbase-python3-git.tar
 say() { echo "build-test-rootfs: $*" >&2; }
+sudo=
+[ "$(id -u)" = 0 ] || sudo=sudo
 
-# Bump when tools/testimage changes what it makes.
-images=$cache/test-rootfs/images-v1
+# Bump both when tools/testimage changes what it makes.
+images=$cache/test-rootfs/images-v2
+ext4=$cache/test-rootfs/ext4-v2
 make_images() {
-	[ -d "$images" ] && return 0
-	say "making the test images (tools/testimage) in $images"
-	go run ./tools/testimage -rootfs "$out" -out "$images"
+	[ -d "$images" ] && [ -d "$ext4" ] && return 0
+	local flat
+	flat=$(mktemp -d "$cache/test-rootfs/.flat.XXXXXX")
+	if [ ! -d "$images" ]; then
+		say "making the test images (tools/testimage) in $images"
+		go run ./tools/testimage -rootfs "$out" -out "$images" -flat "$flat"
+	else
+		# The layout exists: make the trees again, into a layout thrown away.
+		go run ./tools/testimage -rootfs "$out" -out "$flat/layout" -flat "$flat"
+	fi
+	make_ext4 "$flat"
+	$sudo rm -rf "$flat"
+}
+
+# make_ext4 FLAT makes ext4-v2/NAME.ext4 from each FLAT/NAME.tar (the
+# image's tree, tools/testimage -flat): extracted as root, so that owners
+# and modes stay the image's, then mkfs.ext4 -d, sized to the tree plus a
+# third and 64 MiB.
+make_ext4() {
+	local flat=$1 tmp=$ext4.tmp t name dir kib
+	command -v mkfs.ext4 >/dev/null || { say "no mkfs.ext4 (e2fsprogs)"; exit 1; }
+	$sudo rm -rf "$tmp"
+	mkdir -p "$tmp"
+	for t in "$flat"/*.tar; do
+		name=$(basename "$t" .tar)
+		dir=$flat/$name.d
+		mkdir -p "$dir"
+		$sudo tar --numeric-owner --xattrs -xpf "$t" -C "$dir"
+		kib=$($sudo du -sk "$dir" | cut -f1)
+		kib=$((kib + kib / 3 + 65536))
+		say "ext4 image of $name: ${kib} KiB"
+		$sudo mkfs.ext4 -q -F -L root -d "$dir" "$tmp/$name.ext4" "${kib}k"
+		$sudo chown "$(id -u):$(id -g)" "$tmp/$name.ext4"
+		$sudo rm -rf "$dir"
+	done
+	rm -rf "$ext4"
+	mv "$tmp" "$ext4"
 }
 
 if [ -s "$out" ]; then
@@ -31,8 +71,6 @@ if [ -s "$out" ]; then
 	echo "$out"
 	exit 0
 fi
-sudo=
-[ "$(id -u)" = 0 ] || sudo=sudo
 command -v debootstrap >/dev/null || { say "no debootstrap: run make deps"; exit 1; }
 
 mirror=$(awk '

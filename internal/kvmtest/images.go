@@ -10,7 +10,7 @@ import (
 
 // TestImagesLayout names the OCI image layout make test-rootfs builds
 // (tools/build-test-rootfs.sh, tools/testimage) under <cache>/test-rootfs.
-const TestImagesLayout = "images-v1"
+const TestImagesLayout = "images-v2"
 
 // TestImages returns the image tests' OCI layout: estargz images made from
 // a debootstrap Debian root (python3, git). It fails the test when the

@@ -14,8 +14,20 @@
 //	debian-big     debian plus a layer of -big-mib MiB of random files that
 //	               nobody reads (laziness: opening it must cost no more);
 //	               its config runs commands as nobody:nogroup in /tmp
+//	debian-read    debian plus a layer of one -read-mib MiB random file,
+//	               ReadFile (kiln bench image reads it sequentially)
+//	busybox        a small runnable root of one layer: the host's static
+//	               busybox with a link per applet, and PadMiB MiB of random
+//	               files (about 10 MiB in all)
+//	busybox-big    busybox plus debian-big's layer of -big-mib MiB (the
+//	               same blob)
 //
-// Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024]
+// With -flat DIR it also writes, for the images kiln bench image compares
+// with an ext4 disk (busybox, debian-read), DIR/NAME.tar: the image's
+// layers applied in order (whiteouts done), without estargz's own
+// entries, for tools/build-test-rootfs.sh to make ext4 images of.
+//
+// Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024] [-read-mib 256] [-busybox /bin/busybox] [-flat DIR]
 package main
 
 import (
@@ -28,7 +40,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
@@ -56,24 +71,33 @@ const (
 	DataFile    = "srv/data.bin" // DataSize random bytes
 	DataSize    = 8 << 20
 	WorkDir     = "/srv/work"
+	ReadFile    = "srv/read.bin" // debian-read's file of -read-mib MiB
+	PadDir      = "usr/share/kiln/pad"
+	PadMiB      = 8 // busybox's random files, 1 MiB each
 )
+
+// flatImages are the images -flat writes trees of.
+var flatImages = []string{"busybox", "debian-read"}
 
 func main() {
 	rootfs := flag.String("rootfs", "", "root filesystem `TAR`")
 	out := flag.String("out", "", "OCI image layout `DIR` to write (must not exist)")
 	bigMiB := flag.Int("big-mib", 1024, "MiB of random files in debian-big's extra layer")
+	readMiB := flag.Int("read-mib", 256, "MiB of debian-read's file")
+	busybox := flag.String("busybox", "/bin/busybox", "static busybox `BINARY` for the busybox images")
+	flat := flag.String("flat", "", "also write the flattened trees of busybox and debian-read as `DIR`/NAME.tar")
 	flag.Parse()
-	if *rootfs == "" || *out == "" || *bigMiB < 1 {
+	if *rootfs == "" || *out == "" || *bigMiB < 1 || *readMiB < 1 {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*rootfs, *out, *bigMiB); err != nil {
+	if err := run(*rootfs, *out, *bigMiB, *readMiB, *busybox, *flat); err != nil {
 		fmt.Fprintf(os.Stderr, "testimage: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(rootfs, out string, bigMiB int) error {
+func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 	if _, err := os.Stat(out); err == nil {
 		return fmt.Errorf("%s exists", out)
 	}
@@ -107,6 +131,23 @@ func run(rootfs, out string, bigMiB int) error {
 	if err != nil {
 		return fmt.Errorf("big layer: %w", err)
 	}
+	readTar, err := oneFileTar(scratch, ReadFile, readMiB)
+	if err != nil {
+		return err
+	}
+	readLayer, err := b.layerFromFile(readTar)
+	os.Remove(readTar)
+	if err != nil {
+		return fmt.Errorf("read layer: %w", err)
+	}
+	bbTar, err := busyboxTar(busybox)
+	if err != nil {
+		return err
+	}
+	bbLayer, err := b.layerFromBytes(bbTar)
+	if err != nil {
+		return fmt.Errorf("busybox layer: %w", err)
+	}
 	cfg := v1.Config{
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "KILN_TEST_IMAGE=debian"},
 		WorkingDir: WorkDir,
@@ -114,6 +155,13 @@ func run(rootfs, out string, bigMiB int) error {
 	}
 	big := cfg
 	big.User, big.WorkingDir = "nobody:nogroup", "/tmp"
+	read := cfg
+	read.Env = append(cfg.Env[:2:2], "KILN_TEST_IMAGE=debian-read")
+	bb := v1.Config{
+		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "KILN_TEST_IMAGE=busybox"},
+		WorkingDir: "/",
+		Cmd:        []string{"/bin/sh"},
+	}
 	p, err := layout.Write(tmp, empty.Index)
 	if err != nil {
 		return err
@@ -125,10 +173,18 @@ func run(rootfs, out string, bigMiB int) error {
 	}{
 		{"debian", cfg, []v1.Layer{base, top}},
 		{"debian-big", big, []v1.Layer{base, top, bigLayer}},
+		{"debian-read", read, []v1.Layer{base, top, readLayer}},
+		{"busybox", bb, []v1.Layer{bbLayer}},
+		{"busybox-big", bb, []v1.Layer{bbLayer, bigLayer}},
 	} {
 		img, err := image(im.cfg, im.layers)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.name, err)
+		}
+		if flat != "" && slices.Contains(flatImages, im.name) {
+			if err := writeFlat(img, filepath.Join(flat, im.name+".tar")); err != nil {
+				return fmt.Errorf("%s: flattened tree: %w", im.name, err)
+			}
 		}
 		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": im.name})); err != nil {
 			return fmt.Errorf("%s: %w", im.name, err)
@@ -320,4 +376,160 @@ func bigLayerTar(dir string, mib int) (string, error) {
 		return fail(err)
 	}
 	return f.Name(), nil
+}
+
+// oneFileTar writes a tar of one file name of mib MiB of random bytes to a
+// temporary file under dir and returns its path.
+func oneFileTar(dir, name string, mib int) (string, error) {
+	f, err := os.CreateTemp(dir, "one-*.tar")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fail := func(err error) (string, error) {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	tw := tar.NewWriter(f)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: filepath.Dir(name) + "/", Mode: 0o755, ModTime: mt}); err != nil {
+		return fail(err)
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(mib) << 20, ModTime: mt}); err != nil {
+		return fail(err)
+	}
+	rng := rand.NewChaCha8([32]byte{'k', 'i', 'l', 'n', 'r', 'e', 'a', 'd'})
+	buf := make([]byte, 1<<20)
+	for range mib {
+		rng.Read(buf)
+		if _, err := tw.Write(buf); err != nil {
+			return fail(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		return fail(err)
+	}
+	return f.Name(), nil
+}
+
+// busyboxTar is the busybox image's only layer: the directories a root
+// needs (the agent mounts /dev, /proc, /sys, /run and /tmp), bin/busybox
+// and a symbolic link to it per applet it lists, passwd and group, and
+// PadMiB files of random bytes.
+func busyboxTar(busybox string) ([]byte, error) {
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		return nil, fmt.Errorf("busybox image: %w", err)
+	}
+	list, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox image: %s --list: %w", busybox, err)
+	}
+	applets := strings.Fields(string(list))
+	slices.Sort(applets)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	hdr := func(h *tar.Header, data []byte) error {
+		h.ModTime = mt
+		h.Size = int64(len(data))
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "run", "sbin", "srv", "sys", "usr", "usr/bin", "usr/sbin", "usr/share", "usr/share/kiln", PadDir, "var"} {
+		if err := hdr(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}, nil); err != nil {
+			return nil, err
+		}
+	}
+	if err := hdr(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777}, nil); err != nil {
+		return nil, err
+	}
+	if err := hdr(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, bin); err != nil {
+		return nil, err
+	}
+	for _, a := range applets {
+		if a == "busybox" || strings.ContainsAny(a, "/") {
+			continue
+		}
+		if err := hdr(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []struct{ name, data string }{
+		{"etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"},
+		{"etc/group", "root:x:0:\nnogroup:x:65534:\n"},
+		{"etc/os-release", "NAME=busybox\nID=busybox\n"},
+	} {
+		if err := hdr(&tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: 0o644}, []byte(f.data)); err != nil {
+			return nil, err
+		}
+	}
+	rng := rand.NewChaCha8([32]byte{'k', 'i', 'l', 'n', 'p', 'a', 'd'})
+	pad := make([]byte, 1<<20)
+	for i := range PadMiB {
+		rng.Read(pad)
+		if err := hdr(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s/%02d.bin", PadDir, i), Mode: 0o644}, pad); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// estargzEntries are the names estargz adds to a layer's tar.
+var estargzEntries = map[string]bool{
+	estargz.TOCTarName:         true,
+	estargz.PrefetchLandmark:   true,
+	estargz.NoPrefetchLandmark: true,
+}
+
+// writeFlat writes img's filesystem (mutate.Extract: layers in order,
+// whiteouts applied) to path as a tar, without estargz's own entries.
+func writeFlat(img v1.Image, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path + ".tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	tw := tar.NewWriter(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if estargzEntries[strings.TrimPrefix(h.Name, "./")] {
+			continue
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
