@@ -1,0 +1,272 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/imagetest"
+)
+
+// workloadOut is what WorkloadScript prints in a healthy guest.
+const workloadOut = `KILN-IMG find1 2500000000 11873
+KILN-IMG find2 400000000 11873
+KILN-IMG py1 900000000 0
+KILN-IMG py2 300000000 0
+KILN-IMG read1 1280000000 268435456
+KILN-IMG read2 128000000 268435456
+`
+
+func TestParseWorkload(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		err      string // substring; "" for success
+	}{
+		{name: "all steps", in: workloadOut},
+		{name: "noise around", in: "booting\n" + workloadOut + "trailing\n"},
+		{name: "step missing", in: strings.Replace(workloadOut, "KILN-IMG read2 128000000 268435456\n", "", 1), err: "step read2"},
+		{name: "find printed an error", in: strings.Replace(workloadOut, "find1 2500000000 11873", "find1 2500000000 find: /x: Input/output error", 1), err: "not a file count"},
+		{name: "python failed", in: strings.Replace(workloadOut, "py1 900000000 0", "py1 900000000 ModuleNotFoundError: No module named 'email'", 1), err: "python3 printed"},
+		{name: "dd read nothing", in: strings.Replace(workloadOut, "read1 1280000000 268435456", "read1 1280000000 stat: cannot statx", 1), err: "not the file's size"},
+		{name: "time overflows", in: strings.Replace(workloadOut, "find1 2500000000", "find1 99999999999999999999999", 1), err: "step find1: time"},
+		{name: "empty", in: "", err: "step find1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := ParseWorkload(tc.in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ParseWorkload: %v, want an error containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Files != 11873 || w.ReadBytes != 256<<20 || w.Steps["find1"] != 2500*time.Millisecond || w.Steps["py2"] != 300*time.Millisecond {
+				t.Errorf("parsed %+v", w)
+			}
+			// 268435456 bytes in 1.28 s and 0.128 s.
+			if got := w.MBps("read1"); got < 209.7 || got > 209.8 {
+				t.Errorf("read1: %.2f MB/s, want 209.7", got)
+			}
+			if got := w.MBps("read2"); got < 2097 || got > 2098 {
+				t.Errorf("read2: %.2f MB/s, want 2097.2", got)
+			}
+		})
+	}
+}
+
+func FuzzParseWorkload(f *testing.F) {
+	f.Add(workloadOut)
+	f.Add("KILN-IMG find1 -1 x\n")
+	f.Add("KILN-IMG read1 0 0\nKILN-IMG read2 0 0\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		w, err := ParseWorkload(s)
+		if err != nil {
+			return
+		}
+		if w.Files < 1 || w.ReadBytes < 1 {
+			t.Fatalf("accepted %q as %+v", s, w)
+		}
+		for _, step := range WorkloadSteps {
+			if _, ok := w.Steps[step]; !ok {
+				t.Fatalf("accepted %q without step %s", s, step)
+			}
+		}
+		_ = w.MBps("read1")
+	})
+}
+
+func TestWorkloadScriptNamesEveryStep(t *testing.T) {
+	s := WorkloadScript("/srv/read.bin")
+	for _, step := range WorkloadSteps {
+		if !strings.Contains(s, "step "+step+" '") {
+			t.Errorf("the script runs no step %s", step)
+		}
+	}
+	if strings.Count(s, "/srv/read.bin") != 4 {
+		t.Errorf("the script reads the file other than twice (dd and stat each): %s", s)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct {
+		in   []time.Duration
+		want Summary
+		str  string
+	}{
+		{in: nil, want: Summary{}, str: "-"},
+		{in: []time.Duration{2 * s}, want: Summary{N: 1, Median: 2 * s, Min: 2 * s, Max: 2 * s}, str: "2.00 s"},
+		{in: []time.Duration{3 * s, 1 * s, 2 * s}, want: Summary{N: 3, Median: 2 * s, Min: s, Max: 3 * s}, str: "2.00 s [1.00–3.00]"},
+	} {
+		got := Summarize(tc.in)
+		if got != tc.want || got.String() != tc.str {
+			t.Errorf("Summarize(%v) = %+v %q, want %+v %q", tc.in, got, got.String(), tc.want, tc.str)
+		}
+	}
+}
+
+func TestImageSpecNormalize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec ImageSpec
+		err  string
+	}{
+		{name: "defaults", spec: ImageSpec{Layout: "/l"}},
+		{name: "no layout", spec: ImageSpec{}, err: "no OCI layout"},
+		{name: "negative runs", spec: ImageSpec{Layout: "/l", Runs: -1}, err: "want positive"},
+		{name: "relative read file", spec: ImageSpec{Layout: "/l", ReadFile: "srv/x"}, err: "read file"},
+		{name: "read file that breaks the script", spec: ImageSpec{Layout: "/l", ReadFile: "/x'; reboot; '"}, err: "read file"},
+		{name: "variant with a space", spec: ImageSpec{Layout: "/l", Variants: []string{"cache=mmap msize=8192"}}, err: "variant"},
+		{name: "variants", spec: ImageSpec{Layout: "/l", Variants: []string{"cache=mmap", "msize=131072"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.spec.Normalize()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Normalize: %v, want an error containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Runs != DefaultImageRuns || got.ReadFile != DefaultReadFile || got.MemoryMiB != DefaultImageMemMiB || len(got.Images) != len(DefaultImageNames) {
+				t.Errorf("defaults not filled in: %+v", got)
+			}
+		})
+	}
+}
+
+// TestServeLayoutPull pulls an image from a LoopbackRegistry serving an
+// OCI layout, and counts what the pull cost: the manifest, config and
+// TOCs, a small part of the 8 MiB image.
+func TestServeLayoutPull(t *testing.T) {
+	img, _, err := imagetest.RandomImage(7, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "small"})); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := ServeLayout(dir, "kiln/bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	ref, ok := reg.Refs["small"]
+	if !ok || !strings.HasPrefix(ref, reg.Host+"/kiln/bench/small:") {
+		t.Fatalf("refs %v", reg.Refs)
+	}
+	if st := reg.Stats(); st != (RegistryStats{}) {
+		t.Errorf("counters after ServeLayout: %+v, want zero", st)
+	}
+	size := reg.ImageSize("small")
+	if size < 8<<20 {
+		t.Errorf("ImageSize = %d, want at least the 8 MiB of random data", size)
+	}
+	ims, err := image.NewRoots(image.Options{FetchTimeout: 10 * time.Second}).Images(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi, err := ims.Pull(context.Background(), ref, image.PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := reg.Stats()
+	if st.Requests == 0 || st.Bytes == 0 {
+		t.Fatalf("the pull went unseen: %+v", st)
+	}
+	if st.Bytes*20 > size {
+		t.Errorf("the pull of an estargz image fetched %d bytes of %d: not lazy", st.Bytes, size)
+	}
+	var layers int64
+	for _, l := range pi.Layers {
+		layers += l.Size
+	}
+	if layers != size {
+		t.Errorf("pulled layers total %d, the registry's manifest %d", layers, size)
+	}
+	reg.Reset()
+	if st := reg.Stats(); st != (RegistryStats{}) {
+		t.Errorf("after Reset: %+v", st)
+	}
+}
+
+func TestServeLayoutErrors(t *testing.T) {
+	if _, err := ServeLayout(filepath.Join(t.TempDir(), "none"), "x"); err == nil {
+		t.Error("ServeLayout of a missing folder succeeded")
+	}
+	dir := t.TempDir()
+	if _, err := layout.Write(dir, empty.Index); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ServeLayout(dir, "x"); err == nil || !strings.Contains(err.Error(), "names no images") {
+		t.Errorf("ServeLayout of an empty layout: %v", err)
+	}
+}
+
+func TestExt4Images(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"busybox.ext4", "debian-read.ext4", "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "dir.ext4"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Ext4Images(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 2 || m["busybox"] != filepath.Join(dir, "busybox.ext4") || m["debian-read"] == "" {
+		t.Errorf("Ext4Images = %v", m)
+	}
+	if _, err := Ext4Images(filepath.Join(dir, "missing")); err == nil {
+		t.Error("Ext4Images of a missing folder succeeded")
+	}
+}
+
+func TestImageReportPrint(t *testing.T) {
+	w, err := ParseWorkload(workloadOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Root = ModeWarm
+	rep := ImageReport{
+		Spec: ImageSpec{Images: []string{"busybox"}, Workload: "debian-read"},
+		Runs: []FirstExecRun{
+			{Image: "busybox", Mode: ModeCold, Run: 1, Pull: time.Second, Start: 10 * time.Second, Exec: time.Second, Total: 12 * time.Second, Fetched: 1 << 20, ImageSize: 10 << 20},
+			{Image: "busybox", Mode: ModeCold, Run: 2, Pull: time.Second, Start: 12 * time.Second, Exec: time.Second, Total: 14 * time.Second, Fetched: 1 << 20, ImageSize: 10 << 20},
+			{Image: "busybox", Mode: ModeExt4, Run: 1, Start: 9 * time.Second, Exec: time.Second, Total: 10 * time.Second},
+		},
+		Workloads: []WorkloadResult{w, {Root: ModeWarm + " cache=fscache", Err: "mount refused"}},
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	s := out.String()
+	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the report lacks %q:\n%s", want, s)
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"Mode": "9p cold"`) {
+		t.Errorf("WriteJSON: %v\n%s", err, js.String())
+	}
+}

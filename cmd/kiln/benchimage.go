@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kilnvm/kiln/bench"
+	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// cmdBenchImage is `kiln bench image`: image roots (estargz over virtio-9p,
+// pulled from a loopback registry) beside ext4 virtio-blk disks of the same
+// trees: time to first exec cold and warm, registry bytes, and metadata,
+// import and sequential-read workloads, with 9p mount option variants.
+func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kiln bench image", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kiln bench image [-n RUNS] [--images A,B,...] [--workload IMAGE] [--rootflags OPTS]... [--mem MiB] [--json FILE]")
+		fs.PrintDefaults()
+	}
+	n := fs.Int("n", bench.DefaultImageRuns, "runs per image and mode (cold, warm, ext4)")
+	images := fs.String("images", strings.Join(bench.DefaultImageNames, ","), "images of the layout timed to their first exec, comma-separated")
+	workload := fs.String("workload", bench.DefaultWorkloadImage, "image whose first sandbox of each mode runs the workloads (find, python3, dd); empty: none")
+	readFile := fs.String("read-file", bench.DefaultReadFile, "the workload image's file read sequentially")
+	var variants repeated
+	fs.Var(&variants, "rootflags", "9p mount `OPTIONS` (kiln.rootflags, after the defaults) for one more warm sandbox of the workload image; repeatable")
+	mem := fs.Int("mem", bench.DefaultImageMemMiB, "guest memory in MiB")
+	layoutDir := fs.String("layout", "", "OCI image layout; default: <cache>/test-rootfs/"+bench.DefaultImageLayout+" (make test-rootfs)")
+	ext4Dir := fs.String("ext4", "", "folder of NAME.ext4 images of the trees; default: <cache>/test-rootfs/"+bench.DefaultExt4Dir+"; \"none\": no ext4 runs")
+	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
+	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	jsonOut := fs.String("json", "", "also write the report as JSON to `FILE`")
+	scratch := fs.String("scratch", "", "where the images folders go (removed after); default: the temporary directory")
+	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for each guest's agent")
+	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kiln bench image: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	var names []string
+	for _, s := range strings.Split(*images, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			names = append(names, s)
+		}
+	}
+	if len(names) == 0 {
+		fmt.Fprintln(stderr, "kiln bench image: --images names no image")
+		return exitUsage
+	}
+	if *layoutDir == "" || *ext4Dir == "" {
+		cache, err := guestkernel.CacheDir()
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
+			return exitUsage
+		}
+		if *layoutDir == "" {
+			*layoutDir = filepath.Join(cache, "test-rootfs", bench.DefaultImageLayout)
+		}
+		if *ext4Dir == "" {
+			*ext4Dir = filepath.Join(cache, "test-rootfs", bench.DefaultExt4Dir)
+		}
+	}
+	ext4 := map[string]string{}
+	if *ext4Dir != "none" {
+		m, err := bench.Ext4Images(*ext4Dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln bench image: %v (make test-rootfs makes them; --ext4 none runs without)\n", err)
+			return exitUsage
+		}
+		ext4 = m
+	}
+	rt, err := sandbox.FindRuntime(*kernel, *agent)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
+		return exitUsage
+	}
+	spec, err := bench.ImageSpec{
+		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Workload: *workload, ReadFile: *readFile,
+		Variants: variants, MemoryMiB: *mem, BootTimeout: *bootTimeout, Scratch: *scratch,
+	}.Normalize()
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
+		return exitUsage
+	}
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	fmt.Fprintf(stdout, "image roots: %s; ext4 images %v; %d runs per mode; workload %q (read %s); variants %q; %d MiB\n",
+		spec.Layout, ext4, spec.Runs, spec.Workload, spec.ReadFile, spec.Variants, spec.MemoryMiB)
+	fmt.Fprintf(stdout, "kernel %s; load average %s\n", rt.Kernel, bench.LoadAverage())
+	rep, err := bench.RunImage(ctx, spec, stdout)
+	fmt.Fprintf(stdout, "\nload average %s; took %v\n", bench.LoadAverage(), rep.Took.Round(time.Second))
+	rep.Print(stdout)
+	if *jsonOut != "" {
+		f, ferr := os.Create(*jsonOut)
+		if ferr == nil {
+			ferr = rep.WriteJSON(f)
+			if cerr := f.Close(); ferr == nil {
+				ferr = cerr
+			}
+		}
+		if ferr != nil {
+			fmt.Fprintf(stderr, "kiln bench image: %v\n", ferr)
+			return exitInternal
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
+		return exitInternal
+	}
+	return exitOK
+}
