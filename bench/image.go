@@ -215,7 +215,11 @@ func durations(runs []FirstExecRun, f func(FirstExecRun) time.Duration) []time.D
 func (rep ImageReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "time to first exec (sandbox.Start to the first exec of true answered), seconds, median [min–max]:\n")
 	fmt.Fprintf(w, "%-12s %-8s %-8s %-22s %-22s %-22s %-22s %s\n", "image", "size", "root", "pull", "start (agent up)", "first exec", "total", "registry bytes (median, % of image)")
-	for _, img := range rep.Spec.Images {
+	images := rep.Spec.Images
+	if w := rep.Spec.Workload; w != "" && !slices.Contains(images, w) {
+		images = append(slices.Clone(images), w)
+	}
+	for _, img := range images {
 		for _, mode := range []string{ModeCold, ModeWarm, ModeExt4} {
 			runs := rep.Select(img, mode)
 			if len(runs) == 0 {
@@ -341,8 +345,8 @@ func ParseWorkload(out string) (WorkloadResult, error) {
 // workload in the first sandbox of each mode of the workload image; then
 // one warm sandbox of it per mount option variant. Progress lines go to
 // progress as they happen.
-func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (ImageReport, error) {
-	rep := ImageReport{Spec: spec}
+func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep ImageReport, err error) {
+	rep.Spec = spec
 	start := time.Now()
 	defer func() { rep.Took = time.Since(start) }()
 	if progress == nil {

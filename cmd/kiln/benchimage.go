@@ -37,7 +37,7 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ext4Dir := fs.String("ext4", "", "folder of NAME.ext4 images of the trees; default: <cache>/test-rootfs/"+bench.DefaultExt4Dir+"; \"none\": no ext4 runs")
 	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
-	jsonOut := fs.String("json", "", "also write the report as JSON to `FILE`")
+	jsonOut := fs.String("json", "", "also write the report as JSON to `FILE` (\"-\": to stdout, after the tables)")
 	scratch := fs.String("scratch", "", "where the images folders go (removed after); default: the temporary directory")
 	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for each guest's agent")
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
@@ -104,7 +104,13 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	rep, err := bench.RunImage(ctx, spec, stdout)
 	fmt.Fprintf(stdout, "\nload average %s; took %v\n", bench.LoadAverage(), rep.Took.Round(time.Second))
 	rep.Print(stdout)
-	if *jsonOut != "" {
+	if *jsonOut == "-" {
+		fmt.Fprintln(stdout, "\nJSON:")
+		if jerr := rep.WriteJSON(stdout); jerr != nil {
+			fmt.Fprintf(stderr, "kiln bench image: %v\n", jerr)
+			return exitInternal
+		}
+	} else if *jsonOut != "" {
 		f, ferr := os.Create(*jsonOut)
 		if ferr == nil {
 			ferr = rep.WriteJSON(f)
