@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -78,6 +79,16 @@ type ImageSpec struct {
 	// Scratch holds the images folders (removed after); empty: the
 	// temporary directory.
 	Scratch string
+	// QEMU, when set, is the peer: QEMU microvm with its own virtio-9p
+	// device (-fsdev local, security_model=none, read-only) over QEMUTree,
+	// the Workload image's tree extracted, booting the same kernel and
+	// agent initramfs with kiln.root=9p:kilnroot, so that the guest mounts
+	// it with the same options (no overlay config: the image's is not
+	// given). It runs the workload once. With QEMUCopy the tree is first
+	// copied (cp -a) into Scratch, so that QEMU does not read it through
+	// the test harness's own 9p share.
+	QEMU, QEMUTree string
+	QEMUCopy       bool
 }
 
 // Normalize fills in defaults and checks the spec.
@@ -399,6 +410,14 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 			rep.Workloads = append(rep.Workloads, *w)
 		}
 	}
+	if spec.QEMU != "" && spec.Workload != "" {
+		w, err := b.qemuWorkload(ctx)
+		if err != nil {
+			fmt.Fprintf(progress, "qemu microvm: %v\n", err)
+			w = WorkloadResult{Root: RootQEMU, Err: err.Error()}
+		}
+		rep.Workloads = append(rep.Workloads, w)
+	}
 	for _, v := range spec.Variants {
 		if spec.Workload == "" {
 			break
@@ -528,6 +547,82 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 		w.Steps["find1"].Round(time.Millisecond), w.Steps["find2"].Round(time.Millisecond), w.Files,
 		w.Steps["py1"].Round(time.Millisecond), w.Steps["py2"].Round(time.Millisecond), w.MBps("read1"), w.MBps("read2"), humanBytes(w.Fetched))
 	return r, &w, nil
+}
+
+// RootQEMU labels the peer's workload.
+const RootQEMU = "qemu microvm virtio-9p (local)"
+
+// QEMU9pArgs are the peer's arguments for a read-only virtio-9p device
+// over tree under mount tag tag.
+func QEMU9pArgs(tree, tag string) []string {
+	return []string{"-fsdev", "local,id=kilnroot,path=" + tree + ",security_model=none,readonly=on",
+		"-device", "virtio-9p-device,fsdev=kilnroot,mount_tag=" + tag}
+}
+
+// qemuWorkload boots the QEMU peer over the tree and runs the workload.
+func (b *imageBench) qemuWorkload(ctx context.Context) (WorkloadResult, error) {
+	w := WorkloadResult{Root: RootQEMU}
+	tree := b.spec.QEMUTree
+	if tree == "" {
+		return w, errors.New("no tree for QEMU's 9p device")
+	}
+	if b.spec.QEMUCopy {
+		dst := filepath.Join(b.scratch, "tree")
+		t0 := time.Now()
+		if out, err := exec.CommandContext(ctx, "cp", "-a", tree, dst).CombinedOutput(); err != nil {
+			return w, fmt.Errorf("copying the tree: %w: %s", err, lastBytes(string(out), 400))
+		}
+		fmt.Fprintf(b.progress, "qemu: copied %s to %s in %v\n", tree, dst, time.Since(t0).Round(time.Second))
+		tree = dst
+	}
+	if err := EnsureVhostVsock(); err != nil {
+		return w, err
+	}
+	s := StartSpec{Kernel: b.spec.Runtime.Kernel, Initrd: b.spec.Runtime.Initrd, Cmdline: "kiln.root=9p:" + sandbox.ImageTag,
+		CPUs: 1, MemoryMiB: b.spec.MemoryMiB, BootTimeout: b.spec.BootTimeout}
+	cid := randomCID()
+	con := newMarkerWriter()
+	cmd := exec.Command(b.spec.QEMU, append(QEMUStartArgs(s, cid), QEMU9pArgs(tree, sandbox.ImageTag)...)...)
+	cmd.Stdout, cmd.Stderr = con, con
+	begin := time.Now()
+	if err := cmd.Start(); err != nil {
+		return w, fmt.Errorf("qemu: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	wctx, cancel := context.WithTimeout(ctx, b.spec.BootTimeout)
+	defer cancel()
+	c, err := client.WaitReadyFunc(wctx, AFVsockDialer(cid))
+	if err != nil {
+		return w, fmt.Errorf("qemu: agent did not answer: %w; console: %s", err, con.tail())
+	}
+	defer c.Close()
+	ready := time.Since(begin)
+	t1 := time.Now()
+	if err := execTrue(ctx, c); err != nil {
+		return w, fmt.Errorf("qemu: first exec: %w", err)
+	}
+	fmt.Fprintf(b.progress, "qemu microvm 9p: agent up after %v, first exec %v\n", ready.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
+	var out, errOut bytes.Buffer
+	es, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", "grep ' / \\| /kiln/lower ' /proc/mounts >&2; " + WorkloadScript(b.spec.ReadFile)},
+		Stdout: &out, Stderr: &errOut, Timeout: 20 * time.Minute})
+	if err != nil || !es.Success() {
+		return w, fmt.Errorf("qemu: workload: %v %v: %s %s", es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400))
+	}
+	fmt.Fprintf(b.progress, "qemu microvm 9p: guest mounts: %s\n", strings.TrimSpace(errOut.String()))
+	pw, err := ParseWorkload(out.String())
+	if err != nil {
+		return w, fmt.Errorf("qemu: %w", err)
+	}
+	pw.Root = RootQEMU
+	fmt.Fprintf(b.progress, "  workload: find %v / %v (%d files), python %v / %v, read %.1f / %.1f MB/s\n",
+		pw.Steps["find1"].Round(time.Millisecond), pw.Steps["find2"].Round(time.Millisecond), pw.Files,
+		pw.Steps["py1"].Round(time.Millisecond), pw.Steps["py2"].Round(time.Millisecond), pw.MBps("read1"), pw.MBps("read2"))
+	return pw, nil
 }
 
 // LoopbackRegistry is a registry on 127.0.0.1 serving an OCI layout's
@@ -672,10 +767,12 @@ func (b layoutBlobs) Get(_ context.Context, _ string, h v1.Hash) (io.ReadCloser,
 }
 
 // DefaultImageLayout is make test-rootfs's layout under the kernel cache's
-// test-rootfs folder, and DefaultExt4Dir its ext4 images.
+// test-rootfs folder, DefaultExt4Dir its ext4 images, DefaultTreeDir the
+// extracted trees (the QEMU peer's 9p roots).
 const (
 	DefaultImageLayout = "images-v2"
 	DefaultExt4Dir     = "ext4-v2"
+	DefaultTreeDir     = "tree-v2"
 )
 
 // Ext4Images maps each image name with an ext4 image NAME.ext4 in dir to

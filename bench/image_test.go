@@ -254,13 +254,14 @@ func TestImageReportPrint(t *testing.T) {
 			{Image: "busybox", Mode: ModeCold, Run: 1, Pull: time.Second, Start: 10 * time.Second, Exec: time.Second, Total: 12 * time.Second, Fetched: 1 << 20, ImageSize: 10 << 20},
 			{Image: "busybox", Mode: ModeCold, Run: 2, Pull: time.Second, Start: 12 * time.Second, Exec: time.Second, Total: 14 * time.Second, Fetched: 1 << 20, ImageSize: 10 << 20},
 			{Image: "busybox", Mode: ModeExt4, Run: 1, Start: 9 * time.Second, Exec: time.Second, Total: 10 * time.Second},
+			{Image: "debian-read", Mode: ModeWarm, Run: 1, Start: 20 * time.Second, Exec: time.Second, Total: 21 * time.Second, ImageSize: 378 << 20},
 		},
 		Workloads: []WorkloadResult{w, {Root: ModeWarm + " cache=fscache", Err: "mount refused"}},
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
 	s := out.String()
-	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused"} {
+	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused", "debian-read  378.0 MiB 9p warm"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the report lacks %q:\n%s", want, s)
 		}
@@ -268,5 +269,13 @@ func TestImageReportPrint(t *testing.T) {
 	var js bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"Mode": "9p cold"`) {
 		t.Errorf("WriteJSON: %v\n%s", err, js.String())
+	}
+}
+
+func TestQEMU9pArgs(t *testing.T) {
+	got := strings.Join(QEMU9pArgs("/srv/tree", "kilnroot"), " ")
+	want := "-fsdev local,id=kilnroot,path=/srv/tree,security_model=none,readonly=on -device virtio-9p-device,fsdev=kilnroot,mount_tag=kilnroot"
+	if got != want {
+		t.Errorf("QEMU9pArgs = %q, want %q", got, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -37,6 +38,9 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ext4Dir := fs.String("ext4", "", "folder of NAME.ext4 images of the trees; default: <cache>/test-rootfs/"+bench.DefaultExt4Dir+"; \"none\": no ext4 runs")
 	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
+	qemu := fs.String("qemu", "", "the peer: QEMU microvm `BINARY` with virtio-9p over --qemu-tree, running the workload once; empty: none")
+	qemuTree := fs.String("qemu-tree", "", "the workload image's tree for the peer; default: <cache>/test-rootfs/"+bench.DefaultTreeDir+"/WORKLOAD")
+	qemuCopy := fs.Bool("qemu-copy", false, "copy the peer's tree into --scratch first (in the TCG L1, whose view of the host is itself 9p)")
 	jsonOut := fs.String("json", "", "also write the report as JSON to `FILE` (\"-\": to stdout, after the tables)")
 	scratch := fs.String("scratch", "", "where the images folders go (removed after); default: the temporary directory")
 	bootTimeout := fs.Duration("boot-timeout", 5*time.Minute, "how long to wait for each guest's agent")
@@ -58,7 +62,7 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintln(stderr, "kiln bench image: --images names no image")
 		return exitUsage
 	}
-	if *layoutDir == "" || *ext4Dir == "" {
+	if *layoutDir == "" || *ext4Dir == "" || (*qemu != "" && *qemuTree == "") {
 		cache, err := guestkernel.CacheDir()
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
@@ -70,6 +74,18 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if *ext4Dir == "" {
 			*ext4Dir = filepath.Join(cache, "test-rootfs", bench.DefaultExt4Dir)
 		}
+		if *qemu != "" && *qemuTree == "" {
+			*qemuTree = filepath.Join(cache, "test-rootfs", bench.DefaultTreeDir, *workload)
+		}
+	}
+	qpath := ""
+	if *qemu != "" {
+		p, err := exec.LookPath(*qemu)
+		if err != nil {
+			fmt.Fprintf(stderr, "kiln bench image: peer VMM: %v (make deps installs qemu-system-x86)\n", err)
+			return exitUsage
+		}
+		qpath = p
 	}
 	ext4 := map[string]string{}
 	if *ext4Dir != "none" {
@@ -88,6 +104,7 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	spec, err := bench.ImageSpec{
 		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Workload: *workload, ReadFile: *readFile,
 		Variants: variants, MemoryMiB: *mem, BootTimeout: *bootTimeout, Scratch: *scratch,
+		QEMU: qpath, QEMUTree: *qemuTree, QEMUCopy: *qemuCopy,
 	}.Normalize()
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
