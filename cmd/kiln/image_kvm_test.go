@@ -1,6 +1,8 @@
 package main
 
 import (
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,7 +14,8 @@ import (
 // --image`: an image that is not stored is pulled (from an in-process
 // loopback registry); python3 and git run; -e merges over the image's Env;
 // without a command the image's own runs, in its working directory, here
-// in a VMM process of its own; a name that does not exist says so.
+// in a VMM process of its own; --save and kiln fork work on an
+// image-rooted sandbox; a name that does not exist says so.
 func TestKVMRunImage(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
@@ -41,6 +44,21 @@ func TestKVMRunImage(t *testing.T) {
 		t.Fatalf("kiln run --image with the image's command: exit code %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	t.Logf("first run fetched %d bytes from the registry; the second %d", fetched, reg.Stats().Bytes-fetched)
+
+	// --save of an image-rooted sandbox, then kiln fork of it: each
+	// clone sees the parent's write in its overlay, and its own hostname.
+	snap := filepath.Join(t.TempDir(), "snap")
+	code, stdout, stderr = runKiln(t, "run", "--agent", agent, "--boot-timeout", "8m", "--images", images, "--image", refs["debian"],
+		"--save", snap, "--", "sh", "-c", "echo saved > /srv/work/state")
+	if code != 0 {
+		t.Fatalf("kiln run --image --save: exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	code, stdout, stderr = runKiln(t, "fork", "--from", snap, "-n", "2", "--boot-timeout", "5m", "--", "sh", "-c", `echo "$(hostname) $(cat state) $PWD"`)
+	lines = strings.Split(strings.TrimSpace(stdout), "\n")
+	slices.Sort(lines)
+	if want := []string{"[0] kiln-0 saved /srv/work", "[1] kiln-1 saved /srv/work"}; code != 0 || !slices.Equal(lines, want) {
+		t.Errorf("kiln fork of an image-rooted snapshot: exit code %d, stdout %q (want %q), stderr %q", code, stdout, want, stderr)
+	}
 
 	code, _, stderr = runKiln(t, "run", "--agent", agent, "--images", images, "--image", reg.Host+"/kiln/test/nosuch:v1", "--", "true")
 	if code != exitRunFailed || !strings.Contains(stderr, "not found") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
