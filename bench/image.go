@@ -315,6 +315,10 @@ step read2 'dd if=` + readFile + ` of=/dev/null bs=1M 2>&1 >/dev/null; stat -c %
 `
 }
 
+// showRootMounts prints the guest's root and 9p mounts to stderr: the
+// options the guest's 9p client took.
+const showRootMounts = "grep -E ' / | /kiln/lower ' /proc/mounts >&2; "
+
 var workloadRE = regexp.MustCompile(`(?m)^KILN-IMG ([a-z0-9]+) ([0-9]+) ?(.*)$`)
 
 // ParseWorkload reads WorkloadScript's output: every step's time, the
@@ -533,7 +537,7 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 	var out, errOut bytes.Buffer
 	ectx, cancel := context.WithTimeout(ctx, 20*time.Minute)
 	defer cancel()
-	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: []string{"sh", "-c", WorkloadScript(b.spec.ReadFile)},
+	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: []string{"sh", "-c", showRootMounts + WorkloadScript(b.spec.ReadFile)},
 		Stdout: &out, Stderr: &errOut, Timeout: 20 * time.Minute})
 	if err != nil || !es.Success() {
 		return fail(fmt.Errorf("workload: %v %v: %s %s", es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400)))
@@ -542,6 +546,7 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 	if err != nil {
 		return fail(err)
 	}
+	fmt.Fprintf(b.progress, "  guest mounts: %s\n", strings.Join(strings.Fields(errOut.String()), " "))
 	w.Root, w.Flags, w.Fetched = label, flags, b.reg.Stats().Bytes
 	fmt.Fprintf(b.progress, "  workload: find %v / %v (%d files), python %v / %v, read %.1f / %.1f MB/s; registry %s\n",
 		w.Steps["find1"].Round(time.Millisecond), w.Steps["find2"].Round(time.Millisecond), w.Files,
@@ -608,12 +613,12 @@ func (b *imageBench) qemuWorkload(ctx context.Context) (WorkloadResult, error) {
 	}
 	fmt.Fprintf(b.progress, "qemu microvm 9p: agent up after %v, first exec %v\n", ready.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
 	var out, errOut bytes.Buffer
-	es, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", "grep ' / \\| /kiln/lower ' /proc/mounts >&2; " + WorkloadScript(b.spec.ReadFile)},
+	es, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", showRootMounts + WorkloadScript(b.spec.ReadFile)},
 		Stdout: &out, Stderr: &errOut, Timeout: 20 * time.Minute})
 	if err != nil || !es.Success() {
 		return w, fmt.Errorf("qemu: workload: %v %v: %s %s", es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400))
 	}
-	fmt.Fprintf(b.progress, "qemu microvm 9p: guest mounts: %s\n", strings.TrimSpace(errOut.String()))
+	fmt.Fprintf(b.progress, "  guest mounts: %s\n", strings.Join(strings.Fields(errOut.String()), " "))
 	pw, err := ParseWorkload(out.String())
 	if err != nil {
 		return w, fmt.Errorf("qemu: %w", err)

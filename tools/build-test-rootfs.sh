@@ -7,6 +7,8 @@
 #   <cache>/test-rootfs/ext4-v2/NAME.ext4  (ext4 images of the busybox and
 #                                          debian-read images' trees, for
 #                                          kiln bench image)
+#   <cache>/test-rootfs/tree-v2/debian-read/  (that tree, for kiln bench
+#                                          image's QEMU virtio-9p peer)
 # where <cache> is $KILN_CACHE, else $XDG_CACHE_HOME/kiln, else
 # $HOME/.cache/kiln. The image tests package it as an OCI image (estargz
 # layers), push it to an in-process registry and run python3 and git from it
@@ -26,8 +28,9 @@ sudo=
 # Bump both when tools/testimage changes what it makes.
 images=$cache/test-rootfs/images-v2
 ext4=$cache/test-rootfs/ext4-v2
+trees=$cache/test-rootfs/tree-v2
 make_images() {
-	[ -d "$images" ] && [ -d "$ext4" ] && return 0
+	[ -d "$images" ] && [ -d "$ext4" ] && [ -d "$trees" ] && return 0
 	local flat
 	flat=$(mktemp -d "$cache/test-rootfs/.flat.XXXXXX")
 	if [ ! -d "$images" ]; then
@@ -60,9 +63,15 @@ make_ext4() {
 		say "ext4 image of $name: ${kib} KiB"
 		$sudo mkfs.ext4 -q -F -L root -d "$dir" "$tmp/$name.ext4" "${kib}k"
 		$sudo chown "$(id -u):$(id -g)" "$tmp/$name.ext4"
-		$sudo rm -rf "$dir"
+		if [ "$name" = debian-read ]; then
+			mkdir -p "$tmp/trees"
+			mv "$dir" "$tmp/trees/$name"
+		else
+			$sudo rm -rf "$dir"
+		fi
 	done
-	rm -rf "$ext4"
+	$sudo rm -rf "$ext4" "$trees"
+	mv "$tmp/trees" "$trees"
 	mv "$tmp" "$ext4"
 }
 
