@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gen-proto.sh: regenerate the Go code of the protobuf APIs:
-# guest/agentpb/agent.proto and vmmproc/vmmpb/vmm.proto.
+# guest/agentpb/agent.proto, vmmproc/vmmpb/vmm.proto and daemon/kilnpb/kiln.proto.
 #
 # Needs protoc (Debian: protobuf-compiler). Installs the pinned Go plugins
 # into $(go env GOPATH)/bin when they are missing or of another version.
@@ -37,3 +37,4 @@ gen() {
 }
 gen guest/agentpb agent.proto
 gen vmmproc/vmmpb vmm.proto
+gen daemon/kilnpb kiln.proto
