@@ -4,12 +4,14 @@ go 1.26.0
 
 require (
 	github.com/containerd/stargz-snapshotter/estargz v0.19.1
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/hugelgupf/p9 v0.3.0
 	github.com/klauspost/compress v1.20.1
 	github.com/mdlayher/vsock v1.4.0
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/prometheus/procfs v0.23.0
+	github.com/spf13/cobra v1.10.2
 	github.com/u-root/u-root v0.16.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0
@@ -22,10 +24,12 @@ require (
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.22 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/u-root/uio v0.0.0-20240224005618-d2acac8f3701 // indirect
 	github.com/vbatts/tar-split v0.12.3 // indirect
 	golang.org/x/net v0.62.0 // indirect

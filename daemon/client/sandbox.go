@@ -1,0 +1,209 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"iter"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// CreateSandbox starts a sandbox from the image, template or checkpoint
+// that req names and returns it once it answers. Set req.RequestId to make
+// a retry safe.
+func (c *Client) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxRequest) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.CreateSandbox(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("kiln: create sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// GetSandbox returns one sandbox, live or ended.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.GetSandbox(ctx, &kilnpb.GetSandboxRequest{Id: id})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ListOptions filters ListSandboxes.
+type ListOptions struct {
+	// Only sandboxes with all of these labels.
+	Labels map[string]string
+	// Only sandboxes in one of these states; none: the live ones.
+	States []kilnpb.SandboxState
+}
+
+// ListSandboxes lists the sandboxes that opts selects.
+func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]*kilnpb.Sandbox, error) {
+	resp, err := c.api.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{Labels: opts.Labels, States: opts.States})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: list sandboxes: %w", err)
+	}
+	return resp.GetSandboxes(), nil
+}
+
+// DestroySandbox stops a sandbox and frees what it holds.
+func (c *Client) DestroySandbox(ctx context.Context, id string) error {
+	if _, err := c.api.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: id}); err != nil {
+		return fmt.Errorf("kiln: destroy sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// PauseSandbox stops a sandbox's vCPUs; ResumeSandbox starts them again.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.PauseSandbox(ctx, &kilnpb.PauseSandboxRequest{Id: id})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: pause sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ResumeSandbox starts a paused sandbox's vCPUs again.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.ResumeSandbox(ctx, &kilnpb.ResumeSandboxRequest{Id: id})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: resume sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// CheckpointOptions are Checkpoint's choices.
+type CheckpointOptions struct {
+	// Persist writes the checkpoint to the daemon's state folder, so that
+	// it survives the sandbox and the daemon.
+	Persist bool
+	// Keep keeps it when its sandbox is destroyed.
+	Keep bool
+}
+
+// Checkpoint freezes a sandbox's state as a new node of its checkpoint
+// tree.
+func (c *Client) Checkpoint(ctx context.Context, sandboxID string, opts CheckpointOptions) (*kilnpb.CheckpointInfo, error) {
+	ck, err := c.api.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sandboxID, Persist: opts.Persist, Keep: opts.Keep})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: checkpoint sandbox %s: %w", sandboxID, err)
+	}
+	return ck, nil
+}
+
+// Rollback returns a sandbox to one of its checkpoints, in place: the same
+// ID and network identity.
+func (c *Client) Rollback(ctx context.Context, sandboxID, checkpointID string) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.Rollback(ctx, &kilnpb.RollbackRequest{SandboxId: sandboxID, CheckpointId: checkpointID})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: roll sandbox %s back to %s: %w", sandboxID, checkpointID, err)
+	}
+	return sb, nil
+}
+
+// ListCheckpoints returns a sandbox's checkpoint tree: each node names its
+// parent.
+func (c *Client) ListCheckpoints(ctx context.Context, sandboxID string) ([]*kilnpb.CheckpointInfo, error) {
+	resp, err := c.api.ListCheckpoints(ctx, &kilnpb.ListCheckpointsRequest{SandboxId: sandboxID})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: list checkpoints of %s: %w", sandboxID, err)
+	}
+	return resp.GetCheckpoints(), nil
+}
+
+// DeleteCheckpoint drops a checkpoint.
+func (c *Client) DeleteCheckpoint(ctx context.Context, id string) error {
+	if _, err := c.api.DeleteCheckpoint(ctx, &kilnpb.DeleteCheckpointRequest{Id: id}); err != nil {
+		return fmt.Errorf("kiln: delete checkpoint %s: %w", id, err)
+	}
+	return nil
+}
+
+// Fork starts req.Count children of a running sandbox or a checkpoint and
+// yields each as it becomes ready; an error, if any, comes last. Breaking
+// out of the loop cancels the call.
+func (c *Client) Fork(ctx context.Context, req *kilnpb.ForkRequest) iter.Seq2[*kilnpb.Sandbox, error] {
+	return func(yield func(*kilnpb.Sandbox, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := c.api.Fork(ctx, req)
+		if err != nil {
+			yield(nil, fmt.Errorf("kiln: fork: %w", err))
+			return
+		}
+		for sb, err := range stream(st.Recv) {
+			if err != nil {
+				yield(nil, fmt.Errorf("kiln: fork: %w", err))
+				return
+			}
+			if !yield(sb, nil) {
+				return
+			}
+		}
+	}
+}
+
+// WatchEvents yields every state change of the sandboxes named (none: all)
+// from now on, until ctx ends (then it stops without an error) or the
+// stream fails.
+func (c *Client) WatchEvents(ctx context.Context, sandboxIDs ...string) iter.Seq2[*kilnpb.Event, error] {
+	return func(yield func(*kilnpb.Event, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := c.api.WatchEvents(ctx, &kilnpb.WatchEventsRequest{SandboxIds: sandboxIDs})
+		if err != nil {
+			if ctx.Err() == nil {
+				yield(nil, fmt.Errorf("kiln: watch events: %w", err))
+			}
+			return
+		}
+		for ev, err := range stream(st.Recv) {
+			if err != nil {
+				if ctx.Err() == nil {
+					yield(nil, fmt.Errorf("kiln: watch events: %w", err))
+				}
+				return
+			}
+			if !yield(ev, nil) {
+				return
+			}
+		}
+	}
+}
+
+// CreateTemplate boots req.Image once, runs req.Setup and keeps a
+// snapshot that CreateSandbox can restore from.
+func (c *Client) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
+	t, err := c.api.CreateTemplate(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("kiln: create template: %w", err)
+	}
+	return t, nil
+}
+
+// GetTemplate returns a template by ID or name.
+func (c *Client) GetTemplate(ctx context.Context, id string) (*kilnpb.Template, error) {
+	t, err := c.api.GetTemplate(ctx, &kilnpb.GetTemplateRequest{Id: id})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: get template %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// ListTemplates lists every template.
+func (c *Client) ListTemplates(ctx context.Context) ([]*kilnpb.Template, error) {
+	resp, err := c.api.ListTemplates(ctx, &kilnpb.ListTemplatesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kiln: list templates: %w", err)
+	}
+	return resp.GetTemplates(), nil
+}
+
+// DeleteTemplate deletes a template. With wait it returns once the
+// sandboxes created from it are gone; without, it is refused
+// (FailedPrecondition) while any remain.
+func (c *Client) DeleteTemplate(ctx context.Context, id string, wait bool) error {
+	if _, err := c.api.DeleteTemplate(ctx, &kilnpb.DeleteTemplateRequest{Id: id, Wait: wait}); err != nil {
+		return fmt.Errorf("kiln: delete template %s: %w", id, err)
+	}
+	return nil
+}
