@@ -37,9 +37,9 @@ func Example() {
 	defer c.Close()
 
 	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{
-		Source:      &kilnpb.CreateSandboxRequest_Template{Template: "python"},
-		Resources:   &kilnpb.Resources{Cpus: 1, MemoryMib: 512},
-		Labels:      map[string]string{"job": "example"},
+		Source:        &kilnpb.CreateSandboxRequest_Template{Template: "python"},
+		Resources:     &kilnpb.Resources{Cpus: 1, MemoryMib: 512},
+		Labels:        map[string]string{"job": "example"},
 		LifetimeMs:    (10 * time.Minute).Milliseconds(),
 		IdleTimeoutMs: (time.Minute).Milliseconds(),
 	})
