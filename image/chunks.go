@@ -74,18 +74,23 @@ func (c *ChunkReader) ReadChunk(ctx context.Context, ce *estargz.TOCEntry, p []b
 	}
 }
 
-// readStored preads a chunk's bytes from the store.
+// readStored preads a chunk's bytes from the store, through the Images'
+// open files.
 func (c *ChunkReader) readStored(ch *chunk, p []byte, off int64) (int, error) {
-	f, size, err := c.im.st.Open(ch.digest)
-	if err != nil {
-		return 0, err
+	of := c.im.open.get(ch.digest)
+	if of == nil {
+		f, size, err := c.im.st.Open(ch.digest)
+		if err != nil {
+			return 0, err
+		}
+		of = c.im.open.add(ch.digest, f, size)
 	}
-	defer f.Close()
-	if size != ch.size {
-		return 0, c.eio(ch, fmt.Errorf("stored chunk has %d bytes, the TOC says %d", size, ch.size))
+	defer c.im.open.release(of)
+	if of.size != ch.size {
+		return 0, c.eio(ch, fmt.Errorf("stored chunk has %d bytes, the TOC says %d", of.size, ch.size))
 	}
 	want := min(int64(len(p)), ch.size-off)
-	n, err := f.ReadAt(p[:want], off)
+	n, err := of.f.ReadAt(p[:want], off)
 	if int64(n) < want {
 		return n, c.eio(ch, fmt.Errorf("reading the stored chunk: %v", err))
 	}

@@ -118,6 +118,7 @@ type Images struct {
 	mu   sync.Mutex         // serialises index updates in this process
 	sf   singleflight.Group // one fetch per layer in this process
 
+	open     *openFiles    // stored chunks kept open between reads
 	fetched  fetch.Counter // lazy range requests
 	fsem     chan struct{} // bounds them
 	fmu      sync.Mutex
@@ -237,6 +238,7 @@ func Open(dir string, opts Options) (*Images, error) {
 	}
 	return &Images{
 		dir: dir, st: st, opts: opts,
+		open:     newOpenFiles(),
 		fsem:     make(chan struct{}, maxConcurrentFetches),
 		inflight: map[digest.Digest]*flight{},
 		clients:  map[string]*http.Client{},

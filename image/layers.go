@@ -189,6 +189,7 @@ func (im *Images) GC(ctx context.Context) (store.GCResult, error) {
 		}
 		return false
 	})
+	im.open.forget(res.Removed...)
 	if err != nil || im.opts.Store.MaxBytes == 0 {
 		return res, err
 	}
@@ -196,6 +197,7 @@ func (im *Images) GC(ctx context.Context) (store.GCResult, error) {
 	res2, err := im.st.GCTo(ctx, im.opts.Store.MaxBytes, func(d digest.Digest) bool {
 		return !cache[d] || must[d] || keep(d)
 	})
+	im.open.forget(res2.Removed...)
 	res2.Removed = append(res.Removed, res2.Removed...)
 	res2.FreedBytes += res.FreedBytes
 	res2.TempRemoved += res.TempRemoved
