@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"syscall"
+
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// Backend is what runs sandboxes for the server: SandboxBackend in VMM
+// processes (package sandbox), daemontest.Backend as host folders and host
+// processes for tests. The server keeps the state, the IDs, the limits
+// and the timers; a backend only starts, adopts and stops machines.
+type Backend interface {
+	// Create starts a sandbox in the folder spec.Dir (which exists and is
+	// empty) and returns once it answers execs.
+	Create(ctx context.Context, spec CreateSpec) (Instance, error)
+	// Attach takes over a sandbox a previous server started in dir (its
+	// VMM process kept running); paused says it was left paused, as it
+	// must be again once attached.
+	Attach(ctx context.Context, dir string, paused bool) (Instance, error)
+}
+
+// CreateSpec is a sandbox to start: from an image or from a checkpoint
+// folder (Instance.Save wrote it), exactly one.
+type CreateSpec struct {
+	Dir        string // the sandbox's host folder
+	Image      string // image reference or manifest digest
+	Checkpoint string // a checkpoint's folder
+	CPUs       int
+	MemoryMiB  int
+	Hostname   string
+}
+
+// Instance is one running sandbox of a backend. Its methods are safe for
+// concurrent use.
+type Instance interface {
+	// Dir is the sandbox's host folder (Backend.Attach takes it).
+	Dir() string
+	// PID is the process that runs the sandbox's VM.
+	PID() int
+	// Image is the manifest digest of its image root, "" without one.
+	Image() string
+	// Done is closed when the sandbox stopped on its own or was closed;
+	// Exited then says how.
+	Done() <-chan struct{}
+	Exited() string
+
+	// Start starts a process; cancelling ctx kills its process group
+	// (as client.Client.Start).
+	Start(ctx context.Context, opts client.ExecOptions) (Process, error)
+	Files
+
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Save writes a checkpoint of the running sandbox into dir (which
+	// must not exist); the sandbox runs on.
+	Save(ctx context.Context, dir string) error
+	// Fork makes n children of the running sandbox, each in a folder of
+	// its own; the sandbox runs on.
+	Fork(ctx context.Context, n int) ([]Instance, error)
+
+	// Close stops the sandbox and removes everything it holds on the host
+	// (its VMM process, folder and sockets).
+	Close(ctx context.Context) error
+	// Detach lets go of the sandbox without stopping it: a later
+	// Backend.Attach takes it over.
+	Detach()
+}
+
+// Process is a process running in a sandbox (*client.Process is one).
+type Process interface {
+	Pid() int
+	Signal(sig syscall.Signal) error
+	SignalGroup(sig syscall.Signal) error
+	// Wait waits for the process to exit and its output to be delivered.
+	Wait() (client.ExitStatus, error)
+}
+
+// Files are a sandbox's file calls, on absolute clean paths. Their errors
+// carry the agent's gRPC status codes (NotFound for a missing file,
+// InvalidArgument, FailedPrecondition, ...), which the server passes on.
+type Files interface {
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error)
+	ReadFile(ctx context.Context, path string, w io.Writer) (int64, error)
+	Stat(ctx context.Context, path string, noFollow bool) (client.FileInfo, error)
+	List(ctx context.Context, path string) ([]client.FileInfo, error)
+	Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error
+	Remove(ctx context.Context, path string, recursive bool) error
+}

@@ -1,0 +1,442 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// maxFork is the most children one Fork makes.
+const maxFork = 256
+
+// forkRequest is what a fork's request ID made.
+type forkRequest struct {
+	key      string
+	children []string
+	done     chan struct{} // closed once the fork has finished
+	err      error
+}
+
+func isForkKey(key string) bool { return strings.HasPrefix(key, "fork:") }
+
+func (s *Server) checkpointPath(id string) string {
+	return filepath.Join(s.cfg.StateDir, checkpointsDir, id+".json")
+}
+
+// checkpoint returns the checkpoint id names.
+func (s *Server) checkpoint(id string) (*checkpointRecord, error) {
+	if err := checkID("checkpoint ID", id); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.checkpoints[id]
+	if c == nil {
+		return nil, status.Errorf(codes.NotFound, "no checkpoint %q", id)
+	}
+	cc := *c
+	return &cc, nil
+}
+
+func (s *Server) checkpointResources(c *checkpointRecord) (cpus, mem uint32) {
+	return c.CPUs, c.MemoryMiB
+}
+
+func checkpointInfo(c *checkpointRecord) *kilnpb.CheckpointInfo {
+	return &kilnpb.CheckpointInfo{Id: c.ID, SandboxId: c.SandboxID, ParentId: c.ParentID,
+		CreatedUnixMs: c.CreatedUnixMS, Persisted: c.Persisted, Keep: c.Keep}
+}
+
+// Checkpoint saves a running sandbox's state (memory, devices, the
+// guest's files in RAM) as a checkpoint, the child of its last
+// checkpoint or rollback target; the sandbox runs on. Every checkpoint is
+// written to the state folder: package sandbox keeps no in-memory frozen
+// base beyond a fork, so persist=false is written too (and says so:
+// persisted is true).
+func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) (*kilnpb.CheckpointInfo, error) {
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	b.mu.Lock()
+	c := &checkpointRecord{
+		ID: newID("ck-"), SandboxID: b.id, ParentID: b.rec.LastCheckpoint,
+		Persisted: true, Keep: req.GetKeep(),
+		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env,
+	}
+	b.mu.Unlock()
+	c.Dir = filepath.Join(s.cfg.StateDir, checkpointsDir, c.ID)
+	if err := inst.Save(ctx, c.Dir); err != nil {
+		os.RemoveAll(c.Dir)
+		return nil, callErr("checkpoint sandbox "+b.id, err)
+	}
+	c.CreatedUnixMS = s.clock.Now().UnixMilli()
+	if err := writeJSON(s.checkpointPath(c.ID), c); err != nil {
+		os.RemoveAll(c.Dir)
+		return nil, status.Errorf(codes.Internal, "checkpoint sandbox %s: %v", b.id, err)
+	}
+	s.mu.Lock()
+	s.checkpoints[c.ID] = c
+	s.mu.Unlock()
+	b.mu.Lock()
+	b.rec.LastCheckpoint = c.ID
+	s.persistLocked(b)
+	b.mu.Unlock()
+	return checkpointInfo(c), nil
+}
+
+// ListCheckpoints lists a sandbox's checkpoints, oldest first: a tree by
+// parent_id.
+func (s *Server) ListCheckpoints(ctx context.Context, req *kilnpb.ListCheckpointsRequest) (*kilnpb.ListCheckpointsResponse, error) {
+	if _, err := s.lookup(req.GetSandboxId()); err != nil {
+		if status.Code(err) != codes.NotFound {
+			return nil, err
+		}
+		// A forgotten sandbox may have left checkpoints it kept.
+		if !s.hasCheckpoints(req.GetSandboxId()) {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	var out []*kilnpb.CheckpointInfo
+	for _, c := range s.checkpoints {
+		if c.SandboxID == req.GetSandboxId() {
+			out = append(out, checkpointInfo(c))
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
+			return out[i].CreatedUnixMs < out[j].CreatedUnixMs
+		}
+		return out[i].Id < out[j].Id
+	})
+	return &kilnpb.ListCheckpointsResponse{Checkpoints: out}, nil
+}
+
+func (s *Server) hasCheckpoints(sandboxID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.checkpoints {
+		if c.SandboxID == sandboxID {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteCheckpoint deletes a checkpoint that has no child checkpoints.
+// Sandboxes restored from it run on (their memory is theirs).
+func (s *Server) DeleteCheckpoint(ctx context.Context, req *kilnpb.DeleteCheckpointRequest) (*kilnpb.DeleteCheckpointResponse, error) {
+	c, err := s.checkpoint(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	for _, o := range s.checkpoints {
+		if o.ParentID == c.ID {
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s has a child checkpoint %s: delete that first", c.ID, o.ID)
+		}
+	}
+	delete(s.checkpoints, c.ID)
+	s.mu.Unlock()
+	if err := s.removeCheckpoint(c); err != nil {
+		return nil, status.Errorf(codes.Internal, "delete checkpoint %s: %v", c.ID, err)
+	}
+	return &kilnpb.DeleteCheckpointResponse{}, nil
+}
+
+func (s *Server) removeCheckpoint(c *checkpointRecord) error {
+	return errors.Join(os.Remove(s.checkpointPath(c.ID)), os.RemoveAll(c.Dir))
+}
+
+// gcCheckpoints deletes the checkpoints of the ended sandbox id but those
+// it was asked to keep.
+func (s *Server) gcCheckpoints(id string) {
+	s.mu.Lock()
+	var gone []*checkpointRecord
+	for _, c := range s.checkpoints {
+		if c.SandboxID == id && !c.Keep {
+			gone = append(gone, c)
+			delete(s.checkpoints, c.ID)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range gone {
+		if err := s.removeCheckpoint(c); err != nil {
+			s.log.Warn("checkpoint not removed", "checkpoint", c.ID, "err", err)
+		}
+	}
+}
+
+// Rollback restores a sandbox in place to one of its checkpoints: the
+// same ID, its processes and memory as they were at the checkpoint. Its
+// execs end.
+func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*kilnpb.Sandbox, error) {
+	b, err := s.lookup(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.checkpoint(req.GetCheckpointId())
+	if err != nil {
+		return nil, err
+	}
+	if c.SandboxID != b.id {
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is sandbox %s's: a sandbox rolls back only to its own checkpoints (create or fork from it instead)", c.ID, c.SandboxID)
+	}
+	b.mu.Lock()
+	st := b.rec.state()
+	if b.ending || b.inst == nil || st != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+		b.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: only a running sandbox rolls back", b.id, stateName(st))
+	}
+	old := b.inst
+	b.inst = nil // calls now fail: it is rolling back
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
+	dir := b.rec.Dir
+	b.cancel()
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	bctx := b.ctx
+	b.mu.Unlock()
+
+	began := time.Now()
+	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := old.Close(cctx); err != nil {
+		s.log.Warn("rollback: closing the old machine", "sandbox", b.id, "err", err)
+	}
+	cancel()
+	fail := func(err error) (*kilnpb.Sandbox, error) {
+		err = callErr("roll sandbox "+b.id+" back to "+c.ID, err)
+		b.mu.Lock()
+		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING) // for end, which ends live ones
+		b.mu.Unlock()
+		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(err)
+	}
+	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
+	inst, err := s.backend.Create(rctx, CreateSpec{Dir: dir, Checkpoint: c.Dir, Hostname: hostname(b.id)})
+	cancel()
+	if err != nil {
+		return fail(err)
+	}
+	b.mu.Lock()
+	b.rec.Checkpoint, b.rec.LastCheckpoint = c.ID, c.ID
+	b.mu.Unlock()
+	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_ROLLED_BACK)
+	return s.describe(b), nil
+}
+
+// Fork makes children of a running sandbox (as it is now) or of a
+// checkpoint, streaming each once it answers.
+func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) error {
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return err
+	}
+	n := int(req.GetCount())
+	if n < 1 || n > maxFork {
+		return status.Errorf(codes.InvalidArgument, "count %d: want 1 to %d children", req.GetCount(), maxFork)
+	}
+	if err := checkLabels("labels", req.GetLabels()); err != nil {
+		return err
+	}
+	life, idle, err := s.lifetimes(req.GetLifetimeMs(), req.GetIdleTimeoutMs())
+	if err != nil {
+		return err
+	}
+	tmpl := record{Labels: req.GetLabels(), IdleTimeoutMS: idle.Milliseconds(), RequestID: req.GetRequestId()}
+	keyReq := proto.Clone(req).(*kilnpb.ForkRequest)
+	keyReq.RequestId = ""
+	tmpl.RequestKey = requestKey("fork", keyReq)
+
+	var parent Instance
+	var ck *checkpointRecord
+	switch src := req.GetSource().(type) {
+	case nil:
+		return status.Error(codes.InvalidArgument, "no source: give a sandbox_id or a checkpoint_id")
+	case *kilnpb.ForkRequest_SandboxId:
+		b, inst, done, err := s.use(src.SandboxId)
+		if err != nil {
+			return err
+		}
+		defer done()
+		parent = inst
+		b.mu.Lock()
+		tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
+		tmpl.LastCheckpoint = b.rec.LastCheckpoint
+		b.mu.Unlock()
+	case *kilnpb.ForkRequest_CheckpointId:
+		if ck, err = s.checkpoint(src.CheckpointId); err != nil {
+			return err
+		}
+		tmpl.Checkpoint, tmpl.LastCheckpoint = ck.ID, ck.ID
+		tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = ck.CPUs, ck.MemoryMiB, ck.Image, ck.Env
+	}
+
+	var sendMu sync.Mutex
+	send := func(sb *kilnpb.Sandbox) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(sb)
+	}
+	f, boxes, existing, err := s.reserveFork(&tmpl, n, life)
+	if err != nil {
+		return err
+	}
+	if existing {
+		<-f.done
+		if f.key != tmpl.RequestKey {
+			return status.Errorf(codes.AlreadyExists, "request_id %q made a fork with other parameters", tmpl.RequestID)
+		}
+		for _, id := range f.children {
+			if b, err := s.lookup(id); err == nil {
+				if err := send(s.describe(b)); err != nil {
+					return err
+				}
+			}
+		}
+		return f.err
+	}
+	defer close(f.done)
+	for _, b := range boxes {
+		s.publish(kilnpb.Event_KIND_CREATED, s.describe(b), "")
+	}
+	began := time.Now()
+	if parent != nil {
+		f.err = s.forkSandbox(stream.Context(), parent, boxes, began, send)
+	} else {
+		f.err = s.forkCheckpoint(ck, boxes, began, send)
+	}
+	return f.err
+}
+
+// forkSandbox makes the children boxes of the running parent.
+func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BootTimeout)
+	kids, err := parent.Fork(fctx, len(boxes))
+	cancel()
+	if err != nil {
+		err = callErr("fork", err)
+		for _, b := range boxes {
+			s.failStart(b, err)
+		}
+		return err
+	}
+	for i, b := range boxes {
+		os.RemoveAll(b.rec.Dir) // the child has a folder of its own
+		s.runningAs(b, kids[i], time.Since(began), kilnpb.Event_KIND_READY)
+		close(b.ready)
+	}
+	for _, b := range boxes {
+		if err := send(s.describe(b)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forkCheckpoint restores the children boxes from checkpoint c, all at
+// once, sending each as it answers.
+func (s *Server) forkCheckpoint(c *checkpointRecord, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+	errs := make([]error, len(boxes))
+	var wg sync.WaitGroup
+	for i, b := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
+			inst, err := s.backend.Create(ctx, CreateSpec{Dir: b.rec.Dir, Checkpoint: c.Dir, Hostname: hostname(b.id)})
+			cancel()
+			if err != nil {
+				errs[i] = callErr("fork child "+b.id, err)
+				s.failStart(b, errs[i])
+				return
+			}
+			s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+			close(b.ready)
+			errs[i] = send(s.describe(b))
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// failStart ends the reserved box b that did not start.
+func (s *Server) failStart(b *box, err error) {
+	b.mu.Lock()
+	b.createErr = err
+	b.mu.Unlock()
+	close(b.ready)
+	os.RemoveAll(b.rec.Dir)
+	s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
+}
+
+// reserveFork finds what tmpl's request ID made, or reserves n starting
+// children within the host's limits.
+func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequest, []*box, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, false, status.Error(codes.Unavailable, "kilnd is shutting down")
+	}
+	if f := s.forks[tmpl.RequestID]; f != nil {
+		return f, nil, true, nil
+	}
+	if err := s.admitLocked(n, uint64(tmpl.MemoryMiB)); err != nil {
+		return nil, nil, false, err
+	}
+	f := &forkRequest{key: tmpl.RequestKey, done: make(chan struct{})}
+	now := s.clock.Now()
+	boxes := make([]*box, n)
+	for i := range boxes {
+		b := newBox(newID("sb-"))
+		b.rec = *tmpl
+		b.rec.ID = b.id
+		b.rec.Dir = filepath.Join(s.cfg.StateDir, sandboxesDir, b.id)
+		b.rec.CreatedUnixMS = now.UnixMilli()
+		if life > 0 {
+			b.rec.ExpiresUnixMS = now.Add(life).UnixMilli()
+		}
+		b.lastActive = now
+		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
+		if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
+			for _, o := range boxes[:i] {
+				delete(s.boxes, o.id)
+				os.RemoveAll(o.rec.Dir)
+				os.Remove(s.recordPath(o.id))
+			}
+			return nil, nil, false, status.Errorf(codes.Internal, "sandbox folder: %v", err)
+		}
+		b.mu.Lock()
+		s.persistLocked(b)
+		b.mu.Unlock()
+		s.boxes[b.id] = b
+		boxes[i] = b
+		f.children = append(f.children, b.id)
+	}
+	s.forks[tmpl.RequestID] = f
+	return f, boxes, false, nil
+}

@@ -1,0 +1,650 @@
+// Package daemontest is a test double of daemon.Backend for the tests of
+// the daemon, of kilnd and of the daemon's client: a "sandbox" is a host
+// folder (its root, where the file calls go, through os.Root), a host
+// process standing for its VMM process (sleep, which a test may kill -9),
+// and its execs are host processes (os/exec). Nothing is isolated: it is
+// for tests only, never for kilnd itself.
+package daemontest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// RootEnv names the environment variable through which an exec learns
+// its sandbox's root folder on the host (the double runs commands on the
+// host, not inside the root).
+const RootEnv = "KILN_TEST_ROOT"
+
+// The files of a sandbox folder.
+const (
+	rootDir  = "root"
+	pidFile  = "vmm.pid"
+	metaFile = "meta.json"
+)
+
+// Backend is the test double. The zero value accepts every image with an
+// empty root.
+type Backend struct {
+	// Images, when set, are the only images: reference → host folder
+	// copied as the root. Another reference fails with NotFound.
+	Images map[string]string
+	// CreateHook, when set, is called before a sandbox starts; its error
+	// fails the start.
+	CreateHook func(ctx context.Context, spec daemon.CreateSpec) error
+
+	mu   sync.Mutex
+	live map[*Instance]struct{}
+}
+
+var _ daemon.Backend = (*Backend)(nil)
+
+// Live returns how many sandboxes of this backend are running and not
+// closed (detached ones count).
+func (b *Backend) Live() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.live)
+}
+
+func (b *Backend) track(in *Instance, on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.live == nil {
+		b.live = map[*Instance]struct{}{}
+	}
+	if on {
+		b.live[in] = struct{}{}
+	} else {
+		delete(b.live, in)
+	}
+}
+
+// meta is what a sandbox folder and a checkpoint record.
+type meta struct {
+	Image string `json:"image,omitempty"`
+}
+
+// Create implements daemon.Backend: a root folder (from the image's
+// folder or the checkpoint's root) and a stand-in VMM process.
+func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.Instance, error) {
+	if b.CreateHook != nil {
+		if err := b.CreateHook(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
+	root := filepath.Join(spec.Dir, rootDir)
+	var m meta
+	switch {
+	case spec.Checkpoint != "":
+		mb, err := os.ReadFile(filepath.Join(spec.Checkpoint, metaFile))
+		if err != nil {
+			return nil, fmt.Errorf("daemontest: checkpoint %s: %w", spec.Checkpoint, err)
+		}
+		if err := json.Unmarshal(mb, &m); err != nil {
+			return nil, fmt.Errorf("daemontest: checkpoint %s: %w", spec.Checkpoint, err)
+		}
+		if err := copyTree(filepath.Join(spec.Checkpoint, rootDir), root); err != nil {
+			return nil, err
+		}
+	case spec.Image != "":
+		m.Image = "sha256:" + fmt.Sprintf("%064x", len(spec.Image))
+		if b.Images != nil {
+			src, ok := b.Images[spec.Image]
+			if !ok {
+				return nil, status.Errorf(codes.NotFound, "daemontest: no image %q", spec.Image)
+			}
+			if err := copyTree(src, root); err != nil {
+				return nil, err
+			}
+		} else if err := os.MkdirAll(root, 0o755); err != nil {
+			return nil, fmt.Errorf("daemontest: %w", err)
+		}
+	default:
+		return nil, errors.New("daemontest: no image and no checkpoint")
+	}
+	if err := writeMeta(spec.Dir, m); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("sleep", "1000000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("daemontest: start the stand-in VMM process: %w", err)
+	}
+	pid := cmd.Process.Pid
+	if err := os.WriteFile(filepath.Join(spec.Dir, pidFile), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("daemontest: %w", err)
+	}
+	in, err := b.newInstance(spec.Dir, pid, m)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	go func() {
+		err := cmd.Wait()
+		in.stopped(fmt.Sprintf("VMM process %d died: %v", pid, err))
+	}()
+	return in, nil
+}
+
+// Attach implements daemon.Backend: the stand-in VMM process must still
+// run.
+func (b *Backend) Attach(ctx context.Context, dir string, paused bool) (daemon.Instance, error) {
+	pb, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: attach %s: %w", dir, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pb)))
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: attach %s: %s: %w", dir, pidFile, err)
+	}
+	if !alive(pid) {
+		return nil, fmt.Errorf("daemontest: attach %s: VMM process %d is gone", dir, pid)
+	}
+	var m meta
+	if mb, err := os.ReadFile(filepath.Join(dir, metaFile)); err == nil {
+		json.Unmarshal(mb, &m)
+	}
+	in, err := b.newInstance(dir, pid, m)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for alive(pid) {
+			select {
+			case <-in.done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		in.stopped(fmt.Sprintf("VMM process %d is gone", pid))
+	}()
+	return in, nil
+}
+
+// alive says process pid runs (and is not a zombie).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	if i := strings.LastIndexByte(string(st), ')'); i >= 0 && i+2 < len(st) {
+		return st[i+2] != 'Z' && st[i+2] != 'X'
+	}
+	return true
+}
+
+func writeMeta(dir string, m meta) error {
+	mb, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(dir, metaFile), mb, 0o600); err != nil {
+		return fmt.Errorf("daemontest: %w", err)
+	}
+	return nil
+}
+
+func (b *Backend) newInstance(dir string, pid int, m meta) (*Instance, error) {
+	r, err := os.OpenRoot(filepath.Join(dir, rootDir))
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: %w", err)
+	}
+	in := &Instance{b: b, dir: dir, pid: pid, meta: m, root: r, done: make(chan struct{}), procs: map[*proc]struct{}{}}
+	b.track(in, true)
+	return in, nil
+}
+
+// Instance is a sandbox of the test double.
+type Instance struct {
+	b    *Backend
+	dir  string
+	pid  int
+	meta meta
+	root *os.Root
+
+	mu       sync.Mutex
+	done     chan struct{}
+	exited   string
+	closed   bool
+	detached bool
+	procs    map[*proc]struct{}
+}
+
+var _ daemon.Instance = (*Instance)(nil)
+
+func (in *Instance) Dir() string           { return in.dir }
+func (in *Instance) PID() int              { return in.pid }
+func (in *Instance) Image() string         { return in.meta.Image }
+func (in *Instance) Done() <-chan struct{} { return in.done }
+
+func (in *Instance) Exited() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.exited
+}
+
+// Root is the host folder of the sandbox's root.
+func (in *Instance) Root() string { return filepath.Join(in.dir, rootDir) }
+
+func (in *Instance) stopped(why string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	select {
+	case <-in.done:
+		return
+	default:
+	}
+	if in.exited == "" {
+		in.exited = why
+	}
+	close(in.done)
+	for p := range in.procs {
+		p.kill()
+	}
+	in.b.track(in, false)
+}
+
+// Start runs argv on the host, in the root (cwd mapped into it), in a
+// process group of its own; ctx's end, the timeout or the sandbox's end
+// kill the group.
+func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.Process, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	select {
+	case <-in.done:
+		return nil, status.Error(codes.Unavailable, "daemontest: the sandbox has stopped")
+	default:
+	}
+	bin, err := exec.LookPath(opts.Argv[0])
+	if err != nil {
+		return nil, status.Errorf(codes.NotFound, "daemontest: %s: %v", opts.Argv[0], err)
+	}
+	cwd := in.Root()
+	if opts.Dir != "" {
+		cwd = filepath.Join(cwd, filepath.FromSlash(opts.Dir))
+		if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+			return nil, status.Errorf(codes.InvalidArgument, "daemontest: working directory %s is not a directory", opts.Dir)
+		}
+	}
+	cmd := exec.Command(bin, opts.Argv[1:]...)
+	cmd.Dir = cwd
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), RootEnv + "=" + in.Root()}, opts.Env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, status.Errorf(codes.Internal, "daemontest: start %s: %v", opts.Argv[0], err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	in.procs[p] = struct{}{}
+	go p.wait(ctx, opts.Timeout, func() {
+		in.mu.Lock()
+		delete(in.procs, p)
+		in.mu.Unlock()
+	})
+	return p, nil
+}
+
+// proc is an exec of the double.
+type proc struct {
+	cmd      *exec.Cmd
+	done     chan struct{}
+	status   client.ExitStatus
+	err      error
+	timedOut bool
+	mu       sync.Mutex
+}
+
+func (p *proc) wait(ctx context.Context, timeout time.Duration, forget func()) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-ctx.Done():
+		p.kill()
+		err = <-exited
+	case <-timer:
+		p.mu.Lock()
+		p.timedOut = true
+		p.mu.Unlock()
+		p.kill()
+		err = <-exited
+	}
+	forget()
+	st := client.ExitStatus{}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		ws := ee.Sys().(syscall.WaitStatus)
+		if ws.Signaled() {
+			st.Code, st.Signal = -1, int(ws.Signal())
+		} else {
+			st.Code = ws.ExitStatus()
+		}
+	default:
+		p.err = err
+	}
+	p.mu.Lock()
+	st.TimedOut = p.timedOut
+	p.mu.Unlock()
+	p.status = st
+	close(p.done)
+}
+
+func (p *proc) kill() { syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
+
+func (p *proc) Pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+func (p *proc) SignalGroup(sig syscall.Signal) error { return syscall.Kill(-p.cmd.Process.Pid, sig) }
+
+func (p *proc) Wait() (client.ExitStatus, error) {
+	<-p.done
+	return p.status, p.err
+}
+
+// rel turns a sandbox path (absolute, clean) into one of the root.
+func rel(p string) string {
+	p = strings.TrimPrefix(path.Clean(p), "/")
+	if p == "" {
+		return "."
+	}
+	return p
+}
+
+// fileErr gives a host file error the code the agent would.
+func fileErr(op, p string, err error) error {
+	code := codes.Internal
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		code = codes.NotFound
+	case errors.Is(err, fs.ErrExist):
+		code = codes.AlreadyExists
+	case errors.Is(err, fs.ErrPermission):
+		code = codes.PermissionDenied
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+		code = codes.FailedPrecondition
+	case strings.Contains(err.Error(), "escapes"):
+		code = codes.InvalidArgument
+	}
+	return status.Errorf(code, "daemontest: %s %s: %v", op, p, err)
+}
+
+func (in *Instance) info(p string, fi fs.FileInfo) client.FileInfo {
+	out := client.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		out.UID, out.GID = st.Uid, st.Gid
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		out.Symlink, _ = in.root.Readlink(rel(p))
+	}
+	return out
+}
+
+// WriteFile writes the file whole or not at all (a temporary file renamed
+// into place).
+func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error) {
+	if makeParents {
+		if err := in.root.MkdirAll(rel(path.Dir(p)), 0o755); err != nil {
+			return client.FileInfo{}, fileErr("write", p, err)
+		}
+	}
+	tmp := rel(path.Dir(p)) + "/.kiln-write-" + randHex()
+	f, err := in.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode.Perm())
+	if err != nil {
+		return client.FileInfo{}, fileErr("write", p, err)
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = in.root.Chmod(tmp, mode)
+	}
+	if err == nil {
+		err = in.root.Rename(tmp, rel(p))
+	}
+	if err != nil {
+		in.root.Remove(tmp)
+		return client.FileInfo{}, fileErr("write", p, err)
+	}
+	return in.Stat(ctx, p, false)
+}
+
+func (in *Instance) ReadFile(ctx context.Context, p string, w io.Writer) (int64, error) {
+	f, err := in.root.Open(rel(p))
+	if err != nil {
+		return 0, fileErr("read", p, err)
+	}
+	defer f.Close()
+	n, err := io.CopyBuffer(w, f, make([]byte, 64<<10))
+	if err != nil {
+		return n, fileErr("read", p, err)
+	}
+	return n, nil
+}
+
+func (in *Instance) Stat(ctx context.Context, p string, noFollow bool) (client.FileInfo, error) {
+	stat := in.root.Stat
+	if noFollow {
+		stat = in.root.Lstat
+	}
+	fi, err := stat(rel(p))
+	if err != nil {
+		return client.FileInfo{}, fileErr("stat", p, err)
+	}
+	return in.info(p, fi), nil
+}
+
+func (in *Instance) List(ctx context.Context, p string) ([]client.FileInfo, error) {
+	f, err := in.root.Open(rel(p))
+	if err != nil {
+		return nil, fileErr("list", p, err)
+	}
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, fileErr("list", p, err)
+	}
+	out := make([]client.FileInfo, 0, len(ents))
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, in.info(path.Join(p, e.Name()), fi))
+	}
+	return out, nil
+}
+
+func (in *Instance) Mkdir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
+	var err error
+	if parents {
+		err = in.root.MkdirAll(rel(p), mode.Perm())
+	} else {
+		err = in.root.Mkdir(rel(p), mode.Perm())
+	}
+	if err != nil {
+		return fileErr("mkdir", p, err)
+	}
+	return nil
+}
+
+func (in *Instance) Remove(ctx context.Context, p string, recursive bool) error {
+	var err error
+	if recursive {
+		if _, serr := in.root.Lstat(rel(p)); serr != nil {
+			return fileErr("remove", p, serr)
+		}
+		err = in.root.RemoveAll(rel(p))
+	} else {
+		err = in.root.Remove(rel(p))
+	}
+	if err != nil {
+		return fileErr("remove", p, err)
+	}
+	return nil
+}
+
+// Pause stops the stand-in VMM process (SIGSTOP); Resume continues it.
+func (in *Instance) Pause(ctx context.Context) error  { return in.signal(syscall.SIGSTOP) }
+func (in *Instance) Resume(ctx context.Context) error { return in.signal(syscall.SIGCONT) }
+
+func (in *Instance) signal(sig syscall.Signal) error {
+	if err := syscall.Kill(in.pid, sig); err != nil {
+		return fmt.Errorf("daemontest: signal VMM process %d: %w", in.pid, err)
+	}
+	return nil
+}
+
+// Save copies the root into dir/root.
+func (in *Instance) Save(ctx context.Context, dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("daemontest: save: %w", err)
+	}
+	if err := writeMeta(dir, in.meta); err != nil {
+		return err
+	}
+	return copyTree(in.Root(), filepath.Join(dir, rootDir))
+}
+
+// Fork makes n children, each a copy of the root, in folders beside this
+// one's.
+func (in *Instance) Fork(ctx context.Context, n int) ([]daemon.Instance, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(in.dir), ".fork-")
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: fork: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := in.Save(ctx, filepath.Join(tmp, "ck")); err != nil {
+		return nil, err
+	}
+	var out []daemon.Instance
+	for range n {
+		dir := filepath.Join(filepath.Dir(in.dir), "fork-"+randHex())
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			closeAll(out)
+			return nil, fmt.Errorf("daemontest: fork: %w", err)
+		}
+		c, err := in.b.Create(ctx, daemon.CreateSpec{Dir: dir, Checkpoint: filepath.Join(tmp, "ck")})
+		if err != nil {
+			os.RemoveAll(dir)
+			closeAll(out)
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func closeAll(ins []daemon.Instance) {
+	for _, c := range ins {
+		c.Close(context.Background())
+	}
+}
+
+// Close kills the execs and the stand-in VMM process, and removes the
+// folder.
+func (in *Instance) Close(ctx context.Context) error {
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		return nil
+	}
+	in.closed = true
+	in.mu.Unlock()
+	syscall.Kill(in.pid, syscall.SIGKILL)
+	select {
+	case <-in.done:
+	case <-ctx.Done():
+		return fmt.Errorf("daemontest: close: %w", ctx.Err())
+	}
+	in.root.Close()
+	if err := os.RemoveAll(in.dir); err != nil {
+		return fmt.Errorf("daemontest: close: %w", err)
+	}
+	return nil
+}
+
+// Detach leaves the sandbox running for a later Attach.
+func (in *Instance) Detach() {
+	in.mu.Lock()
+	in.detached = true
+	in.mu.Unlock()
+}
+
+func randHex() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// copyTree copies the folder src to dst (which must not exist): regular
+// files, folders and symlinks.
+func copyTree(src, dst string) error {
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		r, _ := filepath.Rel(src, p)
+		t := filepath.Join(dst, r)
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Mkdir(t, fi.Mode().Perm())
+		case fi.Mode()&fs.ModeSymlink != 0:
+			l, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(l, t)
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(t, b, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("daemontest: copy %s: %w", src, err)
+	}
+	return nil
+}

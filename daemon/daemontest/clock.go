@@ -1,0 +1,76 @@
+package daemontest
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/daemon"
+)
+
+// Clock is a daemon.Clock that moves only when Advance moves it, so that
+// lifecycle tests run in milliseconds.
+type Clock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers map[*timer]struct{}
+}
+
+var _ daemon.Clock = (*Clock)(nil)
+
+// NewClock returns a clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{now: t, timers: map[*timer]struct{}{}} }
+
+type timer struct {
+	c    *Clock
+	when time.Time
+	f    func()
+}
+
+func (t *timer) Stop() bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	_, ok := t.c.timers[t]
+	delete(t.c.timers, t)
+	return ok
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// AfterFunc calls f in a goroutine of its own once Advance has moved the
+// clock d on.
+func (c *Clock) AfterFunc(d time.Duration, f func()) daemon.Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &timer{c: c, when: c.now.Add(d), f: f}
+	c.timers[t] = struct{}{}
+	return t
+}
+
+// Advance moves the clock d on and starts the calls now due.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []*timer
+	for t := range c.timers {
+		if !t.when.After(c.now) {
+			due = append(due, t)
+			delete(c.timers, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range due {
+		go t.f()
+	}
+}
+
+// Pending returns how many calls wait.
+func (c *Clock) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}

@@ -1,0 +1,330 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// keepExited is how many exited execs a sandbox's ListExecs still shows.
+const keepExited = 64
+
+// execTable is a sandbox's execs: running ones, and the last exited.
+type execTable struct {
+	mu    sync.Mutex
+	execs map[string]*execEntry
+}
+
+type execEntry struct {
+	info *kilnpb.ExecInfo // Exit set once exited; guarded by execTable.mu
+	proc Process
+	done chan struct{} // closed once exited
+}
+
+func newExecTable() *execTable { return &execTable{execs: map[string]*execEntry{}} }
+
+func (t *execTable) add(e *execEntry) {
+	t.mu.Lock()
+	t.execs[e.info.ExecId] = e
+	t.mu.Unlock()
+}
+
+// exited records e's exit and forgets the oldest exited execs beyond
+// keepExited.
+func (t *execTable) exited(e *execEntry, exit *kilnpb.ExecExit) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.info.Exit = exit
+	close(e.done)
+	var old []*execEntry
+	for _, x := range t.execs {
+		if x.info.Exit != nil {
+			old = append(old, x)
+		}
+	}
+	if len(old) <= keepExited {
+		return
+	}
+	sort.Slice(old, func(i, j int) bool { return old[i].info.StartedUnixMs < old[j].info.StartedUnixMs })
+	for _, x := range old[:len(old)-keepExited] {
+		delete(t.execs, x.info.ExecId)
+	}
+}
+
+func (t *execTable) get(id string) *execEntry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.execs[id]
+}
+
+func (t *execTable) list() []*kilnpb.ExecInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*kilnpb.ExecInfo, 0, len(t.execs))
+	for _, e := range t.execs {
+		out = append(out, proto.Clone(e.info).(*kilnpb.ExecInfo))
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].StartedUnixMs != out[j].StartedUnixMs {
+			return out[i].StartedUnixMs < out[j].StartedUnixMs
+		}
+		return out[i].ExecId < out[j].ExecId
+	})
+	return out
+}
+
+// execOptions checks an ExecStart and turns it into the agent's options.
+func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions, error) {
+	var o client.ExecOptions
+	if len(st.GetArgv()) == 0 {
+		return o, status.Error(codes.InvalidArgument, "exec: argv is empty")
+	}
+	for i, a := range st.GetArgv() {
+		if strings.ContainsRune(a, 0) {
+			return o, status.Errorf(codes.InvalidArgument, "exec: argv[%d] has a NUL byte", i)
+		}
+	}
+	if st.GetArgv()[0] == "" {
+		return o, status.Error(codes.InvalidArgument, "exec: argv[0] is empty")
+	}
+	if err := checkEnv("exec env", st.GetEnv()); err != nil {
+		return o, err
+	}
+	if cwd := st.GetCwd(); cwd != "" {
+		if err := checkPath("cwd", cwd); err != nil {
+			return o, err
+		}
+	}
+	if st.GetTimeoutMs() < 0 {
+		return o, status.Errorf(codes.InvalidArgument, "exec: timeout_ms %d is negative: 0 means none", st.GetTimeoutMs())
+	}
+	o.Argv = st.GetArgv()
+	if len(sandboxEnv)+len(st.GetEnv()) > 0 {
+		o.Env = append(append([]string{}, sandboxEnv...), st.GetEnv()...)
+	}
+	o.Dir = st.GetCwd()
+	o.Timeout = time.Duration(st.GetTimeoutMs()) * time.Millisecond
+	if st.Uid != nil {
+		if st.GetUid() == 0 {
+			o.AsRoot = true
+		}
+		o.UID = st.GetUid()
+	}
+	if st.Gid != nil {
+		o.GID = st.GetGid()
+	}
+	return o, nil
+}
+
+// Exec runs a process in a sandbox: the first request is its ExecStart,
+// the next ones stdin and signals; the responses are ExecStarted, its
+// output and ExecExit. A foreground exec's process group is killed when
+// the call ends before it exits; a background one runs on, listed by
+// ListExecs, until it exits, KillExec kills it or the sandbox ends.
+func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	st := first.GetStart()
+	if st == nil {
+		return status.Errorf(codes.InvalidArgument, "exec: the first request must be an ExecStart, not %T", first.GetKind())
+	}
+	b, inst, done, err := s.use(st.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	defer done()
+	b.mu.Lock()
+	env := b.rec.Env
+	b.mu.Unlock()
+	opts, err := execOptions(st, env)
+	if err != nil {
+		return err
+	}
+
+	// Output goes to the call while it lasts, then nowhere.
+	var sendMu sync.Mutex
+	attached := true
+	send := func(r *kilnpb.ExecResponse) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if !attached {
+			return nil
+		}
+		return stream.Send(r)
+	}
+	detach := func() {
+		sendMu.Lock()
+		attached = false
+		sendMu.Unlock()
+	}
+	defer detach()
+	opts.Stdout = writerFunc(func(p []byte) (int, error) {
+		send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stdout{Stdout: p}})
+		return len(p), nil
+	})
+	opts.Stderr = writerFunc(func(p []byte) (int, error) {
+		send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stderr{Stderr: p}})
+		return len(p), nil
+	})
+	var stdinR *io.PipeReader
+	var stdinW *io.PipeWriter
+	if st.GetHasStdin() {
+		stdinR, stdinW = io.Pipe()
+		opts.Stdin = stdinR
+	}
+	// A foreground process lives as long as the call; a background one
+	// as long as the sandbox.
+	pctx := stream.Context()
+	if st.GetBackground() {
+		pctx = b.ctx
+	}
+	proc, err := inst.Start(pctx, opts)
+	if err != nil {
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		return callErr("exec "+opts.Argv[0]+" in sandbox "+b.id, err)
+	}
+	e := &execEntry{
+		info: &kilnpb.ExecInfo{ExecId: newID("ex-"), Pid: int32(proc.Pid()), Argv: opts.Argv,
+			Background: st.GetBackground(), StartedUnixMs: s.clock.Now().UnixMilli()},
+		proc: proc, done: make(chan struct{}),
+	}
+	b.execs.add(e)
+	var exit *kilnpb.ExecExit
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		status, err := proc.Wait()
+		if stdinR != nil {
+			stdinR.CloseWithError(errors.New("the process exited"))
+		}
+		exit = exitOf(status, err)
+		b.execs.exited(e, exit)
+	}()
+	if err := send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}}); err != nil {
+		// The call is gone: a foreground process dies with its context.
+		if !st.GetBackground() {
+			<-waited
+		}
+		return err
+	}
+	go s.execInput(stream, proc, stdinW)
+	select {
+	case <-waited:
+	case <-stream.Context().Done():
+		if st.GetBackground() {
+			return stream.Context().Err()
+		}
+		<-waited // killed with the call's context
+		return stream.Context().Err()
+	}
+	return send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Exit{Exit: exit}})
+}
+
+// execInput copies an exec call's stdin and signals to its process until
+// the call's input ends.
+func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *io.PipeWriter) {
+	defer func() {
+		if stdin != nil {
+			stdin.Close()
+		}
+	}()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return
+		}
+		switch k := req.GetKind().(type) {
+		case *kilnpb.ExecRequest_Stdin:
+			if stdin != nil {
+				if _, err := stdin.Write(k.Stdin); err != nil {
+					stdin = nil // the process exited or closed its stdin
+				}
+			}
+		case *kilnpb.ExecRequest_CloseStdin:
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		case *kilnpb.ExecRequest_Signal:
+			sig := syscall.Signal(k.Signal.GetSignal())
+			if sig <= 0 || sig > 64 {
+				continue
+			}
+			if k.Signal.GetProcessGroup() {
+				proc.SignalGroup(sig)
+			} else {
+				proc.Signal(sig)
+			}
+		}
+	}
+}
+
+// exitOf describes how a process ended; a failure to learn it reads as
+// being killed.
+func exitOf(st client.ExitStatus, err error) *kilnpb.ExecExit {
+	if err != nil && st == (client.ExitStatus{}) {
+		return &kilnpb.ExecExit{ExitCode: -1, Signal: int32(syscall.SIGKILL)}
+	}
+	return &kilnpb.ExecExit{ExitCode: int32(st.Code), Signal: int32(st.Signal), TimedOut: st.TimedOut, OomKilled: st.OOMKilled}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// ListExecs lists a sandbox's running execs and its last exited ones.
+func (s *Server) ListExecs(ctx context.Context, req *kilnpb.ListExecsRequest) (*kilnpb.ListExecsResponse, error) {
+	b, err := s.lookup(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return &kilnpb.ListExecsResponse{Execs: b.execs.list()}, nil
+}
+
+// KillExec signals an exec's process group (SIGKILL by default).
+func (s *Server) KillExec(ctx context.Context, req *kilnpb.KillExecRequest) (*kilnpb.KillExecResponse, error) {
+	b, _, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if err := checkID("exec_id", req.GetExecId()); err != nil {
+		return nil, err
+	}
+	e := b.execs.get(req.GetExecId())
+	if e == nil {
+		return nil, status.Errorf(codes.NotFound, "sandbox %s has no exec %q", b.id, req.GetExecId())
+	}
+	select {
+	case <-e.done:
+		return nil, status.Errorf(codes.FailedPrecondition, "exec %s has exited", req.GetExecId())
+	default:
+	}
+	sig := syscall.Signal(req.GetSignal())
+	if sig == 0 {
+		sig = syscall.SIGKILL
+	}
+	if sig < 0 || sig > 64 {
+		return nil, status.Errorf(codes.InvalidArgument, "signal %d: want 1 to 64 (0: SIGKILL)", req.GetSignal())
+	}
+	if err := e.proc.SignalGroup(sig); err != nil {
+		return nil, callErr("kill exec "+req.GetExecId(), err)
+	}
+	return &kilnpb.KillExecResponse{}, nil
+}

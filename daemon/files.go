@@ -1,0 +1,258 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"path"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// maxPath is the longest path a file call takes (Linux's PATH_MAX).
+const maxPath = 4096
+
+// checkPath refuses a path that is not absolute and clean: relative, with
+// a NUL byte, with "." or ".." elements or doubled slashes (a ".." could
+// climb above the root), or too long. The error names the clean form.
+func checkPath(field, p string) error {
+	switch {
+	case p == "":
+		return status.Errorf(codes.InvalidArgument, "%s is empty: want an absolute path", field)
+	case len(p) > maxPath:
+		return status.Errorf(codes.InvalidArgument, "%s is %d bytes: at most %d", field, len(p), maxPath)
+	case strings.IndexByte(p, 0) >= 0:
+		return status.Errorf(codes.InvalidArgument, "%s %q has a NUL byte", field, p)
+	case !strings.HasPrefix(p, "/"):
+		return status.Errorf(codes.InvalidArgument, "%s %q is relative: want an absolute path", field, p)
+	}
+	if c := path.Clean(p); c != p {
+		for _, el := range strings.Split(p, "/") {
+			if el == ".." {
+				return status.Errorf(codes.InvalidArgument, "%s %q has a \"..\" element: paths must be absolute and clean (%q), never climbing above /", field, p, c)
+			}
+		}
+		return status.Errorf(codes.InvalidArgument, "%s %q is not clean: want %q", field, p, c)
+	}
+	return nil
+}
+
+// stMode converts an fs.FileMode back to a Unix st_mode.
+func stMode(m fs.FileMode) uint32 {
+	st := uint32(m.Perm())
+	switch {
+	case m&fs.ModeDir != 0:
+		st |= 0o040000
+	case m&fs.ModeSymlink != 0:
+		st |= 0o120000
+	case m&fs.ModeSocket != 0:
+		st |= 0o140000
+	case m&fs.ModeNamedPipe != 0:
+		st |= 0o010000
+	case m&fs.ModeCharDevice != 0:
+		st |= 0o020000
+	case m&fs.ModeDevice != 0:
+		st |= 0o060000
+	case m&fs.ModeIrregular == 0:
+		st |= 0o100000
+	}
+	if m&fs.ModeSetuid != 0 {
+		st |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		st |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		st |= 0o1000
+	}
+	return st
+}
+
+func fileInfo(fi client.FileInfo) *kilnpb.FileInfo {
+	return &kilnpb.FileInfo{
+		Path: fi.Path, Name: fi.Name, Size: fi.Size, Mode: stMode(fi.Mode),
+		MtimeUnixNanos: fi.ModTime.UnixNano(), IsDir: fi.IsDir, Symlink: fi.Symlink,
+		Uid: fi.UID, Gid: fi.GID,
+	}
+}
+
+// fileMode is a request's permission bits (with setuid, setgid, sticky);
+// def when 0.
+func fileMode(field string, m, def uint32) (fs.FileMode, error) {
+	if m == 0 {
+		m = def
+	}
+	if m&^0o7777 != 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "%s %#o: want permission bits (at most 07777)", field, m)
+	}
+	fm := fs.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		fm |= fs.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		fm |= fs.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		fm |= fs.ModeSticky
+	}
+	return fm, nil
+}
+
+// WriteFile writes a file in a sandbox: a WriteFileHeader, then its data.
+// The file appears whole once all of it arrived, or not at all.
+func (s *Server) WriteFile(stream kilnpb.Kiln_WriteFileServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return status.Errorf(codes.InvalidArgument, "write: the first request must be a WriteFileHeader, not %T", first.GetKind())
+	}
+	if err := checkPath("path", h.GetPath()); err != nil {
+		return err
+	}
+	mode, err := fileMode("mode", h.GetMode(), 0o644)
+	if err != nil {
+		return err
+	}
+	b, inst, done, err := s.use(h.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	defer done()
+	pr, pw := io.Pipe()
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err == io.EOF {
+				pw.Close()
+				return
+			}
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			data := req.GetData()
+			if req.GetHeader() != nil {
+				pw.CloseWithError(status.Error(codes.InvalidArgument, "write: a second WriteFileHeader"))
+				return
+			}
+			if _, err := pw.Write(data); err != nil {
+				return
+			}
+		}
+	}()
+	fi, err := inst.WriteFile(stream.Context(), h.GetPath(), pr, mode, h.GetMakeParents())
+	pr.CloseWithError(errors.New("the write is over"))
+	if err != nil {
+		return callErr("write "+h.GetPath()+" in sandbox "+b.id, err)
+	}
+	return stream.SendAndClose(fileInfo(fi))
+}
+
+// ReadFile streams a file of a sandbox.
+func (s *Server) ReadFile(req *kilnpb.ReadFileRequest, stream kilnpb.Kiln_ReadFileServer) error {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	defer done()
+	_, err = inst.ReadFile(stream.Context(), req.GetPath(), writerFunc(func(p []byte) (int, error) {
+		if err := stream.Send(&kilnpb.FileChunk{Data: p}); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}))
+	return callErr("read "+req.GetPath()+" in sandbox "+b.id, err)
+}
+
+// ListDir lists a directory of a sandbox, sorted by name.
+func (s *Server) ListDir(ctx context.Context, req *kilnpb.ListDirRequest) (*kilnpb.ListDirResponse, error) {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return nil, err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	ents, err := inst.List(ctx, req.GetPath())
+	if err != nil {
+		return nil, callErr("list "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	out := &kilnpb.ListDirResponse{Entries: make([]*kilnpb.FileInfo, 0, len(ents))}
+	for _, e := range ents {
+		out.Entries = append(out.Entries, fileInfo(e))
+	}
+	return out, nil
+}
+
+// Stat describes a file of a sandbox.
+func (s *Server) Stat(ctx context.Context, req *kilnpb.StatRequest) (*kilnpb.FileInfo, error) {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return nil, err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fi, err := inst.Stat(ctx, req.GetPath(), req.GetNoFollow())
+	if err != nil {
+		return nil, callErr("stat "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	return fileInfo(fi), nil
+}
+
+// Remove removes a file, or a tree with recursive, of a sandbox.
+func (s *Server) Remove(ctx context.Context, req *kilnpb.RemoveRequest) (*kilnpb.RemoveResponse, error) {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return nil, err
+	}
+	if req.GetPath() == "/" {
+		return nil, status.Error(codes.InvalidArgument, "path /: the root cannot be removed")
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if err := inst.Remove(ctx, req.GetPath(), req.GetRecursive()); err != nil {
+		return nil, callErr("remove "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	return &kilnpb.RemoveResponse{}, nil
+}
+
+// MakeDir makes a directory (and its parents, with parents) in a sandbox.
+func (s *Server) MakeDir(ctx context.Context, req *kilnpb.MakeDirRequest) (*kilnpb.FileInfo, error) {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return nil, err
+	}
+	mode, err := fileMode("mode", req.GetMode(), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if err := inst.Mkdir(ctx, req.GetPath(), mode, req.GetParents()); err != nil {
+		return nil, callErr("mkdir "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	fi, err := inst.Stat(ctx, req.GetPath(), true)
+	if err != nil {
+		return nil, callErr("stat "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	return fileInfo(fi), nil
+}

@@ -1,0 +1,149 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// record is what the state folder keeps of a sandbox, one JSON file per
+// sandbox (StateDir/sandboxes/ID.json), rewritten atomically on every
+// change of state: enough for a restarted server to take the sandbox over
+// and list it as it was.
+type record struct {
+	ID    string `json:"id"`
+	Dir   string `json:"dir"` // the VMM process's folder
+	PID   int    `json:"pid,omitempty"`
+	State string `json:"state"` // kilnpb.SandboxState's name
+	// Reason says why it is in a final state.
+	Reason string `json:"reason,omitempty"`
+
+	// What it was created from and with.
+	Image      string            `json:"image,omitempty"` // manifest digest
+	ImageRef   string            `json:"image_ref,omitempty"`
+	Checkpoint string            `json:"checkpoint,omitempty"`
+	Parent     string            `json:"parent,omitempty"` // the sandbox it was forked from
+	CPUs       uint32            `json:"cpus"`
+	MemoryMiB  uint32            `json:"memory_mib"`
+	Env        []string          `json:"env,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+
+	// RequestID and RequestKey: the client's ID of the request that made
+	// it, and the request's other fields (a retry must match them).
+	RequestID  string `json:"request_id,omitempty"`
+	RequestKey string `json:"request_key,omitempty"`
+
+	CreatedUnixMS int64 `json:"created_unix_ms"`
+	ExpiresUnixMS int64 `json:"expires_unix_ms,omitempty"` // 0: never
+	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"` // 0: never
+	EndedUnixMS   int64 `json:"ended_unix_ms,omitempty"`
+	ReadyMS       int64 `json:"ready_ms,omitempty"`
+	// LastCheckpoint is the parent of the next checkpoint.
+	LastCheckpoint string `json:"last_checkpoint,omitempty"`
+}
+
+func (r *record) state() kilnpb.SandboxState {
+	return kilnpb.SandboxState(kilnpb.SandboxState_value[r.State])
+}
+
+func (r *record) setState(s kilnpb.SandboxState) { r.State = s.String() }
+
+// live says the sandbox has not ended.
+func (r *record) live() bool { return isLive(r.state()) }
+
+func isLive(s kilnpb.SandboxState) bool {
+	switch s {
+	case kilnpb.SandboxState_SANDBOX_STATE_STARTING, kilnpb.SandboxState_SANDBOX_STATE_RUNNING, kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
+		return true
+	}
+	return false
+}
+
+// checkpointRecord is what the state folder keeps of a checkpoint
+// (StateDir/checkpoints/ID.json, its snapshot in StateDir/checkpoints/ID/).
+type checkpointRecord struct {
+	ID            string `json:"id"`
+	SandboxID     string `json:"sandbox_id"`
+	ParentID      string `json:"parent_id,omitempty"`
+	Dir           string `json:"dir"`
+	CreatedUnixMS int64  `json:"created_unix_ms"`
+	Persisted     bool   `json:"persisted"`
+	Keep          bool   `json:"keep"`
+	// The sandbox's machine and environment, which its restores keep.
+	CPUs      uint32   `json:"cpus"`
+	MemoryMiB uint32   `json:"memory_mib"`
+	Image     string   `json:"image,omitempty"`
+	Env       []string `json:"env,omitempty"`
+}
+
+// writeJSON writes v to path atomically: a temporary file beside it,
+// synced, renamed over path, and the folder synced.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("daemon: encode %s: %w", filepath.Base(path), err)
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // fails harmlessly after the rename
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// readRecords reads every *.json file of dir into a new T each, skipping
+// the temporary files of interrupted writes.
+func readRecords[T any](dir string) ([]*T, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: state: %w", err)
+	}
+	var out []*T
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		if e.IsDir() || strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		v := new(T)
+		if err := json.Unmarshal(b, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		out = append(out, v)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return out, fmt.Errorf("daemon: state %s: %w", dir, err)
+	}
+	return out, nil
+}

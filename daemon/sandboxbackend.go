@@ -1,0 +1,237 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
+)
+
+// SandboxBackend runs each sandbox in a VMM process of its own through
+// package sandbox: Start with Options.Process, Restore from a checkpoint,
+// Attach to take a running one over, Save and Fork.
+type SandboxBackend struct {
+	// Runtime is the kernel and agent initramfs every sandbox boots.
+	Runtime sandbox.Runtime
+	// Images is the images folder of image-rooted sandboxes (images are
+	// pulled into it beforehand: kiln image pull).
+	Images string
+	// Process starts a VMM process: ["/usr/bin/kiln", "vmm"].
+	Process sandbox.ProcessOptions
+	Logger  *slog.Logger
+	// roots shares image trees among the sandboxes this process reads
+	// (the VMM processes open their own).
+	roots *image.Roots
+	once  sync.Once
+}
+
+func (b *SandboxBackend) log() *slog.Logger {
+	if b.Logger == nil {
+		return slog.Default()
+	}
+	return b.Logger
+}
+
+func (b *SandboxBackend) imageRoots() *image.Roots {
+	b.once.Do(func() { b.roots = image.NewRoots(image.Options{Logger: b.Logger}) })
+	return b.roots
+}
+
+// Create implements Backend.
+func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance, error) {
+	if len(b.Process.Command) == 0 {
+		return nil, errors.New("daemon: no VMM process command (Config.ProcessCommand)")
+	}
+	proc := b.Process
+	var s *sandbox.Sandbox
+	var err error
+	switch {
+	case spec.Checkpoint != "":
+		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(),
+			Images: b.Images, ImageRoots: b.imageRoots(),
+		})
+	case spec.Image != "":
+		opts := sandbox.Options{
+			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname,
+			Dir: spec.Dir, Process: &proc, Logger: b.log(),
+			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(),
+		}
+		s, err = sandbox.Start(ctx, opts)
+	default:
+		return nil, errors.New("daemon: a sandbox needs an image or a checkpoint")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return newSandboxInstance(s, b), nil
+}
+
+// Attach implements Backend. A paused sandbox is resumed for the agent to
+// answer, then paused again.
+func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (Instance, error) {
+	if paused {
+		if err := vmmCall(ctx, dir, b.log(), (*vmmproc.Process).Resume); err != nil {
+			return nil, err
+		}
+	}
+	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, Logger: b.log()})
+	if err != nil {
+		return nil, err
+	}
+	in := newSandboxInstance(s, b)
+	if paused {
+		if err := in.Pause(ctx); err != nil {
+			return in, err
+		}
+	}
+	return in, nil
+}
+
+// vmmCall makes one call to the VMM process of the sandbox folder dir over
+// a connection of its own (package sandbox has no pause of its own).
+func vmmCall(ctx context.Context, dir string, log *slog.Logger, call func(*vmmproc.Process, context.Context) error) error {
+	p, err := vmmproc.Attach(ctx, filepath.Join(dir, vmmproc.SocketFile), log)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer p.Close(context.Background()) // attached: closes the connection only
+	if err := call(p, ctx); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	return nil
+}
+
+// sandboxInstance is a sandbox of package sandbox, in a VMM process.
+type sandboxInstance struct {
+	s       *sandbox.Sandbox
+	b       *SandboxBackend
+	pid     int
+	closing sync.Once
+}
+
+func newSandboxInstance(s *sandbox.Sandbox, b *SandboxBackend) *sandboxInstance {
+	return &sandboxInstance{s: s, b: b, pid: s.PID()}
+}
+
+func (in *sandboxInstance) Dir() string           { return in.s.Dir() }
+func (in *sandboxInstance) PID() int              { return in.pid }
+func (in *sandboxInstance) Image() string         { return in.s.Image() }
+func (in *sandboxInstance) Done() <-chan struct{} { return in.s.Done() }
+
+func (in *sandboxInstance) Exited() string {
+	exit, err := in.s.Exit()
+	if err != nil {
+		return err.Error()
+	}
+	return exit.String()
+}
+
+func (in *sandboxInstance) Start(ctx context.Context, opts client.ExecOptions) (Process, error) {
+	return in.s.Client().Start(ctx, opts)
+}
+
+func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error) {
+	var opts []client.WriteOption
+	if makeParents {
+		opts = append(opts, client.MakeParents())
+	}
+	return in.s.Client().WriteFileInfo(ctx, path, r, mode, opts...)
+}
+
+func (in *sandboxInstance) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	return in.s.Client().ReadFile(ctx, path, w)
+}
+
+func (in *sandboxInstance) Stat(ctx context.Context, path string, noFollow bool) (client.FileInfo, error) {
+	if noFollow {
+		return in.s.Client().Lstat(ctx, path)
+	}
+	return in.s.Client().Stat(ctx, path)
+}
+
+func (in *sandboxInstance) List(ctx context.Context, path string) ([]client.FileInfo, error) {
+	return in.s.Client().List(ctx, path)
+}
+
+func (in *sandboxInstance) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
+	return in.s.Client().Mkdir(ctx, path, mode, parents)
+}
+
+func (in *sandboxInstance) Remove(ctx context.Context, path string, recursive bool) error {
+	return in.s.Client().Remove(ctx, path, recursive)
+}
+
+func (in *sandboxInstance) Pause(ctx context.Context) error {
+	return vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Pause)
+}
+
+func (in *sandboxInstance) Resume(ctx context.Context) error {
+	return vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Resume)
+}
+
+func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
+
+func (in *sandboxInstance) Fork(ctx context.Context, n int) ([]Instance, error) {
+	kids, err := in.s.Fork(ctx, n, sandbox.ForkOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Instance, len(kids))
+	for i, k := range kids {
+		out[i] = newSandboxInstance(k, in.b)
+	}
+	return out, nil
+}
+
+// Close stops the VM, makes sure its VMM process is gone (an attached
+// one is not this process's child) and removes the sandbox's folder.
+func (in *sandboxInstance) Close(ctx context.Context) error {
+	var err error
+	in.closing.Do(func() {
+		errs := []error{in.s.Close(ctx)}
+		errs = append(errs, reap(in.pid, 10*time.Second))
+		if rerr := os.RemoveAll(in.s.Dir()); rerr != nil {
+			errs = append(errs, rerr)
+		}
+		err = errors.Join(errs...)
+	})
+	return err
+}
+
+// Detach closes the agent's connection and leaves the VMM process running.
+func (in *sandboxInstance) Detach() {
+	if c := in.s.Client(); c != nil {
+		c.Close()
+	}
+}
+
+// reap waits up to wait for process pid to be gone, then kills it.
+func reap(pid int, wait time.Duration) error {
+	if pid <= 0 || pid == os.Getpid() {
+		return nil
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) == syscall.ESRCH {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+		return fmt.Errorf("daemon: kill VMM process %d: %w", pid, err)
+	}
+	return nil
+}

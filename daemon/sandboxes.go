@@ -1,0 +1,514 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// Limits of the request fields.
+const (
+	maxRequestID = 128
+	maxIDLen     = 128
+	minMemoryMiB = 64
+	maxCPUs      = 255
+	maxLabelKey  = 128
+	maxLabelVal  = 1024
+	maxLabels    = 64
+	maxEnv       = 1024
+)
+
+// checkID refuses an empty, long or odd ID.
+func checkID(what, id string) error {
+	if id == "" {
+		return status.Errorf(codes.InvalidArgument, "%s is empty", what)
+	}
+	if len(id) > maxIDLen {
+		return status.Errorf(codes.InvalidArgument, "%s is %d bytes: at most %d", what, len(id), maxIDLen)
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') || c == '.' && id[0] == '.' {
+			return status.Errorf(codes.InvalidArgument, "%s %q: only letters, digits, '-', '_' and '.' (not first)", what, id)
+		}
+	}
+	return nil
+}
+
+// checkRequestID refuses a missing or oversized request ID.
+func checkRequestID(id string) error {
+	if id == "" {
+		return status.Error(codes.InvalidArgument, "request_id is empty: give a client-chosen ID of 1 to 128 bytes, so that a retry returns what the first request made")
+	}
+	if len(id) > maxRequestID {
+		return status.Errorf(codes.InvalidArgument, "request_id is %d bytes: at most %d", len(id), maxRequestID)
+	}
+	if strings.ContainsRune(id, 0) {
+		return status.Error(codes.InvalidArgument, "request_id has a NUL byte")
+	}
+	return nil
+}
+
+func checkEnv(field string, env []string) error {
+	if len(env) > maxEnv {
+		return status.Errorf(codes.InvalidArgument, "%s has %d entries: at most %d", field, len(env), maxEnv)
+	}
+	for i, e := range env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" {
+			return status.Errorf(codes.InvalidArgument, "%s[%d] %q: want NAME=VALUE", field, i, e)
+		}
+		if strings.ContainsRune(e, 0) {
+			return status.Errorf(codes.InvalidArgument, "%s[%d] has a NUL byte", field, i)
+		}
+	}
+	return nil
+}
+
+func checkLabels(field string, labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return status.Errorf(codes.InvalidArgument, "%s has %d labels: at most %d", field, len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelKey || strings.ContainsRune(k, 0) {
+			return status.Errorf(codes.InvalidArgument, "%s: label key %q: want 1 to %d bytes, no NUL", field, k, maxLabelKey)
+		}
+		if len(v) > maxLabelVal || strings.ContainsRune(v, 0) {
+			return status.Errorf(codes.InvalidArgument, "%s: label %q's value: want at most %d bytes, no NUL", field, k, maxLabelVal)
+		}
+	}
+	return nil
+}
+
+// lifetimes resolves a request's lifetime and idle timeout (ms): 0 is the
+// default lifetime, negative none; a finite lifetime shorter than the idle
+// timeout is refused.
+func (s *Server) lifetimes(lifetimeMS, idleMS int64) (time.Duration, time.Duration, error) {
+	if idleMS < 0 {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "idle_timeout_ms %d is negative: 0 means none", idleMS)
+	}
+	life := time.Duration(lifetimeMS) * time.Millisecond
+	switch {
+	case lifetimeMS == 0:
+		life = s.cfg.DefaultLifetime
+	case lifetimeMS < 0:
+		life = 0
+	}
+	idle := time.Duration(idleMS) * time.Millisecond
+	if life > 0 && idle > 0 && life < idle {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "a lifetime of %v is shorter than the idle timeout of %v: the idle timeout could never fire", life, idle)
+	}
+	return life, idle, nil
+}
+
+// CreateSandbox starts a sandbox from an image or a checkpoint.
+func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxRequest) (*kilnpb.Sandbox, error) {
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	r := record{Env: req.GetEnv(), Labels: req.GetLabels()}
+	spec := CreateSpec{}
+	res := req.GetResources()
+	switch src := req.GetSource().(type) {
+	case nil:
+		return nil, status.Error(codes.InvalidArgument, "no source: give one of image, template or checkpoint")
+	case *kilnpb.CreateSandboxRequest_Template:
+		return nil, status.Error(codes.Unimplemented, "templates are not implemented yet (CreateTemplate and CreateSandbox from a template): create from an image or a checkpoint")
+	case *kilnpb.CreateSandboxRequest_Image:
+		if src.Image == "" || strings.ContainsRune(src.Image, 0) {
+			return nil, status.Errorf(codes.InvalidArgument, "image %q: want an image reference or manifest digest", src.Image)
+		}
+		spec.Image, r.ImageRef = src.Image, src.Image
+	case *kilnpb.CreateSandboxRequest_Checkpoint:
+		ck, err := s.checkpoint(src.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		if res.GetCpus() != 0 || res.GetMemoryMib() != 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "resources: a sandbox from checkpoint %s has the checkpointed sandbox's CPUs and memory; leave them 0", ck.ID)
+		}
+		spec.Checkpoint, r.Checkpoint = ck.Dir, ck.ID
+		r.LastCheckpoint, r.Image = ck.ID, ck.Image
+		r.Env = append(append([]string{}, ck.Env...), req.GetEnv()...)
+		cpus, mem := s.checkpointResources(ck)
+		res = &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}
+	}
+	cpus, mem, err := s.resources(res)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEnv("env", req.GetEnv()); err != nil {
+		return nil, err
+	}
+	if err := checkLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	life, idle, err := s.lifetimes(req.GetLifetimeMs(), req.GetIdleTimeoutMs())
+	if err != nil {
+		return nil, err
+	}
+	spec.CPUs, spec.MemoryMiB = int(cpus), int(mem)
+	r.CPUs, r.MemoryMiB = cpus, mem
+	r.IdleTimeoutMS = idle.Milliseconds()
+	keyReq := proto.Clone(req).(*kilnpb.CreateSandboxRequest)
+	keyReq.RequestId = ""
+	r.RequestID, r.RequestKey = req.GetRequestId(), requestKey("create", keyReq)
+
+	b, existing, err := s.reserve(&r, life)
+	if err != nil {
+		return nil, err
+	}
+	if existing {
+		<-b.ready
+		b.mu.Lock()
+		key, cerr := b.rec.RequestKey, b.createErr
+		b.mu.Unlock()
+		if key != r.RequestKey {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q made sandbox %s with other parameters", r.RequestID, b.id)
+		}
+		if cerr != nil {
+			return nil, cerr
+		}
+		return s.describe(b), nil
+	}
+	spec.Dir = b.rec.Dir
+	spec.Hostname = hostname(b.id)
+	return s.start(b, spec)
+}
+
+// hostname is a sandbox's guest host name.
+func hostname(id string) string { return strings.ReplaceAll(id, "_", "-") }
+
+// resources resolves and checks a request's resources.
+func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) {
+	cpus, mem = res.GetCpus(), res.GetMemoryMib()
+	if cpus == 0 {
+		cpus = s.cfg.DefaultCPUs
+	}
+	if mem == 0 {
+		mem = s.cfg.DefaultMemoryMiB
+	}
+	if res.GetDiskMib() != 0 {
+		return 0, 0, status.Error(codes.Unimplemented, "resources.disk_mib: a size cap on the writable layer is not implemented yet (the guest's tmpfs takes half its memory); leave it 0")
+	}
+	if int(cpus) > maxCPUs || int(cpus) > s.cfg.HostCPUs {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus %d: the host has %d CPUs", cpus, s.cfg.HostCPUs)
+	}
+	if mem < minMemoryMiB {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib %d: at least %d", mem, minMemoryMiB)
+	}
+	if uint64(mem) > s.cfg.HostMemoryMiB {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib %d is more than the host has (%d MiB)", mem, s.cfg.HostMemoryMiB)
+	}
+	return cpus, mem, nil
+}
+
+// reserve finds the sandbox r's request ID made, or makes a new starting
+// one within the host's limits, recorded in the state folder.
+func (s *Server) reserve(r *record, life time.Duration) (_ *box, existing bool, _ error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, false, status.Error(codes.Unavailable, "kilnd is shutting down")
+	}
+	if b := s.requests[r.RequestID]; b != nil {
+		return b, true, nil
+	}
+	if err := s.admitLocked(1, uint64(r.MemoryMiB)); err != nil {
+		return nil, false, err
+	}
+	b := newBox(newID("sb-"))
+	b.rec = *r
+	b.rec.ID = b.id
+	b.rec.Dir = filepath.Join(s.cfg.StateDir, sandboxesDir, b.id)
+	now := s.clock.Now()
+	b.rec.CreatedUnixMS = now.UnixMilli()
+	if life > 0 {
+		b.rec.ExpiresUnixMS = now.Add(life).UnixMilli()
+	}
+	b.lastActive = now
+	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
+	if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
+		return nil, false, status.Errorf(codes.Internal, "sandbox folder: %v", err)
+	}
+	s.boxes[b.id] = b
+	s.requests[r.RequestID] = b
+	b.mu.Lock()
+	s.persistLocked(b)
+	b.mu.Unlock()
+	return b, false, nil
+}
+
+// admitLocked refuses n more sandboxes of mem MiB each beyond the host's
+// limits; s.mu is held.
+func (s *Server) admitLocked(n int, mem uint64) error {
+	live := 0
+	var used uint64
+	for _, b := range s.boxes {
+		b.mu.Lock()
+		if b.rec.live() {
+			live++
+			used += uint64(b.rec.MemoryMiB)
+		}
+		b.mu.Unlock()
+	}
+	if live+n > s.cfg.MaxSandboxes {
+		return status.Errorf(codes.ResourceExhausted, "the host runs %d sandboxes, its limit is %d", live, s.cfg.MaxSandboxes)
+	}
+	if used+uint64(n)*mem > s.cfg.MaxMemoryMiB {
+		return status.Errorf(codes.ResourceExhausted, "the host's sandboxes have %d MiB of memory; %d more MiB would pass its limit of %d MiB", used, uint64(n)*mem, s.cfg.MaxMemoryMiB)
+	}
+	return nil
+}
+
+// start starts the reserved sandbox b and returns it running.
+func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
+	b.mu.Lock()
+	s.publish(kilnpb.Event_KIND_CREATED, s.protoLocked(b), "")
+	b.mu.Unlock()
+	began := time.Now()
+	// Not the caller's context: a client that gives up leaves a sandbox
+	// that a retry with the same request ID finds.
+	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
+	inst, err := s.backend.Create(ctx, spec)
+	cancel()
+	if err != nil {
+		err = callErr("sandbox "+b.id+" did not start", err)
+		s.mu.Lock()
+		delete(s.requests, b.rec.RequestID) // a retry starts afresh
+		s.mu.Unlock()
+		s.failStart(b, err)
+		return nil, err
+	}
+	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+	close(b.ready)
+	return s.describe(b), nil
+}
+
+// runningAs records that b runs as inst, ready after ready, and
+// publishes kind.
+func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kilnpb.Event_Kind) {
+	b.mu.Lock()
+	b.inst = inst
+	b.rec.PID = inst.PID()
+	b.rec.Dir = inst.Dir()
+	if d := inst.Image(); d != "" {
+		b.rec.Image = d
+	}
+	b.rec.ReadyMS = ready.Milliseconds()
+	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
+	b.lastActive = s.clock.Now()
+	s.persistLocked(b)
+	s.scheduleLocked(b)
+	pb := s.protoLocked(b)
+	b.mu.Unlock()
+	s.watch(b, inst)
+	s.publish(kind, pb, "")
+}
+
+func (s *Server) describe(b *box) *kilnpb.Sandbox {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return s.protoLocked(b)
+}
+
+// GetSandbox describes a sandbox, live or ended.
+func (s *Server) GetSandbox(ctx context.Context, req *kilnpb.GetSandboxRequest) (*kilnpb.Sandbox, error) {
+	b, err := s.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return s.describe(b), nil
+}
+
+// ListSandboxes lists the sandboxes with all of the labels asked for, in
+// the states asked for (live ones when none), oldest first.
+func (s *Server) ListSandboxes(ctx context.Context, req *kilnpb.ListSandboxesRequest) (*kilnpb.ListSandboxesResponse, error) {
+	states := map[kilnpb.SandboxState]bool{}
+	for _, st := range req.GetStates() {
+		if _, ok := kilnpb.SandboxState_name[int32(st)]; !ok || st == kilnpb.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+			return nil, status.Errorf(codes.InvalidArgument, "states: %d is not a sandbox state", st)
+		}
+		states[st] = true
+	}
+	s.mu.Lock()
+	boxes := make([]*box, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	var out []*kilnpb.Sandbox
+	for _, b := range boxes {
+		sb := s.describe(b)
+		if len(states) > 0 && !states[sb.State] || len(states) == 0 && !isLive(sb.State) {
+			continue
+		}
+		match := true
+		for k, v := range req.GetLabels() {
+			if got, ok := sb.Labels[k]; !ok || got != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedUnixMs != out[j].CreatedUnixMs {
+			return out[i].CreatedUnixMs < out[j].CreatedUnixMs
+		}
+		return out[i].Id < out[j].Id
+	})
+	return &kilnpb.ListSandboxesResponse{Sandboxes: out}, nil
+}
+
+// DestroySandbox stops a sandbox and removes everything it held on the
+// host. Destroying an ended sandbox succeeds and changes nothing.
+func (s *Server) DestroySandbox(ctx context.Context, req *kilnpb.DestroySandboxRequest) (*kilnpb.DestroySandboxResponse, error) {
+	b, err := s.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_DESTROYED, "destroyed on request")
+	return &kilnpb.DestroySandboxResponse{}, nil
+}
+
+// PauseSandbox pauses a running sandbox's vCPUs.
+func (s *Server) PauseSandbox(ctx context.Context, req *kilnpb.PauseSandboxRequest) (*kilnpb.Sandbox, error) {
+	return s.pauseResume(ctx, req.GetId(), true)
+}
+
+// ResumeSandbox resumes a paused sandbox.
+func (s *Server) ResumeSandbox(ctx context.Context, req *kilnpb.ResumeSandboxRequest) (*kilnpb.Sandbox, error) {
+	return s.pauseResume(ctx, req.GetId(), false)
+}
+
+func (s *Server) pauseResume(ctx context.Context, id string, pause bool) (*kilnpb.Sandbox, error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	from, to, kind, verb := kilnpb.SandboxState_SANDBOX_STATE_RUNNING, kilnpb.SandboxState_SANDBOX_STATE_PAUSED, kilnpb.Event_KIND_PAUSED, "pause"
+	if !pause {
+		from, to, kind, verb = to, from, kilnpb.Event_KIND_RESUMED, "resume"
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.rec.state()
+	if st == to {
+		return s.protoLocked(b), nil // already so
+	}
+	if st != from || b.ending || b.inst == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot %s it", id, stateName(st), verb)
+	}
+	if b.busy > 0 && pause {
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot pause it", id, b.busy)
+	}
+	call := b.inst.Resume
+	if pause {
+		call = b.inst.Pause
+	}
+	if err := call(ctx); err != nil {
+		return nil, callErr(verb+" sandbox "+id, err)
+	}
+	b.rec.setState(to)
+	b.lastActive = s.clock.Now()
+	s.persistLocked(b)
+	pb := s.protoLocked(b)
+	s.publish(kind, pb, "")
+	return pb, nil
+}
+
+// scheduleLocked arms b's timer for its next deadline (lifetime or idle
+// timeout); b.mu is held.
+func (s *Server) scheduleLocked(b *box) {
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	var next time.Time
+	if b.rec.ExpiresUnixMS > 0 {
+		next = time.UnixMilli(b.rec.ExpiresUnixMS)
+	}
+	if idle := time.Duration(b.rec.IdleTimeoutMS) * time.Millisecond; idle > 0 {
+		if t := b.lastActive.Add(idle); next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	if next.IsZero() {
+		return
+	}
+	d := next.Sub(s.clock.Now())
+	if d < 0 {
+		d = 0
+	}
+	b.timer = s.clock.AfterFunc(d, func() { s.checkTimeouts(b) })
+}
+
+// checkTimeouts ends b if its lifetime or idle timeout has passed, and
+// arms its timer for the next deadline otherwise.
+func (s *Server) checkTimeouts(b *box) {
+	if s.ctx.Err() != nil {
+		return
+	}
+	b.mu.Lock()
+	if b.ending || !b.rec.live() {
+		b.mu.Unlock()
+		return
+	}
+	now := s.clock.Now()
+	reason := ""
+	idle := time.Duration(b.rec.IdleTimeoutMS) * time.Millisecond
+	switch {
+	case b.rec.ExpiresUnixMS > 0 && now.UnixMilli() >= b.rec.ExpiresUnixMS:
+		reason = fmt.Sprintf("its lifetime of %v ended", time.Duration(b.rec.ExpiresUnixMS-b.rec.CreatedUnixMS)*time.Millisecond)
+	case idle > 0 && b.busy == 0 && now.Sub(b.lastActive) >= idle:
+		reason = fmt.Sprintf("no exec or file call for %v (its idle timeout)", idle)
+	}
+	if reason == "" {
+		if idle > 0 && b.busy > 0 && now.Sub(b.lastActive) >= idle {
+			b.lastActive = now // busy counts as active
+		}
+		s.scheduleLocked(b)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT, reason)
+}
+
+// hostMemoryMiB reads the host's memory from /proc/meminfo (0 when it
+// cannot).
+func hostMemoryMiB() uint64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseUint(fields[1], 10, 64)
+			if err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return 0
+}
+
+func hostCPUs() int { return runtime.NumCPU() }

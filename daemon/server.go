@@ -1,0 +1,557 @@
+// Package daemon is kilnd's core: the kiln.v1 gRPC service (kilnpb) over
+// the sandboxes of one host. Each sandbox runs in a VMM process of its own
+// (SandboxBackend); the server keeps their records in a state folder, so
+// that a restarted server takes every running sandbox over and lists it
+// again, and enforces host limits, request IDs, and lifetime and idle
+// timeouts.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// Config configures a Server.
+type Config struct {
+	// StateDir holds the server's records and the sandboxes' folders
+	// (required; kilnd uses /var/lib/kiln).
+	StateDir string
+	// Backend runs the sandboxes; nil: a SandboxBackend from Runtime,
+	// Images and ProcessCommand.
+	Backend Backend
+	// Runtime is the kernel and agent initramfs sandboxes boot.
+	Runtime sandbox.Runtime
+	// Images is the images folder of image-rooted sandboxes.
+	Images string
+	// ProcessCommand starts a VMM process: ["/usr/bin/kiln", "vmm"].
+	ProcessCommand []string
+
+	// Defaults of a CreateSandboxRequest's zero fields: 1 vCPU, 512 MiB,
+	// no lifetime limit when zero.
+	DefaultCPUs      uint32
+	DefaultMemoryMiB uint32
+	DefaultLifetime  time.Duration
+
+	// Host limits: at most MaxSandboxes live sandboxes (0: 1024) with at
+	// most MaxMemoryMiB of guest memory among them (0: the host's memory).
+	// HostMemoryMiB is the host's memory (0: /proc/meminfo's MemTotal);
+	// HostCPUs its CPUs (0: runtime.NumCPU).
+	MaxSandboxes  int
+	MaxMemoryMiB  uint64
+	HostMemoryMiB uint64
+	HostCPUs      int
+
+	// BootTimeout bounds a sandbox's start (0: 5 minutes).
+	BootTimeout time.Duration
+	// KeepEnded is how many ended sandboxes GetSandbox still describes
+	// (0: 4096); older ones are forgotten.
+	KeepEnded int
+
+	Logger *slog.Logger
+	// Clock is the server's time; nil: the real one.
+	Clock Clock
+}
+
+// Server implements kilnpb.KilnServer.
+type Server struct {
+	kilnpb.UnimplementedKilnServer
+
+	cfg     Config
+	log     *slog.Logger
+	clock   Clock
+	backend Backend
+	events  *broker
+
+	// ctx ends with Close: watchers and event streams stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu guards the maps; a box's own mutex is taken after it, never
+	// before.
+	mu          sync.Mutex
+	boxes       map[string]*box
+	requests    map[string]*box         // create request ID → sandbox
+	forks       map[string]*forkRequest // fork request ID → children
+	checkpoints map[string]*checkpointRecord
+	closed      bool
+}
+
+// The folders under StateDir.
+const (
+	sandboxesDir   = "sandboxes"
+	checkpointsDir = "checkpoints"
+)
+
+// New makes a server over cfg.StateDir, taking over every sandbox its
+// records list as live: one whose VMM process still runs is listed again
+// with its ID and state; one whose process is gone becomes failed, with
+// the reason.
+func New(cfg Config) (*Server, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("daemon: no state folder (Config.StateDir)")
+	}
+	abs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: state folder: %w", err)
+	}
+	cfg.StateDir = abs
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.DefaultCPUs == 0 {
+		cfg.DefaultCPUs = 1
+	}
+	if cfg.DefaultMemoryMiB == 0 {
+		cfg.DefaultMemoryMiB = 512
+	}
+	if cfg.MaxSandboxes == 0 {
+		cfg.MaxSandboxes = 1024
+	}
+	if cfg.HostMemoryMiB == 0 {
+		if cfg.HostMemoryMiB = hostMemoryMiB(); cfg.HostMemoryMiB == 0 {
+			cfg.HostMemoryMiB = 1 << 40 // unknown: no limit of its own
+		}
+	}
+	if cfg.MaxMemoryMiB == 0 {
+		cfg.MaxMemoryMiB = cfg.HostMemoryMiB
+	}
+	if cfg.HostCPUs == 0 {
+		cfg.HostCPUs = hostCPUs()
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 5 * time.Minute
+	}
+	if cfg.KeepEnded == 0 {
+		cfg.KeepEnded = 4096
+	}
+	if cfg.Backend == nil {
+		if len(cfg.ProcessCommand) == 0 {
+			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln vmm)")
+		}
+		cfg.Backend = &SandboxBackend{Runtime: cfg.Runtime, Images: cfg.Images,
+			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand}, Logger: cfg.Logger}
+	}
+	for _, d := range []string{sandboxesDir, checkpointsDir} {
+		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("daemon: state folder: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, backend: cfg.Backend, events: newBroker(),
+		ctx: ctx, cancel: cancel,
+		boxes: map[string]*box{}, requests: map[string]*box{}, forks: map[string]*forkRequest{},
+		checkpoints: map[string]*checkpointRecord{},
+	}
+	if err := s.load(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Register registers the Kiln service on r.
+func (s *Server) Register(r grpc.ServiceRegistrar) { kilnpb.RegisterKilnServer(r, s) }
+
+// Close stops the server's timers, watchers and event streams. The
+// sandboxes run on: a server made later over the same state folder takes
+// them over.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	boxes := make([]*box, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	for _, b := range boxes {
+		b.mu.Lock()
+		if b.timer != nil {
+			b.timer.Stop()
+		}
+		inst := b.inst
+		b.mu.Unlock()
+		if inst != nil {
+			inst.Detach()
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("daemon: close: %w", ctx.Err())
+	}
+}
+
+// box is a sandbox the server knows, live or ended.
+type box struct {
+	id string
+	mu sync.Mutex
+	// rec is the record as the state folder has it (after persist).
+	rec  record
+	inst Instance // nil while starting, rolling back, or once ended
+	// ctx ends when the sandbox does: its background execs go with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// ready is closed once the create that made it has finished.
+	ready     chan struct{}
+	createErr error
+	// ending: a destroy, timeout or failure is under way.
+	ending bool
+	// lastActive and busy (calls in flight) drive the idle timeout.
+	lastActive time.Time
+	busy       int
+	timer      Timer
+	execs      *execTable
+}
+
+func newBox(id string) *box {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &box{id: id, ctx: ctx, cancel: cancel, ready: make(chan struct{}), execs: newExecTable()}
+}
+
+// load reads the records and takes the live sandboxes over.
+func (s *Server) load() error {
+	recs, err := readRecords[record](filepath.Join(s.cfg.StateDir, sandboxesDir))
+	if err != nil {
+		s.log.Warn("some sandbox records could not be read", "err", err)
+	}
+	cks, err := readRecords[checkpointRecord](filepath.Join(s.cfg.StateDir, checkpointsDir))
+	if err != nil {
+		s.log.Warn("some checkpoint records could not be read", "err", err)
+	}
+	for _, c := range cks {
+		s.checkpoints[c.ID] = c
+	}
+	var wg sync.WaitGroup
+	for _, r := range recs {
+		if err := checkID("record", r.ID); err != nil {
+			s.log.Warn("skipping a sandbox record", "err", err)
+			continue
+		}
+		b := newBox(r.ID)
+		b.rec = *r
+		b.lastActive = s.clock.Now()
+		close(b.ready)
+		s.boxes[r.ID] = b
+		s.indexRequest(b)
+		if !r.live() {
+			b.cancel()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.adopt(b)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// indexRequest remembers the request ID that made b.
+func (s *Server) indexRequest(b *box) {
+	r := &b.rec
+	if r.RequestID == "" {
+		return
+	}
+	if isForkKey(r.RequestKey) {
+		f := s.forks[r.RequestID]
+		if f == nil {
+			f = &forkRequest{key: r.RequestKey, done: make(chan struct{})}
+			close(f.done)
+			s.forks[r.RequestID] = f
+		}
+		f.children = append(f.children, b.id)
+		sort.Strings(f.children)
+		return
+	}
+	s.requests[r.RequestID] = b
+}
+
+// adopt takes over a live sandbox of a previous server.
+func (s *Server) adopt(b *box) {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+	defer cancel()
+	paused := b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+	inst, err := s.backend.Attach(ctx, b.rec.Dir, paused)
+	if err != nil {
+		s.log.Warn("sandbox lost while kilnd was down", "sandbox", b.id, "err", err)
+		if inst != nil {
+			inst.Close(context.Background())
+		} else {
+			os.RemoveAll(b.rec.Dir)
+		}
+		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "its VMM process could not be taken over after a kilnd restart: "+err.Error())
+		return
+	}
+	b.mu.Lock()
+	b.inst = inst
+	b.rec.PID = inst.PID()
+	if b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_STARTING {
+		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
+	}
+	s.persistLocked(b)
+	s.scheduleLocked(b)
+	b.mu.Unlock()
+	s.watch(b, inst)
+	s.log.Info("sandbox taken over", "sandbox", b.id, "pid", inst.PID())
+}
+
+// watch waits for inst, b's instance, to stop on its own: b has failed.
+func (s *Server) watch(b *box, inst Instance) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-inst.Done():
+		case <-s.ctx.Done():
+			return
+		}
+		b.mu.Lock()
+		mine := b.inst == inst && !b.ending
+		b.mu.Unlock()
+		if !mine {
+			return
+		}
+		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "the sandbox stopped on its own: "+inst.Exited())
+	}()
+}
+
+// end ends the live sandbox b: its instance is closed (nothing of it
+// left on the host) and it is recorded in state with reason. It returns
+// false when b was ending or ended already.
+func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
+	<-b.ready
+	b.mu.Lock()
+	if b.ending || !b.rec.live() {
+		b.mu.Unlock()
+		return false
+	}
+	b.ending = true
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	inst := b.inst
+	b.mu.Unlock()
+	b.cancel()
+	if inst != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := inst.Close(ctx); err != nil {
+			s.log.Warn("sandbox close", "sandbox", b.id, "err", err)
+		}
+		cancel()
+	} else if b.rec.Dir != "" {
+		os.RemoveAll(b.rec.Dir)
+	}
+	s.finish(b, state, reason)
+	return true
+}
+
+// finish records that b ended in state, publishes it, and forgets the
+// oldest ended sandboxes beyond Config.KeepEnded.
+func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
+	b.mu.Lock()
+	b.inst = nil
+	b.rec.setState(state)
+	b.rec.Reason = reason
+	b.rec.EndedUnixMS = s.clock.Now().UnixMilli()
+	s.persistLocked(b)
+	pb := s.protoLocked(b)
+	b.mu.Unlock()
+	b.cancel()
+	kind := map[kilnpb.SandboxState]kilnpb.Event_Kind{
+		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
+		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,
+		kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT: kilnpb.Event_KIND_TIMED_OUT,
+	}[state]
+	s.publish(kind, pb, reason)
+	s.gcCheckpoints(b.id)
+	s.pruneEnded()
+}
+
+// pruneEnded forgets the oldest ended sandboxes beyond Config.KeepEnded.
+func (s *Server) pruneEnded() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ended []*box
+	for _, b := range s.boxes {
+		b.mu.Lock()
+		if !b.rec.live() {
+			ended = append(ended, b)
+		}
+		b.mu.Unlock()
+	}
+	if len(ended) <= s.cfg.KeepEnded {
+		return
+	}
+	sort.Slice(ended, func(i, j int) bool { return ended[i].rec.EndedUnixMS < ended[j].rec.EndedUnixMS })
+	for _, b := range ended[:len(ended)-s.cfg.KeepEnded] {
+		delete(s.boxes, b.id)
+		if s.requests[b.rec.RequestID] == b {
+			delete(s.requests, b.rec.RequestID)
+		}
+		os.Remove(s.recordPath(b.id))
+	}
+}
+
+func (s *Server) recordPath(id string) string {
+	return filepath.Join(s.cfg.StateDir, sandboxesDir, id+".json")
+}
+
+// persistLocked writes b's record; b.mu is held. A failure is logged: the
+// sandbox runs on, and the next change writes the record again.
+func (s *Server) persistLocked(b *box) {
+	if err := writeJSON(s.recordPath(b.id), &b.rec); err != nil {
+		s.log.Error("sandbox record not written", "sandbox", b.id, "err", err)
+	}
+}
+
+func (s *Server) publish(kind kilnpb.Event_Kind, sb *kilnpb.Sandbox, reason string) {
+	s.events.publish(&kilnpb.Event{Kind: kind, SandboxId: sb.Id, Reason: reason, UnixMs: s.clock.Now().UnixMilli(), Sandbox: sb})
+}
+
+// protoLocked describes b; b.mu is held.
+func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
+	r := &b.rec
+	pb := &kilnpb.Sandbox{
+		Id: r.ID, State: r.state(), Reason: r.Reason, Image: r.Image, Checkpoint: r.Checkpoint,
+		Resources:     &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB},
+		Labels:        r.Labels,
+		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
+		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
+	}
+	if !r.live() {
+		pb.Pid = 0
+	}
+	return proto.Clone(pb).(*kilnpb.Sandbox)
+}
+
+// newID returns a new random ID with prefix.
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	rand.Read(b) // never fails (crypto/rand)
+	return prefix + hex.EncodeToString(b)
+}
+
+// requestKey is the digest of req's fields but its request ID: a retry
+// must have the same.
+func requestKey(kind string, req proto.Message) string {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil {
+		return kind + ":unencodable"
+	}
+	h := sha256.Sum256(b)
+	return kind + ":" + hex.EncodeToString(h[:])
+}
+
+// lookup returns the sandbox id names.
+func (s *Server) lookup(id string) (*box, error) {
+	if err := checkID("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	b := s.boxes[id]
+	s.mu.Unlock()
+	if b == nil {
+		return nil, status.Errorf(codes.NotFound, "no sandbox %q", id)
+	}
+	return b, nil
+}
+
+// use returns the running instance of sandbox id for a call, marking the
+// sandbox busy (the idle timer waits) until done is called.
+func (s *Server) use(id string) (_ *box, _ Instance, done func(), _ error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.rec.state()
+	switch {
+	case b.ending || !b.rec.live():
+		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", id, stateName(st))
+	case st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
+		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is paused: resume it first", id)
+	case b.inst == nil:
+		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s", id, stateName(st))
+	}
+	b.busy++
+	b.lastActive = s.clock.Now()
+	var once sync.Once
+	return b, b.inst, func() {
+		once.Do(func() {
+			b.mu.Lock()
+			b.busy--
+			b.lastActive = s.clock.Now()
+			b.mu.Unlock()
+		})
+	}, nil
+}
+
+func stateName(st kilnpb.SandboxState) string {
+	switch st {
+	case kilnpb.SandboxState_SANDBOX_STATE_STARTING:
+		return "starting"
+	case kilnpb.SandboxState_SANDBOX_STATE_RUNNING:
+		return "running"
+	case kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
+		return "paused"
+	case kilnpb.SandboxState_SANDBOX_STATE_DESTROYED:
+		return "destroyed"
+	case kilnpb.SandboxState_SANDBOX_STATE_FAILED:
+		return "failed"
+	case kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT:
+		return "timed out"
+	}
+	return st.String()
+}
+
+// callErr turns a backend's error into a status: the agent's code when it
+// gave one, else Internal; what names the call.
+func callErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) {
+		return status.Errorf(codes.Canceled, "%s: %v", what, err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return status.Errorf(codes.DeadlineExceeded, "%s: %v", what, err)
+	}
+	code := codes.Internal
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown && st.Code() != codes.OK {
+		code = st.Code()
+	}
+	return status.Errorf(code, "%s: %v", what, err)
+}
