@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -391,12 +392,12 @@ func fileErr(op, p string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		code = codes.NotFound
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+		code = codes.FailedPrecondition
 	case errors.Is(err, fs.ErrExist):
 		code = codes.AlreadyExists
 	case errors.Is(err, fs.ErrPermission):
 		code = codes.PermissionDenied
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
-		code = codes.FailedPrecondition
 	case strings.Contains(err.Error(), "escapes"):
 		code = codes.InvalidArgument
 	}
@@ -479,6 +480,7 @@ func (in *Instance) List(ctx context.Context, p string) ([]client.FileInfo, erro
 	if err != nil {
 		return nil, fileErr("list", p, err)
 	}
+	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 	out := make([]client.FileInfo, 0, len(ents))
 	for _, e := range ents {
 		fi, err := e.Info()
