@@ -3,13 +3,15 @@
 // (package kilnpb) in typed methods that stream files and process I/O
 // from and to io.Reader and io.Writer.
 //
-// Errors from the daemon keep their gRPC status: status.Code(err) tells
-// NotFound, InvalidArgument, FailedPrecondition and the others apart
-// through the context this package wraps around them.
+// A call the daemon refuses returns an *Error, which keeps the gRPC
+// status: status.Code(err) tells NotFound, InvalidArgument,
+// FailedPrecondition and the others apart.
 package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,9 +20,11 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
@@ -200,4 +204,39 @@ func stream[T any](recv func() (T, error)) iter.Seq2[T, error] {
 			}
 		}
 	}
+}
+
+// Error is a call that failed with a gRPC status: what the client was
+// doing, and the daemon's code and message. status.Code and
+// status.FromError see through it (GRPCStatus).
+type Error struct {
+	Op   string // "create sandbox", "exec in sb-…"
+	Code codes.Code
+	Msg  string
+	err  error
+}
+
+func (e *Error) Error() string { return "kiln: " + e.Op + ": " + e.Code.String() + ": " + e.Msg }
+
+// Unwrap is the status error as gRPC returned it.
+func (e *Error) Unwrap() error { return e.err }
+
+// GRPCStatus is the call's status.
+func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Msg) }
+
+// callErr wraps a failed call's error with what the call was.
+func callErr(op string, err error) error {
+	if s, ok := status.FromError(err); ok && s.Code() != codes.OK {
+		return &Error{Op: op, Code: s.Code(), Msg: s.Message(), err: err}
+	}
+	return fmt.Errorf("kiln: %s: %w", op, err)
+}
+
+// NewRequestID returns a random request ID, for CreateSandbox, Fork and
+// CreateTemplate requests that a caller retries itself; those calls make
+// one when a request has none.
+func NewRequestID() string {
+	b := make([]byte, 16)
+	rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }

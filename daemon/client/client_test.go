@@ -123,9 +123,16 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 	_, err = c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Template{Template: "nope"}})
 	wantCode(t, err, codes.NotFound, "create from an unknown template")
-	if !strings.Contains(err.Error(), "create sandbox") {
-		t.Errorf("error %q lacks the call's context", err)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Op != "create sandbox" || ce.Code != codes.NotFound ||
+		err.Error() != `kiln: create sandbox: NotFound: no template "nope"` {
+		t.Errorf("error %q (%#v): want an *Error naming the call, its code and the daemon's message", err, ce)
 	}
+	if st, ok := status.FromError(err); !ok || st.Message() != `no template "nope"` {
+		t.Errorf("status.FromError(%v) = %v, %v", err, st, ok)
+	}
+	_, err = c.CreateSandbox(ctx, nil)
+	wantCode(t, err, codes.InvalidArgument, "create with a nil request")
 
 	list, err := c.ListSandboxes(ctx, ListOptions{Labels: map[string]string{"team": "b"}})
 	if err != nil || len(list) != 1 || list[0].GetId() != b.GetId() {
@@ -154,6 +161,35 @@ func newSandbox(t *testing.T, ctx context.Context, c *Client) string {
 		t.Fatal(err)
 	}
 	return sb.GetId()
+}
+
+// TestRequestIDs: a request without an ID gets a fresh one (the caller's
+// message is left alone); one with an ID keeps it.
+func TestRequestIDs(t *testing.T) {
+	sock, hs := serveHost(t)
+	c, ctx := dial(t, sock), testContext(t)
+	req := &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}}
+	a, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetId() == b.GetId() || req.GetRequestId() != "" {
+		t.Errorf("two creates without request IDs: %s and %s, request ID %q left; want two sandboxes, the request untouched",
+			a.GetId(), b.GetId(), req.GetRequestId())
+	}
+	hs.mu.Lock()
+	n := len(hs.requests)
+	hs.mu.Unlock()
+	if n != 2 {
+		t.Errorf("the server saw %d request IDs; want 2", n)
+	}
+	if x, y := NewRequestID(), NewRequestID(); x == y || len(x) != 32 {
+		t.Errorf("NewRequestID: %q, %q", x, y)
+	}
 }
 
 func TestExec(t *testing.T) {

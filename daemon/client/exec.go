@@ -67,7 +67,7 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 	defer cancel()
 	st, err := c.api.Exec(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kiln: exec in %s: %w", sandboxID, err)
+		return nil, callErr(fmt.Sprintf("exec in %s", sandboxID), err)
 	}
 	start := &kilnpb.ExecStart{
 		SandboxId:  sandboxID,
@@ -84,7 +84,7 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 		start.TimeoutMs = 1
 	}
 	if err := st.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Start{Start: start}}); err != nil {
-		return nil, fmt.Errorf("kiln: exec in %s: %w", sandboxID, recvErr(st, err))
+		return nil, callErr(fmt.Sprintf("exec in %s", sandboxID), recvErr(st, err))
 	}
 
 	// One goroutine owns Send from here on; stdin and signals feed it.
@@ -136,7 +136,7 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 			return nil, fmt.Errorf("kiln: exec in %s: the stream ended before the process did", sandboxID)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("kiln: exec in %s: %w", sandboxID, err)
+			return nil, callErr(fmt.Sprintf("exec in %s", sandboxID), err)
 		}
 		switch k := m.Kind.(type) {
 		case *kilnpb.ExecResponse_Started:
@@ -149,11 +149,11 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 			}
 		case *kilnpb.ExecResponse_Stdout:
 			if err := write(opts.Stdout, k.Stdout); err != nil {
-				return nil, fmt.Errorf("kiln: exec in %s: writing stdout: %w", sandboxID, err)
+				return nil, callErr(fmt.Sprintf("exec in %s: writing stdout", sandboxID), err)
 			}
 		case *kilnpb.ExecResponse_Stderr:
 			if err := write(opts.Stderr, k.Stderr); err != nil {
-				return nil, fmt.Errorf("kiln: exec in %s: writing stderr: %w", sandboxID, err)
+				return nil, callErr(fmt.Sprintf("exec in %s: writing stderr", sandboxID), err)
 			}
 		case *kilnpb.ExecResponse_Exit:
 			res.Exited = true
@@ -207,7 +207,7 @@ func recvErr[T any](st interface{ Recv() (T, error) }, err error) error {
 func (c *Client) ListExecs(ctx context.Context, sandboxID string) ([]*kilnpb.ExecInfo, error) {
 	resp, err := c.api.ListExecs(ctx, &kilnpb.ListExecsRequest{SandboxId: sandboxID})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: list execs of %s: %w", sandboxID, err)
+		return nil, callErr(fmt.Sprintf("list execs of %s", sandboxID), err)
 	}
 	return resp.GetExecs(), nil
 }
@@ -215,7 +215,7 @@ func (c *Client) ListExecs(ctx context.Context, sandboxID string) ([]*kilnpb.Exe
 // KillExec sends sig (0: SIGKILL) to an exec's process.
 func (c *Client) KillExec(ctx context.Context, sandboxID, execID string, sig syscall.Signal) error {
 	if _, err := c.api.KillExec(ctx, &kilnpb.KillExecRequest{SandboxId: sandboxID, ExecId: execID, Signal: int32(sig)}); err != nil {
-		return fmt.Errorf("kiln: kill exec %s in %s: %w", execID, sandboxID, err)
+		return callErr(fmt.Sprintf("kill exec %s in %s", execID, sandboxID), err)
 	}
 	return nil
 }

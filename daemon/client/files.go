@@ -24,7 +24,7 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 	defer cancel()
 	st, err := c.api.WriteFile(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kiln: write %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("write %s in %s", path, sandboxID), err)
 	}
 	fail := func(err error) (*kilnpb.FileInfo, error) {
 		if errors.Is(err, io.EOF) {
@@ -33,7 +33,7 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 				err = rerr
 			}
 		}
-		return nil, fmt.Errorf("kiln: write %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("write %s in %s", path, sandboxID), err)
 	}
 	hdr := &kilnpb.WriteFileHeader{SandboxId: sandboxID, Path: path, Mode: opts.Mode, MakeParents: opts.MakeParents}
 	if err := st.Send(&kilnpb.WriteFileRequest{Kind: &kilnpb.WriteFileRequest_Header{Header: hdr}}); err != nil {
@@ -52,12 +52,12 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 			break
 		}
 		if rerr != nil {
-			return nil, fmt.Errorf("kiln: write %s in %s: reading the source: %w", path, sandboxID, rerr)
+			return nil, callErr(fmt.Sprintf("write %s in %s: reading the source", path, sandboxID), rerr)
 		}
 	}
 	fi, err := st.CloseAndRecv()
 	if err != nil {
-		return nil, fmt.Errorf("kiln: write %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("write %s in %s", path, sandboxID), err)
 	}
 	return fi, nil
 }
@@ -69,17 +69,17 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 	defer cancel()
 	st, err := c.api.ReadFile(ctx, &kilnpb.ReadFileRequest{SandboxId: sandboxID, Path: path})
 	if err != nil {
-		return 0, fmt.Errorf("kiln: read %s in %s: %w", path, sandboxID, err)
+		return 0, callErr(fmt.Sprintf("read %s in %s", path, sandboxID), err)
 	}
 	var total int64
 	for ch, err := range stream(st.Recv) {
 		if err != nil {
-			return total, fmt.Errorf("kiln: read %s in %s: %w", path, sandboxID, err)
+			return total, callErr(fmt.Sprintf("read %s in %s", path, sandboxID), err)
 		}
 		n, err := w.Write(ch.GetData())
 		total += int64(n)
 		if err != nil {
-			return total, fmt.Errorf("kiln: read %s in %s: writing: %w", path, sandboxID, err)
+			return total, callErr(fmt.Sprintf("read %s in %s: writing", path, sandboxID), err)
 		}
 	}
 	return total, nil
@@ -89,7 +89,7 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 func (c *Client) ListDir(ctx context.Context, sandboxID, path string) ([]*kilnpb.FileInfo, error) {
 	resp, err := c.api.ListDir(ctx, &kilnpb.ListDirRequest{SandboxId: sandboxID, Path: path})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: list %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("list %s in %s", path, sandboxID), err)
 	}
 	return resp.GetEntries(), nil
 }
@@ -107,7 +107,7 @@ func (c *Client) Lstat(ctx context.Context, sandboxID, path string) (*kilnpb.Fil
 func (c *Client) stat(ctx context.Context, sandboxID, path string, noFollow bool) (*kilnpb.FileInfo, error) {
 	fi, err := c.api.Stat(ctx, &kilnpb.StatRequest{SandboxId: sandboxID, Path: path, NoFollow: noFollow})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: stat %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("stat %s in %s", path, sandboxID), err)
 	}
 	return fi, nil
 }
@@ -124,7 +124,7 @@ func (c *Client) RemoveAll(ctx context.Context, sandboxID, path string) error {
 
 func (c *Client) remove(ctx context.Context, sandboxID, path string, recursive bool) error {
 	if _, err := c.api.Remove(ctx, &kilnpb.RemoveRequest{SandboxId: sandboxID, Path: path, Recursive: recursive}); err != nil {
-		return fmt.Errorf("kiln: remove %s in %s: %w", path, sandboxID, err)
+		return callErr(fmt.Sprintf("remove %s in %s", path, sandboxID), err)
 	}
 	return nil
 }
@@ -141,7 +141,7 @@ type MakeDirOptions struct {
 func (c *Client) MakeDir(ctx context.Context, sandboxID, path string, opts MakeDirOptions) (*kilnpb.FileInfo, error) {
 	fi, err := c.api.MakeDir(ctx, &kilnpb.MakeDirRequest{SandboxId: sandboxID, Path: path, Mode: opts.Mode, Parents: opts.Parents})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: make directory %s in %s: %w", path, sandboxID, err)
+		return nil, callErr(fmt.Sprintf("make directory %s in %s", path, sandboxID), err)
 	}
 	return fi, nil
 }

@@ -5,16 +5,26 @@ import (
 	"fmt"
 	"iter"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
 // CreateSandbox starts a sandbox from the image, template or checkpoint
-// that req names and returns it once it answers. Set req.RequestId to make
-// a retry safe.
+// that req names and returns it once it answers. A request without a
+// RequestId gets a fresh one; set one (NewRequestID) to retry a create
+// safely yourself.
 func (c *Client) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxRequest) (*kilnpb.Sandbox, error) {
+	if req == nil {
+		req = &kilnpb.CreateSandboxRequest{}
+	}
+	if req.GetRequestId() == "" {
+		req = proto.CloneOf(req)
+		req.RequestId = NewRequestID()
+	}
 	sb, err := c.api.CreateSandbox(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("kiln: create sandbox: %w", err)
+		return nil, callErr("create sandbox", err)
 	}
 	return sb, nil
 }
@@ -23,7 +33,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 func (c *Client) GetSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
 	sb, err := c.api.GetSandbox(ctx, &kilnpb.GetSandboxRequest{Id: id})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: get sandbox %s: %w", id, err)
+		return nil, callErr(fmt.Sprintf("get sandbox %s", id), err)
 	}
 	return sb, nil
 }
@@ -40,7 +50,7 @@ type ListOptions struct {
 func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]*kilnpb.Sandbox, error) {
 	resp, err := c.api.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{Labels: opts.Labels, States: opts.States})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: list sandboxes: %w", err)
+		return nil, callErr("list sandboxes", err)
 	}
 	return resp.GetSandboxes(), nil
 }
@@ -48,7 +58,7 @@ func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]*kilnpb
 // DestroySandbox stops a sandbox and frees what it holds.
 func (c *Client) DestroySandbox(ctx context.Context, id string) error {
 	if _, err := c.api.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: id}); err != nil {
-		return fmt.Errorf("kiln: destroy sandbox %s: %w", id, err)
+		return callErr(fmt.Sprintf("destroy sandbox %s", id), err)
 	}
 	return nil
 }
@@ -57,7 +67,7 @@ func (c *Client) DestroySandbox(ctx context.Context, id string) error {
 func (c *Client) PauseSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
 	sb, err := c.api.PauseSandbox(ctx, &kilnpb.PauseSandboxRequest{Id: id})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: pause sandbox %s: %w", id, err)
+		return nil, callErr(fmt.Sprintf("pause sandbox %s", id), err)
 	}
 	return sb, nil
 }
@@ -66,7 +76,7 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, 
 func (c *Client) ResumeSandbox(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
 	sb, err := c.api.ResumeSandbox(ctx, &kilnpb.ResumeSandboxRequest{Id: id})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: resume sandbox %s: %w", id, err)
+		return nil, callErr(fmt.Sprintf("resume sandbox %s", id), err)
 	}
 	return sb, nil
 }
@@ -85,7 +95,7 @@ type CheckpointOptions struct {
 func (c *Client) Checkpoint(ctx context.Context, sandboxID string, opts CheckpointOptions) (*kilnpb.CheckpointInfo, error) {
 	ck, err := c.api.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sandboxID, Persist: opts.Persist, Keep: opts.Keep})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: checkpoint sandbox %s: %w", sandboxID, err)
+		return nil, callErr(fmt.Sprintf("checkpoint sandbox %s", sandboxID), err)
 	}
 	return ck, nil
 }
@@ -95,7 +105,7 @@ func (c *Client) Checkpoint(ctx context.Context, sandboxID string, opts Checkpoi
 func (c *Client) Rollback(ctx context.Context, sandboxID, checkpointID string) (*kilnpb.Sandbox, error) {
 	sb, err := c.api.Rollback(ctx, &kilnpb.RollbackRequest{SandboxId: sandboxID, CheckpointId: checkpointID})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: roll sandbox %s back to %s: %w", sandboxID, checkpointID, err)
+		return nil, callErr(fmt.Sprintf("roll sandbox %s back to %s", sandboxID, checkpointID), err)
 	}
 	return sb, nil
 }
@@ -105,7 +115,7 @@ func (c *Client) Rollback(ctx context.Context, sandboxID, checkpointID string) (
 func (c *Client) ListCheckpoints(ctx context.Context, sandboxID string) ([]*kilnpb.CheckpointInfo, error) {
 	resp, err := c.api.ListCheckpoints(ctx, &kilnpb.ListCheckpointsRequest{SandboxId: sandboxID})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: list checkpoints of %s: %w", sandboxID, err)
+		return nil, callErr(fmt.Sprintf("list checkpoints of %s", sandboxID), err)
 	}
 	return resp.GetCheckpoints(), nil
 }
@@ -113,26 +123,34 @@ func (c *Client) ListCheckpoints(ctx context.Context, sandboxID string) ([]*kiln
 // DeleteCheckpoint drops a checkpoint.
 func (c *Client) DeleteCheckpoint(ctx context.Context, id string) error {
 	if _, err := c.api.DeleteCheckpoint(ctx, &kilnpb.DeleteCheckpointRequest{Id: id}); err != nil {
-		return fmt.Errorf("kiln: delete checkpoint %s: %w", id, err)
+		return callErr(fmt.Sprintf("delete checkpoint %s", id), err)
 	}
 	return nil
 }
 
 // Fork starts req.Count children of a running sandbox or a checkpoint and
 // yields each as it becomes ready; an error, if any, comes last. Breaking
-// out of the loop cancels the call.
+// out of the loop cancels the call. A request without a RequestId gets a
+// fresh one.
 func (c *Client) Fork(ctx context.Context, req *kilnpb.ForkRequest) iter.Seq2[*kilnpb.Sandbox, error] {
+	if req == nil {
+		req = &kilnpb.ForkRequest{}
+	}
+	if req.GetRequestId() == "" {
+		req = proto.CloneOf(req)
+		req.RequestId = NewRequestID()
+	}
 	return func(yield func(*kilnpb.Sandbox, error) bool) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		st, err := c.api.Fork(ctx, req)
 		if err != nil {
-			yield(nil, fmt.Errorf("kiln: fork: %w", err))
+			yield(nil, callErr("fork", err))
 			return
 		}
 		for sb, err := range stream(st.Recv) {
 			if err != nil {
-				yield(nil, fmt.Errorf("kiln: fork: %w", err))
+				yield(nil, callErr("fork", err))
 				return
 			}
 			if !yield(sb, nil) {
@@ -152,14 +170,14 @@ func (c *Client) WatchEvents(ctx context.Context, sandboxIDs ...string) iter.Seq
 		st, err := c.api.WatchEvents(ctx, &kilnpb.WatchEventsRequest{SandboxIds: sandboxIDs})
 		if err != nil {
 			if ctx.Err() == nil {
-				yield(nil, fmt.Errorf("kiln: watch events: %w", err))
+				yield(nil, callErr("watch events", err))
 			}
 			return
 		}
 		for ev, err := range stream(st.Recv) {
 			if err != nil {
 				if ctx.Err() == nil {
-					yield(nil, fmt.Errorf("kiln: watch events: %w", err))
+					yield(nil, callErr("watch events", err))
 				}
 				return
 			}
@@ -171,11 +189,19 @@ func (c *Client) WatchEvents(ctx context.Context, sandboxIDs ...string) iter.Seq
 }
 
 // CreateTemplate boots req.Image once, runs req.Setup and keeps a
-// snapshot that CreateSandbox can restore from.
+// snapshot that CreateSandbox can restore from. A request without a
+// RequestId gets a fresh one.
 func (c *Client) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
+	if req == nil {
+		req = &kilnpb.CreateTemplateRequest{}
+	}
+	if req.GetRequestId() == "" {
+		req = proto.CloneOf(req)
+		req.RequestId = NewRequestID()
+	}
 	t, err := c.api.CreateTemplate(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("kiln: create template: %w", err)
+		return nil, callErr("create template", err)
 	}
 	return t, nil
 }
@@ -184,7 +210,7 @@ func (c *Client) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 func (c *Client) GetTemplate(ctx context.Context, id string) (*kilnpb.Template, error) {
 	t, err := c.api.GetTemplate(ctx, &kilnpb.GetTemplateRequest{Id: id})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: get template %s: %w", id, err)
+		return nil, callErr(fmt.Sprintf("get template %s", id), err)
 	}
 	return t, nil
 }
@@ -193,7 +219,7 @@ func (c *Client) GetTemplate(ctx context.Context, id string) (*kilnpb.Template, 
 func (c *Client) ListTemplates(ctx context.Context) ([]*kilnpb.Template, error) {
 	resp, err := c.api.ListTemplates(ctx, &kilnpb.ListTemplatesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("kiln: list templates: %w", err)
+		return nil, callErr("list templates", err)
 	}
 	return resp.GetTemplates(), nil
 }
@@ -203,7 +229,7 @@ func (c *Client) ListTemplates(ctx context.Context) ([]*kilnpb.Template, error) 
 // (FailedPrecondition) while any remain.
 func (c *Client) DeleteTemplate(ctx context.Context, id string, wait bool) error {
 	if _, err := c.api.DeleteTemplate(ctx, &kilnpb.DeleteTemplateRequest{Id: id, Wait: wait}); err != nil {
-		return fmt.Errorf("kiln: delete template %s: %w", id, err)
+		return callErr(fmt.Sprintf("delete template %s", id), err)
 	}
 	return nil
 }
