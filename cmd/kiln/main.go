@@ -2,6 +2,8 @@
 //
 //	kiln boot --kernel K [--initrd I] [--cmdline C] [--cpus N] [--mem MiB]
 //	kiln run [--disk rootfs.ext4] [--cpus N] [--mem MiB] [-e K=V] [-w DIR] -- CMD [ARG...]
+//	kiln sandbox create|ls|exec|run|cp|checkpoint|rollback|fork|rm ...   (through kilnd)
+//	kiln template create|ls|rm ...; kiln completion bash|zsh|fish
 //
 // boot streams the guest's serial console to stdout and exits 0 when the guest
 // powers off, or non-zero with a one-line reason on panic, triple fault,
@@ -42,6 +44,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if cobraCommands[args[0]] {
+		return cmdCobra(ctx, args, stdin, stdout, stderr)
+	}
 	switch args[0] {
 	case "boot":
 		return cmdBoot(ctx, args[1:], stdin, stdout, stderr)
@@ -76,6 +81,10 @@ commands:
   image   OCI images: kiln image pull|import|ls|rm|inspect [--dir DIR] ...
   vmm     serve one VM for a parent process over a Unix socket
           (what --vmm-process starts; not for people)
+  sandbox sandboxes run by kilnd (--host, $KILN_HOST):
+          kiln sandbox create|ls|inspect|exec|run|cp|checkpoint|checkpoints|rollback|fork|rm
+  template  kilnd's templates: kiln template create|ls|rm
+  completion  shell completion: kiln completion bash|zsh|fish|powershell
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:
           boot (to a userspace marker), start (sandbox to first exec),
           snapshot (save, restore, fork, memory per clone)

@@ -1,0 +1,968 @@
+package main
+
+// kiln sandbox, kiln template and kiln completion: the CLI of kilnd,
+// through package daemon/client. These command trees are cobra's (with
+// shell completion); the daemon-less commands (run, fork, boot, ...) keep
+// their flag parsing and are listed in the tree so that completion names
+// them.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	kilnclient "github.com/kilnvm/kiln/daemon/client"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// cobraCommands are the first arguments main hands to the cobra tree
+// (__complete and __completeNoDesc are what completion scripts call).
+var cobraCommands = map[string]bool{
+	"sandbox": true, "template": true, "completion": true,
+	cobra.ShellCompRequestCmd: true, cobra.ShellCompNoDescRequestCmd: true,
+}
+
+// Exit codes of the daemon commands (exec and run exit with the
+// command's own code, else 125, 126 or 127 as kiln run does).
+const exitFailed = 1
+
+// exitError ends a command with an exit code; its message, if any, has
+// been printed.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// usageError is a bad command line (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// cli is one invocation's state: where kilnd is and the connection, made
+// on first use.
+type cli struct {
+	ctx            context.Context
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	host           string
+	tokenFile      string
+	c              *kilnclient.Client
+}
+
+func (a *cli) client() (*kilnclient.Client, error) {
+	if a.c != nil {
+		return a.c, nil
+	}
+	host := a.host
+	if host == "" {
+		host = os.Getenv("KILN_HOST")
+	}
+	if host == "" {
+		host = kilnclient.DefaultHost
+	}
+	var opts []kilnclient.Option
+	switch {
+	case a.tokenFile != "":
+		b, err := os.ReadFile(a.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		opts = append(opts, kilnclient.WithToken(strings.TrimSpace(line)))
+	case os.Getenv("KILN_TOKEN") != "":
+		opts = append(opts, kilnclient.WithToken(os.Getenv("KILN_TOKEN")))
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+	defer cancel()
+	c, err := kilnclient.Dial(ctx, host, opts...)
+	if err != nil {
+		return nil, err
+	}
+	a.c = c
+	return c, nil
+}
+
+// cmdCobra runs the cobra tree on args and returns the exit code.
+func cmdCobra(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	defer func() {
+		if a.c != nil {
+			a.c.Close()
+		}
+	}()
+	root := a.root()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	var ee exitError
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ue):
+		a.printErr(err)
+		return exitUsage
+	}
+	a.printErr(err)
+	return exitFailed
+}
+
+// printErr prints err on stderr as one line, "kiln: " first once.
+func (a *cli) printErr(err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "kiln: ") {
+		msg = "kiln: " + msg
+	}
+	fmt.Fprintln(a.stderr, msg)
+}
+
+func (a *cli) root() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kiln",
+		Short:         "Linux microVM sandboxes on KVM",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetIn(a.stdin)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.PersistentFlags().StringVar(&a.host, "host", "", "kilnd address: unix:PATH, unix:///PATH or tcp://HOST:PORT (default $KILN_HOST, else "+kilnclient.DefaultHost+")")
+	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", "", "`FILE` holding the bearer token a TCP host needs (default $KILN_TOKEN, the token itself)")
+	root.AddCommand(a.sandboxCmd(), a.templateCmd())
+	// The daemon-less commands, so that completion lists them; main runs
+	// them before the cobra tree sees them.
+	for _, c := range []struct{ name, short string }{
+		{"boot", "boot a kernel and stream its serial console"},
+		{"run", "run a command in a new sandbox, without kilnd"},
+		{"fork", "restore N clones of a snapshot and run a command in each"},
+		{"image", "OCI images: pull, import, ls, rm, inspect, convert, gc"},
+		{"bench", "Kiln beside QEMU microvm"},
+	} {
+		root.AddCommand(&cobra.Command{
+			Use: c.name, Short: c.short, DisableFlagParsing: true,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if code := run(append([]string{c.name}, args...), a.stdin, a.stdout, a.stderr); code != 0 {
+					return exitError{code}
+				}
+				return nil
+			},
+		})
+	}
+	return root
+}
+
+// args wraps a cobra positional-argument check as a usage error.
+func args(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
+		}
+		return nil
+	}
+}
+
+// keyValues parses repeated K=V flags.
+func keyValues(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usagef("%s %q: want KEY=VALUE", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func checkEnv(env []string) error {
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return usagef("-e %q: want KEY=VALUE", kv)
+		}
+	}
+	return nil
+}
+
+func (a *cli) sandboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "sandbox",
+		Aliases: []string{"sb"},
+		Short:   "sandboxes run by kilnd: create, ls, exec, run, cp, checkpoint, rollback, fork, rm",
+	}
+	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(),
+		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd())
+	return cmd
+}
+
+func (a *cli) createCmd() *cobra.Command {
+	var (
+		image, template, checkpoint, requestID string
+		cpus, mem, disk                        uint32
+		lifetime, idle                         time.Duration
+		env, labels                            []string
+	)
+	cmd := &cobra.Command{
+		Use:   "create (--image REF | --template T | --checkpoint C) [flags]",
+		Short: "start a sandbox and print its ID",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &kilnpb.CreateSandboxRequest{
+				Resources:     &kilnpb.Resources{Cpus: cpus, MemoryMib: mem, DiskMib: disk},
+				Env:           env,
+				LifetimeMs:    lifetime.Milliseconds(),
+				IdleTimeoutMs: idle.Milliseconds(),
+				RequestId:     requestID,
+			}
+			n := 0
+			if image != "" {
+				req.Source, n = &kilnpb.CreateSandboxRequest_Image{Image: image}, n+1
+			}
+			if template != "" {
+				req.Source, n = &kilnpb.CreateSandboxRequest_Template{Template: template}, n+1
+			}
+			if checkpoint != "" {
+				req.Source, n = &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: checkpoint}, n+1
+			}
+			if n != 1 {
+				return usagef("sandbox create: give exactly one of --image, --template and --checkpoint")
+			}
+			if lifetime < 0 {
+				req.LifetimeMs = -1
+			}
+			if idle < 0 {
+				return usagef("sandbox create: --idle-timeout %v is negative (0 means none)", idle)
+			}
+			if err := checkEnv(env); err != nil {
+				return err
+			}
+			var err error
+			if req.Labels, err = keyValues("--label", labels); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, sb.GetId())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&image, "image", "", "image `REF` to boot (pulled when missing)")
+	f.StringVar(&template, "template", "", "template `ID` or name to restore")
+	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint `ID` to restore")
+	f.Uint32Var(&cpus, "cpus", 0, "vCPUs (default: the daemon's, 1)")
+	f.Uint32Var(&mem, "mem", 0, "guest memory in `MiB` (default: the daemon's, 512)")
+	f.Uint32Var(&disk, "disk", 0, "writable layer cap in `MiB` (default: half the memory)")
+	f.DurationVar(&lifetime, "timeout", 0, "destroy the sandbox this long after it starts (0: the daemon's default; negative: never)")
+	f.DurationVar(&idle, "idle-timeout", 0, "destroy it after this long without an exec or file call (0: never)")
+	f.StringArrayVarP(&env, "env", "e", nil, "`K=V` added to every exec's environment (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "`k=v` label (repeatable)")
+	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same sandbox")
+	cmd.RegisterFlagCompletionFunc("template", a.completeTemplates)
+	return cmd
+}
+
+// states maps --state names to the API's.
+var states = map[string]kilnpb.SandboxState{
+	"starting":  kilnpb.SandboxState_SANDBOX_STATE_STARTING,
+	"running":   kilnpb.SandboxState_SANDBOX_STATE_RUNNING,
+	"paused":    kilnpb.SandboxState_SANDBOX_STATE_PAUSED,
+	"destroyed": kilnpb.SandboxState_SANDBOX_STATE_DESTROYED,
+	"failed":    kilnpb.SandboxState_SANDBOX_STATE_FAILED,
+	"timed-out": kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT,
+}
+
+func stateName(s kilnpb.SandboxState) string {
+	for k, v := range states {
+		if v == s {
+			return k
+		}
+	}
+	return strings.ToLower(s.String())
+}
+
+func (a *cli) lsCmd() *cobra.Command {
+	var (
+		asJSON, all bool
+		labels      []string
+		stateNames  []string
+	)
+	cmd := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list"},
+		Short:   "list sandboxes (the live ones unless --all or --state)",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := kilnclient.ListOptions{}
+			var err error
+			if opts.Labels, err = keyValues("--label", labels); err != nil {
+				return err
+			}
+			for _, n := range stateNames {
+				s, ok := states[n]
+				if !ok {
+					return usagef("--state %q: want one of starting, running, paused, destroyed, failed, timed-out", n)
+				}
+				opts.States = append(opts.States, s)
+			}
+			if all {
+				opts.States = nil
+				for _, s := range states {
+					opts.States = append(opts.States, s)
+				}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := c.ListSandboxes(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			sort.Slice(sbs, func(i, j int) bool { return sbs[i].GetCreatedUnixMs() < sbs[j].GetCreatedUnixMs() })
+			if asJSON {
+				return writeJSON(a.stdout, sbs)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tFROM\tCPUS\tMEM\tAGE\tLABELS")
+			now := time.Now()
+			for _, sb := range sbs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", sb.GetId(), stateName(sb.GetState()), source(sb),
+					sb.GetResources().GetCpus(), sb.GetResources().GetMemoryMib(),
+					age(now, sb.GetCreatedUnixMs()), joinLabels(sb.GetLabels()))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of sandboxes (the API's field names)")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "ended sandboxes too")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this `k=v` label (repeatable)")
+	cmd.Flags().StringArrayVar(&stateNames, "state", nil, "only sandboxes in this `STATE` (repeatable)")
+	return cmd
+}
+
+func source(sb *kilnpb.Sandbox) string {
+	switch {
+	case sb.GetTemplate() != "":
+		return "template " + sb.GetTemplate()
+	case sb.GetCheckpoint() != "":
+		return "checkpoint " + sb.GetCheckpoint()
+	case sb.GetImage() != "":
+		return "image " + sb.GetImage()
+	}
+	return "-"
+}
+
+func age(now time.Time, unixMs int64) string {
+	if unixMs == 0 {
+		return "-"
+	}
+	d := now.Sub(time.UnixMilli(unixMs))
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Hour).String()
+}
+
+func joinLabels(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	kv := make([]string, 0, len(m))
+	for k, v := range m {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, ",")
+}
+
+// writeJSON prints msgs as one JSON array, each in protojson with the
+// proto file's field names.
+func writeJSON[T proto.Message](w io.Writer, msgs []T) error {
+	opts := protojson.MarshalOptions{UseProtoNames: true}
+	var b strings.Builder
+	b.WriteString("[")
+	for i, m := range msgs {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		j, err := opts.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("encoding JSON: %w", err)
+		}
+		b.Write(j)
+	}
+	b.WriteString("]\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (a *cli) inspectCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "inspect ID",
+		Short:             "print one sandbox as JSON",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.GetSandbox(cmd.Context(), ids[0])
+			if err != nil {
+				return err
+			}
+			j, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(sb)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s\n", j)
+			return nil
+		},
+	}
+}
+
+// execFlags are exec's and run's.
+type execFlags struct {
+	interactive bool
+	timeout     time.Duration
+	env         []string
+	cwd         string
+	background  bool
+}
+
+func (e *execFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.BoolVarP(&e.interactive, "interactive", "i", false, "pass kiln's stdin to the command")
+	f.DurationVarP(&e.timeout, "timeout", "t", 0, "kill the command after this long (0: never)")
+	f.StringArrayVarP(&e.env, "env", "e", nil, "`K=V` for the command's environment (repeatable)")
+	f.StringVarP(&e.cwd, "workdir", "w", "", "working `DIR` in the sandbox")
+	f.BoolVarP(&e.background, "detach", "d", false, "leave the command running in the background and print its exec ID")
+}
+
+func (a *cli) execCmd() *cobra.Command {
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:               "exec ID [-i] [-t TIMEOUT] -- CMD [ARG...]",
+		Short:             "run a command in a sandbox; kiln exits with its exit code",
+		Args:              args(cobra.MinimumNArgs(2)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if d := cmd.ArgsLenAtDash(); d > 1 {
+				return usagef("sandbox exec: want ID -- CMD [ARG...], got %d arguments before --", d)
+			}
+			return a.exec(cmd.Context(), argv[0], argv[1:], ef)
+		},
+	}
+	ef.add(cmd)
+	return cmd
+}
+
+func (a *cli) runCmd() *cobra.Command {
+	var ef execFlags
+	cmd := &cobra.Command{
+		Use:               "run ID 'SHELL COMMAND'",
+		Short:             "run a shell command (sh -c) in a sandbox; kiln exits with its exit code",
+		Args:              args(cobra.ExactArgs(2)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			return a.exec(cmd.Context(), argv[0], []string{"/bin/sh", "-c", argv[1]}, ef)
+		},
+	}
+	ef.add(cmd)
+	return cmd
+}
+
+// exec runs argv in a sandbox and ends kiln with its exit code: 128+N
+// after signal N; 125 when kiln or kilnd failed, 126 when the command
+// could not be started, 127 when it was not found.
+func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) error {
+	if err := checkEnv(ef.env); err != nil {
+		return err
+	}
+	if ef.timeout < 0 {
+		return usagef("--timeout %v is negative", ef.timeout)
+	}
+	c, err := a.client()
+	if err != nil {
+		a.printErr(err)
+		return exitError{exitRunFailed}
+	}
+	opts := kilnclient.ExecOptions{Argv: argv, Env: ef.env, Cwd: ef.cwd, Timeout: ef.timeout,
+		Stdout: a.stdout, Stderr: a.stderr, Background: ef.background}
+	if ef.interactive {
+		opts.Stdin = a.stdin
+	}
+	res, err := c.Exec(ctx, id, opts)
+	if err != nil {
+		a.printErr(err)
+		return exitError{a.execFailure(err, id)}
+	}
+	if ef.background {
+		fmt.Fprintln(a.stdout, res.ExecID)
+		return nil
+	}
+	if res.TimedOut {
+		fmt.Fprintf(a.stderr, "kiln: %s killed after --timeout %v\n", argv[0], ef.timeout)
+	}
+	if res.OOMKilled {
+		fmt.Fprintf(a.stderr, "kiln: %s was killed: the sandbox ran out of memory\n", argv[0])
+	}
+	code := res.ExitCode
+	if res.Signal != 0 {
+		code = 128 + res.Signal
+	}
+	if code != 0 {
+		return exitError{code}
+	}
+	return nil
+}
+
+// execFailure is the exit code of an exec that failed before an exit
+// status: NotFound is the command's unless the sandbox is what is
+// missing.
+func (a *cli) execFailure(err error, id string) int {
+	switch status.Code(err) {
+	case codes.NotFound:
+		if _, gerr := a.c.GetSandbox(a.ctx, id); status.Code(gerr) == codes.NotFound {
+			return exitRunFailed
+		}
+		return exitNotFound
+	case codes.InvalidArgument, codes.PermissionDenied:
+		return exitCannotInvoke // a bad working directory, not executable
+	}
+	return exitRunFailed
+}
+
+// remotePath splits ID:PATH; ok is false for a local path.
+func remotePath(s string) (id, p string, ok bool) {
+	id, p, ok = strings.Cut(s, ":")
+	if !ok || id == "" || strings.Contains(id, "/") || !strings.HasPrefix(p, "/") {
+		return "", "", false
+	}
+	return id, p, true
+}
+
+func (a *cli) cpCmd() *cobra.Command {
+	var parents bool
+	cmd := &cobra.Command{
+		Use:   "cp (LOCAL ID:PATH | ID:PATH LOCAL)",
+		Short: "copy a file into or out of a sandbox (LOCAL - is stdin or stdout)",
+		Args:  args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			srcID, srcPath, srcRemote := remotePath(argv[0])
+			dstID, dstPath, dstRemote := remotePath(argv[1])
+			if srcRemote == dstRemote {
+				return usagef("sandbox cp: want exactly one side as ID:/PATH (an absolute path in the sandbox)")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if dstRemote {
+				return a.upload(ctx, c, argv[0], dstID, dstPath, parents)
+			}
+			return a.download(ctx, c, srcID, srcPath, argv[1])
+		},
+	}
+	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "create missing directories in the sandbox")
+	return cmd
+}
+
+func (a *cli) upload(ctx context.Context, c *kilnclient.Client, local, id, p string, parents bool) error {
+	var r io.Reader = a.stdin
+	mode := uint32(0o644)
+	if local != "-" {
+		f, err := os.Open(local)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return fmt.Errorf("sandbox cp: %s is a directory; cp copies files", local)
+		}
+		r, mode = f, uint32(fi.Mode().Perm())
+		if strings.HasSuffix(p, "/") {
+			p = path.Join(p, filepath.Base(local))
+		}
+	}
+	_, err := c.WriteFile(ctx, id, p, r, kilnclient.WriteFileOptions{Mode: mode, MakeParents: parents})
+	return err
+}
+
+func (a *cli) download(ctx context.Context, c *kilnclient.Client, id, p, local string) error {
+	if local == "-" {
+		_, err := c.ReadFile(ctx, id, p, a.stdout)
+		return err
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, path.Base(p))
+	}
+	// Into a temporary file beside the target, renamed when complete, so
+	// that a failed copy leaves nothing half-written.
+	f, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".kiln-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := c.ReadFile(ctx, id, p, f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if fi, err := c.Stat(ctx, id, p); err == nil {
+		os.Chmod(f.Name(), os.FileMode(fi.GetMode()&0o777))
+	}
+	return os.Rename(f.Name(), local)
+}
+
+func (a *cli) checkpointCmd() *cobra.Command {
+	var opts kilnclient.CheckpointOptions
+	cmd := &cobra.Command{
+		Use:               "checkpoint ID",
+		Short:             "checkpoint a sandbox and print the checkpoint's ID",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ck, err := c.Checkpoint(cmd.Context(), ids[0], opts)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, ck.GetId())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&opts.Persist, "persist", false, "write it to the daemon's state folder (it survives the sandbox and the daemon)")
+	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep it when the sandbox is destroyed")
+	return cmd
+}
+
+func (a *cli) checkpointsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:               "checkpoints ID",
+		Short:             "list a sandbox's checkpoint tree",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			cks, err := c.ListCheckpoints(cmd.Context(), ids[0])
+			if err != nil {
+				return err
+			}
+			sort.Slice(cks, func(i, j int) bool { return cks[i].GetCreatedUnixMs() < cks[j].GetCreatedUnixMs() })
+			if asJSON {
+				return writeJSON(a.stdout, cks)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPARENT\tAGE\tPERSISTED\tKEEP")
+			now := time.Now()
+			for _, ck := range cks {
+				parent := ck.GetParentId()
+				if parent == "" {
+					parent = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", ck.GetId(), parent, age(now, ck.GetCreatedUnixMs()), ck.GetPersisted(), ck.GetKeep())
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func (a *cli) rollbackCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "rollback ID CKPT",
+		Short:             "return a sandbox to one of its checkpoints, in place",
+		Args:              args(cobra.ExactArgs(2)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			_, err = c.Rollback(cmd.Context(), argv[0], argv[1])
+			return err
+		},
+	}
+}
+
+func (a *cli) forkCmd() *cobra.Command {
+	var (
+		n              uint32
+		labels         []string
+		lifetime, idle time.Duration
+		requestID      string
+	)
+	cmd := &cobra.Command{
+		Use:               "fork ID|CKPT -n N",
+		Short:             "start N children of a sandbox or a checkpoint; print their IDs as they are ready",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if n == 0 {
+				return usagef("sandbox fork: -n %d: fork at least one child", n)
+			}
+			req := &kilnpb.ForkRequest{Count: n, LifetimeMs: lifetime.Milliseconds(), IdleTimeoutMs: idle.Milliseconds(), RequestId: requestID}
+			if lifetime < 0 {
+				req.LifetimeMs = -1
+			}
+			var err error
+			if req.Labels, err = keyValues("--label", labels); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			// IDs are opaque: a sandbox ID is one GetSandbox knows.
+			_, err = c.GetSandbox(ctx, argv[0])
+			switch status.Code(err) {
+			case codes.OK:
+				req.Source = &kilnpb.ForkRequest_SandboxId{SandboxId: argv[0]}
+			case codes.NotFound:
+				req.Source = &kilnpb.ForkRequest_CheckpointId{CheckpointId: argv[0]}
+			default:
+				return err
+			}
+			for sb, err := range c.Fork(ctx, req) {
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(a.stdout, sb.GetId())
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.Uint32VarP(&n, "count", "n", 1, "how many children")
+	f.StringArrayVar(&labels, "label", nil, "`k=v` label of every child (repeatable)")
+	f.DurationVar(&lifetime, "timeout", 0, "each child's lifetime (0: the daemon's default; negative: never)")
+	f.DurationVar(&idle, "idle-timeout", 0, "each child's idle timeout (0: never)")
+	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same children")
+	return cmd
+}
+
+func (a *cli) rmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "rm ID...",
+		Aliases:           []string{"destroy"},
+		Short:             "destroy sandboxes",
+		Args:              args(cobra.MinimumNArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			failed := false
+			for _, id := range ids {
+				if err := c.DestroySandbox(cmd.Context(), id); err != nil {
+					a.printErr(err)
+					failed = true
+				}
+			}
+			if failed {
+				return exitError{exitFailed}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *cli) templateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "templates: an image booted once, set up, and kept as a snapshot to create sandboxes from",
+	}
+	var (
+		image, setup, requestID string
+		cpus, mem, pool         uint32
+	)
+	create := &cobra.Command{
+		Use:   "create NAME --image REF [--setup 'SHELL COMMAND' | -- CMD [ARG...]]",
+		Short: "boot an image, run its setup, keep the snapshot; print the template's ID",
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if image == "" {
+				return usagef("template create: --image is required")
+			}
+			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID,
+				Resources: &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}}
+			switch {
+			case setup != "" && len(argv) > 1:
+				return usagef("template create: give --setup or a command after --, not both")
+			case setup != "":
+				req.Setup = []string{"/bin/sh", "-c", setup}
+			case len(argv) > 1:
+				if cmd.ArgsLenAtDash() != 1 {
+					return usagef("template create: want NAME -- CMD [ARG...]")
+				}
+				req.Setup = argv[1:]
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.CreateTemplate(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, t.GetId())
+			return nil
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&image, "image", "", "image `REF` to boot")
+	f.StringVar(&setup, "setup", "", "shell command run once before the snapshot")
+	f.Uint32Var(&cpus, "cpus", 0, "vCPUs of its sandboxes")
+	f.Uint32Var(&mem, "mem", 0, "memory of its sandboxes in `MiB`")
+	f.Uint32Var(&pool, "pool", 0, "sandboxes kept restored and ready")
+	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same template")
+
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "list templates",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			sort.Slice(ts, func(i, j int) bool { return ts[i].GetCreatedUnixMs() < ts[j].GetCreatedUnixMs() })
+			if asJSON {
+				return writeJSON(a.stdout, ts)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tCPUS\tMEM\tPOOL\tSANDBOXES\tAGE")
+			now := time.Now()
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%s\n", t.GetId(), t.GetName(), t.GetImage(),
+					t.GetResources().GetCpus(), t.GetResources().GetMemoryMib(), t.GetPoolReady(), t.GetPoolSize(),
+					t.GetSandboxes(), age(now, t.GetCreatedUnixMs()))
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of templates (the API's field names)")
+
+	var wait bool
+	rm := &cobra.Command{
+		Use:               "rm ID|NAME...",
+		Short:             "delete templates (refused while sandboxes use one, unless --wait)",
+		Args:              args(cobra.MinimumNArgs(1)),
+		ValidArgsFunction: a.completeTemplates,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			failed := false
+			for _, id := range ids {
+				if err := c.DeleteTemplate(cmd.Context(), id, wait); err != nil {
+					a.printErr(err)
+					failed = true
+				}
+			}
+			if failed {
+				return exitError{exitFailed}
+			}
+			return nil
+		},
+	}
+	rm.Flags().BoolVar(&wait, "wait", false, "wait until the sandboxes made from it are gone")
+	cmd.AddCommand(create, ls, rm)
+	return cmd
+}
+
+// completeSandboxes offers the live sandboxes' IDs for the first argument.
+func (a *cli) completeSandboxes(cmd *cobra.Command, argv []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(argv) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := a.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	sbs, err := c.ListSandboxes(a.ctx, kilnclient.ListOptions{})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, sb := range sbs {
+		out = append(out, cobra.CompletionWithDesc(sb.GetId(), stateName(sb.GetState())+" "+source(sb)))
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// completeTemplates offers the templates' names (or IDs, for unnamed ones).
+func (a *cli) completeTemplates(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	c, err := a.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ts, err := c.ListTemplates(a.ctx)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, t := range ts {
+		name := t.GetName()
+		if name == "" {
+			name = t.GetId()
+		}
+		out = append(out, cobra.CompletionWithDesc(name, t.GetImage()))
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

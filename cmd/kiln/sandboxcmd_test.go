@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kilnvm/kiln/daemon"
+	kilnclient "github.com/kilnvm/kiln/daemon/client"
+	"github.com/kilnvm/kiln/daemon/daemontest"
+)
+
+// startKilnd serves package daemon, over the test backend (host folders
+// and host processes), on a Unix socket, and points $KILN_HOST at it.
+func startKilnd(t *testing.T) string {
+	t.Helper()
+	srv, err := daemon.New(daemon.Config{StateDir: t.TempDir(), Backend: &daemontest.Backend{},
+		HostMemoryMiB: 16384, HostCPUs: 8, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "kilnd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	srv.Register(gs)
+	go gs.Serve(ln)
+	host := "unix:" + sock
+	t.Setenv("KILN_HOST", host)
+	t.Cleanup(func() {
+		// Destroy what the test left, so that no stand-in VMM outlives it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if c, err := kilnclient.Dial(ctx, host); err == nil {
+			sbs, _ := c.ListSandboxes(ctx, kilnclient.ListOptions{})
+			for _, sb := range sbs {
+				c.DestroySandbox(ctx, sb.GetId())
+			}
+			c.Close()
+		}
+		gs.Stop()
+		srv.Close(ctx)
+	})
+	return host
+}
+
+// kilnIn runs the CLI in-process with stdin and returns its exit code and
+// output.
+func kilnIn(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, strings.NewReader(stdin), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// oneID checks that out is exactly one ID on a line of its own.
+func oneID(t *testing.T, what, out string) string {
+	t.Helper()
+	ids := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if !strings.HasSuffix(out, "\n") || len(ids) != 1 || ids[0] == "" || strings.ContainsAny(ids[0], " \t") {
+		t.Fatalf("%s printed %q; want one ID on a line", what, out)
+	}
+	return ids[0]
+}
+
+func TestSandboxCLI(t *testing.T) {
+	startKilnd(t)
+	code, out, errOut := kilnIn(t, "", "sandbox", "create", "--image", "busybox", "--label", "team=a", "-e", "KILN_FOO=bar", "--cpus", "2", "--mem", "256")
+	if code != 0 {
+		t.Fatalf("create: exit %d: %s", code, errOut)
+	}
+	id := oneID(t, "create", out)
+
+	// ls --json: the API's fields, our sandbox among them.
+	code, out, errOut = kilnIn(t, "", "sandbox", "ls", "--json")
+	if code != 0 {
+		t.Fatalf("ls --json: exit %d: %s", code, errOut)
+	}
+	var list []struct {
+		ID        string            `json:"id"`
+		State     string            `json:"state"`
+		Labels    map[string]string `json:"labels"`
+		Resources struct {
+			CPUs int `json:"cpus"`
+			Mem  int `json:"memory_mib"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("ls --json printed %q: %v", out, err)
+	}
+	if len(list) != 1 || list[0].ID != id || list[0].Labels["team"] != "a" || list[0].State != "SANDBOX_STATE_RUNNING" ||
+		list[0].Resources.CPUs != 2 || list[0].Resources.Mem != 256 {
+		t.Fatalf("ls --json: %+v; want %s, running, team=a, 2 CPUs, 256 MiB", list, id)
+	}
+	if code, out, _ = kilnIn(t, "", "sandbox", "ls"); code != 0 || !strings.Contains(out, id) || !strings.HasPrefix(out, "ID") {
+		t.Errorf("ls: exit %d, %q", code, out)
+	}
+	if code, out, _ = kilnIn(t, "", "sandbox", "ls", "--json", "--label", "team=b"); code != 0 || out != "[]\n" {
+		t.Errorf("ls --label team=b: exit %d, %q; want []", code, out)
+	}
+	if code, out, _ = kilnIn(t, "", "sandbox", "inspect", id); code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
+		t.Errorf("inspect: exit %d, %q", code, out)
+	}
+
+	// exec and run: the command's output and exit code.
+	execs := []struct {
+		name     string
+		stdin    string
+		args     []string
+		code     int
+		out, err string
+	}{
+		{name: "exit code and env", args: []string{"exec", id, "--", "sh", "-c", "echo $KILN_FOO; exit 3"}, code: 3, out: "bar\n"},
+		{name: "flags after the ID", args: []string{"exec", id, "-e", "X=1", "--", "sh", "-c", "echo $X"}, out: "1\n"},
+		{name: "no dash", args: []string{"exec", id, "echo", "hi"}, out: "hi\n"},
+		{name: "run", args: []string{"run", id, "echo oops >&2; exit 7"}, code: 7, err: "oops\n"},
+		{name: "stdin", stdin: "line one\nline two\n", args: []string{"exec", "-i", id, "--", "cat"}, out: "line one\nline two\n"},
+		{name: "no stdin without -i", stdin: "ignored", args: []string{"exec", id, "--", "cat"}},
+		{name: "signal", args: []string{"run", id, "kill -TERM $$"}, code: 128 + 15},
+		{name: "timeout", args: []string{"exec", id, "-t", "300ms", "--", "sleep", "30"}, code: 128 + 9, err: "killed after --timeout 300ms\n"},
+		{name: "not found", args: []string{"exec", id, "--", "no-such-command-kiln"}, code: 127},
+		{name: "bad cwd", args: []string{"exec", id, "-w", "/nonexistent", "--", "true"}, code: 126},
+		{name: "unknown sandbox", args: []string{"exec", "sb-nope", "--", "true"}, code: 125},
+	}
+	for _, tt := range execs {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := kilnIn(t, tt.stdin, append([]string{"sandbox"}, tt.args...)...)
+			if code != tt.code {
+				t.Errorf("exit %d; want %d (stderr %q)", code, tt.code, errOut)
+			}
+			if out != tt.out {
+				t.Errorf("stdout %q; want %q", out, tt.out)
+			}
+			if tt.err != "" && !strings.HasSuffix(errOut, tt.err) {
+				t.Errorf("stderr %q; want it to end with %q", errOut, tt.err)
+			}
+		})
+	}
+
+	// cp in and out.
+	dir := t.TempDir()
+	local := filepath.Join(dir, "in.txt")
+	data := strings.Repeat("kiln sandbox cp\n", 10000)
+	if err := os.WriteFile(local, []byte(data), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := kilnIn(t, "", "sandbox", "cp", "-p", local, id+":/work/in.txt"); code != 0 || out != "" {
+		t.Fatalf("cp in: exit %d, %q, %s", code, out, errOut)
+	}
+	if code, out, errOut := kilnIn(t, "", "sandbox", "cp", id+":/work/in.txt", filepath.Join(dir, "out.txt")); code != 0 || out != "" {
+		t.Fatalf("cp out: exit %d, %q, %s", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != data {
+		t.Fatalf("copied back %d bytes, %v; want the %d sent", len(b), err, len(data))
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "out.txt")); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("copied back with mode %v, %v; want 0640", fi.Mode(), err)
+	}
+	if code, _, _ := kilnIn(t, "", "sandbox", "cp", id+":/work/in.txt", dir); code != 0 {
+		t.Errorf("cp into a directory: exit %d", code)
+	} else if b, _ := os.ReadFile(filepath.Join(dir, "in.txt")); string(b) != data {
+		t.Errorf("cp into a directory wrote %d bytes", len(b))
+	}
+	if code, out, _ := kilnIn(t, "from stdin", "sandbox", "cp", "-", id+":/work/s.txt"); code != 0 || out != "" {
+		t.Errorf("cp - in: exit %d, %q", code, out)
+	}
+	if code, out, _ := kilnIn(t, "", "sandbox", "cp", id+":/work/s.txt", "-"); code != 0 || out != "from stdin" {
+		t.Errorf("cp out to -: exit %d, %q", code, out)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "cp", id+":/work/missing", filepath.Join(dir, "m")); code != exitFailed || !strings.Contains(errOut, "NotFound") {
+		t.Errorf("cp of a missing file: exit %d, %q", code, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "m")); !os.IsNotExist(err) {
+		t.Errorf("a failed cp left %s: %v", filepath.Join(dir, "m"), err)
+	}
+
+	// checkpoint, rollback, fork: IDs only on stdout.
+	code, out, errOut = kilnIn(t, "", "sandbox", "checkpoint", id)
+	if code != 0 {
+		t.Fatalf("checkpoint: exit %d: %s", code, errOut)
+	}
+	ck := oneID(t, "checkpoint", out)
+	code, out, errOut = kilnIn(t, "", "sandbox", "checkpoints", "--json", id)
+	var cks []struct {
+		ID        string `json:"id"`
+		SandboxID string `json:"sandbox_id"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &cks) != nil || len(cks) != 1 || cks[0].ID != ck || cks[0].SandboxID != id {
+		t.Fatalf("checkpoints --json: exit %d, %q, %s", code, out, errOut)
+	}
+	if code, out, errOut := kilnIn(t, "", "sandbox", "rollback", id, ck); code != 0 || out != "" {
+		t.Fatalf("rollback: exit %d, %q, %s", code, out, errOut)
+	}
+	code, out, errOut = kilnIn(t, "", "sandbox", "fork", id, "-n", "3")
+	kids := strings.Fields(out)
+	if code != 0 || len(kids) != 3 || strings.Count(out, "\n") != 3 {
+		t.Fatalf("fork -n 3: exit %d, %q, %s", code, out, errOut)
+	}
+	code, out, errOut = kilnIn(t, "", "sandbox", "fork", ck, "-n", "1")
+	if code != 0 {
+		t.Fatalf("fork of a checkpoint: exit %d, %s", code, errOut)
+	}
+	kids = append(kids, oneID(t, "fork of a checkpoint", out))
+	for _, k := range kids {
+		if code, out, _ := kilnIn(t, "", "sandbox", "exec", k, "--", "echo", "child"); code != 0 || out != "child\n" {
+			t.Errorf("exec in child %s: exit %d, %q", k, code, out)
+		}
+	}
+
+	// rm: all of them, then an unknown one.
+	if code, out, errOut := kilnIn(t, "", append([]string{"sandbox", "rm", id}, kids...)...); code != 0 || out != "" {
+		t.Fatalf("rm: exit %d, %q, %s", code, out, errOut)
+	}
+	if code, out, _ := kilnIn(t, "", "sandbox", "ls", "--json"); code != 0 || out != "[]\n" {
+		t.Errorf("ls after rm: exit %d, %q; want []", code, out)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "rm", "sb-nope"); code != exitFailed || !strings.Contains(errOut, "sb-nope") {
+		t.Errorf("rm of an unknown sandbox: exit %d, %q", code, errOut)
+	}
+	if code, out, _ := kilnIn(t, "", "sandbox", "ls", "--all", "--json"); code != 0 || !strings.Contains(out, "SANDBOX_STATE_DESTROYED") {
+		t.Errorf("ls --all after rm: exit %d, %q", code, out)
+	}
+}
+
+// TestSandboxCLIUsage: bad command lines exit 2 with a message, before any
+// call to kilnd (none runs here).
+func TestSandboxCLIUsage(t *testing.T) {
+	t.Setenv("KILN_HOST", "unix:"+filepath.Join(t.TempDir(), "none.sock"))
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sandbox", "create"}, "exactly one of --image, --template and --checkpoint"},
+		{[]string{"sandbox", "create", "--image", "a", "--template", "b"}, "exactly one of"},
+		{[]string{"sandbox", "create", "--image", "a", "--idle-timeout", "-1s"}, "negative"},
+		{[]string{"sandbox", "create", "--image", "a", "-e", "NOVALUE"}, "KEY=VALUE"},
+		{[]string{"sandbox", "create", "--image", "a", "--label", "=x"}, "KEY=VALUE"},
+		{[]string{"sandbox", "create", "--image", "a", "--cpus", "-1"}, "invalid argument"},
+		{[]string{"sandbox", "create", "--bogus"}, "unknown flag"},
+		{[]string{"sandbox", "create", "extra"}, "unknown command"},
+		{[]string{"sandbox", "exec", "id"}, "requires at least 2 arg"},
+		{[]string{"sandbox", "exec", "id", "x", "--", "true"}, "before --"},
+		{[]string{"sandbox", "exec", "id", "-t", "-1s", "--", "true"}, "negative"},
+		{[]string{"sandbox", "run", "id"}, "accepts 2 arg"},
+		{[]string{"sandbox", "cp", "a", "b"}, "exactly one side"},
+		{[]string{"sandbox", "cp", "x:/a", "y:/b"}, "exactly one side"},
+		{[]string{"sandbox", "fork", "id", "-n", "0"}, "at least one child"},
+		{[]string{"sandbox", "ls", "--state", "bogus"}, "--state"},
+		{[]string{"sandbox", "rollback", "id"}, "accepts 2 arg"},
+		{[]string{"sandbox", "rm"}, "requires at least 1 arg"},
+		{[]string{"template", "create", "name"}, "--image is required"},
+		{[]string{"template", "create", "name", "--image", "i", "--setup", "x", "--", "y"}, "not both"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, out, errOut := kilnIn(t, "", tt.args...)
+			if code != exitUsage || out != "" || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, out, errOut, exitUsage, tt.want)
+			}
+		})
+	}
+}
+
+// TestSandboxCLINoDaemon: without kilnd, a listing fails with 1 and exec
+// with 125, each naming where it looked.
+func TestSandboxCLINoDaemon(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	t.Setenv("KILN_HOST", "unix:"+sock)
+	if code, out, errOut := kilnIn(t, "", "sandbox", "ls"); code != exitFailed || out != "" || !strings.Contains(errOut, sock) {
+		t.Errorf("ls: exit %d, %q, %q", code, out, errOut)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "exec", "x", "--", "true"); code != exitRunFailed || !strings.Contains(errOut, sock) {
+		t.Errorf("exec: exit %d, %q", code, errOut)
+	}
+	// --host wins over $KILN_HOST.
+	other := filepath.Join(t.TempDir(), "other.sock")
+	if _, _, errOut := kilnIn(t, "", "sandbox", "ls", "--host", "unix:"+other); !strings.Contains(errOut, other) {
+		t.Errorf("ls --host: %q; want it to name %s", errOut, other)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "ls", "--host", "nonsense"); code != exitFailed || !strings.Contains(errOut, "nonsense") {
+		t.Errorf("ls --host nonsense: exit %d, %q", code, errOut)
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		code, out, errOut := kilnIn(t, "", "completion", shell)
+		if code != 0 || !strings.Contains(out, "kiln") || len(out) < 1000 {
+			t.Errorf("completion %s: exit %d, %d bytes, %s", shell, code, len(out), errOut)
+		}
+	}
+	// What the scripts call: commands, then live sandbox IDs.
+	code, out, _ := kilnIn(t, "", "__complete", "")
+	for _, c := range []string{"sandbox", "template", "run", "image", "completion"} {
+		if code != 0 || !strings.Contains(out, "\n"+c+"\t") && !strings.HasPrefix(out, c+"\t") {
+			t.Errorf("__complete '': exit %d, %q lacks %s", code, out, c)
+		}
+	}
+	startKilnd(t)
+	_, out, _ = kilnIn(t, "", "sandbox", "create", "--image", "busybox")
+	id := strings.TrimSpace(out)
+	code, out, _ = kilnIn(t, "", "__complete", "sandbox", "exec", "")
+	if code != 0 || !strings.HasPrefix(out, id+"\t") {
+		t.Errorf("__complete sandbox exec '': exit %d, %q; want %s first", code, out, id)
+	}
+}
