@@ -7,7 +7,9 @@ package main
 // them.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -441,12 +443,18 @@ func (a *cli) inspectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			j, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(sb)
+			j, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(sb)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\n", j)
-			return nil
+			// protojson varies its spacing on purpose; settle it.
+			var b bytes.Buffer
+			if err := json.Indent(&b, j, "", "  "); err != nil {
+				return err
+			}
+			b.WriteByte('\n')
+			_, err = a.stdout.Write(b.Bytes())
+			return err
 		},
 	}
 }

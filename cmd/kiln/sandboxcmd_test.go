@@ -109,8 +109,12 @@ func TestSandboxCLI(t *testing.T) {
 	if code, out, _ = kilnIn(t, "", "sandbox", "ls", "--json", "--label", "team=b"); code != 0 || out != "[]\n" {
 		t.Errorf("ls --label team=b: exit %d, %q; want []", code, out)
 	}
-	if code, out, _ = kilnIn(t, "", "sandbox", "inspect", id); code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
-		t.Errorf("inspect: exit %d, %q", code, out)
+	code, out, _ = kilnIn(t, "", "sandbox", "inspect", id)
+	var one struct {
+		ID string `json:"id"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &one) != nil || one.ID != id || !strings.Contains(out, "\n  \"id\": \"") {
+		t.Errorf("inspect: exit %d, %q; want indented JSON of %s", code, out, id)
 	}
 
 	// exec and run: the command's output and exit code.
