@@ -21,7 +21,9 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/client"
+	"github.com/kilnvm/kiln/daemon/daemontest"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
@@ -394,3 +396,76 @@ func TestRun(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestRestartKeepsSandboxes runs kilnd's main path over package daemon
+// and its test backend: a sandbox made before a clean stop is still
+// running after it, and the next kilnd over the same state folder lists it
+// with the same ID and runs execs in it.
+func TestRestartKeepsSandboxes(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "kilnd.sock")
+	state := filepath.Join(dir, "state")
+	be := &daemontest.Backend{}
+	newSvc := func(cfg config, log *slog.Logger) (service, error) {
+		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
+	}
+	args := []string{"--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true"}
+	start := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		var stderr bytes.Buffer
+		go func() { done <- run(ctx, args, &stderr, newSvc) }()
+		return func() {
+			cancel()
+			if code := <-done; code != 0 {
+				t.Errorf("kilnd exited %d: %s", code, stderr.String())
+			}
+		}
+	}
+	dialUp := func(ctx context.Context) *client.Client {
+		for {
+			c, err := client.Dial(ctx, "unix:"+sock)
+			if err == nil {
+				return c
+			}
+			if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	stop := start()
+	c := dialUp(ctx)
+	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	stop()
+	if err := syscall.Kill(int(sb.GetPid()), 0); err != nil {
+		t.Fatalf("the sandbox's process %d is gone after kilnd stopped: %v", sb.GetPid(), err)
+	}
+
+	stop = start()
+	defer stop()
+	c = dialUp(ctx)
+	defer c.Close()
+	got, err := c.GetSandbox(ctx, sb.GetId())
+	if err != nil || got.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || got.GetPid() != sb.GetPid() {
+		t.Fatalf("after a restart: %v, %v; want %s running as pid %d", got, err, sb.GetId(), sb.GetPid())
+	}
+	var out bytes.Buffer
+	res, err := c.Exec(ctx, sb.GetId(), client.ExecOptions{Argv: []string{"echo", "still here"}, Stdout: &out})
+	if err != nil || res.ExitCode != 0 || out.String() != "still here\n" {
+		t.Fatalf("exec after a restart: %+v, %v, %q", res, err, out.String())
+	}
+	if err := c.DestroySandbox(ctx, sb.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	if n := be.Live(); n != 0 {
+		t.Errorf("%d sandboxes live after destroy", n)
+	}
+}
