@@ -252,7 +252,7 @@ func (s *Server) load() error {
 	for _, c := range cks {
 		s.checkpoints[c.ID] = c
 	}
-	var wg sync.WaitGroup
+	var live []*box
 	for _, r := range recs {
 		if err := checkID("record", r.ID); err != nil {
 			s.log.Warn("skipping a sandbox record", "err", err)
@@ -264,10 +264,15 @@ func (s *Server) load() error {
 		close(b.ready)
 		s.boxes[r.ID] = b
 		s.indexRequest(b)
-		if !r.live() {
+		if r.live() {
+			live = append(live, b)
+		} else {
 			b.cancel()
-			continue
 		}
+	}
+	// Every box is in the maps before any is taken over (or fails).
+	var wg sync.WaitGroup
+	for _, b := range live {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -403,24 +408,29 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 func (s *Server) pruneEnded() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var ended []*box
+	type endedBox struct {
+		b     *box
+		ended int64
+		req   string
+	}
+	var ended []endedBox
 	for _, b := range s.boxes {
 		b.mu.Lock()
 		if !b.rec.live() {
-			ended = append(ended, b)
+			ended = append(ended, endedBox{b, b.rec.EndedUnixMS, b.rec.RequestID})
 		}
 		b.mu.Unlock()
 	}
 	if len(ended) <= s.cfg.KeepEnded {
 		return
 	}
-	sort.Slice(ended, func(i, j int) bool { return ended[i].rec.EndedUnixMS < ended[j].rec.EndedUnixMS })
-	for _, b := range ended[:len(ended)-s.cfg.KeepEnded] {
-		delete(s.boxes, b.id)
-		if s.requests[b.rec.RequestID] == b {
-			delete(s.requests, b.rec.RequestID)
+	sort.Slice(ended, func(i, j int) bool { return ended[i].ended < ended[j].ended })
+	for _, x := range ended[:len(ended)-s.cfg.KeepEnded] {
+		delete(s.boxes, x.b.id)
+		if s.requests[x.req] == x.b {
+			delete(s.requests, x.req)
 		}
-		os.Remove(s.recordPath(b.id))
+		os.Remove(s.recordPath(x.b.id))
 	}
 }
 

@@ -437,6 +437,7 @@ func TestCreateFailure(t *testing.T) {
 func TestListSandboxes(t *testing.T) {
 	e := newEnv(t, nil)
 	a := e.create(&kilnpb.CreateSandboxRequest{Labels: map[string]string{"team": "rl", "run": "1"}})
+	e.clock.Advance(time.Millisecond) // listed oldest first
 	b := e.create(&kilnpb.CreateSandboxRequest{Labels: map[string]string{"team": "rl", "run": "2"}})
 	c := e.create(&kilnpb.CreateSandboxRequest{Labels: map[string]string{"team": "web"}})
 	e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: c.Id})
