@@ -29,11 +29,14 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		}
 	}
 	srv, err := daemon.New(daemon.Config{
-		StateDir:       cfg.stateDir,
-		Runtime:        rt,
-		Images:         images,
-		ProcessCommand: []string{cfg.kiln, "vmm"},
-		Logger:         log,
+		StateDir:        cfg.stateDir,
+		Runtime:         rt,
+		Images:          images,
+		ProcessCommand:  []string{cfg.kiln, "vmm"},
+		MaxSandboxes:    cfg.maxSandboxes,
+		MaxMemoryMiB:    cfg.maxMemoryMiB,
+		DefaultLifetime: cfg.defaultLifetime,
+		Logger:          log,
 	})
 	if err != nil {
 		return nil, err

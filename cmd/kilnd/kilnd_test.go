@@ -87,6 +87,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad listen", args: []string{"--listen", "tcp:nowhere"}, wantErr: "tcp:HOST:PORT"},
 		{name: "stray argument", args: []string{"serve"}, wantErr: `unexpected argument "serve"`},
 		{name: "empty state dir", args: []string{"--state-dir", ""}, wantErr: "--state-dir"},
+		{name: "negative max", args: []string{"--max-sandboxes", "-1"}, wantErr: "negative"},
+		{name: "negative lifetime", args: []string{"--default-lifetime", "-1s"}, wantErr: "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,6 +109,17 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("state dir %q, kiln %q; want /var/lib/kiln and kiln beside kilnd", cfg.stateDir, cfg.kiln)
 			}
 		})
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:7070": true, "[::1]:7070": true, "localhost:1": true, "127.1.2.3:0": true,
+		"0.0.0.0:7070": false, ":7070": false, "10.0.0.1:7070": false, "example.com:80": false, "nonsense": false,
+	} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v; want %v", addr, got, want)
+		}
 	}
 }
 
@@ -468,4 +481,24 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 	if n := be.Live(); n != 0 {
 		t.Errorf("%d sandboxes live after destroy", n)
 	}
+}
+
+func FuzzParseListen(f *testing.F) {
+	for _, s := range []string{"unix:/run/kiln/kilnd.sock", "unix:///a/b", "tcp:127.0.0.1:7070", "tcp://[::1]:0", "udp:x", ":", "unix:"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		l, err := parseListen(s)
+		if err != nil {
+			return
+		}
+		// What parses names a network and an address, and parses again
+		// to itself.
+		if (l.network != "unix" && l.network != "tcp") || l.addr == "" {
+			t.Fatalf("parseListen(%q) = %+v", s, l)
+		}
+		if again, err := parseListen(l.String()); err != nil || again != l {
+			t.Fatalf("parseListen(%q) = %+v, %v; want %+v", l.String(), again, err, l)
+		}
+	})
 }

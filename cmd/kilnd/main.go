@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // defaultSocket is where kilnd listens unless told otherwise.
@@ -40,6 +41,10 @@ type config struct {
 	agent     string
 	kiln      string // the kiln binary whose vmm command runs each VM
 	debug     bool
+
+	maxSandboxes    int
+	maxMemoryMiB    uint64
+	defaultLifetime time.Duration
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.
@@ -64,6 +69,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.kernel, "kernel", "", "kernel image; default: the cached Debian kernel, as kiln run")
 	fs.StringVar(&cfg.agent, "agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
 	fs.StringVar(&cfg.kiln, "kiln", "", "the kiln binary whose `kiln vmm` runs each sandbox's VM (default: kiln beside kilnd)")
+	fs.IntVar(&cfg.maxSandboxes, "max-sandboxes", 0, "most live sandboxes at once (0: 1024)")
+	fs.Uint64Var(&cfg.maxMemoryMiB, "max-memory", 0, "most guest memory in `MiB` among the live sandboxes (0: the host's)")
+	fs.DurationVar(&cfg.defaultLifetime, "default-lifetime", 0, "lifetime of a sandbox whose request gives none (0: unlimited)")
 	fs.BoolVar(&cfg.debug, "debug", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -86,6 +94,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.stateDir == "" {
 		return config{}, errors.New("--state-dir is empty")
+	}
+	if cfg.maxSandboxes < 0 {
+		return config{}, fmt.Errorf("--max-sandboxes %d is negative", cfg.maxSandboxes)
+	}
+	if cfg.defaultLifetime < 0 {
+		return config{}, fmt.Errorf("--default-lifetime %v is negative (0 means unlimited)", cfg.defaultLifetime)
 	}
 	if cfg.kiln == "" {
 		self, err := os.Executable()
@@ -118,6 +132,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		if a.token, err = readToken(cfg.tokenFile); err != nil {
 			fmt.Fprintln(stderr, "kilnd:", err)
 			return 2
+		}
+		if fi, err := os.Stat(cfg.tokenFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn("kilnd: the token file is readable by others than its owner; chmod 600 it", "file", cfg.tokenFile, "mode", fi.Mode().Perm())
+		}
+	}
+	for _, l := range cfg.listens {
+		if l.network == "tcp" && !loopback(l.addr) {
+			log.Warn("kilnd: TCP is plain: the bearer token and all traffic cross the network in the clear; prefer loopback or a tunnel", "listen", l.String())
 		}
 	}
 	// Listen before taking the state folder over: a second kilnd on the
@@ -155,4 +177,17 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		return 1
 	}
 	return 0
+}
+
+// loopback reports whether a TCP listen address stays on this host.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
