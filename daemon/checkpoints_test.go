@@ -1,0 +1,204 @@
+package daemon_test
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+func (e *env) checkpoint(id string, keep bool) *kilnpb.CheckpointInfo {
+	e.t.Helper()
+	ck, err := e.c.Checkpoint(ctxT(e.t), &kilnpb.CheckpointRequest{SandboxId: id, Keep: keep})
+	if err != nil {
+		e.t.Fatalf("checkpoint %s: %v", id, err)
+	}
+	return ck
+}
+
+func (e *env) fork(req *kilnpb.ForkRequest) ([]*kilnpb.Sandbox, error) {
+	if req.RequestId == "" {
+		req.RequestId = nextReq()
+	}
+	stream, err := e.c.Fork(ctxT(e.t), req)
+	if err != nil {
+		return nil, err
+	}
+	var out []*kilnpb.Sandbox
+	for {
+		sb, err := stream.Recv()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, sb)
+	}
+}
+
+func ids(sbs []*kilnpb.Sandbox) string {
+	var out []string
+	for _, sb := range sbs {
+		out = append(out, sb.Id)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func TestRollback(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	e.sh(sb.Id, `echo v1 > "$KILN_TEST_ROOT/f"`)
+	ck1 := e.checkpoint(sb.Id, false)
+	e.clock.Advance(time.Millisecond)
+	e.sh(sb.Id, `echo v2 > "$KILN_TEST_ROOT/f"`)
+	ck2 := e.checkpoint(sb.Id, false)
+	if ck1.ParentId != "" || ck2.ParentId != ck1.Id || !ck2.Persisted {
+		t.Errorf("checkpoints: %v, %v", ck1, ck2)
+	}
+	e.sh(sb.Id, `rm "$KILN_TEST_ROOT/f"`)
+	bg, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	cancel()
+	got, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck1.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Id != sb.Id || got.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || got.Checkpoint != ck1.Id {
+		t.Errorf("rolled back: %v", got)
+	}
+	if r := e.sh(sb.Id, `cat "$KILN_TEST_ROOT/f"`); r.stdout != "v1\n" {
+		t.Errorf("after the rollback the file reads %q", r.stdout)
+	}
+	waitGone(t, bg.Pid)
+	// The next checkpoint is a child of the rollback's target: a tree.
+	e.clock.Advance(time.Millisecond)
+	ck3 := e.checkpoint(sb.Id, false)
+	if ck3.ParentId != ck1.Id {
+		t.Errorf("checkpoint after the rollback has parent %q, want %s", ck3.ParentId, ck1.Id)
+	}
+	list, err := e.c.ListCheckpoints(ctxT(t), &kilnpb.ListCheckpointsRequest{SandboxId: sb.Id})
+	if err != nil || len(list.Checkpoints) != 3 || list.Checkpoints[0].Id != ck1.Id {
+		t.Fatalf("ListCheckpoints: %v %v", list, err)
+	}
+	// Only its own checkpoints.
+	other := e.create(nil)
+	_, err = e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: other.Id, CheckpointId: ck1.Id})
+	wantCode(t, err, codes.FailedPrecondition, "its own checkpoints")
+	_, err = e.c.DeleteCheckpoint(ctxT(t), &kilnpb.DeleteCheckpointRequest{Id: ck1.Id})
+	wantCode(t, err, codes.FailedPrecondition, "child checkpoint")
+	if _, err := e.c.DeleteCheckpoint(ctxT(t), &kilnpb.DeleteCheckpointRequest{Id: ck3.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.state, "checkpoints", ck3.Id)); !os.IsNotExist(err) {
+		t.Errorf("deleted checkpoint left its folder: %v", err)
+	}
+}
+
+func TestFork(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(&kilnpb.CreateSandboxRequest{Env: []string{"ROLE=parent"}})
+	e.sh(sb.Id, `echo base > "$KILN_TEST_ROOT/f"`)
+	ck1 := e.checkpoint(sb.Id, false)
+	e.sh(sb.Id, `echo level2 > "$KILN_TEST_ROOT/f"`)
+	ck2 := e.checkpoint(sb.Id, false)
+
+	// From a checkpoint two levels deep.
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck2.Id}, Count: 3, Labels: map[string]string{"gen": "1"}, RequestId: "fork-1"})
+	if err != nil || len(kids) != 3 {
+		t.Fatalf("fork from %s: %v %v", ck2.Id, kids, err)
+	}
+	for _, k := range kids {
+		if k.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || k.Checkpoint != ck2.Id || k.Labels["gen"] != "1" {
+			t.Errorf("child %v", k)
+		}
+		if r := e.sh(k.Id, `cat "$KILN_TEST_ROOT/f"; echo $ROLE`); r.stdout != "level2\nparent\n" {
+			t.Errorf("child %s reads %q", k.Id, r.stdout)
+		}
+	}
+	// A retry streams the same children; other parameters are refused.
+	again, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck2.Id}, Count: 3, Labels: map[string]string{"gen": "1"}, RequestId: "fork-1"})
+	if err != nil || ids(again) != ids(kids) {
+		t.Errorf("retried fork: %s %v, want %s", ids(again), err, ids(kids))
+	}
+	_, err = e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 3, RequestId: "fork-1"})
+	wantCode(t, err, codes.AlreadyExists, "fork-1")
+
+	// From the running sandbox: its state now.
+	e.sh(sb.Id, `echo now > "$KILN_TEST_ROOT/f"`)
+	live, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 2})
+	if err != nil || len(live) != 2 {
+		t.Fatalf("fork of %s: %v %v", sb.Id, live, err)
+	}
+	for _, k := range live {
+		if r := e.sh(k.Id, `cat "$KILN_TEST_ROOT/f"`); r.stdout != "now\n" {
+			t.Errorf("child %s reads %q", k.Id, r.stdout)
+		}
+	}
+	// Children survive a restart like any sandbox.
+	e.stop()
+	e.start()
+	for _, k := range append(kids, live...) {
+		if got := e.get(k.Id); got.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+			t.Errorf("child %s after a restart: %v", k.Id, got)
+		}
+	}
+	again, err = e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck2.Id}, Count: 3, Labels: map[string]string{"gen": "1"}, RequestId: "fork-1"})
+	if err != nil || ids(again) != ids(kids) {
+		t.Errorf("retried fork after a restart: %s %v, want %s", ids(again), err, ids(kids))
+	}
+	// A checkpoint taken before the restart still forks.
+	if more, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 1}); err != nil || len(more) != 1 {
+		t.Errorf("fork of a checkpoint after a restart: %v %v", more, err)
+	}
+	// The sandbox's checkpoints go with it, but those kept.
+	ck3 := e.checkpoint(sb.Id, true)
+	e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id})
+	list, err := e.c.ListCheckpoints(ctxT(t), &kilnpb.ListCheckpointsRequest{SandboxId: sb.Id})
+	if err != nil || len(list.Checkpoints) != 1 || list.Checkpoints[0].Id != ck3.Id {
+		t.Errorf("checkpoints after destroy: %v %v", list, err)
+	}
+	if _, err := os.Stat(filepath.Join(e.state, "checkpoints", ck1.Id)); !os.IsNotExist(err) {
+		t.Errorf("a checkpoint outlived its sandbox: %v", err)
+	}
+}
+
+func TestForkInvalid(t *testing.T) {
+	e := newEnv(t, func(c *daemon.Config) { c.MaxSandboxes = 4 })
+	sb := e.create(nil)
+	tests := []struct {
+		name string
+		req  *kilnpb.ForkRequest
+		code codes.Code
+		msg  string
+	}{
+		{"no count", &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, RequestId: "f1"}, codes.InvalidArgument, "count 0"},
+		{"no source", &kilnpb.ForkRequest{Count: 1, RequestId: "f2"}, codes.InvalidArgument, "no source"},
+		{"unknown sandbox", &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: "sb-nope"}, Count: 1, RequestId: "f3"}, codes.NotFound, "sb-nope"},
+		{"unknown checkpoint", &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: "ck-nope"}, Count: 1, RequestId: "f4"}, codes.NotFound, "ck-nope"},
+		{"over the host limit", &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 4, RequestId: "f5"}, codes.ResourceExhausted, "limit is 4"},
+		{"lifetime under idle", &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 1, LifetimeMs: 10, IdleTimeoutMs: 20, RequestId: "f6"}, codes.InvalidArgument, "idle"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.fork(tc.req)
+			wantCode(t, err, tc.code, tc.msg)
+		})
+	}
+	stream, err := e.c.Fork(ctxT(t), &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 1})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantCode(t, err, codes.InvalidArgument, "request_id is empty")
+	if n := e.be.Live(); n != 1 {
+		t.Errorf("%d sandboxes after refused forks, want 1", n)
+	}
+}
