@@ -239,6 +239,12 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 		return fail(err)
 	}
 	b.mu.Lock()
+	if b.ending {
+		// Destroyed (or timed out) meanwhile: the new machine goes too.
+		b.mu.Unlock()
+		inst.Close(context.Background())
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its rollback", b.id)
+	}
 	b.rec.Checkpoint, b.rec.LastCheckpoint = c.ID, c.ID
 	b.mu.Unlock()
 	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_ROLLED_BACK)

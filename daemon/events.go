@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
@@ -64,7 +65,9 @@ func (b *broker) publish(ev *kilnpb.Event) {
 	}
 }
 
-// WatchEvents streams every sandbox's state changes from now on.
+// WatchEvents streams every sandbox's state changes from now on. The
+// response headers go out once the watcher is subscribed: a client that
+// waits for them (the stream's Header) misses no later event.
 func (s *Server) WatchEvents(req *kilnpb.WatchEventsRequest, stream kilnpb.Kiln_WatchEventsServer) error {
 	for _, id := range req.GetSandboxIds() {
 		if err := checkID("sandbox_ids", id); err != nil {
@@ -73,6 +76,9 @@ func (s *Server) WatchEvents(req *kilnpb.WatchEventsRequest, stream kilnpb.Kiln_
 	}
 	w := s.events.subscribe(req.GetSandboxIds())
 	defer s.events.unsubscribe(w)
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
 	for {
 		select {
 		case ev := <-w.ch:

@@ -29,6 +29,9 @@ func TestIdleTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := events.Header(); err != nil { // subscribed
+		t.Fatal(err)
+	}
 	idle := e.create(&kilnpb.CreateSandboxRequest{IdleTimeoutMs: 10_000})
 	active := e.create(&kilnpb.CreateSandboxRequest{IdleTimeoutMs: 10_000})
 	e.waitPending(2)
@@ -112,6 +115,9 @@ func TestVMMProcessKilled(t *testing.T) {
 	e := newEnv(t, nil)
 	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.Header(); err != nil { // subscribed
 		t.Fatal(err)
 	}
 	a := e.create(nil)

@@ -147,6 +147,11 @@ func New(cfg Config) (*Server, error) {
 		cfg.KeepEnded = 4096
 	}
 	if cfg.Backend == nil {
+		// A sandbox's sockets are StateDir/sandboxes/ID/vmm.sock: a Unix
+		// socket's path has at most 107 bytes.
+		if n := len(cfg.StateDir) + len("/sandboxes/sb-0123456789abcdef/vsock.sock"); n > 100 {
+			return nil, fmt.Errorf("daemon: state folder %s is too long: its sandboxes' socket paths would have %d bytes, Unix sockets take at most 100 here", cfg.StateDir, n)
+		}
 		if len(cfg.ProcessCommand) == 0 {
 			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln vmm)")
 		}
@@ -348,6 +353,8 @@ func (s *Server) watch(b *box, inst Instance) {
 		if !mine {
 			return
 		}
+		// Once per sandbox: a guest that crashes its VM logs one line.
+		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited())
 		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "the sandbox stopped on its own: "+inst.Exited())
 	}()
 }

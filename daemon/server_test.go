@@ -240,6 +240,9 @@ func TestCreateExecDestroy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := events.Header(); err != nil { // subscribed
+		t.Fatal(err)
+	}
 	sb := e.create(&kilnpb.CreateSandboxRequest{Labels: map[string]string{"job": "a"}, Env: []string{"GREETING=hello"}})
 	if sb.Pid == 0 || sb.Resources.GetCpus() != 1 || sb.Resources.GetMemoryMib() != 512 {
 		t.Errorf("sandbox %v: want a PID and the default resources", sb)
@@ -486,5 +489,95 @@ func TestPauseResume(t *testing.T) {
 	}
 	if r := e.sh(sb.Id, "echo ok"); r.stdout != "ok\n" {
 		t.Errorf("exec after resume: %+v", r)
+	}
+}
+
+// TestSlowCreate: while a sandbox starts it is listed as starting, a
+// retry of its request waits for it, and a destroy waits for the start
+// and then leaves nothing.
+func TestSlowCreate(t *testing.T) {
+	e := newEnv(t, nil)
+	release := make(chan struct{})
+	e.be.CreateHook = func(ctx context.Context, spec daemon.CreateSpec) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	req := &kilnpb.CreateSandboxRequest{RequestId: "slow", Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}}
+	type result struct {
+		sb  *kilnpb.Sandbox
+		err error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			sb, err := e.c.CreateSandbox(ctxT(t), req)
+			results <- result{sb, err}
+		}()
+	}
+	var starting *kilnpb.Sandbox
+	deadline := time.Now().Add(5 * time.Second)
+	for starting == nil {
+		list, err := e.c.ListSandboxes(ctxT(t), &kilnpb.ListSandboxesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Sandboxes) == 1 {
+			starting = list.Sandboxes[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no starting sandbox listed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if starting.State != kilnpb.SandboxState_SANDBOX_STATE_STARTING {
+		t.Errorf("listed while starting as %v", starting.State)
+	}
+	r := e.exec(ctxT(t), &kilnpb.ExecStart{SandboxId: starting.Id, Argv: []string{"true"}})
+	wantCode(t, r.err, codes.FailedPrecondition, "starting")
+	destroyed := make(chan error, 1)
+	go func() {
+		_, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: starting.Id})
+		destroyed <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	for range 2 {
+		res := <-results
+		if res.err != nil || res.sb.Id != starting.Id {
+			t.Errorf("create: %v %v, want %s", res.sb, res.err, starting.Id)
+		}
+	}
+	if err := <-destroyed; err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(starting.Id, kilnpb.SandboxState_SANDBOX_STATE_DESTROYED)
+	if n := e.be.Live(); n != 0 {
+		t.Errorf("%d sandboxes left", n)
+	}
+}
+
+func TestCloseEndsWatchers(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{SandboxIds: []string{sb.Id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.Header(); err != nil { // subscribed
+		t.Fatal(err)
+	}
+	e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id})
+	if ev, err := events.Recv(); err != nil || ev.Kind != kilnpb.Event_KIND_PAUSED {
+		t.Fatalf("event %v %v, want paused", ev, err)
+	}
+	e.srv.Close(ctxT(t))
+	_, err = events.Recv()
+	wantCode(t, err, codes.Unavailable, "shutting down")
+	if e.be.Live() != 1 {
+		t.Error("Close stopped a sandbox")
 	}
 }
