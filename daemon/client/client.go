@@ -17,6 +17,7 @@ import (
 	"io"
 	"iter"
 	"net"
+	"path"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -68,8 +69,13 @@ type Address struct {
 	Addr    string
 }
 
+// String is the host in the form ParseHost reads: unix:///abs/path,
+// unix:rel/path or tcp://HOST:PORT.
 func (a Address) String() string {
-	if a.Network == "unix" {
+	switch {
+	case a.Network == "unix" && strings.HasPrefix(a.Addr, "/"):
+		return "unix://" + a.Addr
+	case a.Network == "unix":
 		return "unix:" + a.Addr
 	}
 	return "tcp://" + a.Addr
@@ -84,13 +90,13 @@ func ParseHost(host string) (Address, error) {
 		if !strings.HasPrefix(p, "/") {
 			return Address{}, fmt.Errorf("client: host %q: unix:// needs an absolute path (unix:///path), or use unix:PATH", host)
 		}
-		return Address{Network: "unix", Addr: p}, nil
+		return Address{Network: "unix", Addr: path.Clean(p)}, nil
 	case strings.HasPrefix(host, "unix:"):
 		p := strings.TrimPrefix(host, "unix:")
 		if p == "" {
 			return Address{}, fmt.Errorf("client: host %q names no socket path", host)
 		}
-		return Address{Network: "unix", Addr: p}, nil
+		return Address{Network: "unix", Addr: path.Clean(p)}, nil
 	case strings.HasPrefix(host, "tcp://"):
 		hp := strings.TrimPrefix(host, "tcp://")
 		h, port, err := net.SplitHostPort(hp)

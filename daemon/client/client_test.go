@@ -451,3 +451,21 @@ func TestToken(t *testing.T) {
 		}
 	}
 }
+
+func FuzzParseHost(f *testing.F) {
+	for _, s := range []string{"unix:///run/kiln/kilnd.sock", "unix:kilnd.sock", "tcp://127.0.0.1:7070", "tcp://[::1]:1", "unix://", "tcp://:", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := ParseHost(s)
+		if err != nil {
+			return
+		}
+		if (a.Network != "unix" && a.Network != "tcp") || a.Addr == "" {
+			t.Fatalf("ParseHost(%q) = %+v", s, a)
+		}
+		if again, err := ParseHost(a.String()); err != nil || again != a {
+			t.Fatalf("ParseHost(%q) = %+v, %v; want %+v", a.String(), again, err, a)
+		}
+	})
+}
