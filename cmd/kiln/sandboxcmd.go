@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -531,6 +532,12 @@ func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) 
 		opts.Stdin = a.stdin
 	}
 	res, err := c.Exec(ctx, id, opts)
+	if err != nil && ctx.Err() != nil {
+		// Interrupted (SIGINT or SIGTERM): the call ended, and with it a
+		// foreground command. Exit as a shell does after SIGINT.
+		fmt.Fprintf(a.stderr, "kiln: interrupted; %s was killed\n", argv[0])
+		return exitError{128 + int(syscall.SIGINT)}
+	}
 	if err != nil {
 		a.printErr(err)
 		return exitError{a.execFailure(err, id)}

@@ -319,3 +319,62 @@ func TestCompletion(t *testing.T) {
 		t.Errorf("__complete sandbox exec '': exit %d, %q; want %s first", code, out, id)
 	}
 }
+
+func TestRemotePath(t *testing.T) {
+	tests := []struct {
+		in     string
+		id, p  string
+		remote bool
+	}{
+		{"sb-1:/etc/passwd", "sb-1", "/etc/passwd", true},
+		{"sb-1:/", "sb-1", "/", true},
+		{"sb-1:/a:b", "sb-1", "/a:b", true},
+		{"sb-1:relative", "", "", false},
+		{":/x", "", "", false},
+		{"./sb-1:/x", "", "", false},
+		{"/tmp/a:/b", "", "", false},
+		{"file.txt", "", "", false},
+		{"-", "", "", false},
+	}
+	for _, tt := range tests {
+		id, p, ok := remotePath(tt.in)
+		if id != tt.id || p != tt.p || ok != tt.remote {
+			t.Errorf("remotePath(%q) = %q, %q, %v; want %q, %q, %v", tt.in, id, p, ok, tt.id, tt.p, tt.remote)
+		}
+	}
+}
+
+func FuzzRemotePath(f *testing.F) {
+	for _, s := range []string{"sb-1:/etc/passwd", "a:b", ":/", "/x:/y", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, p, ok := remotePath(s)
+		if !ok {
+			return
+		}
+		if id == "" || strings.ContainsAny(id, "/:") || !strings.HasPrefix(p, "/") || id+":"+p != s {
+			t.Fatalf("remotePath(%q) = %q, %q", s, id, p)
+		}
+	})
+}
+
+func FuzzKeyValues(f *testing.F) {
+	for _, s := range []string{"a=b", "=b", "a=", "a", "a=b=c", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := keyValues("--label", []string{s})
+		if err != nil {
+			if !strings.Contains(err.Error(), "KEY=VALUE") {
+				t.Fatalf("keyValues(%q): %v", s, err)
+			}
+			return
+		}
+		for k, v := range m {
+			if k == "" || k+"="+v != s {
+				t.Fatalf("keyValues(%q) = %v", s, m)
+			}
+		}
+	})
+}
