@@ -264,10 +264,7 @@ func TestTokenAuth(t *testing.T) {
 				t.Fatalf("ListSandboxes: %v (%v); want %v", got, err, tt.want)
 			}
 			// Streams are checked too.
-			var serr error
-			for _, err := range c.WatchEvents(ctx) {
-				serr = err
-			}
+			_, serr := c.WatchEvents(ctx)
 			want := tt.want
 			if want == codes.OK {
 				want = codes.Unimplemented // listOnly serves no events

@@ -408,18 +408,27 @@ func TestWatchEvents(t *testing.T) {
 	sock, _ := serveHost(t)
 	c, ctx := dial(t, sock), testContext(t)
 	id := newSandbox(t, ctx, c)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var got []string
-	for ev, err := range c.WatchEvents(wctx) {
+	w, err := c.WatchEvents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := w.Recv()
+	if err != nil || ev.GetSandboxId() != id {
+		t.Fatalf("event %v, %v; want one for %s", ev, err, id)
+	}
+	w.Close()
+	if ev, err := w.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("Recv after Close: %v, %v; want io.EOF", ev, err)
+	}
+	n := 0
+	for _, err := range w.All() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, ev.GetSandboxId())
-		cancel() // the loop then ends without an error
+		n++
 	}
-	if len(got) != 1 || got[0] != id {
-		t.Fatalf("events %v; want one for %s", got, id)
+	if n != 0 {
+		t.Errorf("All after Close yielded %d events", n)
 	}
 }
 

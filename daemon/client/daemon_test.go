@@ -238,32 +238,12 @@ func TestDaemonFilesCheckpointsForks(t *testing.T) {
 func TestDaemonEvents(t *testing.T) {
 	c, _ := serveDaemon(t)
 	ctx := testContext(t)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	evs := make(chan *kilnpb.Event, 100)
-	go func() {
-		defer close(evs)
-		for ev, err := range c.WatchEvents(wctx) {
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			evs <- ev
-		}
-	}()
-	// The watch is on once it has seen an event: make probes until then.
-	for on := false; !on; {
-		sb, err := c.CreateSandbox(ctx, image())
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-evs:
-			on = true
-		case <-time.After(200 * time.Millisecond):
-		}
-		c.DestroySandbox(ctx, sb.GetId())
+	w, err := c.WatchEvents(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer w.Close()
+	// Every change after WatchEvents returns is delivered: no wait here.
 	sb, err := c.CreateSandbox(ctx, image())
 	if err != nil {
 		t.Fatal(err)
@@ -272,13 +252,16 @@ func TestDaemonEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	var kinds []kilnpb.Event_Kind
-	for ev := range evs {
+	for ev, err := range w.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
 		if ev.GetSandboxId() != sb.GetId() {
 			continue
 		}
 		kinds = append(kinds, ev.GetKind())
 		if ev.GetKind() == kilnpb.Event_KIND_EXITED {
-			cancel()
+			break
 		}
 	}
 	want := []kilnpb.Event_Kind{kilnpb.Event_KIND_CREATED, kilnpb.Event_KIND_READY, kilnpb.Event_KIND_EXITED}

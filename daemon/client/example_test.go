@@ -101,7 +101,12 @@ func ExampleClient_WatchEvents() {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	for ev, err := range c.WatchEvents(ctx) {
+	w, err := c.WatchEvents(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	for ev, err := range w.All() {
 		if err != nil {
 			log.Fatal(err)
 		}

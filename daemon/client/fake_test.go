@@ -562,6 +562,9 @@ func (s *hostServer) WatchEvents(req *kilnpb.WatchEventsRequest, st kilnpb.Kiln_
 		evs = append(evs, &kilnpb.Event{Kind: kilnpb.Event_KIND_READY, SandboxId: sb.Id, Sandbox: clone(sb)})
 	}
 	s.mu.Unlock()
+	if err := st.SendHeader(nil); err != nil {
+		return err
+	}
 	for _, ev := range evs {
 		if err := st.Send(ev); err != nil {
 			return err

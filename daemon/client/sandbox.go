@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"iter"
 
 	"google.golang.org/protobuf/proto"
@@ -160,33 +162,70 @@ func (c *Client) Fork(ctx context.Context, req *kilnpb.ForkRequest) iter.Seq2[*k
 	}
 }
 
-// WatchEvents yields every state change of the sandboxes named (none: all)
-// from now on, until ctx ends (then it stops without an error) or the
-// stream fails.
-func (c *Client) WatchEvents(ctx context.Context, sandboxIDs ...string) iter.Seq2[*kilnpb.Event, error] {
-	return func(yield func(*kilnpb.Event, error) bool) {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		st, err := c.api.WatchEvents(ctx, &kilnpb.WatchEventsRequest{SandboxIds: sandboxIDs})
-		if err != nil {
-			if ctx.Err() == nil {
-				yield(nil, callErr("watch events", err))
-			}
-			return
+// Events is a subscription to sandbox state changes (WatchEvents).
+type Events struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	st     kilnpb.Kiln_WatchEventsClient
+}
+
+// WatchEvents subscribes to the state changes of the sandboxes named
+// (none: all) and returns once the daemon has the subscription: every
+// change after it returns is delivered. Close the subscription, or end
+// ctx, when done.
+func (c *Client) WatchEvents(ctx context.Context, sandboxIDs ...string) (*Events, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := c.api.WatchEvents(ctx, &kilnpb.WatchEventsRequest{SandboxIds: sandboxIDs})
+	if err != nil {
+		cancel()
+		return nil, callErr("watch events", err)
+	}
+	// kilnd sends the headers once it has subscribed. No headers: the
+	// call ended at once, and Recv says how.
+	if md, err := st.Header(); err != nil || md == nil {
+		if err == nil {
+			_, err = st.Recv()
 		}
-		for ev, err := range stream(st.Recv) {
-			if err != nil {
-				if ctx.Err() == nil {
-					yield(nil, callErr("watch events", err))
-				}
+		cancel()
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the daemon ended the watch at once")
+		}
+		return nil, callErr("watch events", err)
+	}
+	return &Events{ctx: ctx, cancel: cancel, st: st}, nil
+}
+
+// Recv returns the next event. After Close, or once the watch's context
+// has ended, it returns io.EOF.
+func (e *Events) Recv() (*kilnpb.Event, error) {
+	ev, err := e.st.Recv()
+	if err != nil {
+		if e.ctx.Err() != nil || errors.Is(err, io.EOF) {
+			return nil, io.EOF
+		}
+		return nil, callErr("watch events", err)
+	}
+	return ev, nil
+}
+
+// All yields the events until the subscription ends; an error, if any,
+// comes last. Breaking out of the loop leaves the subscription open.
+func (e *Events) All() iter.Seq2[*kilnpb.Event, error] {
+	return func(yield func(*kilnpb.Event, error) bool) {
+		for {
+			ev, err := e.Recv()
+			if errors.Is(err, io.EOF) {
 				return
 			}
-			if !yield(ev, nil) {
+			if !yield(ev, err) || err != nil {
 				return
 			}
 		}
 	}
 }
+
+// Close ends the subscription.
+func (e *Events) Close() { e.cancel() }
 
 // CreateTemplate boots req.Image once, runs req.Setup and keeps a
 // snapshot that CreateSandbox can restore from. A request without a
