@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -498,4 +500,68 @@ func FuzzParseListen(f *testing.F) {
 			t.Fatalf("parseListen(%q) = %+v, %v; want %+v", l.String(), again, err, l)
 		}
 	})
+}
+
+// testKilndEnv makes the test binary run as kilnd over the test backend
+// (TestMain), for TestSIGTERM.
+const testKilndEnv = "KILND_TEST_AS_KILND"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(testKilndEnv) == "1" {
+		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer cancel()
+		be := &daemontest.Backend{}
+		os.Exit(run(ctx, os.Args[1:], os.Stderr, func(cfg config, log *slog.Logger) (service, error) {
+			return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
+		}))
+	}
+	os.Exit(m.Run())
+}
+
+// TestSIGTERM runs kilnd as a process of its own and stops it with
+// SIGTERM, as systemd does: it exits 0, removes its socket, and the
+// sandbox's process runs on.
+func TestSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "kilnd.sock")
+	cmd := exec.Command(os.Args[0], "--listen", "unix:"+sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true")
+	cmd.Env = append(os.Environ(), testKilndEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var c *client.Client
+	for {
+		var err error
+		if c, err = client.Dial(ctx, "unix:"+sock); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("kilnd never served: %v: %s", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer c.Close()
+	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(int(sb.GetPid()), syscall.SIGKILL)
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kilnd after SIGTERM: %v: %s", err, stderr.String())
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("the socket is left after SIGTERM: %v", err)
+	}
+	if err := syscall.Kill(int(sb.GetPid()), 0); err != nil {
+		t.Errorf("the sandbox's process %d died with kilnd: %v", sb.GetPid(), err)
+	}
 }
