@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -25,10 +26,14 @@ func (e *env) checkpoint(id string, keep bool) *kilnpb.CheckpointInfo {
 }
 
 func (e *env) fork(req *kilnpb.ForkRequest) ([]*kilnpb.Sandbox, error) {
+	return e.forkCtx(ctxT(e.t), req)
+}
+
+func (e *env) forkCtx(ctx context.Context, req *kilnpb.ForkRequest) ([]*kilnpb.Sandbox, error) {
 	if req.RequestId == "" {
 		req.RequestId = nextReq()
 	}
-	stream, err := e.c.Fork(ctxT(e.t), req)
+	stream, err := e.c.Fork(ctx, req)
 	if err != nil {
 		return nil, err
 	}

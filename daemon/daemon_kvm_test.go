@@ -1,0 +1,225 @@
+package daemon_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/imagetest"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
+)
+
+// TestMain lets the test binary serve as a VMM process (the real
+// backend's ProcessCommand in TestKVMDaemon).
+func TestMain(m *testing.M) {
+	if os.Getenv(vmmproc.SocketEnv) != "" {
+		os.Exit(vmmproc.ServeMain(context.Background(), "", sandbox.OpenImageFS(image.NewRoots(image.Options{}))))
+	}
+	os.Exit(m.Run())
+}
+
+// kvmEnv is a server over the real backend: sandboxes in VMM processes
+// (this test binary), rooted on the busybox test image.
+type kvmEnv struct {
+	env
+	image string
+}
+
+func newKVMEnv(t *testing.T) *kvmEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, refs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
+	images := t.TempDir()
+	roots := image.NewRoots(image.Options{})
+	im, err := roots.Images(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.Pull(ctx, refs["busybox"], image.PullOptions{}); err != nil {
+		t.Fatalf("pull busybox: %v", err)
+	}
+	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short state folder: the sandboxes' Unix sockets live in it.
+	state, err := os.MkdirTemp("", "kd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	e := &kvmEnv{image: refs["busybox"]}
+	e.t, e.state = t, state
+	e.cfg = daemon.Config{StateDir: state, Runtime: rt, Images: images,
+		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	e.startKVM()
+	t.Cleanup(e.stop)
+	return e
+}
+
+func (e *kvmEnv) startKVM() {
+	e.t.Helper()
+	srv, err := daemon.New(e.cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.srv = srv
+	lis := bufconn.Listen(1 << 20)
+	e.gs = grpc.NewServer()
+	srv.Register(e.gs)
+	go e.gs.Serve(lis)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.Close() })
+	e.c = kilnpb.NewKilnClient(conn)
+}
+
+func (e *kvmEnv) createImage(idleMS int64) *kilnpb.Sandbox {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	sb, err := e.c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: nextReq(),
+		Source: &kilnpb.CreateSandboxRequest_Image{Image: e.image}, IdleTimeoutMs: idleMS})
+	if err != nil {
+		e.t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+func (e *kvmEnv) shOut(id, script string) string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := e.exec(ctx, &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", script}})
+	if r.err != nil || r.exit.GetExitCode() != 0 {
+		e.t.Fatalf("sandbox %s: %q: %+v", id, script, r)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+// TestKVMDaemon drives the daemon over its real backend: image-rooted
+// sandboxes in VMM processes, concurrent creates and execs, a VMM process
+// killed, checkpoint, rollback, forks two levels deep, a restart that
+// takes every sandbox over, an idle timeout, and destroy leaving nothing.
+func TestKVMDaemon(t *testing.T) {
+	kvmtest.Require(t)
+	e := newKVMEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+
+	// Concurrent creates, one exec each.
+	const n = 4
+	sbs := make([]*kilnpb.Sandbox, n)
+	var wg sync.WaitGroup
+	for i := range sbs {
+		wg.Add(1)
+		go func() { defer wg.Done(); sbs[i] = e.createImage(0) }()
+	}
+	wg.Wait()
+	for _, sb := range sbs {
+		if got := e.shOut(sb.Id, "echo $((6*7))"); got != "42" {
+			t.Errorf("sandbox %s: %q", sb.Id, got)
+		}
+		t.Logf("sandbox %s ready in %d ms (pid %d)", sb.Id, sb.ReadyMs, sb.Pid)
+	}
+
+	// kill -9 of one VMM process fails that sandbox only.
+	syscall.Kill(int(sbs[0].Pid), syscall.SIGKILL)
+	failed := e.waitState(sbs[0].Id, kilnpb.SandboxState_SANDBOX_STATE_FAILED)
+	t.Logf("killed: %s", failed.Reason)
+	if got := e.shOut(sbs[1].Id, "echo alive"); got != "alive" {
+		t.Errorf("sibling: %q", got)
+	}
+
+	// Rollback in place.
+	sb := sbs[1]
+	e.shOut(sb.Id, "echo v1 > /f")
+	ck1, err := e.c.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sb.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.shOut(sb.Id, "rm /f; setsid sleep 1000 </dev/null >/dev/null 2>&1 & sleep 0.5; pgrep -x sleep | wc -l"); got != "1" {
+		t.Errorf("background sleep before the rollback: %q", got)
+	}
+	if _, err := e.c.Rollback(ctx, &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck1.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.shOut(sb.Id, "cat /f; pgrep -x sleep | wc -l"); got != "v1\n0" {
+		t.Errorf("after rollback: %q", got)
+	}
+	ck2, err := e.c.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sb.Id})
+	if err != nil || ck2.ParentId != ck1.Id {
+		t.Fatalf("second checkpoint: %v %v", ck2, err)
+	}
+
+	// Forks from a checkpoint two levels deep: entropy differs.
+	kids, err := e.forkCtx(ctx, &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck2.Id}, Count: 2})
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("fork: %v %v", kids, err)
+	}
+	r0 := e.shOut(kids[0].Id, "cat /f; od -An -tx1 -N16 /dev/urandom")
+	r1 := e.shOut(kids[1].Id, "cat /f; od -An -tx1 -N16 /dev/urandom")
+	if !strings.HasPrefix(r0, "v1") || r0 == r1 {
+		t.Errorf("fork children: %q, %q", r0, r1)
+	}
+
+	// A restart takes every sandbox over.
+	before, _ := e.c.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{})
+	e.stop()
+	e.startKVM()
+	after, err := e.c.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{})
+	if err != nil || len(after.Sandboxes) != len(before.Sandboxes) {
+		t.Fatalf("after the restart: %v %v, before %v", after, err, before)
+	}
+	for _, s := range after.Sandboxes {
+		if got := e.shOut(s.Id, "echo back"); got != "back" {
+			t.Errorf("sandbox %s after the restart: %q", s.Id, got)
+		}
+	}
+	if more, err := e.forkCtx(ctx, &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 1}); err != nil || len(more) != 1 {
+		t.Errorf("fork of a checkpoint from before the restart: %v %v", more, err)
+	}
+
+	// Idle timeout on the real clock.
+	idle := e.createImage(10_000)
+	time.Sleep(12 * time.Second)
+	e.waitState(idle.Id, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT)
+
+	// Destroy leaves no VMM process and no folder.
+	all, _ := e.c.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{})
+	for _, s := range all.Sandboxes {
+		if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: s.Id}); err != nil {
+			t.Errorf("destroy %s: %v", s.Id, err)
+		}
+		if alive(s.Pid) {
+			t.Errorf("sandbox %s: VMM process %d left", s.Id, s.Pid)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "*", "*.sock"))
+	if len(left) > 0 {
+		t.Errorf("sockets left: %v", left)
+	}
+}
