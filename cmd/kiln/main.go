@@ -82,7 +82,8 @@ commands:
   vmm     serve one VM for a parent process over a Unix socket
           (what --vmm-process starts; not for people)
   sandbox sandboxes run by kilnd (--host, $KILN_HOST):
-          kiln sandbox create|ls|inspect|exec|run|cp|checkpoint|checkpoints|rollback|fork|rm
+          kiln sandbox create|ls|inspect|exec|run|cp|ps|kill|pause|resume|events|
+                       checkpoint|checkpoints|rollback|fork|rm
   template  kilnd's templates: kiln template create|ls|rm
   completion  shell completion: kiln completion bash|zsh|fish|powershell
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:

@@ -211,9 +211,10 @@ func (a *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "sandbox",
 		Aliases: []string{"sb"},
-		Short:   "sandboxes run by kilnd: create, ls, exec, run, cp, checkpoint, rollback, fork, rm",
+		Short:   "sandboxes run by kilnd: create, ls, exec, run, cp, checkpoint, rollback, fork, rm, ...",
 	}
 	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(),
+		a.psCmd(), a.killCmd(), a.pauseCmd(true), a.pauseCmd(false), a.eventsCmd(),
 		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd())
 	return cmd
 }
@@ -665,6 +666,153 @@ func (a *cli) download(ctx context.Context, c *kilnclient.Client, id, p, local s
 		os.Chmod(f.Name(), os.FileMode(fi.GetMode()&0o777))
 	}
 	return os.Rename(f.Name(), local)
+}
+
+func (a *cli) psCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:               "ps ID",
+		Short:             "list a sandbox's execs, background ones included",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			execs, err := c.ListExecs(cmd.Context(), ids[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, execs)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EXEC\tPID\tBACKGROUND\tAGE\tSTATUS\tCOMMAND")
+			now := time.Now()
+			for _, e := range execs {
+				st := "running"
+				switch x := e.GetExit(); {
+				case x == nil:
+				case x.GetSignal() != 0:
+					st = fmt.Sprintf("killed by signal %d", x.GetSignal())
+				default:
+					st = fmt.Sprintf("exited %d", x.GetExitCode())
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\t%s\n", e.GetExecId(), e.GetPid(), e.GetBackground(),
+					age(now, e.GetStartedUnixMs()), st, strings.Join(e.GetArgv(), " "))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of execs")
+	return cmd
+}
+
+func (a *cli) killCmd() *cobra.Command {
+	var sig int
+	cmd := &cobra.Command{
+		Use:               "kill ID EXEC",
+		Short:             "send a signal (default SIGKILL) to an exec's process",
+		Args:              args(cobra.ExactArgs(2)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if sig < 0 || sig > 64 {
+				return usagef("sandbox kill: --signal %d: want 1 to 64", sig)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return c.KillExec(cmd.Context(), argv[0], argv[1], syscall.Signal(sig))
+		},
+	}
+	cmd.Flags().IntVarP(&sig, "signal", "s", 0, "signal `N` (0: SIGKILL)")
+	return cmd
+}
+
+// pauseCmd is pause (stop the vCPUs) or resume.
+func (a *cli) pauseCmd(pause bool) *cobra.Command {
+	use, short := "resume ID...", "start paused sandboxes' vCPUs again"
+	if pause {
+		use, short = "pause ID...", "stop sandboxes' vCPUs (memory and state stay)"
+	}
+	return &cobra.Command{
+		Use:               use,
+		Short:             short,
+		Args:              args(cobra.MinimumNArgs(1)),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			failed := false
+			for _, id := range ids {
+				var err error
+				if pause {
+					_, err = c.PauseSandbox(cmd.Context(), id)
+				} else {
+					_, err = c.ResumeSandbox(cmd.Context(), id)
+				}
+				if err != nil {
+					a.printErr(err)
+					failed = true
+				}
+			}
+			if failed {
+				return exitError{exitFailed}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *cli) eventsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "events [ID...]",
+		Short: "print sandboxes' state changes as they happen (all sandboxes unless IDs are given)",
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			w, err := c.WatchEvents(cmd.Context(), ids...)
+			if err != nil {
+				return err
+			}
+			defer w.Close()
+			opts := protojson.MarshalOptions{UseProtoNames: true}
+			for ev, err := range w.All() {
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					j, err := opts.Marshal(ev)
+					if err != nil {
+						return err
+					}
+					// One event a line, whatever spacing protojson chose.
+					var b bytes.Buffer
+					if err := json.Compact(&b, j); err != nil {
+						return err
+					}
+					fmt.Fprintf(a.stdout, "%s\n", b.Bytes())
+					continue
+				}
+				kind := strings.ToLower(strings.TrimPrefix(ev.GetKind().String(), "KIND_"))
+				line := fmt.Sprintf("%s %s %s", time.UnixMilli(ev.GetUnixMs()).Format(time.RFC3339Nano), kind, ev.GetSandboxId())
+				if ev.GetReason() != "" {
+					line += " " + ev.GetReason()
+				}
+				fmt.Fprintln(a.stdout, line)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON object on a line of its own")
+	return cmd
 }
 
 func (a *cli) checkpointCmd() *cobra.Command {

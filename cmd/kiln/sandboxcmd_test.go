@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +192,50 @@ func TestSandboxCLI(t *testing.T) {
 		t.Errorf("a failed cp left %s: %v", filepath.Join(dir, "m"), err)
 	}
 
+	// Background execs: listed by ps, killed by kill.
+	code, out, errOut = kilnIn(t, "", "sandbox", "exec", "-d", id, "--", "sleep", "30")
+	if code != 0 {
+		t.Fatalf("exec -d: exit %d: %s", code, errOut)
+	}
+	ex := oneID(t, "exec -d", out)
+	code, out, _ = kilnIn(t, "", "sandbox", "ps", "--json", id)
+	var ps []struct {
+		ID         string `json:"exec_id"`
+		Background bool   `json:"background"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &ps) != nil || !slices.ContainsFunc(ps, func(e struct {
+		ID         string `json:"exec_id"`
+		Background bool   `json:"background"`
+	}) bool {
+		return e.ID == ex && e.Background
+	}) {
+		t.Fatalf("ps --json: exit %d, %q; want %s in the background", code, out, ex)
+	}
+	if code, out, errOut := kilnIn(t, "", "sandbox", "kill", id, ex); code != 0 || out != "" {
+		t.Fatalf("kill: exit %d, %q, %s", code, out, errOut)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, out, _ = kilnIn(t, "", "sandbox", "ps", id)
+		if strings.Contains(out, "killed by signal 9") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ps after kill: %q", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// pause and resume.
+	if code, _, errOut := kilnIn(t, "", "sandbox", "pause", id); code != 0 {
+		t.Fatalf("pause: exit %d: %s", code, errOut)
+	}
+	if _, out, _ := kilnIn(t, "", "sandbox", "ls", "--state", "paused", "--json"); !strings.Contains(out, id) {
+		t.Errorf("ls --state paused: %q; want %s", out, id)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "resume", id); code != 0 {
+		t.Fatalf("resume: exit %d: %s", code, errOut)
+	}
+
 	// checkpoint, rollback, fork: IDs only on stdout.
 	code, out, errOut = kilnIn(t, "", "sandbox", "checkpoint", id)
 	if code != 0 {
@@ -263,6 +310,8 @@ func TestSandboxCLIUsage(t *testing.T) {
 		{[]string{"sandbox", "ls", "--state", "bogus"}, "--state"},
 		{[]string{"sandbox", "rollback", "id"}, "accepts 2 arg"},
 		{[]string{"sandbox", "rm"}, "requires at least 1 arg"},
+		{[]string{"sandbox", "kill", "id", "ex", "-s", "99"}, "1 to 64"},
+		{[]string{"sandbox", "pause"}, "requires at least 1 arg"},
 		{[]string{"template", "create", "name"}, "--image is required"},
 		{[]string{"template", "create", "name", "--image", "i", "--setup", "x", "--", "y"}, "not both"},
 	}
@@ -377,4 +426,57 @@ func FuzzKeyValues(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSandboxEvents: kiln sandbox events --json prints one event a line.
+func TestSandboxEvents(t *testing.T) {
+	startKilnd(t)
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		var stderr bytes.Buffer
+		done <- cmdCobra(ctx, []string{"sandbox", "events", "--json"}, strings.NewReader(""), pw, &stderr)
+		pw.Close()
+	}()
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		b := bufio.NewScanner(pr)
+		for b.Scan() {
+			lines <- b.Text()
+		}
+	}()
+	// The watch may start after a first sandbox: make them until one's
+	// creation is reported. Every line must be an event.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, out, _ := kilnIn(t, "", "sandbox", "create", "--image", "busybox")
+		id := strings.TrimSpace(out)
+		wait := time.After(200 * time.Millisecond)
+	read:
+		for {
+			select {
+			case line := <-lines:
+				var ev struct {
+					Kind      string `json:"kind"`
+					SandboxID string `json:"sandbox_id"`
+				}
+				if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.SandboxID == "" || !strings.HasPrefix(ev.Kind, "KIND_") {
+					t.Fatalf("event line %q (%v)", line, err)
+				}
+				if ev.SandboxID == id && ev.Kind == "KIND_CREATED" {
+					cancel()
+					<-done
+					return
+				}
+			case <-wait:
+				break read
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no event printed")
+		}
+	}
 }
