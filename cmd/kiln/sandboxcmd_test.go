@@ -480,3 +480,48 @@ func TestSandboxEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplateCLI checks the template commands' contracts against
+// kilnd: create prints one ID, ls --json parses, rm prints nothing; or,
+// while kilnd refuses templates (Unimplemented), each exits 1 with one
+// line that names the call and passes the daemon's reason on.
+func TestTemplateCLI(t *testing.T) {
+	startKilnd(t)
+	refused := func(what string, code int, out, errOut string) bool {
+		t.Helper()
+		if code == 0 {
+			return false
+		}
+		if code != exitFailed || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kiln: ") ||
+			!strings.Contains(errOut, "Unimplemented: ") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", what, code, out, errOut)
+		}
+		return true
+	}
+	code, out, errOut := kilnIn(t, "", "template", "create", "py", "--image", "busybox", "--setup", "true")
+	if refused("template create", code, out, errOut) {
+		code, out, errOut = kilnIn(t, "", "template", "ls", "--json")
+		refused("template ls", code, out, errOut)
+		return
+	}
+	tp := oneID(t, "template create", out)
+	code, out, errOut = kilnIn(t, "", "template", "ls", "--json")
+	var ts []struct {
+		ID   string `json:"id"`
+		Name string `json:"name"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &ts) != nil || len(ts) != 1 || ts[0].ID != tp || ts[0].Name != "py" {
+		t.Fatalf("template ls --json: exit %d, %q, %s", code, out, errOut)
+	}
+	code, out, errOut = kilnIn(t, "", "sandbox", "create", "--template", "py")
+	if code != 0 {
+		t.Fatalf("create --template: exit %d: %s", code, errOut)
+	}
+	sb := oneID(t, "create --template", out)
+	if code, out, errOut := kilnIn(t, "", "sandbox", "rm", sb); code != 0 || out != "" {
+		t.Fatalf("rm: exit %d, %q, %s", code, out, errOut)
+	}
+	if code, out, errOut := kilnIn(t, "", "template", "rm", "--wait", "py"); code != 0 || out != "" {
+		t.Fatalf("template rm: exit %d, %q, %s", code, out, errOut)
+	}
+}
