@@ -194,8 +194,11 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	if err != nil {
 		return nil, err
 	}
-	if c.SandboxID != b.id {
-		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is sandbox %s's: a sandbox rolls back only to its own checkpoints (create or fork from it instead)", c.ID, c.SandboxID)
+	b.mu.Lock()
+	origin := b.rec.Checkpoint
+	b.mu.Unlock()
+	if c.SandboxID != b.id && c.ID != origin {
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is sandbox %s's: a sandbox rolls back only to its own checkpoints and the one it was made from (create or fork from it instead)", c.ID, c.SandboxID)
 	}
 	b.mu.Lock()
 	st := b.rec.state()
@@ -445,4 +448,27 @@ func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequ
 	}
 	s.forks[tmpl.RequestID] = f
 	return f, boxes, false, nil
+}
+
+// The templates of issue 11 are not built yet: each call says so.
+const noTemplates = "templates are not implemented yet (CreateTemplate, warm pools, CreateSandbox from a template): create sandboxes from an image or a checkpoint, and fork checkpoints for many"
+
+// CreateTemplate is Unimplemented.
+func (s *Server) CreateTemplate(context.Context, *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
+	return nil, status.Error(codes.Unimplemented, noTemplates)
+}
+
+// GetTemplate is Unimplemented.
+func (s *Server) GetTemplate(context.Context, *kilnpb.GetTemplateRequest) (*kilnpb.Template, error) {
+	return nil, status.Error(codes.Unimplemented, noTemplates)
+}
+
+// ListTemplates is Unimplemented.
+func (s *Server) ListTemplates(context.Context, *kilnpb.ListTemplatesRequest) (*kilnpb.ListTemplatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, noTemplates)
+}
+
+// DeleteTemplate is Unimplemented.
+func (s *Server) DeleteTemplate(context.Context, *kilnpb.DeleteTemplateRequest) (*kilnpb.DeleteTemplateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, noTemplates)
 }

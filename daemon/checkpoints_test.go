@@ -207,3 +207,37 @@ func TestForkInvalid(t *testing.T) {
 		t.Errorf("%d sandboxes after refused forks, want 1", n)
 	}
 }
+
+// TestRollbackToOrigin: a sandbox made from a checkpoint rolls back to
+// it, though the checkpoint is another sandbox's.
+func TestRollbackToOrigin(t *testing.T) {
+	e := newEnv(t, nil)
+	parent := e.create(nil)
+	e.sh(parent.Id, `echo start > "$KILN_TEST_ROOT/f"`)
+	ck := e.checkpoint(parent.Id, false)
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck.Id}, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid := kids[0]
+	e.sh(kid.Id, `echo changed > "$KILN_TEST_ROOT/f"`)
+	if _, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: kid.Id, CheckpointId: ck.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh(kid.Id, `cat "$KILN_TEST_ROOT/f"`); r.stdout != "start\n" {
+		t.Errorf("after the rollback: %q", r.stdout)
+	}
+}
+
+func TestTemplatesUnimplemented(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxT(t)
+	calls := map[string]error{}
+	_, calls["create"] = e.c.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "py", Image: "python"})
+	_, calls["get"] = e.c.GetTemplate(ctx, &kilnpb.GetTemplateRequest{Id: "py"})
+	_, calls["list"] = e.c.ListTemplates(ctx, &kilnpb.ListTemplatesRequest{})
+	_, calls["delete"] = e.c.DeleteTemplate(ctx, &kilnpb.DeleteTemplateRequest{Id: "py"})
+	for name, err := range calls {
+		t.Run(name, func(t *testing.T) { wantCode(t, err, codes.Unimplemented, "templates are not implemented yet") })
+	}
+}

@@ -89,9 +89,11 @@ func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (I
 	}
 	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, Logger: b.log()})
 	if err != nil {
+		stopVMM(ctx, dir, b.log())
 		return nil, err
 	}
 	in := newSandboxInstance(s, b)
+	in.paused = paused
 	if paused {
 		if err := in.Pause(ctx); err != nil {
 			return in, err
@@ -114,12 +116,35 @@ func vmmCall(ctx context.Context, dir string, log *slog.Logger, call func(*vmmpr
 	return nil
 }
 
+// stopVMM stops the VMM process of the sandbox folder dir, if one still
+// answers there, so that a sandbox that could not be taken over leaves
+// no process behind.
+func stopVMM(ctx context.Context, dir string, log *slog.Logger) {
+	sock := filepath.Join(dir, vmmproc.SocketFile)
+	if _, err := os.Stat(sock); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	p, err := vmmproc.Attach(ctx, sock, log)
+	if err != nil {
+		return
+	}
+	pid := p.PID()
+	p.Stop(ctx)
+	p.Close(ctx)
+	reap(pid, 5*time.Second)
+}
+
 // sandboxInstance is a sandbox of package sandbox, in a VMM process.
 type sandboxInstance struct {
 	s       *sandbox.Sandbox
 	b       *SandboxBackend
 	pid     int
 	closing sync.Once
+
+	mu     sync.Mutex
+	paused bool // Close resumes it first, for the agent to power it off
 }
 
 func newSandboxInstance(s *sandbox.Sandbox, b *SandboxBackend) *sandboxInstance {
@@ -175,11 +200,25 @@ func (in *sandboxInstance) Remove(ctx context.Context, path string, recursive bo
 }
 
 func (in *sandboxInstance) Pause(ctx context.Context) error {
-	return vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Pause)
+	if err := vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Pause); err != nil {
+		return err
+	}
+	in.setPaused(true)
+	return nil
 }
 
 func (in *sandboxInstance) Resume(ctx context.Context) error {
-	return vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Resume)
+	if err := vmmCall(ctx, in.s.Dir(), in.b.log(), (*vmmproc.Process).Resume); err != nil {
+		return err
+	}
+	in.setPaused(false)
+	return nil
+}
+
+func (in *sandboxInstance) setPaused(p bool) {
+	in.mu.Lock()
+	in.paused = p
+	in.mu.Unlock()
 }
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
@@ -201,6 +240,16 @@ func (in *sandboxInstance) Fork(ctx context.Context, n int) ([]Instance, error) 
 func (in *sandboxInstance) Close(ctx context.Context) error {
 	var err error
 	in.closing.Do(func() {
+		in.mu.Lock()
+		paused := in.paused
+		in.mu.Unlock()
+		if paused {
+			// A paused guest cannot power off: resume it (best effort;
+			// Close stops the VM by force after its wait anyway).
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			in.Resume(rctx)
+			cancel()
+		}
 		errs := []error{in.s.Close(ctx)}
 		errs = append(errs, reap(in.pid, 10*time.Second))
 		if rerr := os.RemoveAll(in.s.Dir()); rerr != nil {

@@ -125,7 +125,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	case nil:
 		return nil, status.Error(codes.InvalidArgument, "no source: give one of image, template or checkpoint")
 	case *kilnpb.CreateSandboxRequest_Template:
-		return nil, status.Error(codes.Unimplemented, "templates are not implemented yet (CreateTemplate and CreateSandbox from a template): create from an image or a checkpoint")
+		return nil, status.Error(codes.Unimplemented, noTemplates)
 	case *kilnpb.CreateSandboxRequest_Image:
 		if src.Image == "" || strings.ContainsRune(src.Image, 0) {
 			return nil, status.Errorf(codes.InvalidArgument, "image %q: want an image reference or manifest digest", src.Image)
