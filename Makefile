@@ -48,6 +48,7 @@ deps:
 
 build: harness
 	$(GO) build -o $(KILN) ./cmd/kiln
+	$(GO) build -o bin/kilnd ./cmd/kilnd
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(AGENT) ./cmd/kiln-agent
 
 harness:
