@@ -581,3 +581,102 @@ func TestCloseEndsWatchers(t *testing.T) {
 		t.Error("Close stopped a sandbox")
 	}
 }
+
+// TestManySandboxes: 50 concurrent creates with an exec each, then
+// destroys: no error, every output right, nothing left.
+func TestManySandboxes(t *testing.T) {
+	e := newEnv(t, func(c *daemon.Config) { c.MaxMemoryMiB = 64 << 10 }) // 50 × 512 MiB
+	const n = 50
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := ctxT(t)
+			sb, err := e.c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: "many-" + string(rune('A'+i)), Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			r := e.exec(ctx, &kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"echo", sb.Id}})
+			if r.err != nil || r.stdout != sb.Id+"\n" {
+				errs <- errors.New("exec in " + sb.Id + ": " + r.stdout)
+			}
+			if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := e.be.Live(); n != 0 {
+		t.Errorf("%d sandboxes left", n)
+	}
+	left, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "sb-*[^n]"))
+	if len(left) != 0 {
+		t.Errorf("folders left: %v", left)
+	}
+}
+
+func TestRetryAfterFailedCreate(t *testing.T) {
+	e := newEnv(t, nil)
+	fail := true
+	var mu sync.Mutex
+	e.be.CreateHook = func(context.Context, daemon.CreateSpec) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			fail = false
+			return errors.New("the first start fails")
+		}
+		return nil
+	}
+	req := &kilnpb.CreateSandboxRequest{RequestId: "again", Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}}
+	_, err := e.c.CreateSandbox(ctxT(t), req)
+	wantCode(t, err, codes.Internal, "the first start fails")
+	sb, err := e.c.CreateSandbox(ctxT(t), req)
+	if err != nil || sb.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("retry after a failed start: %v %v", sb, err)
+	}
+}
+
+func TestKeepEnded(t *testing.T) {
+	e := newEnv(t, func(c *daemon.Config) { c.KeepEnded = 2 })
+	var ids []string
+	for range 4 {
+		sb := e.create(nil)
+		e.clock.Advance(time.Millisecond)
+		e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id})
+		ids = append(ids, sb.Id)
+	}
+	for i, id := range ids {
+		_, err := e.c.GetSandbox(ctxT(t), &kilnpb.GetSandboxRequest{Id: id})
+		if i < 2 {
+			wantCode(t, err, codes.NotFound, id)
+		} else if err != nil {
+			t.Errorf("recent ended sandbox %s: %v", id, err)
+		}
+	}
+	recs, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "*.json"))
+	if len(recs) != 2 {
+		t.Errorf("records kept: %v", recs)
+	}
+}
+
+func TestDestroyPaused(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	if _, err := e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, sb.Pid)
+	_, err := e.c.ResumeSandbox(ctxT(t), &kilnpb.ResumeSandboxRequest{Id: sb.Id})
+	wantCode(t, err, codes.FailedPrecondition, "destroyed")
+}
