@@ -148,7 +148,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	}
 	defer done()
 	b.mu.Lock()
-	env := b.rec.Env
+	env, bctx := b.rec.Env, b.ctx // a rollback replaces ctx
 	b.mu.Unlock()
 	opts, err := execOptions(st, env)
 	if err != nil {
@@ -190,7 +190,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	// as long as the sandbox.
 	pctx := stream.Context()
 	if st.GetBackground() {
-		pctx = b.ctx
+		pctx = bctx
 	}
 	proc, err := inst.Start(pctx, opts)
 	if err != nil {

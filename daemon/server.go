@@ -224,7 +224,8 @@ type box struct {
 	// rec is the record as the state folder has it (after persist).
 	rec  record
 	inst Instance // nil while starting, rolling back, or once ended
-	// ctx ends when the sandbox does: its background execs go with it.
+	// ctx ends when the sandbox does (or rolls back): its background
+	// execs go with it. A rollback replaces it, under mu.
 	ctx    context.Context
 	cancel context.CancelFunc
 	// ready is closed once the create that made it has finished.
@@ -373,9 +374,9 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	inst := b.inst
+	inst, cancel := b.inst, b.cancel
 	b.mu.Unlock()
-	b.cancel()
+	cancel()
 	if inst != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if err := inst.Close(ctx); err != nil {
@@ -399,8 +400,9 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	b.rec.EndedUnixMS = s.clock.Now().UnixMilli()
 	s.persistLocked(b)
 	pb := s.protoLocked(b)
+	cancel := b.cancel
 	b.mu.Unlock()
-	b.cancel()
+	cancel()
 	kind := map[kilnpb.SandboxState]kilnpb.Event_Kind{
 		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
 		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,
