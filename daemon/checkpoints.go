@@ -227,9 +227,11 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	fail := func(err error) (*kilnpb.Sandbox, error) {
 		err = callErr("roll sandbox "+b.id+" back to "+c.ID, err)
 		b.mu.Lock()
-		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING) // for end, which ends live ones
+		ending := b.ending // destroyed or timed out meanwhile: that stands
 		b.mu.Unlock()
-		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
+		if !ending {
+			s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
+		}
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,5 +240,55 @@ func TestTemplatesUnimplemented(t *testing.T) {
 	_, calls["delete"] = e.c.DeleteTemplate(ctx, &kilnpb.DeleteTemplateRequest{Id: "py"})
 	for name, err := range calls {
 		t.Run(name, func(t *testing.T) { wantCode(t, err, codes.Unimplemented, "templates are not implemented yet") })
+	}
+}
+
+// TestRollbackRaces: execs, rollbacks and a destroy at once end in a
+// destroyed sandbox with nothing left, under -race.
+func TestRollbackRaces(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	ck := e.checkpoint(sb.Id, false)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Execs racing a rollback may fail (the machine goes
+				// under them); they must not hang, panic or race.
+				e.exec(ctxT(t), &kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"true"}, Background: true})
+			}
+		}()
+	}
+	for range 3 {
+		if _, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck.Id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck.Id})
+	}()
+	if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	close(stop)
+	wg.Wait()
+	e.waitState(sb.Id, kilnpb.SandboxState_SANDBOX_STATE_DESTROYED)
+	deadline := time.Now().Add(5 * time.Second)
+	for e.be.Live() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sandboxes left", e.be.Live())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
