@@ -161,13 +161,14 @@ func TestKVMDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.shOut(sb.Id, "rm /f; setsid sleep 1000 </dev/null >/dev/null 2>&1 & sleep 0.5; pgrep -x sleep | wc -l"); got != "1" {
-		t.Errorf("background sleep before the rollback: %q", got)
+	pid := e.shOut(sb.Id, "rm /f; setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!")
+	if got := e.shOut(sb.Id, "sleep 0.5; kill -0 "+pid+" && test ! -e /f && echo running"); got != "running" {
+		t.Errorf("background sleep %s before the rollback: %q", pid, got)
 	}
 	if _, err := e.c.Rollback(ctx, &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck1.Id}); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.shOut(sb.Id, "cat /f; pgrep -x sleep | wc -l"); got != "v1\n0" {
+	if got := e.shOut(sb.Id, "cat /f; kill -0 "+pid+" 2>/dev/null && echo running || echo gone"); got != "v1\ngone" {
 		t.Errorf("after rollback: %q", got)
 	}
 	ck2, err := e.c.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sb.Id})
