@@ -13,6 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
@@ -25,8 +29,9 @@ import (
 type SandboxBackend struct {
 	// Runtime is the kernel and agent initramfs every sandbox boots.
 	Runtime sandbox.Runtime
-	// Images is the images folder of image-rooted sandboxes (images are
-	// pulled into it beforehand: kiln image pull).
+	// Images is the images folder of image-rooted sandboxes. An image
+	// not in it is pulled on the first create that names it (plain HTTP
+	// for loopback registries only, as kiln image pull).
 	Images string
 	// Process starts a VMM process: ["/usr/bin/kiln", "vmm"].
 	Process sandbox.ProcessOptions
@@ -35,6 +40,7 @@ type SandboxBackend struct {
 	// (the VMM processes open their own).
 	roots *image.Roots
 	once  sync.Once
+	pulls singleflight.Group // one pull per reference at a time
 }
 
 func (b *SandboxBackend) log() *slog.Logger {
@@ -64,6 +70,9 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			Images: b.Images, ImageRoots: b.imageRoots(),
 		})
 	case spec.Image != "":
+		if err := b.ensureImage(ctx, spec.Image); err != nil {
+			return nil, err
+		}
 		opts := sandbox.Options{
 			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname,
 			Dir: spec.Dir, Process: &proc, Logger: b.log(),
@@ -77,6 +86,40 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		return nil, err
 	}
 	return newSandboxInstance(s, b), nil
+}
+
+// ensureImage pulls ref into the images folder unless it is there: lazily,
+// so only the manifest, config and estargz TOCs (or the whole of plain
+// layers, indexed). Concurrent creates of one missing image pull it once.
+// Its errors are gRPC statuses: NotFound for a name no registry knows,
+// InvalidArgument for a bad reference or image, Unavailable otherwise.
+func (b *SandboxBackend) ensureImage(ctx context.Context, ref string) error {
+	im, err := b.imageRoots().Images(b.Images)
+	if err != nil {
+		return status.Errorf(codes.FailedPrecondition, "images folder: %v", err)
+	}
+	if _, err := im.Get(ref); err == nil {
+		return nil
+	}
+	_, err, _ = b.pulls.Do(ref, func() (any, error) {
+		if _, err := im.Get(ref); err == nil {
+			return nil, nil
+		}
+		b.log().Info("pulling an image for a sandbox", "image", ref)
+		_, err := im.Pull(ctx, ref, image.PullOptions{})
+		return nil, err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, image.ErrNotFound):
+		return status.Errorf(codes.NotFound, "%v", err)
+	case errors.Is(err, image.ErrInvalid):
+		return status.Errorf(codes.InvalidArgument, "%v", err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "pulling %s: %v", ref, err)
 }
 
 // Attach implements Backend. A paused sandbox is resumed for the agent to
