@@ -31,7 +31,10 @@ type CreateSpec struct {
 	Checkpoint string // a checkpoint's folder
 	CPUs       int
 	MemoryMiB  int
-	Hostname   string
+	// WritableMiB caps an image root's writable layer; 0: half the
+	// guest's memory.
+	WritableMiB int
+	Hostname    string
 }
 
 // Instance is one running sandbox of a backend. Its methods are safe for

@@ -30,6 +30,7 @@ type record struct {
 	Parent     string            `json:"parent,omitempty"` // the sandbox it was forked from
 	CPUs       uint32            `json:"cpus"`
 	MemoryMiB  uint32            `json:"memory_mib"`
+	DiskMiB    uint32            `json:"disk_mib,omitempty"`
 	Env        []string          `json:"env,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
 

@@ -76,7 +76,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		opts := sandbox.Options{
 			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname,
 			Dir: spec.Dir, Process: &proc, Logger: b.log(),
-			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(),
+			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
 		}
 		s, err = sandbox.Start(ctx, opts)
 	default:

@@ -136,8 +136,8 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		if err != nil {
 			return nil, err
 		}
-		if res.GetCpus() != 0 || res.GetMemoryMib() != 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "resources: a sandbox from checkpoint %s has the checkpointed sandbox's CPUs and memory; leave them 0", ck.ID)
+		if res.GetCpus() != 0 || res.GetMemoryMib() != 0 || res.GetDiskMib() != 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "resources: a sandbox from checkpoint %s has the checkpointed sandbox's CPUs, memory and writable layer; leave them 0", ck.ID)
 		}
 		spec.Checkpoint, r.Checkpoint = ck.Dir, ck.ID
 		r.LastCheckpoint, r.Image = ck.ID, ck.Image
@@ -159,8 +159,8 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	if err != nil {
 		return nil, err
 	}
-	spec.CPUs, spec.MemoryMiB = int(cpus), int(mem)
-	r.CPUs, r.MemoryMiB = cpus, mem
+	spec.CPUs, spec.MemoryMiB, spec.WritableMiB = int(cpus), int(mem), int(res.GetDiskMib())
+	r.CPUs, r.MemoryMiB, r.DiskMiB = cpus, mem, res.GetDiskMib()
 	r.IdleTimeoutMS = idle.Milliseconds()
 	keyReq := proto.Clone(req).(*kilnpb.CreateSandboxRequest)
 	keyReq.RequestId = ""
@@ -200,8 +200,8 @@ func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) 
 	if mem == 0 {
 		mem = s.cfg.DefaultMemoryMiB
 	}
-	if res.GetDiskMib() != 0 {
-		return 0, 0, status.Error(codes.Unimplemented, "resources.disk_mib: a size cap on the writable layer is not implemented yet (the guest's tmpfs takes half its memory); leave it 0")
+	if disk := res.GetDiskMib(); disk > mem {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.disk_mib %d: the writable layer is guest RAM, at most memory_mib (%d)", disk, mem)
 	}
 	if int(cpus) > maxCPUs || int(cpus) > s.cfg.HostCPUs {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus %d: the host has %d CPUs", cpus, s.cfg.HostCPUs)

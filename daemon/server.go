@@ -464,7 +464,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 	r := &b.rec
 	pb := &kilnpb.Sandbox{
 		Id: r.ID, State: r.state(), Reason: r.Reason, Image: r.Image, Checkpoint: r.Checkpoint,
-		Resources:     &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB},
+		Resources:     &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB},
 		Labels:        r.Labels,
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,

@@ -308,7 +308,7 @@ func TestCreateInvalid(t *testing.T) {
 		{"too many CPUs", &kilnpb.CreateSandboxRequest{RequestId: "r4", Source: img, Resources: &kilnpb.Resources{Cpus: 4096}}, codes.InvalidArgument, "cpus"},
 		{"more memory than the host", &kilnpb.CreateSandboxRequest{RequestId: "r5", Source: img, Resources: &kilnpb.Resources{MemoryMib: 1 << 20}}, codes.InvalidArgument, "more than the host has"},
 		{"tiny memory", &kilnpb.CreateSandboxRequest{RequestId: "r6", Source: img, Resources: &kilnpb.Resources{MemoryMib: 8}}, codes.InvalidArgument, "memory_mib"},
-		{"disk cap", &kilnpb.CreateSandboxRequest{RequestId: "r7", Source: img, Resources: &kilnpb.Resources{DiskMib: 100}}, codes.Unimplemented, "disk_mib"},
+		{"disk cap over memory", &kilnpb.CreateSandboxRequest{RequestId: "r7", Source: img, Resources: &kilnpb.Resources{MemoryMib: 256, DiskMib: 300}}, codes.InvalidArgument, "at most memory_mib"},
 		{"lifetime under idle", &kilnpb.CreateSandboxRequest{RequestId: "r8", Source: img, LifetimeMs: 1000, IdleTimeoutMs: 5000}, codes.InvalidArgument, "shorter than the idle timeout"},
 		{"default lifetime under idle", &kilnpb.CreateSandboxRequest{RequestId: "r9", Source: img, IdleTimeoutMs: 2 * 3600 * 1000}, codes.InvalidArgument, "shorter than the idle timeout"},
 		{"negative idle", &kilnpb.CreateSandboxRequest{RequestId: "r10", Source: img, IdleTimeoutMs: -1}, codes.InvalidArgument, "idle_timeout_ms"},
@@ -679,4 +679,26 @@ func TestDestroyPaused(t *testing.T) {
 	waitGone(t, sb.Pid)
 	_, err := e.c.ResumeSandbox(ctxT(t), &kilnpb.ResumeSandboxRequest{Id: sb.Id})
 	wantCode(t, err, codes.FailedPrecondition, "destroyed")
+}
+
+// TestCreateWritableCap: resources.disk_mib reaches the backend as the
+// writable layer's cap and is reported back, also after a restart.
+func TestCreateWritableCap(t *testing.T) {
+	e := newEnv(t, nil)
+	var got daemon.CreateSpec
+	e.be.CreateHook = func(_ context.Context, spec daemon.CreateSpec) error {
+		got = spec
+		return nil
+	}
+	sb := e.create(&kilnpb.CreateSandboxRequest{Resources: &kilnpb.Resources{MemoryMib: 256, DiskMib: 128}})
+	if got.WritableMiB != 128 || got.MemoryMiB != 256 {
+		t.Errorf("backend spec %+v, want 128 MiB writable of 256", got)
+	}
+	if r := sb.GetResources(); r.GetDiskMib() != 128 {
+		t.Errorf("sandbox resources %+v, want disk_mib 128", r)
+	}
+	again, err := e.c.GetSandbox(ctxT(t), &kilnpb.GetSandboxRequest{Id: sb.Id})
+	if err != nil || again.GetResources().GetDiskMib() != 128 {
+		t.Errorf("GetSandbox: %v %v", again, err)
+	}
 }

@@ -65,8 +65,15 @@ func (e *imageEnv) pull(t *testing.T, ctx context.Context, name string) *image.I
 
 func (e *imageEnv) start(t *testing.T, ctx context.Context, ref string, proc *ProcessOptions) *Sandbox {
 	t.Helper()
-	sb, err := Start(ctx, Options{Runtime: testRuntime(t), Image: ref, Images: e.dir, ImageRoots: e.roots,
-		MemoryMiB: 512, Hostname: "img", Process: proc, Console: io.Discard})
+	return e.startWith(t, ctx, Options{Image: ref, Process: proc})
+}
+
+// startWith starts a sandbox from o, with the env's images and defaults.
+func (e *imageEnv) startWith(t *testing.T, ctx context.Context, o Options) *Sandbox {
+	t.Helper()
+	o.Runtime, o.Images, o.ImageRoots, o.MemoryMiB, o.Hostname, o.Console = testRuntime(t), e.dir, e.roots, 512, "img", io.Discard
+	ref := o.Image
+	sb, err := Start(ctx, o)
 	if err != nil {
 		t.Fatalf("Start from image %s: %v", ref, err)
 	}
@@ -259,13 +266,19 @@ for i in $(seq 600); do test -e /tmp/ready && exit 0; sleep 0.1; done; cat /tmp/
 	// A second sandbox of the image (in a VMM process of its own): the
 	// same commands fetch nothing, and the first one's writes are gone.
 	reg.Reset()
-	sb2 := e.start(t, ctx, e.refs["debian"], testProcess())
+	sb2 := e.startWith(t, ctx, Options{Image: e.refs["debian"], Process: testProcess(), WritableMiB: 64})
 	sh(t, ctx, sb2, `true; python3 -c 'import json, sqlite3; print(1)'; git --version`)
 	if got := sh(t, ctx, sb2, "test -e /etc/debian_version && test ! -e "+imgWorkDir+"/new && echo clean"); got != "clean" {
 		t.Errorf("second sandbox: %q", got)
 	}
 	if st := reg.Stats(); st.Bytes != 0 {
 		t.Errorf("second sandbox of the image fetched %d bytes in %d requests, want 0", st.Bytes, st.Requests)
+	}
+	// Its writable layer is capped at 64 MiB: df of / is the overlay's
+	// upper tmpfs, and a write past the cap fails with ENOSPC (after the
+	// count: df and dd were not run before).
+	if got := sh(t, ctx, sb2, "df -k / | tail -1 | awk '{print $2}'; dd if=/dev/zero of=/srv/work/fill bs=1M count=80 2>&1 | grep -c 'No space left'; rm -f /srv/work/fill"); got != "65536\n1" {
+		t.Errorf("writable layer capped at 64 MiB: df and an 80 MiB write gave %q", got)
 	}
 	sb2.Close(ctx)
 

@@ -66,6 +66,13 @@ func (o Options) resolveImage() (*imageRoot, error) {
 	if o.Disk != "" {
 		return nil, errors.New("sandbox: Options.Image and Options.Disk both give a root: choose one")
 	}
+	mem := o.MemoryMiB
+	if mem == 0 {
+		mem = 512
+	}
+	if o.WritableMiB < 0 || o.WritableMiB > mem {
+		return nil, fmt.Errorf("sandbox: Options.WritableMiB %d: want 0 (half the guest's memory) to MemoryMiB (%d): the writable layer is guest RAM", o.WritableMiB, mem)
+	}
 	dir := o.Images
 	if dir == "" {
 		var err error

@@ -83,6 +83,10 @@ type Options struct {
 	// WorkingDir and User become the defaults of every exec.
 	Image  string
 	Images string
+	// WritableMiB caps an image root's writable layer (the tmpfs in guest
+	// RAM): writes past it fail with ENOSPC. 0: tmpfs's default, half
+	// the guest's memory; at most MemoryMiB.
+	WritableMiB int
 	// ImageRoots shares image trees among sandboxes of this process (one
 	// tree per image, however many sandboxes and clones run it); nil: the
 	// sandbox and its forks get their own.
@@ -143,6 +147,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		return nil, err
 	}
 	var root *imageRoot
+	if opts.Image == "" && opts.WritableMiB != 0 {
+		return nil, errors.New("sandbox: Options.WritableMiB caps an image root's writable layer: it needs Options.Image")
+	}
 	if opts.Image != "" {
 		if root, err = opts.resolveImage(); err != nil {
 			return nil, err
@@ -151,6 +158,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			return nil, err
 		}
 		cfg.Cmdline += " kiln.root=9p:" + ImageTag
+		if opts.WritableMiB > 0 {
+			cfg.Cmdline += fmt.Sprintf(" kiln.overlaysize=%d", opts.WritableMiB)
+		}
 		cfg.OpenFS = OpenImageFS(root.roots)
 	}
 	hostname := opts.Hostname

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,5 +196,23 @@ func TestNewRuntime(t *testing.T) {
 				t.Fatalf("NewRuntime = %+v, %v; want %+v", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestWritableMiBRefused: a cap on the writable layer needs an image root
+// and fits in the guest's memory; both are refused before anything starts.
+func TestWritableMiBRefused(t *testing.T) {
+	rt := Runtime{Kernel: "/nonexistent/vmlinux", Initrd: "/nonexistent/initrd"}
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Runtime: rt, WritableMiB: 64}, "needs Options.Image"},
+		{Options{Runtime: rt, Image: "debian", Images: t.TempDir(), MemoryMiB: 256, WritableMiB: 300}, "WritableMiB 300"},
+		{Options{Runtime: rt, Image: "debian", Images: t.TempDir(), WritableMiB: -1}, "WritableMiB -1"},
+	} {
+		if _, err := Start(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error saying %q", tc.o, err, tc.want)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package pid1
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // DefaultRootFSType is the root filesystem type when kiln.rootfstype is not
 // given.
@@ -25,6 +28,10 @@ type Options struct {
 	Hostname string
 	// Debug asks for verbose logging (kiln.debug).
 	Debug bool
+	// OverlayMiB caps an image root's writable layer, the tmpfs in guest
+	// RAM under the overlay (kiln.overlaysize=, in MiB); 0: tmpfs's own
+	// default, half the guest's memory. An invalid value is ignored.
+	OverlayMiB int
 	// Image is the image config of an image root, read by Setup (not from
 	// the command line); nil otherwise.
 	Image *ImageConfig
@@ -70,6 +77,10 @@ func ParseCmdline(cmdline string) Options {
 			o.Hostname = p.value
 		case "kiln.debug":
 			setBool(&o.Debug, p)
+		case "kiln.overlaysize":
+			if n, err := strconv.Atoi(p.value); err == nil && n > 0 && n <= 1<<30 {
+				o.OverlayMiB = n
+			}
 		}
 	}
 	return o

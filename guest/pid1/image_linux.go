@@ -72,8 +72,9 @@ func (s *Sys) ReadImageConfig() (*ImageConfig, error) {
 // root: it loads the modules in modulesDir, mounts the tree read-only
 // (ImageMountOptions, then flags) on ImageLower, a tmpfs on ImageRW, an
 // overlay of the two on NewRoot, and enters it as SwitchRoot does. Writes
-// and deletes land in the tmpfs and vanish with the sandbox.
-func (s *Sys) SwitchRootImage(tag, flags, modulesDir string, log *slog.Logger) error {
+// and deletes land in the tmpfs and vanish with the sandbox; upperMiB,
+// when positive, caps the tmpfs (ENOSPC beyond it).
+func (s *Sys) SwitchRootImage(tag, flags string, upperMiB int, modulesDir string, log *slog.Logger) error {
 	if tag == "" {
 		return errors.New("switching root: no 9p mount tag")
 	}
@@ -100,7 +101,11 @@ func (s *Sys) SwitchRootImage(tag, flags, modulesDir string, log *slog.Logger) e
 		}
 		s.Sleep(rootPoll)
 	}
-	if err := s.Mount("tmpfs", ImageRW, "tmpfs", 0, "mode=0755"); err != nil {
+	rw := "mode=0755"
+	if upperMiB > 0 {
+		rw += fmt.Sprintf(",size=%dm", upperMiB)
+	}
+	if err := s.Mount("tmpfs", ImageRW, "tmpfs", 0, rw); err != nil {
 		return fmt.Errorf("switching root: mounting tmpfs on %s: %w", ImageRW, err)
 	}
 	for _, d := range []string{ImageRW + "/upper", ImageRW + "/work"} {

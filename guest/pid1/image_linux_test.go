@@ -26,12 +26,15 @@ func TestSwitchRootImage(t *testing.T) {
 	tests := []struct {
 		name       string
 		tag, flags string
+		upperMiB   int
 		setup      func(f *fakeSys)
 		want       []string
 		wantSleeps int
 		wantErr    string
 	}{
 		{name: "mounts and enters", tag: "kilnroot", want: imageCalls},
+		{name: "capped writable layer", tag: "kilnroot", upperMiB: 256,
+			want: replaced(imageCalls, 4, "mount tmpfs /kiln/rw tmpfs 0 mode=0755,size=256m")},
 		{name: "extra options", tag: "kilnroot", flags: "noatime,debug=0",
 			want: replaced(imageCalls, 3, "mount kilnroot /kiln/lower 9p ro|noatime "+ImageMountOptions+",debug=0")},
 		{name: "device never appears", tag: "kilnroot",
@@ -54,7 +57,7 @@ func TestSwitchRootImage(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(f)
 			}
-			err := f.sys().SwitchRootImage(tt.tag, tt.flags, t.TempDir()+"/none", nil)
+			err := f.sys().SwitchRootImage(tt.tag, tt.flags, tt.upperMiB, t.TempDir()+"/none", nil)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
@@ -86,6 +89,14 @@ func TestReadImageConfig(t *testing.T) {
 	f.files[ImageConfigPath] = `{"Env":`
 	if _, err := f.sys().ReadImageConfig(); err == nil {
 		t.Fatal("truncated config: no error")
+	}
+}
+
+func TestOverlaySize(t *testing.T) {
+	for in, want := range map[string]int{"kiln.overlaysize=512": 512, "kiln.overlaysize=0": 0, "kiln.overlaysize=-3": 0, "kiln.overlaysize=lots": 0, "": 0} {
+		if got := ParseCmdline(in).OverlayMiB; got != want {
+			t.Errorf("%q: %d MiB, want %d", in, got, want)
+		}
 	}
 }
 

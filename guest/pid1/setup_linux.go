@@ -62,7 +62,7 @@ func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (O
 			return opts, err
 		}
 		opts.Image = cfg
-		if err := s.SwitchRootImage(tag, opts.RootFlags, imageModulesDir, log); err != nil {
+		if err := s.SwitchRootImage(tag, opts.RootFlags, opts.OverlayMiB, imageModulesDir, log); err != nil {
 			return opts, err
 		}
 		if cfg.WorkingDir != "" {
