@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
 	"net"
 	"net/http"
@@ -23,12 +22,12 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/layoutblobs"
 	"github.com/kilnvm/kiln/sandbox"
 )
 
@@ -664,7 +663,7 @@ func ServeLayout(dir, prefix string) (*LoopbackRegistry, error) {
 		return nil, fmt.Errorf("bench: registry: %w", err)
 	}
 	r := &LoopbackRegistry{Host: ln.Addr().String(), Refs: map[string]string{}, sizes: map[string]int64{}}
-	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)), registry.WithBlobHandler(layoutBlobs{dir: filepath.Join(dir, "blobs")}))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)), registry.WithBlobHandler(layoutblobs.Handler{Dir: filepath.Join(dir, "blobs")}))
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.requests.Add(1)
 		h.ServeHTTP(&countingWriter{ResponseWriter: w, n: &r.bytes}, req)
@@ -730,45 +729,6 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.n.Add(int64(n))
 	return n, err
-}
-
-// layoutBlobs serves an OCI layout's blobs (blobs/<alg>/<hex>) from their
-// files, read-only; a push finds them present and uploads nothing. Files
-// are seekable, so ranges are served without reading what precedes them.
-type layoutBlobs struct{ dir string }
-
-func (b layoutBlobs) path(h v1.Hash) (string, error) {
-	if h.Algorithm != "sha256" || len(h.Hex) != 64 || strings.ContainsAny(h.Hex, "./") {
-		return "", registry.ErrNotFound
-	}
-	return filepath.Join(b.dir, h.Algorithm, h.Hex), nil
-}
-
-func (b layoutBlobs) Stat(_ context.Context, _ string, h v1.Hash) (int64, error) {
-	p, err := b.path(h)
-	if err != nil {
-		return 0, err
-	}
-	fi, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, registry.ErrNotFound
-	}
-	if err != nil {
-		return 0, err
-	}
-	return fi.Size(), nil
-}
-
-func (b layoutBlobs) Get(_ context.Context, _ string, h v1.Hash) (io.ReadCloser, error) {
-	p, err := b.path(h)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, registry.ErrNotFound
-	}
-	return f, err
 }
 
 // DefaultImageLayout is make test-rootfs's layout under the kernel cache's

@@ -8,15 +8,11 @@ package imagetest
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,6 +24,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/kilnvm/kiln/image/layoutblobs"
 )
 
 // Stats is what the registry served.
@@ -356,7 +354,7 @@ func ServeLayout(t testing.TB, dir, prefix string) (*Registry, map[string]string
 	}
 	// The layout's blobs are served from its files, not copied: a
 	// layout of a GiB pushes in a moment and takes no memory.
-	r := newRegistry(t, layoutBlobs{dir: filepath.Join(dir, "blobs")})
+	r := newRegistry(t, layoutblobs.Handler{Dir: filepath.Join(dir, "blobs")})
 	refs := map[string]string{}
 	for _, d := range m.Manifests {
 		n := d.Annotations["org.opencontainers.image.ref.name"]
@@ -380,44 +378,4 @@ func ServeLayout(t testing.TB, dir, prefix string) (*Registry, map[string]string
 		t.Fatalf("imagetest: layout %s names no images", dir)
 	}
 	return r, refs
-}
-
-// layoutBlobs serves the blobs of an OCI image layout from its files
-// (blobs/<alg>/<hex>), read-only: a push finds them present and uploads
-// nothing. Files are io.ReaderAt, so ranges are served without reading
-// what precedes them.
-type layoutBlobs struct{ dir string }
-
-func (b layoutBlobs) path(h v1.Hash) (string, error) {
-	if h.Algorithm != "sha256" || len(h.Hex) != 64 || strings.ContainsAny(h.Hex, "./") {
-		return "", registry.ErrNotFound
-	}
-	return filepath.Join(b.dir, h.Algorithm, h.Hex), nil
-}
-
-func (b layoutBlobs) Stat(_ context.Context, _ string, h v1.Hash) (int64, error) {
-	p, err := b.path(h)
-	if err != nil {
-		return 0, err
-	}
-	fi, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, registry.ErrNotFound
-	}
-	if err != nil {
-		return 0, err
-	}
-	return fi.Size(), nil
-}
-
-func (b layoutBlobs) Get(_ context.Context, _ string, h v1.Hash) (io.ReadCloser, error) {
-	p, err := b.path(h)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, registry.ErrNotFound
-	}
-	return f, err
 }
