@@ -94,7 +94,14 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 // Its errors are gRPC statuses: NotFound for a name no registry knows,
 // InvalidArgument for a bad reference or image, Unavailable otherwise.
 func (b *SandboxBackend) ensureImage(ctx context.Context, ref string) error {
-	im, err := b.imageRoots().Images(b.Images)
+	dir := b.Images
+	if dir == "" { // where sandbox.Start looks, too
+		var err error
+		if dir, err = sandbox.DefaultImagesDir(); err != nil {
+			return status.Errorf(codes.FailedPrecondition, "images folder: %v", err)
+		}
+	}
+	im, err := b.imageRoots().Images(dir)
 	if err != nil {
 		return status.Errorf(codes.FailedPrecondition, "images folder: %v", err)
 	}

@@ -7,13 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // exitPullFailed: a pull or import that failed for another reason than bad
@@ -89,12 +88,12 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitUsage
 	}
 	if *dir == "" {
-		cache, err := guestkernel.CacheDir()
+		d, err := sandbox.DefaultImagesDir()
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln image: %v (or give --dir)\n", err)
 			return exitUsage
 		}
-		*dir = filepath.Join(cache, "images")
+		*dir = d
 	}
 	opts := image.Options{Logger: newLogger(stderr, false)}
 	if maxSize != nil && *maxSize != "" {
