@@ -105,8 +105,9 @@ func (o Options) resolveImage() (*imageRoot, error) {
 }
 
 // imageInitrd returns the agent's initramfs base with the image's config
-// appended (initramfs.ImageConfigArchive), written once per content beside
-// base (or under the temporary directory when that is read-only).
+// appended (initramfs.ImageConfigArchive), written once per base and
+// config beside base (or under the temporary directory when that is
+// read-only).
 func imageInitrd(base string, cfg image.Config) (string, error) {
 	js, err := json.Marshal(struct {
 		Env        []string `json:"Env,omitempty"`
@@ -125,10 +126,15 @@ func imageInitrd(base string, cfg image.Config) (string, error) {
 		return "", fmt.Errorf("sandbox: initramfs: %w", err)
 	}
 	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		return "", fmt.Errorf("sandbox: initramfs: %w", err)
 	}
+	// Keyed by the base's path, size and modification time, not its
+	// bytes: every image-rooted start comes here, and the base (the agent,
+	// busybox, the modules) is megabytes that change only when rebuilt.
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%d\n%d\n", base, fi.Size(), fi.ModTime().UnixNano())
 	h.Write(tail)
 	name := "image-" + hex.EncodeToString(h.Sum(nil)[:12]) + ".cpio"
 	var errs []error
