@@ -40,6 +40,19 @@ const (
 	convertWorkers = 1
 )
 
+// BuildOptions are the estargz.Build settings Convert uses (4 MiB chunks,
+// convertLevel, convertWorkers), with ctx: the same tar gives the same
+// blob, and so the same digests, on every machine. tools/testimage builds
+// the tests' images with them.
+func BuildOptions(ctx context.Context) []estargz.Option {
+	return []estargz.Option{
+		estargz.WithChunkSize(chunkSize),
+		estargz.WithCompressionLevel(convertLevel),
+		estargz.WithParallelism(convertWorkers),
+		estargz.WithContext(ctx),
+	}
+}
+
 // ConvertOptions configures a Convert.
 type ConvertOptions struct {
 	// Name names the result in the images folder; by default the pushed
@@ -227,12 +240,7 @@ func (im *Images) convertLayer(ctx context.Context, work string, i int, lr Layer
 		return nil, Layer{}, err
 	}
 	t := p.start("converting", short, -1)
-	blob, err := estargz.Build(io.NewSectionReader(tf, 0, size),
-		estargz.WithChunkSize(chunkSize),
-		estargz.WithCompressionLevel(convertLevel),
-		estargz.WithParallelism(convertWorkers),
-		estargz.WithContext(ctx),
-	)
+	blob, err := estargz.Build(io.NewSectionReader(tf, 0, size), BuildOptions(ctx)...)
 	if err != nil {
 		t.done(err)
 		return nil, Layer{}, fmt.Errorf("estargz: %w", err)

@@ -1,7 +1,8 @@
 // Command testimage makes the image tests' OCI images from a root
 // filesystem tarball (tools/build-test-rootfs.sh makes one with
 // debootstrap): an OCI image layout whose layers are estargz, built
-// deterministically (fixed compression level, chunk size and parallelism),
+// deterministically (image.BuildOptions: kiln image convert's fixed
+// compression level, chunk size and parallelism),
 // so the same tarball gives the same digests on every machine. It runs on
 // the host once per cache: compressing a Debian root under the test
 // harness's emulated L1 VM would take minutes.
@@ -33,7 +34,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,13 +54,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-)
 
-// Build settings fixed for reproducible digests.
-const (
-	chunkSize   = 4 << 20
-	compression = gzip.BestSpeed
-	parallelism = 1
+	"github.com/kilnvm/kiln/image"
 )
 
 // Fixtures of the top layer, which the image tests check.
@@ -177,7 +173,7 @@ func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 		{"busybox", bb, []v1.Layer{bbLayer}},
 		{"busybox-big", bb, []v1.Layer{bbLayer, bigLayer}},
 	} {
-		img, err := image(im.cfg, im.layers)
+		img, err := newImage(im.cfg, im.layers)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.name, err)
 		}
@@ -199,9 +195,9 @@ func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 	return nil
 }
 
-// image is an amd64 Linux image of layers with config cfg and a fixed
+// newImage is an amd64 Linux image of layers with config cfg and a fixed
 // creation time.
-func image(cfg v1.Config, layers []v1.Layer) (v1.Image, error) {
+func newImage(cfg v1.Config, layers []v1.Layer) (v1.Image, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	var adds []mutate.Addendum
@@ -259,8 +255,7 @@ func (b *builder) layerFromBytes(data []byte) (v1.Layer, error) {
 }
 
 func (b *builder) build(sr *io.SectionReader) (v1.Layer, error) {
-	blob, err := estargz.Build(sr, estargz.WithChunkSize(chunkSize), estargz.WithCompressionLevel(compression),
-		estargz.WithParallelism(parallelism))
+	blob, err := estargz.Build(sr, image.BuildOptions(context.Background())...)
 	if err != nil {
 		return nil, err
 	}
