@@ -1,11 +1,13 @@
 package ninep
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,11 +71,14 @@ func (s *Server) SaveState() (json.RawMessage, error) {
 // be opened. Nothing changes when it fails. Call it with no request in
 // flight.
 func (s *Server) RestoreState(data json.RawMessage) error {
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var st State
 	if err := dec.Decode(&st); err != nil {
 		return fmt.Errorf("9P server state: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("9P server state: data after the state object")
 	}
 	if st.Version != StateVersion {
 		return fmt.Errorf("9P server state is version %d, this server reads version %d", st.Version, StateVersion)
