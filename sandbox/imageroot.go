@@ -61,17 +61,14 @@ type imageRoot struct {
 	roots  *image.Roots
 }
 
-// resolveImage finds the image o names in its images folder.
-func (o Options) resolveImage() (*imageRoot, error) {
+// resolveImage finds the image o names in its images folder, for a guest
+// of memMiB.
+func (o Options) resolveImage(memMiB int) (*imageRoot, error) {
 	if o.Disk != "" {
 		return nil, errors.New("sandbox: Options.Image and Options.Disk both give a root: choose one")
 	}
-	mem := o.MemoryMiB
-	if mem == 0 {
-		mem = 512
-	}
-	if o.WritableMiB < 0 || o.WritableMiB > mem {
-		return nil, fmt.Errorf("sandbox: Options.WritableMiB %d: want 0 (half the guest's memory) to MemoryMiB (%d): the writable layer is guest RAM", o.WritableMiB, mem)
+	if o.WritableMiB < 0 || o.WritableMiB > memMiB {
+		return nil, fmt.Errorf("sandbox: Options.WritableMiB %d: want 0 (half the guest's memory) to MemoryMiB (%d): the writable layer is guest RAM", o.WritableMiB, memMiB)
 	}
 	dir := o.Images
 	if dir == "" {

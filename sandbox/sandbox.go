@@ -151,7 +151,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		return nil, errors.New("sandbox: Options.WritableMiB caps an image root's writable layer: it needs Options.Image")
 	}
 	if opts.Image != "" {
-		if root, err = opts.resolveImage(); err != nil {
+		if root, err = opts.resolveImage(cfg.MemoryMiB); err != nil {
 			return nil, err
 		}
 		if cfg.Initrd, err = imageInitrd(cfg.Initrd, root.config); err != nil {
