@@ -58,6 +58,10 @@ type Instance interface {
 
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
+	// Refresh gives the sandbox a new identity, as a restore does: fresh
+	// entropy, the host's time, and the host name (a warm pool's sandbox
+	// handed out).
+	Refresh(ctx context.Context, hostname string) error
 	// Save writes a checkpoint of the running sandbox into dir (which
 	// must not exist); the sandbox runs on.
 	Save(ctx context.Context, dir string) error

@@ -451,26 +451,3 @@ func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequ
 	s.forks[tmpl.RequestID] = f
 	return f, boxes, false, nil
 }
-
-// The templates of issue 11 are not built yet: each call says so.
-const noTemplates = "templates are not implemented yet (CreateTemplate, warm pools, CreateSandbox from a template): create sandboxes from an image or a checkpoint, and fork checkpoints for many"
-
-// CreateTemplate is Unimplemented.
-func (s *Server) CreateTemplate(context.Context, *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
-	return nil, status.Error(codes.Unimplemented, noTemplates)
-}
-
-// GetTemplate is Unimplemented.
-func (s *Server) GetTemplate(context.Context, *kilnpb.GetTemplateRequest) (*kilnpb.Template, error) {
-	return nil, status.Error(codes.Unimplemented, noTemplates)
-}
-
-// ListTemplates is Unimplemented.
-func (s *Server) ListTemplates(context.Context, *kilnpb.ListTemplatesRequest) (*kilnpb.ListTemplatesResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noTemplates)
-}
-
-// DeleteTemplate is Unimplemented.
-func (s *Server) DeleteTemplate(context.Context, *kilnpb.DeleteTemplateRequest) (*kilnpb.DeleteTemplateResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noTemplates)
-}

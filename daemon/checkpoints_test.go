@@ -230,19 +230,6 @@ func TestRollbackToOrigin(t *testing.T) {
 	}
 }
 
-func TestTemplatesUnimplemented(t *testing.T) {
-	e := newEnv(t, nil)
-	ctx := ctxT(t)
-	calls := map[string]error{}
-	_, calls["create"] = e.c.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "py", Image: "python"})
-	_, calls["get"] = e.c.GetTemplate(ctx, &kilnpb.GetTemplateRequest{Id: "py"})
-	_, calls["list"] = e.c.ListTemplates(ctx, &kilnpb.ListTemplatesRequest{})
-	_, calls["delete"] = e.c.DeleteTemplate(ctx, &kilnpb.DeleteTemplateRequest{Id: "py"})
-	for name, err := range calls {
-		t.Run(name, func(t *testing.T) { wantCode(t, err, codes.Unimplemented, "templates are not implemented yet") })
-	}
-}
-
 // TestRollbackRaces: execs, rollbacks and a destroy at once end in a
 // destroyed sandbox with nothing left, under -race.
 func TestRollbackRaces(t *testing.T) {

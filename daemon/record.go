@@ -27,6 +27,8 @@ type record struct {
 	Image      string            `json:"image,omitempty"` // manifest digest
 	ImageRef   string            `json:"image_ref,omitempty"`
 	Checkpoint string            `json:"checkpoint,omitempty"`
+	Template   string            `json:"template,omitempty"`
+	FromPool   bool              `json:"from_pool,omitempty"`
 	Parent     string            `json:"parent,omitempty"` // the sandbox it was forked from
 	CPUs       uint32            `json:"cpus"`
 	MemoryMiB  uint32            `json:"memory_mib"`

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -269,6 +270,23 @@ func (in *sandboxInstance) setPaused(p bool) {
 	in.mu.Lock()
 	in.paused = p
 	in.mu.Unlock()
+}
+
+func (in *sandboxInstance) Refresh(ctx context.Context, hostname string) error {
+	// Until package sandbox has Refresh: what its restores do.
+	c := in.s.Client()
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	if _, err := c.Reseed(ctx, seed); err != nil {
+		return fmt.Errorf("daemon: reseed the guest: %w", err)
+	}
+	if err := c.SetClock(ctx, time.Now()); err != nil {
+		return fmt.Errorf("daemon: set the guest's clock: %w", err)
+	}
+	if st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"hostname", hostname}}); err != nil || !st.Success() {
+		return fmt.Errorf("daemon: set the host name to %s: %v %v", hostname, st, err)
+	}
+	return nil
 }
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }

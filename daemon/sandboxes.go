@@ -120,12 +120,21 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	}
 	r := record{Env: req.GetEnv(), Labels: req.GetLabels()}
 	spec := CreateSpec{}
+	var tmpl *template
 	res := req.GetResources()
 	switch src := req.GetSource().(type) {
 	case nil:
 		return nil, status.Error(codes.InvalidArgument, "no source: give one of image, template or checkpoint")
 	case *kilnpb.CreateSandboxRequest_Template:
-		return nil, status.Error(codes.Unimplemented, noTemplates)
+		t, err := s.template(src.Template)
+		if err != nil {
+			return nil, err
+		}
+		if err := fromTemplate(t, res, &r, &spec); err != nil {
+			return nil, err
+		}
+		res = &kilnpb.Resources{Cpus: t.rec.CPUs, MemoryMib: t.rec.MemoryMiB, DiskMib: t.rec.DiskMiB}
+		tmpl = t
 	case *kilnpb.CreateSandboxRequest_Image:
 		if src.Image == "" || strings.ContainsRune(src.Image, 0) {
 			return nil, status.Errorf(codes.InvalidArgument, "image %q: want an image reference or manifest digest", src.Image)
@@ -166,7 +175,8 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	keyReq.RequestId = ""
 	r.RequestID, r.RequestKey = req.GetRequestId(), requestKey("create", keyReq)
 
-	b, existing, err := s.reserve(&r, life)
+	began := time.Now()
+	b, existing, warm, err := s.reserve(&r, life, tmpl)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +195,36 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	}
 	spec.Dir = b.rec.Dir
 	spec.Hostname = hostname(b.id)
+	if warm != nil {
+		if sb, err := s.handOut(b, warm, began); err == nil {
+			return sb, nil
+		}
+	}
 	return s.start(b, spec)
+}
+
+// handOut makes the pool's sandbox inst the reserved box b: a new
+// identity (entropy, clock, host name). When that fails the pool's
+// sandbox is closed and the caller restores one instead.
+func (s *Server) handOut(b *box, inst Instance, began time.Time) (*kilnpb.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
+	err := inst.Refresh(ctx, hostname(b.id))
+	cancel()
+	if err != nil {
+		s.log.Warn("a pool's sandbox could not be handed out; restoring one instead", "sandbox", b.id, "err", err)
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		inst.Close(cctx)
+		cancel()
+		return nil, err
+	}
+	os.RemoveAll(b.rec.Dir) // the pool's sandbox has a folder of its own
+	b.mu.Lock()
+	b.rec.FromPool = true
+	s.publish(kilnpb.Event_KIND_CREATED, s.protoLocked(b), "")
+	b.mu.Unlock()
+	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+	close(b.ready)
+	return s.describe(b), nil
 }
 
 // hostname is a sandbox's guest host name.
@@ -216,18 +255,30 @@ func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) 
 }
 
 // reserve finds the sandbox r's request ID made, or makes a new starting
-// one within the host's limits, recorded in the state folder.
-func (s *Server) reserve(r *record, life time.Duration) (_ *box, existing bool, _ error) {
+// one within the host's limits, recorded in the state folder. A create
+// from template t gets a sandbox of its pool, when one is ready (warm).
+func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, existing bool, warm Instance, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, false, status.Error(codes.Unavailable, "kilnd is shutting down")
+		return nil, false, nil, status.Error(codes.Unavailable, "kilnd is shutting down")
 	}
 	if b := s.requests[r.RequestID]; b != nil {
-		return b, true, nil
+		return b, true, nil, nil
+	}
+	if t != nil {
+		if t.deleting || s.templates[t.rec.ID] != t {
+			return nil, false, nil, status.Errorf(codes.FailedPrecondition, "template %s is being deleted", t.rec.ID)
+		}
+		if t.pool != nil {
+			warm = t.pool.takeLocked()
+		}
 	}
 	if err := s.admitLocked(1, uint64(r.MemoryMiB)); err != nil {
-		return nil, false, err
+		if warm != nil {
+			go warm.Close(context.Background())
+		}
+		return nil, false, nil, err
 	}
 	b := newBox(newID("sb-"))
 	b.rec = *r
@@ -241,21 +292,24 @@ func (s *Server) reserve(r *record, life time.Duration) (_ *box, existing bool, 
 	b.lastActive = now
 	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 	if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
-		return nil, false, status.Errorf(codes.Internal, "sandbox folder: %v", err)
+		if warm != nil {
+			go warm.Close(context.Background())
+		}
+		return nil, false, nil, status.Errorf(codes.Internal, "sandbox folder: %v", err)
 	}
 	s.boxes[b.id] = b
 	s.requests[r.RequestID] = b
 	b.mu.Lock()
 	s.persistLocked(b)
 	b.mu.Unlock()
-	return b, false, nil
+	return b, false, warm, nil
 }
 
 // admitLocked refuses n more sandboxes of mem MiB each beyond the host's
 // limits; s.mu is held.
 func (s *Server) admitLocked(n int, mem uint64) error {
-	live := 0
-	var used uint64
+	live := s.building + s.pooled
+	used := s.buildingMiB + s.pooledMiB
 	for _, b := range s.boxes {
 		b.mu.Lock()
 		if b.rec.live() {

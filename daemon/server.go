@@ -61,6 +61,9 @@ type Config struct {
 
 	// BootTimeout bounds a sandbox's start (0: 5 minutes).
 	BootTimeout time.Duration
+	// TemplateTimeout bounds a template's build: its boot, setup and
+	// snapshot (0: 30 minutes).
+	TemplateTimeout time.Duration
 	// KeepEnded is how many ended sandboxes GetSandbox still describes
 	// (0: 4096); older ones are forgotten.
 	KeepEnded int
@@ -92,13 +95,22 @@ type Server struct {
 	requests    map[string]*box         // create request ID → sandbox
 	forks       map[string]*forkRequest // fork request ID → children
 	checkpoints map[string]*checkpointRecord
-	closed      bool
+	// Templates: ready ones by ID, and every one (building too) by the
+	// request ID that made it.
+	templates    map[string]*template
+	templateReqs map[string]*template
+	// What template builders and pools hold of the host, beyond the
+	// boxes: sandboxes and their memory.
+	building, pooled       int
+	buildingMiB, pooledMiB uint64
+	closed                 bool
 }
 
 // The folders under StateDir.
 const (
 	sandboxesDir   = "sandboxes"
 	checkpointsDir = "checkpoints"
+	templatesDir   = "templates"
 )
 
 // New makes a server over cfg.StateDir, taking over every sandbox its
@@ -158,7 +170,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.Backend = &SandboxBackend{Runtime: cfg.Runtime, Images: cfg.Images,
 			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand}, Logger: cfg.Logger}
 	}
-	for _, d := range []string{sandboxesDir, checkpointsDir} {
+	if cfg.TemplateTimeout == 0 {
+		cfg.TemplateTimeout = 30 * time.Minute
+	}
+	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("daemon: state folder: %w", err)
 		}
@@ -169,20 +184,25 @@ func New(cfg Config) (*Server, error) {
 		ctx: ctx, cancel: cancel,
 		boxes: map[string]*box{}, requests: map[string]*box{}, forks: map[string]*forkRequest{},
 		checkpoints: map[string]*checkpointRecord{},
+		templates:   map[string]*template{}, templateReqs: map[string]*template{},
 	}
+	s.loadTemplates()
 	if err := s.load(); err != nil {
 		cancel()
 		return nil, err
 	}
+	s.cleanLeftovers()
+	s.startPools()
 	return s, nil
 }
 
 // Register registers the Kiln service on r.
 func (s *Server) Register(r grpc.ServiceRegistrar) { kilnpb.RegisterKilnServer(r, s) }
 
-// Close stops the server's timers, watchers and event streams. The
-// sandboxes run on: a server made later over the same state folder takes
-// them over.
+// Close stops the server's timers, watchers and event streams, and the
+// templates' pools (their sandboxes are closed: a later server refills
+// them). The sandboxes run on: a server made later over the same state
+// folder takes them over.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
@@ -464,6 +484,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 	r := &b.rec
 	pb := &kilnpb.Sandbox{
 		Id: r.ID, State: r.state(), Reason: r.Reason, Image: r.Image, Checkpoint: r.Checkpoint,
+		Template: r.Template, FromPool: r.FromPool,
 		Resources:     &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB},
 		Labels:        r.Labels,
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,

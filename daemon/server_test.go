@@ -303,7 +303,7 @@ func TestCreateInvalid(t *testing.T) {
 		{"no request ID", &kilnpb.CreateSandboxRequest{Source: img}, codes.InvalidArgument, "request_id is empty"},
 		{"huge request ID", &kilnpb.CreateSandboxRequest{Source: img, RequestId: strings.Repeat("r", 129)}, codes.InvalidArgument, "129 bytes"},
 		{"no source", &kilnpb.CreateSandboxRequest{RequestId: "r1"}, codes.InvalidArgument, "no source"},
-		{"template", &kilnpb.CreateSandboxRequest{RequestId: "r2", Source: &kilnpb.CreateSandboxRequest_Template{Template: "py"}}, codes.Unimplemented, "templates"},
+		{"template", &kilnpb.CreateSandboxRequest{RequestId: "r2", Source: &kilnpb.CreateSandboxRequest_Template{Template: "py"}}, codes.NotFound, `no template "py"`},
 		{"unknown checkpoint", &kilnpb.CreateSandboxRequest{RequestId: "r3", Source: &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: "ck-nope"}}, codes.NotFound, "ck-nope"},
 		{"too many CPUs", &kilnpb.CreateSandboxRequest{RequestId: "r4", Source: img, Resources: &kilnpb.Resources{Cpus: 4096}}, codes.InvalidArgument, "cpus"},
 		{"more memory than the host", &kilnpb.CreateSandboxRequest{RequestId: "r5", Source: img, Resources: &kilnpb.Resources{MemoryMib: 1 << 20}}, codes.InvalidArgument, "more than the host has"},

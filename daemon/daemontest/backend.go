@@ -84,7 +84,10 @@ func (b *Backend) track(in *Instance, on bool) {
 
 // meta is what a sandbox folder and a checkpoint record.
 type meta struct {
-	Image string `json:"image,omitempty"`
+	Image    string `json:"image,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+	// Refreshes counts the Refresh calls since the sandbox started.
+	Refreshes int `json:"refreshes,omitempty"`
 }
 
 // Create implements daemon.Backend: a root folder (from the image's
@@ -125,6 +128,7 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 	default:
 		return nil, errors.New("daemontest: no image and no checkpoint")
 	}
+	m.Hostname, m.Refreshes = spec.Hostname, 0
 	if err := writeMeta(spec.Dir, m); err != nil {
 		return nil, err
 	}
@@ -519,6 +523,26 @@ func (in *Instance) Remove(ctx context.Context, p string, recursive bool) error 
 		return fileErr("remove", p, err)
 	}
 	return nil
+}
+
+// Refresh records the new host name (Hostname) and counts the call.
+func (in *Instance) Refresh(ctx context.Context, hostname string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return errors.New("daemontest: refresh a closed sandbox")
+	}
+	in.meta.Hostname = hostname
+	in.meta.Refreshes++
+	return writeMeta(in.dir, in.meta)
+}
+
+// Hostname is the host name the sandbox was started or last refreshed
+// with, and how many times it was refreshed.
+func (in *Instance) Hostname() (string, int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.meta.Hostname, in.meta.Refreshes
 }
 
 // Pause stops the stand-in VMM process (SIGSTOP); Resume continues it.

@@ -1,0 +1,501 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// Limits of a template's request.
+const (
+	maxSetupArgs = 4096
+	maxSetupArg  = 1 << 20
+	maxPoolSize  = 256
+	// setupOutputTail is how much of a failed setup's output its error
+	// quotes.
+	setupOutputTail = 2048
+)
+
+// Name prefixes of the sandbox folders a template makes: its builder and
+// its pool's sandboxes (the same length as a sandbox's, for the socket
+// paths' sake).
+const (
+	builderPrefix = "tb-"
+	poolPrefix    = "pl-"
+)
+
+// templateRecord is what the state folder keeps of a template
+// (StateDir/templates/ID.json, its snapshot in StateDir/templates/ID/).
+type templateRecord struct {
+	ID          string   `json:"id"`
+	Name        string   `json:"name,omitempty"`
+	ImageRef    string   `json:"image_ref"`
+	ImageDigest string   `json:"image_digest,omitempty"`
+	Setup       []string `json:"setup,omitempty"`
+	CPUs        uint32   `json:"cpus"`
+	MemoryMiB   uint32   `json:"memory_mib"`
+	DiskMiB     uint32   `json:"disk_mib,omitempty"`
+	PoolSize    uint32   `json:"pool_size,omitempty"`
+	// Dir is the template's snapshot.
+	Dir           string `json:"dir"`
+	CreatedUnixMS int64  `json:"created_unix_ms"`
+	RequestID     string `json:"request_id,omitempty"`
+	RequestKey    string `json:"request_key,omitempty"`
+}
+
+// template is a template the server knows: building (only its request
+// ID finds it) or ready.
+type template struct {
+	rec templateRecord
+	// ready is closed once the build has finished; err says how.
+	ready chan struct{}
+	err   error
+	// deleting: DeleteTemplate is under way, creates are refused.
+	deleting bool
+	pool     *pool
+}
+
+func (s *Server) templatePath(id string) string {
+	return filepath.Join(s.cfg.StateDir, templatesDir, id+".json")
+}
+
+// CreateTemplate boots an image once, runs the setup command in it, and
+// keeps a snapshot of the sandbox as it is then: CreateSandbox from the
+// template restores that snapshot instead of booting. It returns once
+// the template is ready. With pool_size, the server keeps that many
+// sandboxes restored from it and ready to hand out.
+func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	if n := req.GetName(); n != "" {
+		if err := checkID("template name", n); err != nil {
+			return nil, err
+		}
+		if strings.HasPrefix(n, "tp-") {
+			return nil, status.Errorf(codes.InvalidArgument, "template name %q: the prefix tp- is kept for template IDs", n)
+		}
+	}
+	img := req.GetImage()
+	if img == "" || strings.ContainsRune(img, 0) {
+		return nil, status.Errorf(codes.InvalidArgument, "image %q: want an image reference or manifest digest", img)
+	}
+	if err := checkSetup(req.GetSetup()); err != nil {
+		return nil, err
+	}
+	cpus, mem, err := s.resources(req.GetResources())
+	if err != nil {
+		return nil, err
+	}
+	if n := req.GetPoolSize(); n > maxPoolSize {
+		return nil, status.Errorf(codes.InvalidArgument, "pool_size %d: at most %d", n, maxPoolSize)
+	}
+	keyReq := proto.Clone(req).(*kilnpb.CreateTemplateRequest)
+	keyReq.RequestId = ""
+	t := &template{ready: make(chan struct{}), rec: templateRecord{
+		ID: newID("tp-"), Name: req.GetName(), ImageRef: img, Setup: req.GetSetup(),
+		CPUs: cpus, MemoryMiB: mem, DiskMiB: req.GetResources().GetDiskMib(), PoolSize: req.GetPoolSize(),
+		RequestID: req.GetRequestId(), RequestKey: requestKey("template", keyReq),
+	}}
+	t.rec.Dir = filepath.Join(s.cfg.StateDir, templatesDir, t.rec.ID)
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "kilnd is shutting down")
+	}
+	if o := s.templateReqs[t.rec.RequestID]; o != nil {
+		s.mu.Unlock()
+		select {
+		case <-o.ready:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		if o.rec.RequestKey != t.rec.RequestKey {
+			return nil, status.Errorf(codes.AlreadyExists, "request_id %q made template %s with other parameters", t.rec.RequestID, o.rec.ID)
+		}
+		if o.err != nil {
+			return nil, o.err
+		}
+		return s.templateProto(o), nil
+	}
+	if n := t.rec.Name; n != "" {
+		for _, o := range s.templateReqs {
+			if o.rec.Name == n {
+				s.mu.Unlock()
+				return nil, status.Errorf(codes.AlreadyExists, "a template named %q exists (%s)", n, o.rec.ID)
+			}
+		}
+	}
+	// The builder is a sandbox of the host's, for as long as it runs.
+	if err := s.admitLocked(1, uint64(mem)); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.templateReqs[t.rec.RequestID] = t
+	s.building++
+	s.buildingMiB += uint64(mem)
+	s.mu.Unlock()
+
+	err = s.buildTemplate(t)
+	s.mu.Lock()
+	s.building--
+	s.buildingMiB -= uint64(mem)
+	if err != nil {
+		delete(s.templateReqs, t.rec.RequestID) // a retry builds afresh
+	} else {
+		s.templates[t.rec.ID] = t
+	}
+	t.err = err
+	close(t.ready)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	s.startPool(t)
+	s.log.Info("template ready", "template", t.rec.ID, "name", t.rec.Name, "image", t.rec.ImageDigest)
+	return s.templateProto(t), nil
+}
+
+func checkSetup(argv []string) error {
+	if len(argv) > maxSetupArgs {
+		return status.Errorf(codes.InvalidArgument, "setup has %d arguments: at most %d", len(argv), maxSetupArgs)
+	}
+	for i, a := range argv {
+		if len(a) > maxSetupArg || strings.ContainsRune(a, 0) {
+			return status.Errorf(codes.InvalidArgument, "setup[%d]: want at most %d bytes, no NUL", i, maxSetupArg)
+		}
+	}
+	if len(argv) > 0 && argv[0] == "" {
+		return status.Error(codes.InvalidArgument, "setup[0] is empty: want a command")
+	}
+	return nil
+}
+
+// buildTemplate boots t's image in a builder sandbox, runs the setup,
+// saves the snapshot and records the template. Not the caller's context:
+// a client that gives up leaves a template a retry finds.
+func (s *Server) buildTemplate(t *template) (err error) {
+	r := &t.rec
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.TemplateTimeout)
+	defer cancel()
+	dir := filepath.Join(s.cfg.StateDir, sandboxesDir, builderPrefix+strings.TrimPrefix(r.ID, "tp-"))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return status.Errorf(codes.Internal, "template %s: builder folder: %v", r.ID, err)
+	}
+	defer os.RemoveAll(dir)
+	inst, err := s.backend.Create(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
+		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template"})
+	if err != nil {
+		return callErr("template "+r.ID+": boot "+r.ImageRef, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cerr := inst.Close(cctx); cerr != nil {
+			s.log.Warn("template builder not closed", "template", r.ID, "err", cerr)
+		}
+	}()
+	r.ImageDigest = inst.Image()
+	if len(r.Setup) > 0 {
+		var out tailBuffer
+		p, err := inst.Start(ctx, client.ExecOptions{Argv: r.Setup, Stdout: &out, Stderr: &out})
+		if err != nil {
+			return callErr("template "+r.ID+": start the setup", err)
+		}
+		st, err := p.Wait()
+		if err != nil {
+			return callErr("template "+r.ID+": setup", err)
+		}
+		if !st.Success() {
+			return status.Errorf(codes.FailedPrecondition, "template %s: the setup %q %s; its output ends: %s",
+				r.ID, strings.Join(r.Setup, " "), st, strings.TrimSpace(out.String()))
+		}
+	}
+	if err := inst.Save(ctx, r.Dir); err != nil {
+		os.RemoveAll(r.Dir)
+		return callErr("template "+r.ID+": save its snapshot", err)
+	}
+	r.CreatedUnixMS = s.clock.Now().UnixMilli()
+	if err := writeJSON(s.templatePath(r.ID), r); err != nil {
+		os.RemoveAll(r.Dir)
+		return status.Errorf(codes.Internal, "template %s: %v", r.ID, err)
+	}
+	return nil
+}
+
+// tailBuffer keeps the last setupOutputTail bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - setupOutputTail; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(bytes.ToValidUTF8(b.buf, []byte("?")))
+}
+
+// template returns the ready template idOrName names (an ID or a name).
+func (s *Server) template(idOrName string) (*template, error) {
+	if err := checkID("template", idOrName); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.templates[idOrName]; t != nil {
+		return t, nil
+	}
+	for _, t := range s.templates {
+		if t.rec.Name == idOrName {
+			return t, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "no template %q", idOrName)
+}
+
+// templateUsersLocked counts the live sandboxes created from template
+// id; s.mu is held.
+func (s *Server) templateUsersLocked(id string) int {
+	n := 0
+	for _, b := range s.boxes {
+		b.mu.Lock()
+		if b.rec.Template == id && b.rec.live() {
+			n++
+		}
+		b.mu.Unlock()
+	}
+	return n
+}
+
+func (s *Server) templateProto(t *template) *kilnpb.Template {
+	s.mu.Lock()
+	users := s.templateUsersLocked(t.rec.ID)
+	s.mu.Unlock()
+	r := &t.rec
+	pb := &kilnpb.Template{
+		Id: r.ID, Name: r.Name, Image: r.ImageRef, ImageDigest: r.ImageDigest, Setup: r.Setup,
+		Resources: &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB},
+		PoolSize:  r.PoolSize, CreatedUnixMs: r.CreatedUnixMS, Sandboxes: uint32(users),
+	}
+	if t.pool != nil {
+		pb.PoolReady = uint32(t.pool.readyCount())
+	}
+	return pb
+}
+
+// GetTemplate describes a template, by ID or name.
+func (s *Server) GetTemplate(ctx context.Context, req *kilnpb.GetTemplateRequest) (*kilnpb.Template, error) {
+	t, err := s.template(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return s.templateProto(t), nil
+}
+
+// ListTemplates lists the ready templates, oldest first.
+func (s *Server) ListTemplates(ctx context.Context, req *kilnpb.ListTemplatesRequest) (*kilnpb.ListTemplatesResponse, error) {
+	s.mu.Lock()
+	ts := make([]*template, 0, len(s.templates))
+	for _, t := range s.templates {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	sort.Slice(ts, func(i, j int) bool {
+		if ts[i].rec.CreatedUnixMS != ts[j].rec.CreatedUnixMS {
+			return ts[i].rec.CreatedUnixMS < ts[j].rec.CreatedUnixMS
+		}
+		return ts[i].rec.ID < ts[j].rec.ID
+	})
+	out := &kilnpb.ListTemplatesResponse{}
+	for _, t := range ts {
+		out.Templates = append(out.Templates, s.templateProto(t))
+	}
+	return out, nil
+}
+
+// DeleteTemplate deletes a template and its pool. While sandboxes created
+// from it live it is refused, or with wait it waits until they are gone
+// (new creates from it are refused meanwhile).
+func (s *Server) DeleteTemplate(ctx context.Context, req *kilnpb.DeleteTemplateRequest) (*kilnpb.DeleteTemplateResponse, error) {
+	t, err := s.template(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	id := t.rec.ID
+	s.mu.Lock()
+	if t.deleting && !req.GetWait() {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "template %s is being deleted", id)
+	}
+	if n := s.templateUsersLocked(id); n > 0 && !req.GetWait() {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "template %s has %d live sandboxes: destroy them first, or delete with wait", id, n)
+	}
+	t.deleting = true
+	s.mu.Unlock()
+	for {
+		s.mu.Lock()
+		n := s.templateUsersLocked(id)
+		_, still := s.templates[id]
+		s.mu.Unlock()
+		if !still {
+			return &kilnpb.DeleteTemplateResponse{}, nil // another delete finished it
+		}
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			s.mu.Lock()
+			t.deleting = false
+			s.mu.Unlock()
+			return nil, status.Errorf(status.FromContextError(ctx.Err()).Code(), "template %s: still %d live sandboxes when the wait ended", id, n)
+		case <-s.ctx.Done():
+			return nil, status.Error(codes.Unavailable, "kilnd is shutting down")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	s.mu.Lock()
+	if s.templates[id] != t {
+		s.mu.Unlock()
+		return &kilnpb.DeleteTemplateResponse{}, nil
+	}
+	delete(s.templates, id)
+	delete(s.templateReqs, t.rec.RequestID)
+	p := t.pool
+	s.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
+	if err := errors.Join(os.Remove(s.templatePath(id)), os.RemoveAll(t.rec.Dir)); err != nil {
+		return nil, status.Errorf(codes.Internal, "delete template %s: %v", id, err)
+	}
+	s.log.Info("template deleted", "template", id)
+	return &kilnpb.DeleteTemplateResponse{}, nil
+}
+
+// fromTemplate fills r and spec for a create from template t and checks
+// the request's resources: a restore keeps the template's.
+func fromTemplate(t *template, res *kilnpb.Resources, r *record, spec *CreateSpec) error {
+	tr := &t.rec
+	for _, f := range []struct {
+		name     string
+		got, has uint32
+	}{{"cpus", res.GetCpus(), tr.CPUs}, {"memory_mib", res.GetMemoryMib(), tr.MemoryMiB}, {"disk_mib", res.GetDiskMib(), tr.DiskMiB}} {
+		if f.got != 0 && f.got != f.has {
+			return status.Errorf(codes.InvalidArgument, "resources.%s %d: a sandbox from template %s has the template's (%d); leave it 0", f.name, f.got, tr.ID, f.has)
+		}
+	}
+	spec.Checkpoint = tr.Dir
+	r.Template, r.Image, r.ImageRef = tr.ID, tr.ImageDigest, tr.ImageRef
+	return nil
+}
+
+// loadTemplates reads the templates' records and drops the snapshots of
+// builds that did not finish.
+func (s *Server) loadTemplates() {
+	dir := filepath.Join(s.cfg.StateDir, templatesDir)
+	recs, err := readRecords[templateRecord](dir)
+	if err != nil {
+		s.log.Warn("some template records could not be read", "err", err)
+	}
+	for _, r := range recs {
+		if checkID("template record", r.ID) != nil || r.Dir != filepath.Join(dir, r.ID) {
+			s.log.Warn("skipping a template record", "id", r.ID)
+			continue
+		}
+		t := &template{rec: *r, ready: make(chan struct{})}
+		close(t.ready)
+		s.templates[r.ID] = t
+		if r.RequestID != "" {
+			s.templateReqs[r.RequestID] = t
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() && s.templates[e.Name()] == nil {
+			os.RemoveAll(filepath.Join(dir, e.Name())) // an unfinished build's
+		}
+	}
+}
+
+// cleanLeftovers stops the sandboxes of the previous server's pools and
+// builders (a pool refills with sandboxes of its own), but those handed
+// out, which records name.
+func (s *Server) cleanLeftovers() {
+	s.mu.Lock()
+	owned := map[string]bool{}
+	for _, b := range s.boxes {
+		owned[b.rec.Dir] = true
+	}
+	s.mu.Unlock()
+	var leftovers []string
+	for _, d := range append(globDirs(filepath.Join(s.cfg.StateDir, sandboxesDir, poolPrefix+"*")),
+		globDirs(filepath.Join(s.cfg.StateDir, sandboxesDir, builderPrefix+"*"))...) {
+		if !owned[d] {
+			leftovers = append(leftovers, d)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, d := range leftovers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+			defer cancel()
+			if inst, err := s.backend.Attach(ctx, d, false); err == nil {
+				inst.Close(ctx)
+			}
+			os.RemoveAll(d)
+		}()
+	}
+	wg.Wait()
+}
+
+func globDirs(pattern string) []string {
+	m, _ := filepath.Glob(pattern)
+	var out []string
+	for _, p := range m {
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// startPools starts the pools of the templates loaded.
+func (s *Server) startPools() {
+	s.mu.Lock()
+	ts := make([]*template, 0, len(s.templates))
+	for _, t := range s.templates {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	for _, t := range ts {
+		s.startPool(t)
+	}
+}
