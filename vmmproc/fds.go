@@ -33,13 +33,25 @@ const (
 	tokenPattern = "0123456789abcdef"
 )
 
+// tokenTTL is how long a descriptor waits under its token: one that its
+// client never fetched (it died between the RPC and the GET, say) is
+// closed after it, so that it does not pin a frozen base's RAM.
+const tokenTTL = 2 * time.Minute
+
 // fdStore holds descriptors by token for the side channel's clients.
 type fdStore struct {
 	mu  sync.Mutex
-	fds map[string]*os.File
+	fds map[string]fdEntry
+	ttl time.Duration
 }
 
-func newFDStore() *fdStore { return &fdStore{fds: map[string]*os.File{}} }
+// fdEntry is a descriptor waiting under a token since at.
+type fdEntry struct {
+	f  *os.File
+	at time.Time
+}
+
+func newFDStore() *fdStore { return &fdStore{fds: map[string]fdEntry{}, ttl: tokenTTL} }
 
 // newToken returns a random token.
 func newToken() (string, error) {
@@ -58,13 +70,20 @@ func validToken(t string) bool {
 func (s *fdStore) put(token string, f *os.File) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
+	for t, e := range s.fds {
+		if now.Sub(e.at) > s.ttl {
+			e.f.Close()
+			delete(s.fds, t)
+		}
+	}
 	if _, ok := s.fds[token]; ok {
 		return fmt.Errorf("token %s is taken", token)
 	}
 	if len(s.fds) >= maxHeldFDs {
 		return fmt.Errorf("%d descriptors held already", len(s.fds))
 	}
-	s.fds[token] = f
+	s.fds[token] = fdEntry{f: f, at: now}
 	return nil
 }
 
@@ -72,19 +91,19 @@ func (s *fdStore) put(token string, f *os.File) error {
 func (s *fdStore) take(token string) (*os.File, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f, ok := s.fds[token]
+	e, ok := s.fds[token]
 	if !ok {
 		return nil, fmt.Errorf("no descriptor under token %q", token)
 	}
 	delete(s.fds, token)
-	return f, nil
+	return e.f, nil
 }
 
 func (s *fdStore) closeAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for t, f := range s.fds {
-		f.Close()
+	for t, e := range s.fds {
+		e.f.Close()
 		delete(s.fds, t)
 	}
 }

@@ -6,7 +6,9 @@
 // (vmmpb, versioned); a fork's frozen memory crosses as a descriptor on a
 // sibling socket (SCM_RIGHTS), so children in other processes still share
 // their parent's pages copy-on-write. A parent can attach to a VMM process
-// it did not start, by its socket, as a daemon does after its own restart.
+// it did not start, by its socket, as a daemon does after its own restart;
+// the process holds in-memory checkpoints (frozen bases, by ID: Hold) for
+// its parent, so that those outlive the parent too.
 package vmmproc
 
 import (
@@ -83,6 +85,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	s := newServer(cfg.KVMPath, log)
 	s.openFS = cfg.OpenFS
 	defer s.fds.closeAll()
+	defer s.holds.closeAll()
 	go s.fds.serveFDs(fdln)
 	g := grpc.NewServer()
 	vmmpb.RegisterVMMServer(g, s)
@@ -118,6 +121,7 @@ type server struct {
 	openFS  virtio.FSOpener
 	log     *slog.Logger
 	fds     *fdStore
+	holds   *holdTable
 	console *fanout
 
 	mu      sync.Mutex
@@ -133,7 +137,7 @@ type server struct {
 }
 
 func newServer(kvmPath string, log *slog.Logger) *server {
-	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), console: newFanout(), stopped: make(chan struct{}), told: make(chan struct{})}
+	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), holds: newHoldTable(), console: newFanout(), stopped: make(chan struct{}), told: make(chan struct{})}
 }
 
 // done returns a channel closed when the VM has stopped (at once when

@@ -1059,6 +1059,469 @@ func (x *ConsoleChunk) GetData() []byte {
 	return nil
 }
 
+type HoldRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// labels are kept with the hold and handed out with it (at most 16,
+	// keys of 1 to 128 bytes, values of at most 1024).
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRequest) Reset() {
+	*x = HoldRequest{}
+	mi := &file_vmm_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRequest) ProtoMessage() {}
+
+func (x *HoldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
+func (*HoldRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HoldRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *HoldRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type HoldResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldResponse) Reset() {
+	*x = HoldResponse{}
+	mi := &file_vmm_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldResponse) ProtoMessage() {}
+
+func (x *HoldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
+func (*HoldResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{23}
+}
+
+type TakeHeldRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeHeldRequest) Reset() {
+	*x = TakeHeldRequest{}
+	mi := &file_vmm_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeHeldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeHeldRequest) ProtoMessage() {}
+
+func (x *TakeHeldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeHeldRequest.ProtoReflect.Descriptor instead.
+func (*TakeHeldRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TakeHeldRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type TakeHeldResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state_json is the vmm.State of the frozen VM.
+	StateJson []byte `protobuf:"bytes,1,opt,name=state_json,json=stateJson,proto3" json:"state_json,omitempty"`
+	// memory_token is what to ask the ".fd" socket for (GET <token>): a
+	// duplicate of the base's descriptor.
+	MemoryToken   string            `protobuf:"bytes,2,opt,name=memory_token,json=memoryToken,proto3" json:"memory_token,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeHeldResponse) Reset() {
+	*x = TakeHeldResponse{}
+	mi := &file_vmm_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeHeldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeHeldResponse) ProtoMessage() {}
+
+func (x *TakeHeldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeHeldResponse.ProtoReflect.Descriptor instead.
+func (*TakeHeldResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TakeHeldResponse) GetStateJson() []byte {
+	if x != nil {
+		return x.StateJson
+	}
+	return nil
+}
+
+func (x *TakeHeldResponse) GetMemoryToken() string {
+	if x != nil {
+		return x.MemoryToken
+	}
+	return ""
+}
+
+func (x *TakeHeldResponse) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type GiveHeldRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// state_json is a vmm.State whose memory is the base.
+	StateJson []byte `protobuf:"bytes,2,opt,name=state_json,json=stateJson,proto3" json:"state_json,omitempty"`
+	// memory_token names the base the parent put on the ".fd" socket.
+	MemoryToken   string            `protobuf:"bytes,3,opt,name=memory_token,json=memoryToken,proto3" json:"memory_token,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GiveHeldRequest) Reset() {
+	*x = GiveHeldRequest{}
+	mi := &file_vmm_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GiveHeldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GiveHeldRequest) ProtoMessage() {}
+
+func (x *GiveHeldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GiveHeldRequest.ProtoReflect.Descriptor instead.
+func (*GiveHeldRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GiveHeldRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GiveHeldRequest) GetStateJson() []byte {
+	if x != nil {
+		return x.StateJson
+	}
+	return nil
+}
+
+func (x *GiveHeldRequest) GetMemoryToken() string {
+	if x != nil {
+		return x.MemoryToken
+	}
+	return ""
+}
+
+func (x *GiveHeldRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type GiveHeldResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GiveHeldResponse) Reset() {
+	*x = GiveHeldResponse{}
+	mi := &file_vmm_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GiveHeldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GiveHeldResponse) ProtoMessage() {}
+
+func (x *GiveHeldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GiveHeldResponse.ProtoReflect.Descriptor instead.
+func (*GiveHeldResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{27}
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_vmm_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReleaseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_vmm_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{29}
+}
+
+type ListHeldRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListHeldRequest) Reset() {
+	*x = ListHeldRequest{}
+	mi := &file_vmm_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListHeldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListHeldRequest) ProtoMessage() {}
+
+func (x *ListHeldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListHeldRequest.ProtoReflect.Descriptor instead.
+func (*ListHeldRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{30}
+}
+
+type ListHeldResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListHeldResponse) Reset() {
+	*x = ListHeldResponse{}
+	mi := &file_vmm_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListHeldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListHeldResponse) ProtoMessage() {}
+
+func (x *ListHeldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListHeldResponse.ProtoReflect.Descriptor instead.
+func (*ListHeldResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListHeldResponse) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 var File_vmm_proto protoreflect.FileDescriptor
 
 const file_vmm_proto_rawDesc = "" +
@@ -1116,7 +1579,40 @@ const file_vmm_proto_rawDesc = "" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"\x10\n" +
 	"\x0eConsoleRequest\"\"\n" +
 	"\fConsoleChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data2\x93\x05\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x96\x01\n" +
+	"\vHoldRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
+	"\x06labels\x18\x02 \x03(\v2$.kiln.vmm.v1.HoldRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x0e\n" +
+	"\fHoldResponse\"!\n" +
+	"\x0fTakeHeldRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd2\x01\n" +
+	"\x10TakeHeldResponse\x12\x1d\n" +
+	"\n" +
+	"state_json\x18\x01 \x01(\fR\tstateJson\x12!\n" +
+	"\fmemory_token\x18\x02 \x01(\tR\vmemoryToken\x12A\n" +
+	"\x06labels\x18\x03 \x03(\v2).kiln.vmm.v1.TakeHeldResponse.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x01\n" +
+	"\x0fGiveHeldRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"state_json\x18\x02 \x01(\fR\tstateJson\x12!\n" +
+	"\fmemory_token\x18\x03 \x01(\tR\vmemoryToken\x12@\n" +
+	"\x06labels\x18\x04 \x03(\v2(.kiln.vmm.v1.GiveHeldRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
+	"\x10GiveHeldResponse\" \n" +
+	"\x0eReleaseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x11\n" +
+	"\x0fReleaseResponse\"\x11\n" +
+	"\x0fListHeldRequest\"$\n" +
+	"\x10ListHeldResponse\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids2\xf1\a\n" +
 	"\x03VMM\x12>\n" +
 	"\x05Hello\x12\x19.kiln.vmm.v1.HelloRequest\x1a\x1a.kiln.vmm.v1.HelloResponse\x12A\n" +
 	"\x06Create\x12\x1a.kiln.vmm.v1.CreateRequest\x1a\x1b.kiln.vmm.v1.CreateResponse\x12>\n" +
@@ -1127,7 +1623,12 @@ const file_vmm_proto_rawDesc = "" +
 	"\x04Wait\x12\x18.kiln.vmm.v1.WaitRequest\x1a\x19.kiln.vmm.v1.WaitResponse\x12;\n" +
 	"\x04Stop\x12\x18.kiln.vmm.v1.StopRequest\x1a\x19.kiln.vmm.v1.StopResponse\x12G\n" +
 	"\bDescribe\x12\x1c.kiln.vmm.v1.DescribeRequest\x1a\x1d.kiln.vmm.v1.DescribeResponse\x12C\n" +
-	"\aConsole\x12\x1b.kiln.vmm.v1.ConsoleRequest\x1a\x19.kiln.vmm.v1.ConsoleChunk0\x01B&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
+	"\aConsole\x12\x1b.kiln.vmm.v1.ConsoleRequest\x1a\x19.kiln.vmm.v1.ConsoleChunk0\x01\x12;\n" +
+	"\x04Hold\x12\x18.kiln.vmm.v1.HoldRequest\x1a\x19.kiln.vmm.v1.HoldResponse\x12G\n" +
+	"\bTakeHeld\x12\x1c.kiln.vmm.v1.TakeHeldRequest\x1a\x1d.kiln.vmm.v1.TakeHeldResponse\x12G\n" +
+	"\bGiveHeld\x12\x1c.kiln.vmm.v1.GiveHeldRequest\x1a\x1d.kiln.vmm.v1.GiveHeldResponse\x12D\n" +
+	"\aRelease\x12\x1b.kiln.vmm.v1.ReleaseRequest\x1a\x1c.kiln.vmm.v1.ReleaseResponse\x12G\n" +
+	"\bListHeld\x12\x1c.kiln.vmm.v1.ListHeldRequest\x1a\x1d.kiln.vmm.v1.ListHeldResponseB&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
 
 var (
 	file_vmm_proto_rawDescOnce sync.Once
@@ -1141,7 +1642,7 @@ func file_vmm_proto_rawDescGZIP() []byte {
 	return file_vmm_proto_rawDescData
 }
 
-var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_vmm_proto_goTypes = []any{
 	(*HelloRequest)(nil),     // 0: kiln.vmm.v1.HelloRequest
 	(*HelloResponse)(nil),    // 1: kiln.vmm.v1.HelloResponse
@@ -1165,37 +1666,63 @@ var file_vmm_proto_goTypes = []any{
 	(*MemoryRange)(nil),      // 19: kiln.vmm.v1.MemoryRange
 	(*ConsoleRequest)(nil),   // 20: kiln.vmm.v1.ConsoleRequest
 	(*ConsoleChunk)(nil),     // 21: kiln.vmm.v1.ConsoleChunk
-	nil,                      // 22: kiln.vmm.v1.SaveRequest.LabelsEntry
+	(*HoldRequest)(nil),      // 22: kiln.vmm.v1.HoldRequest
+	(*HoldResponse)(nil),     // 23: kiln.vmm.v1.HoldResponse
+	(*TakeHeldRequest)(nil),  // 24: kiln.vmm.v1.TakeHeldRequest
+	(*TakeHeldResponse)(nil), // 25: kiln.vmm.v1.TakeHeldResponse
+	(*GiveHeldRequest)(nil),  // 26: kiln.vmm.v1.GiveHeldRequest
+	(*GiveHeldResponse)(nil), // 27: kiln.vmm.v1.GiveHeldResponse
+	(*ReleaseRequest)(nil),   // 28: kiln.vmm.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),  // 29: kiln.vmm.v1.ReleaseResponse
+	(*ListHeldRequest)(nil),  // 30: kiln.vmm.v1.ListHeldRequest
+	(*ListHeldResponse)(nil), // 31: kiln.vmm.v1.ListHeldResponse
+	nil,                      // 32: kiln.vmm.v1.SaveRequest.LabelsEntry
+	nil,                      // 33: kiln.vmm.v1.HoldRequest.LabelsEntry
+	nil,                      // 34: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	nil,                      // 35: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 }
 var file_vmm_proto_depIdxs = []int32{
 	3,  // 0: kiln.vmm.v1.CreateRequest.fork:type_name -> kiln.vmm.v1.ForkSource
-	22, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
+	32, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
 	19, // 2: kiln.vmm.v1.DescribeResponse.guest_memory:type_name -> kiln.vmm.v1.MemoryRange
-	0,  // 3: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
-	2,  // 4: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
-	5,  // 5: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
-	7,  // 6: kiln.vmm.v1.VMM.Resume:input_type -> kiln.vmm.v1.ResumeRequest
-	9,  // 7: kiln.vmm.v1.VMM.Save:input_type -> kiln.vmm.v1.SaveRequest
-	11, // 8: kiln.vmm.v1.VMM.Freeze:input_type -> kiln.vmm.v1.FreezeRequest
-	13, // 9: kiln.vmm.v1.VMM.Wait:input_type -> kiln.vmm.v1.WaitRequest
-	15, // 10: kiln.vmm.v1.VMM.Stop:input_type -> kiln.vmm.v1.StopRequest
-	17, // 11: kiln.vmm.v1.VMM.Describe:input_type -> kiln.vmm.v1.DescribeRequest
-	20, // 12: kiln.vmm.v1.VMM.Console:input_type -> kiln.vmm.v1.ConsoleRequest
-	1,  // 13: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
-	4,  // 14: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
-	6,  // 15: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
-	8,  // 16: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
-	10, // 17: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
-	12, // 18: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
-	14, // 19: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
-	16, // 20: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
-	18, // 21: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
-	21, // 22: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	33, // 3: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
+	34, // 4: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	35, // 5: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	0,  // 6: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
+	2,  // 7: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
+	5,  // 8: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
+	7,  // 9: kiln.vmm.v1.VMM.Resume:input_type -> kiln.vmm.v1.ResumeRequest
+	9,  // 10: kiln.vmm.v1.VMM.Save:input_type -> kiln.vmm.v1.SaveRequest
+	11, // 11: kiln.vmm.v1.VMM.Freeze:input_type -> kiln.vmm.v1.FreezeRequest
+	13, // 12: kiln.vmm.v1.VMM.Wait:input_type -> kiln.vmm.v1.WaitRequest
+	15, // 13: kiln.vmm.v1.VMM.Stop:input_type -> kiln.vmm.v1.StopRequest
+	17, // 14: kiln.vmm.v1.VMM.Describe:input_type -> kiln.vmm.v1.DescribeRequest
+	20, // 15: kiln.vmm.v1.VMM.Console:input_type -> kiln.vmm.v1.ConsoleRequest
+	22, // 16: kiln.vmm.v1.VMM.Hold:input_type -> kiln.vmm.v1.HoldRequest
+	24, // 17: kiln.vmm.v1.VMM.TakeHeld:input_type -> kiln.vmm.v1.TakeHeldRequest
+	26, // 18: kiln.vmm.v1.VMM.GiveHeld:input_type -> kiln.vmm.v1.GiveHeldRequest
+	28, // 19: kiln.vmm.v1.VMM.Release:input_type -> kiln.vmm.v1.ReleaseRequest
+	30, // 20: kiln.vmm.v1.VMM.ListHeld:input_type -> kiln.vmm.v1.ListHeldRequest
+	1,  // 21: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
+	4,  // 22: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
+	6,  // 23: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
+	8,  // 24: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
+	10, // 25: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
+	12, // 26: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
+	14, // 27: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
+	16, // 28: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
+	18, // 29: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
+	21, // 30: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
+	23, // 31: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
+	25, // 32: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
+	27, // 33: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
+	29, // 34: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
+	31, // 35: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
+	21, // [21:36] is the sub-list for method output_type
+	6,  // [6:21] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_vmm_proto_init() }
@@ -1214,7 +1741,7 @@ func file_vmm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmm_proto_rawDesc), len(file_vmm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,11 @@ const (
 	VMM_Stop_FullMethodName     = "/kiln.vmm.v1.VMM/Stop"
 	VMM_Describe_FullMethodName = "/kiln.vmm.v1.VMM/Describe"
 	VMM_Console_FullMethodName  = "/kiln.vmm.v1.VMM/Console"
+	VMM_Hold_FullMethodName     = "/kiln.vmm.v1.VMM/Hold"
+	VMM_TakeHeld_FullMethodName = "/kiln.vmm.v1.VMM/TakeHeld"
+	VMM_GiveHeld_FullMethodName = "/kiln.vmm.v1.VMM/GiveHeld"
+	VMM_Release_FullMethodName  = "/kiln.vmm.v1.VMM/Release"
+	VMM_ListHeld_FullMethodName = "/kiln.vmm.v1.VMM/ListHeld"
 )
 
 // VMMClient is the client API for VMM service.
@@ -70,6 +75,28 @@ type VMMClient interface {
 	// Console streams what the guest prints on its serial console from now
 	// on, until the VM stops.
 	Console(ctx context.Context, in *ConsoleRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ConsoleChunk], error)
+	// Holds: frozen bases (in-memory checkpoints) the process keeps by ID
+	// until Release or its exit, so that they outlive the parent that asked
+	// for them. An ID is 1 to 128 bytes of [A-Za-z0-9._-]
+	// (InvalidArgument otherwise); an unknown ID is NotFound.
+	//
+	// Hold freezes the VM (as Freeze: paused, saved, remapped copy-on-write
+	// over the base; it goes on running, or stays paused) and keeps the
+	// state and the base under the ID, with the caller's labels. An ID held
+	// already is AlreadyExists; past 256 holds, ResourceExhausted.
+	Hold(ctx context.Context, in *HoldRequest, opts ...grpc.CallOption) (*HoldResponse, error)
+	// TakeHeld hands out a hold: its state, its labels, and a duplicate of
+	// its base's descriptor under a token on the ".fd" socket. The hold
+	// stays.
+	TakeHeld(ctx context.Context, in *TakeHeldRequest, opts ...grpc.CallOption) (*TakeHeldResponse, error)
+	// GiveHeld adopts a hold made elsewhere (by another VMM process): a
+	// state and the base the parent put on the ".fd" socket, under an ID.
+	// It needs no VM in this process.
+	GiveHeld(ctx context.Context, in *GiveHeldRequest, opts ...grpc.CallOption) (*GiveHeldResponse, error)
+	// Release drops a hold and closes its base.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// ListHeld lists the holds' IDs, sorted.
+	ListHeld(ctx context.Context, in *ListHeldRequest, opts ...grpc.CallOption) (*ListHeldResponse, error)
 }
 
 type vMMClient struct {
@@ -189,6 +216,56 @@ func (c *vMMClient) Console(ctx context.Context, in *ConsoleRequest, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type VMM_ConsoleClient = grpc.ServerStreamingClient[ConsoleChunk]
 
+func (c *vMMClient) Hold(ctx context.Context, in *HoldRequest, opts ...grpc.CallOption) (*HoldResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HoldResponse)
+	err := c.cc.Invoke(ctx, VMM_Hold_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *vMMClient) TakeHeld(ctx context.Context, in *TakeHeldRequest, opts ...grpc.CallOption) (*TakeHeldResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TakeHeldResponse)
+	err := c.cc.Invoke(ctx, VMM_TakeHeld_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *vMMClient) GiveHeld(ctx context.Context, in *GiveHeldRequest, opts ...grpc.CallOption) (*GiveHeldResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GiveHeldResponse)
+	err := c.cc.Invoke(ctx, VMM_GiveHeld_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *vMMClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, VMM_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *vMMClient) ListHeld(ctx context.Context, in *ListHeldRequest, opts ...grpc.CallOption) (*ListHeldResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListHeldResponse)
+	err := c.cc.Invoke(ctx, VMM_ListHeld_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VMMServer is the server API for VMM service.
 // All implementations must embed UnimplementedVMMServer
 // for forward compatibility.
@@ -220,6 +297,28 @@ type VMMServer interface {
 	// Console streams what the guest prints on its serial console from now
 	// on, until the VM stops.
 	Console(*ConsoleRequest, grpc.ServerStreamingServer[ConsoleChunk]) error
+	// Holds: frozen bases (in-memory checkpoints) the process keeps by ID
+	// until Release or its exit, so that they outlive the parent that asked
+	// for them. An ID is 1 to 128 bytes of [A-Za-z0-9._-]
+	// (InvalidArgument otherwise); an unknown ID is NotFound.
+	//
+	// Hold freezes the VM (as Freeze: paused, saved, remapped copy-on-write
+	// over the base; it goes on running, or stays paused) and keeps the
+	// state and the base under the ID, with the caller's labels. An ID held
+	// already is AlreadyExists; past 256 holds, ResourceExhausted.
+	Hold(context.Context, *HoldRequest) (*HoldResponse, error)
+	// TakeHeld hands out a hold: its state, its labels, and a duplicate of
+	// its base's descriptor under a token on the ".fd" socket. The hold
+	// stays.
+	TakeHeld(context.Context, *TakeHeldRequest) (*TakeHeldResponse, error)
+	// GiveHeld adopts a hold made elsewhere (by another VMM process): a
+	// state and the base the parent put on the ".fd" socket, under an ID.
+	// It needs no VM in this process.
+	GiveHeld(context.Context, *GiveHeldRequest) (*GiveHeldResponse, error)
+	// Release drops a hold and closes its base.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// ListHeld lists the holds' IDs, sorted.
+	ListHeld(context.Context, *ListHeldRequest) (*ListHeldResponse, error)
 	mustEmbedUnimplementedVMMServer()
 }
 
@@ -259,6 +358,21 @@ func (UnimplementedVMMServer) Describe(context.Context, *DescribeRequest) (*Desc
 }
 func (UnimplementedVMMServer) Console(*ConsoleRequest, grpc.ServerStreamingServer[ConsoleChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method Console not implemented")
+}
+func (UnimplementedVMMServer) Hold(context.Context, *HoldRequest) (*HoldResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Hold not implemented")
+}
+func (UnimplementedVMMServer) TakeHeld(context.Context, *TakeHeldRequest) (*TakeHeldResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method TakeHeld not implemented")
+}
+func (UnimplementedVMMServer) GiveHeld(context.Context, *GiveHeldRequest) (*GiveHeldResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GiveHeld not implemented")
+}
+func (UnimplementedVMMServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedVMMServer) ListHeld(context.Context, *ListHeldRequest) (*ListHeldResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListHeld not implemented")
 }
 func (UnimplementedVMMServer) mustEmbedUnimplementedVMMServer() {}
 func (UnimplementedVMMServer) testEmbeddedByValue()             {}
@@ -454,6 +568,96 @@ func _VMM_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type VMM_ConsoleServer = grpc.ServerStreamingServer[ConsoleChunk]
 
+func _VMM_Hold_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).Hold(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_Hold_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).Hold(ctx, req.(*HoldRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VMM_TakeHeld_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TakeHeldRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).TakeHeld(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_TakeHeld_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).TakeHeld(ctx, req.(*TakeHeldRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VMM_GiveHeld_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GiveHeldRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).GiveHeld(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_GiveHeld_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).GiveHeld(ctx, req.(*GiveHeldRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VMM_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VMM_ListHeld_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListHeldRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).ListHeld(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_ListHeld_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).ListHeld(ctx, req.(*ListHeldRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VMM_ServiceDesc is the grpc.ServiceDesc for VMM service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -496,6 +700,26 @@ var VMM_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Describe",
 			Handler:    _VMM_Describe_Handler,
+		},
+		{
+			MethodName: "Hold",
+			Handler:    _VMM_Hold_Handler,
+		},
+		{
+			MethodName: "TakeHeld",
+			Handler:    _VMM_TakeHeld_Handler,
+		},
+		{
+			MethodName: "GiveHeld",
+			Handler:    _VMM_GiveHeld_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _VMM_Release_Handler,
+		},
+		{
+			MethodName: "ListHeld",
+			Handler:    _VMM_ListHeld_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
