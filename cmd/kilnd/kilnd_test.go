@@ -27,6 +27,9 @@ import (
 	"github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/daemontest"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // listOnly is a kiln.v1 service that answers ListSandboxes (with nothing)
@@ -502,12 +505,24 @@ func FuzzParseListen(f *testing.F) {
 	})
 }
 
-// testKilndEnv makes the test binary run as kilnd over the test backend
-// (TestMain), for TestSIGTERM.
+// testKilndEnv makes the test binary run as kilnd (TestMain): over the
+// test backend when it is "1", for TestSIGTERM; as kilnd itself (main,
+// the real backend) when it is testKilndReal, for TestKVMKilnd.
 const testKilndEnv = "KILND_TEST_AS_KILND"
 
+// testKilndReal is testKilndEnv's value that runs kilnd's main.
+const testKilndReal = "real"
+
 func TestMain(m *testing.M) {
-	if os.Getenv(testKilndEnv) == "1" {
+	// A VMM process that the real backend started (--kiln this binary):
+	// what `kiln vmm` runs. First, since it inherits testKilndEnv.
+	if os.Getenv(vmmproc.SocketEnv) != "" {
+		os.Exit(vmmproc.ServeMain(context.Background(), "", sandbox.OpenImageFS(image.NewRoots(image.Options{}))))
+	}
+	switch os.Getenv(testKilndEnv) {
+	case testKilndReal:
+		main()
+	case "1":
 		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer cancel()
 		be := &daemontest.Backend{}
