@@ -32,12 +32,16 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if len(args) > 0 && args[0] == "image" {
 		return cmdBenchImage(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "daemon" {
+		return cmdBenchDaemon(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "boot" {
 		fmt.Fprintln(stderr, "usage: kiln bench boot [-n RUNS] [--kernel K] [--cpus N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench start [-n RUNS] [--kernel debian|minimal|PATH]... [--execs N] [--cpus N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench snapshot [flags]   (kiln bench snapshot -h)")
 		fmt.Fprintln(stderr, "       kiln bench process [--execs N] [--forks N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench image [flags]      (kiln bench image -h)")
+		fmt.Fprintln(stderr, "       kiln bench daemon [flags]     (kiln bench daemon -h)")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("kiln bench boot", flag.ContinueOnError)
