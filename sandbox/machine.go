@@ -51,6 +51,7 @@ type localVM struct {
 	vm     *vmm.VM
 	ctx    context.Context
 	cancel context.CancelFunc
+	holds  localHolds // the sandbox's holds (Sandbox.Hold)
 }
 
 func newLocalVM(vm *vmm.VM) *localVM {
@@ -66,7 +67,11 @@ func (m *localVM) save(ctx context.Context, dir string, labels map[string]string
 func (m *localVM) devices() []virtio.DeviceSpec   { return m.vm.Devices() }
 func (m *localVM) device(id string) virtio.Device { return m.vm.Device(id) }
 func (m *localVM) diagnose() string               { return m.vm.Diagnose() }
-func (m *localVM) release(context.Context) error  { m.cancel(); return m.vm.Close() }
+func (m *localVM) release(context.Context) error {
+	m.cancel()
+	m.holds.closeAll()
+	return m.vm.Close()
+}
 
 // processVM is a VM in a VMM process.
 type processVM struct {
@@ -296,6 +301,7 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	m.cancel = cancel
 	go p.CopyConsole(cctx, s.console)
 	s.m = m
+	s.image = imageOf(m.specs)
 	s.run()
 	if err := s.connect(ctx, time.Minute); err != nil {
 		return nil, err

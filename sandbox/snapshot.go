@@ -95,7 +95,7 @@ type RestoreOptions struct {
 // file, so many sandboxes restored from one snapshot share the pages none
 // of them wrote. The guest then gets fresh entropy (its RNG would
 // otherwise repeat every clone's) and the host's time.
-func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, err error) {
+func Restore(ctx context.Context, dir string, opts RestoreOptions) (*Sandbox, error) {
 	start := time.Now()
 	log := opts.Logger
 	if log == nil {
@@ -117,10 +117,32 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 	if err := CheckHostname(hostname); err != nil {
 		return nil, fmt.Errorf("sandbox: snapshot %s: %w", dir, err)
 	}
-	if i := slices.IndexFunc(info.Devices, func(d virtio.DeviceSpec) bool { return d.ID == VsockDevice }); i < 0 || info.Devices[i].Kind != virtio.KindVsock {
-		return nil, fmt.Errorf("sandbox: snapshot %s is not a sandbox's (no %q vsock device)", dir, VsockDevice)
+	return restore(ctx, restoreSource{
+		what: "snapshot " + dir, hostname: hostname, devices: info.Devices,
+		machine: func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error) {
+			return s.restoreMachine(ctx, dir, cfg, opts.Process)
+		},
+	}, opts, log, start)
+}
+
+// restoreSource is what a sandbox is restored from: a snapshot (Restore)
+// or a frozen base (RestoreFrozen).
+type restoreSource struct {
+	what     string              // "snapshot DIR", for messages
+	hostname string              // the guest's host name in it
+	devices  []virtio.DeviceSpec // the devices it has
+	// machine builds the restored machine of s from cfg.
+	machine func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error)
+}
+
+// restore is Restore's and RestoreFrozen's common part: it makes a
+// sandbox of src with opts, starts its VM, waits until its agent answers
+// and makes its guest unique (freshen).
+func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *slog.Logger, start time.Time) (_ *Sandbox, err error) {
+	if i := slices.IndexFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == VsockDevice }); i < 0 || src.devices[i].Kind != virtio.KindVsock {
+		return nil, fmt.Errorf("sandbox: %s is not a sandbox's (no %q vsock device)", src.what, VsockDevice)
 	}
-	s, err := newSandbox(log, opts.Dir, hostname, start)
+	s, err := newSandbox(log, opts.Dir, src.hostname, start)
 	if err != nil {
 		return nil, err
 	}
@@ -129,11 +151,11 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 			s.Close(context.Background())
 		}
 	}()
-	oldMAC := specMAC(info.Devices)
-	if err := checkNewNIC("snapshot "+dir, oldMAC != "", opts.Net != nil, "RestoreOptions.Net"); err != nil {
+	oldMAC := specMAC(src.devices)
+	if err := checkNewNIC(src.what, oldMAC != "", opts.Net != nil, "RestoreOptions.Net"); err != nil {
 		return nil, err
 	}
-	overrides, err := s.overrides(info.Devices, opts.Net, func(id string) (string, bool) {
+	overrides, err := s.overrides(src.devices, opts.Net, func(id string) (string, bool) {
 		p, ok := opts.Disks[id]
 		return p, ok
 	})
@@ -141,15 +163,15 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (_ *Sandbox, 
 		return nil, err
 	}
 	for id := range opts.Disks {
-		if !slices.ContainsFunc(info.Devices, func(d virtio.DeviceSpec) bool { return d.ID == id && d.Kind == virtio.KindBlock }) {
-			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, which is not a disk of snapshot %s", id, dir)
+		if !slices.ContainsFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == id && d.Kind == virtio.KindBlock }) {
+			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, which is not a disk of %s", id, src.what)
 		}
 	}
 	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
-	if err := s.restoreImage(dir, info.Devices, opts, &cfg); err != nil {
+	if err := s.restoreImage(src.what, src.devices, opts, &cfg); err != nil {
 		return nil, err
 	}
-	if s.m, err = s.restoreMachine(ctx, dir, cfg, opts.Process); err != nil {
+	if s.m, err = src.machine(s, cfg); err != nil {
 		return nil, err
 	}
 	s.run()
@@ -261,14 +283,15 @@ echo "no interface has address $1" >&2; exit 1`
 	return client.ExecOptions{Argv: []string{"sh", "-c", script, "setmac", oldMAC, newMAC}}
 }
 
-// restoreImage sets cfg up for the snapshot's image root, if it has one:
-// the opener of its tree, and the device moved to opts.Images. It refuses
-// opts.Image when that is another image than the snapshot's.
-func (s *Sandbox) restoreImage(dir string, devs []virtio.DeviceSpec, opts RestoreOptions, cfg *vmm.RestoreConfig) error {
+// restoreImage sets cfg up for the image root of what is restored (what:
+// "snapshot DIR", with the devices devs), if it has one: the opener of its
+// tree, and the device moved to opts.Images. It refuses opts.Image when
+// that is another image than the snapshot's.
+func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts RestoreOptions, cfg *vmm.RestoreConfig) error {
 	i := slices.IndexFunc(devs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS })
 	if i < 0 {
 		if opts.Image != "" || opts.Images != "" {
-			return fmt.Errorf("sandbox: snapshot %s has no image root: RestoreOptions.Image and Images do not apply", dir)
+			return fmt.Errorf("sandbox: %s has no image root: RestoreOptions.Image and Images do not apply", what)
 		}
 		return nil
 	}
@@ -296,7 +319,7 @@ func (s *Sandbox) restoreImage(dir string, devs []virtio.DeviceSpec, opts Restor
 			return fmt.Errorf("sandbox: %w", err)
 		}
 		if string(img.Manifest) != fs.Image {
-			return fmt.Errorf("sandbox: snapshot %s runs image %s; %s is %s: a snapshot restores only against its own image", dir, fs.Image, opts.Image, img.Manifest)
+			return fmt.Errorf("sandbox: %s runs image %s; %s is %s: it restores only against its own image", what, fs.Image, opts.Image, img.Manifest)
 		}
 	}
 	if moved {
