@@ -157,7 +157,8 @@ func sha(b []byte) string {
 // hold; a corrupt chunk is EIO for that file and nothing is stored; a
 // snapshot with an open file and a deep working directory forks into 4
 // children that each read the file on, run a binary not run before and see
-// their cwd; a second sandbox of the image fetches nothing; restoring
+// their cwd; a second sandbox of the image fetches nothing, and an
+// in-memory checkpoint of it (Hold) restores with its root; restoring
 // against another image is refused; once cached, restores need no registry;
 // and an image with 1 GiB nobody reads opens as cheaply, as another user,
 // with a stalled registry failing a read with a timeout, not a hung VM.
@@ -280,6 +281,36 @@ for i in $(seq 600); do test -e /tmp/ready && exit 0; sleep 0.1; done; cat /tmp/
 	if got := sh(t, ctx, sb2, "df -k / | tail -1 | awk '{print $2}'; dd if=/dev/zero of=/srv/work/fill bs=1M count=80 2>&1 | grep -c 'No space left'; rm -f /srv/work/fill"); got != "65536\n1" {
 		t.Errorf("writable layer capped at 64 MiB: df and an 80 MiB write gave %q", got)
 	}
+	// An in-memory checkpoint of it (held by its VMM process): a sandbox
+	// restored from it has the image root, and the root's writes of then.
+	sh(t, ctx, sb2, "echo held >"+imgWorkDir+"/held")
+	holdStart := time.Now()
+	if err := sb2.Hold(ctx, "img"); err != nil {
+		t.Fatalf("Hold: %v", err)
+	}
+	t.Logf("Hold of a booted image-rooted sandbox (no copy): %v", time.Since(holdStart).Round(time.Millisecond))
+	sh(t, ctx, sb2, "rm "+imgWorkDir+"/held")
+	fz, err := sb2.Frozen(ctx, "img")
+	if err != nil {
+		t.Fatalf("Frozen: %v", err)
+	}
+	if fz.Image() != string(img.Manifest) {
+		t.Errorf("Frozen.Image() = %q, want %s", fz.Image(), img.Manifest)
+	}
+	holdStart = time.Now()
+	rf, err := RestoreFrozen(ctx, fz, RestoreOptions{Process: testProcess()})
+	fz.Close()
+	if err != nil {
+		t.Fatalf("RestoreFrozen: %v", err)
+	}
+	t.Logf("RestoreFrozen of it: %v", time.Since(holdStart).Round(time.Millisecond))
+	if got := sh(t, ctx, rf, "cat "+imgWorkDir+"/held; cat "+imgDeep+"/marker; git --version | cut -c1-11"); got != "held\ndeep\ngit version" {
+		t.Errorf("restored from the image-rooted hold: %q", got)
+	}
+	if rf.Image() != string(img.Manifest) {
+		t.Errorf("restored from the hold: Image() = %q, want %s", rf.Image(), img.Manifest)
+	}
+	rf.Close(ctx)
 	sb2.Close(ctx)
 
 	// The image with 1 GiB nobody reads, in a store of its own (cold):
