@@ -809,8 +809,14 @@ func (r *daemonRunner) kilndCheckpoints(ctx context.Context) {
 		false: {{Op: OpCheckpoint, Path: PathKilnd, Concurrency: 1}, {Op: OpRollback, Path: PathKilnd, Concurrency: 1}},
 		true:  {{Op: OpCheckpointPersist, Path: PathKilnd, Concurrency: 1}, {Op: OpRollbackPersist, Path: PathKilnd, Concurrency: 1}},
 	}
-	for range r.spec.Checkpoints {
-		for _, persist := range []bool{false, true} {
+	for i := range r.spec.Checkpoints {
+		// Each kind goes first every other time: a rollback's cost moves
+		// with what came before it.
+		order := []bool{false, true}
+		if i%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, persist := range order {
 			if ctx.Err() != nil {
 				break
 			}

@@ -365,7 +365,7 @@ func DetectEnv(kvm string) DaemonEnv {
 	e.CPU = cpuModel(string(cpuinfo))
 	e.KVM, e.KVMWhy = KVMMode(string(cpuinfo))
 	if kvm != "" {
-		e.KVM, e.KVMWhy = kvm, "as told (--kvm-mode)"
+		e.KVM, e.KVMWhy = kvm, "given, not detected"
 	}
 	return e
 }

@@ -168,7 +168,7 @@ func TestMachineFacts(t *testing.T) {
 		t.Errorf("cpuModel of nothing = %q, want ?", got)
 	}
 	e := DetectEnv(KVMEmulated)
-	if e.KVM != KVMEmulated || !strings.Contains(e.KVMWhy, "told") || e.CPUs < 1 || e.Kernel == "" || e.Commit == "" {
+	if e.KVM != KVMEmulated || !strings.Contains(e.KVMWhy, "given") || e.CPUs < 1 || e.Kernel == "" || e.Commit == "" {
 		t.Errorf("DetectEnv(emulated) = %+v", e)
 	}
 }
