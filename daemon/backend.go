@@ -23,12 +23,14 @@ type Backend interface {
 	Attach(ctx context.Context, dir string, paused bool) (Instance, error)
 }
 
-// CreateSpec is a sandbox to start: from an image or from a checkpoint
-// folder (Instance.Save wrote it), exactly one.
+// CreateSpec is a sandbox to start: from an image, a checkpoint folder
+// (Instance.Save wrote it) or an in-memory checkpoint (Instance.Frozen
+// handed it out), exactly one.
 type CreateSpec struct {
 	Dir        string // the sandbox's host folder
 	Image      string // image reference or manifest digest
 	Checkpoint string // a checkpoint's folder
+	Frozen     Frozen // an in-memory checkpoint; the caller closes it
 	CPUs       int
 	MemoryMiB  int
 	// WritableMiB caps an image root's writable layer; 0: half the
@@ -69,12 +71,31 @@ type Instance interface {
 	// its own; the sandbox runs on.
 	Fork(ctx context.Context, n int) ([]Instance, error)
 
+	// In-memory checkpoints, kept by ID in the sandbox's VMM process (so
+	// that they outlive a restart of the server) until released or the
+	// sandbox ends: Hold takes one of the running sandbox (it runs on),
+	// Frozen hands one out to restore from (CreateSpec.Frozen) or to
+	// Adopt into another instance (a rollback's new machine), Release
+	// drops one. An ID not held is sandbox.ErrNotHeld for Frozen.
+	Hold(ctx context.Context, id string) error
+	Release(ctx context.Context, id string) error
+	Held(ctx context.Context) ([]string, error)
+	Frozen(ctx context.Context, id string) (Frozen, error)
+	Adopt(ctx context.Context, f Frozen) error
+
 	// Close stops the sandbox and removes everything it holds on the host
 	// (its VMM process, folder and sockets).
 	Close(ctx context.Context) error
 	// Detach lets go of the sandbox without stopping it: a later
 	// Backend.Attach takes it over.
 	Detach()
+}
+
+// Frozen is an in-memory checkpoint handed out of the instance that holds
+// it; Close lets go of it (the hold stays).
+type Frozen interface {
+	ID() string
+	Close() error
 }
 
 // Process is a process running in a sandbox (*client.Process is one).

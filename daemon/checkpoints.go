@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // maxFork is the most children one Fork makes.
@@ -60,31 +61,39 @@ func checkpointInfo(c *checkpointRecord) *kilnpb.CheckpointInfo {
 
 // Checkpoint saves a running sandbox's state (memory, devices, the
 // guest's files in RAM) as a checkpoint, the child of its last
-// checkpoint or rollback target; the sandbox runs on. Every checkpoint is
-// written to the state folder: package sandbox keeps no in-memory frozen
-// base beyond a fork, so persist=false is written too (and says so:
-// persisted is true).
+// checkpoint or rollback target; the sandbox runs on. By default the
+// checkpoint is in memory: a frozen base the sandbox's VMM process holds
+// (Instance.Hold), no memory file written, gone with the sandbox. With
+// persist (or keep, which outlives the sandbox) it is written to the
+// state folder.
 func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) (*kilnpb.CheckpointInfo, error) {
 	b, inst, done, err := s.use(req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	persist := req.GetPersist() || req.GetKeep()
 	b.mu.Lock()
 	c := &checkpointRecord{
 		ID: newID("ck-"), SandboxID: b.id, ParentID: b.rec.LastCheckpoint,
-		Persisted: true, Keep: req.GetKeep(),
+		Persisted: persist, Keep: req.GetKeep(),
 		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env,
 	}
 	b.mu.Unlock()
-	c.Dir = filepath.Join(s.cfg.StateDir, checkpointsDir, c.ID)
-	if err := inst.Save(ctx, c.Dir); err != nil {
-		os.RemoveAll(c.Dir)
-		return nil, callErr("checkpoint sandbox "+b.id, err)
+	if persist {
+		c.Dir = filepath.Join(s.cfg.StateDir, checkpointsDir, c.ID)
+		if err := inst.Save(ctx, c.Dir); err != nil {
+			os.RemoveAll(c.Dir)
+			return nil, callErr("checkpoint sandbox "+b.id, err)
+		}
+	} else if err := inst.Hold(ctx, c.ID); err != nil {
+		return nil, callErr("checkpoint sandbox "+b.id+" in memory", err)
 	}
 	c.CreatedUnixMS = s.clock.Now().UnixMilli()
-	if err := writeJSON(s.checkpointPath(c.ID), c); err != nil {
-		os.RemoveAll(c.Dir)
+	// An in-memory checkpoint's record needs no sync: a crash of the
+	// host takes its VMM process (and the checkpoint) too.
+	if err := writeRecord(s.checkpointPath(c.ID), c, persist); err != nil {
+		s.dropCheckpointData(c, inst)
 		return nil, status.Errorf(codes.Internal, "checkpoint sandbox %s: %v", b.id, err)
 	}
 	s.mu.Lock()
@@ -95,6 +104,63 @@ func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) 
 	s.persistLocked(b)
 	b.mu.Unlock()
 	return checkpointInfo(c), nil
+}
+
+// dropCheckpointData removes what c keeps: its folder, or its hold in
+// inst (the sandbox's instance, nil once it ended).
+func (s *Server) dropCheckpointData(c *checkpointRecord, inst Instance) error {
+	if c.Persisted {
+		return os.RemoveAll(c.Dir)
+	}
+	if inst == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return inst.Release(ctx, c.ID)
+}
+
+// frozen hands out the in-memory checkpoint c from its sandbox's VMM
+// process.
+func (s *Server) frozen(ctx context.Context, c *checkpointRecord) (Frozen, error) {
+	b, err := s.lookup(c.SandboxID)
+	if err != nil {
+		return nil, status.Errorf(codes.NotFound, "checkpoint %s is gone with its sandbox %s", c.ID, c.SandboxID)
+	}
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	if inst == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is held in memory by sandbox %s, which is not running now", c.ID, c.SandboxID)
+	}
+	return frozenOf(ctx, inst, c)
+}
+
+// frozenOf hands out the in-memory checkpoint c from inst, its holder.
+func frozenOf(ctx context.Context, inst Instance, c *checkpointRecord) (Frozen, error) {
+	f, err := inst.Frozen(ctx, c.ID)
+	if errors.Is(err, sandbox.ErrNotHeld) {
+		return nil, status.Errorf(codes.NotFound, "checkpoint %s: its sandbox %s no longer holds it", c.ID, c.SandboxID)
+	}
+	if err != nil {
+		return nil, callErr("checkpoint "+c.ID, err)
+	}
+	return f, nil
+}
+
+// source fills spec from checkpoint c: its folder, or a Frozen of it
+// that the caller closes (release).
+func (s *Server) source(ctx context.Context, c *checkpointRecord, spec *CreateSpec) (release func(), err error) {
+	if c.Persisted {
+		spec.Checkpoint = c.Dir
+		return func() {}, nil
+	}
+	f, err := s.frozen(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	spec.Frozen = f
+	return func() { f.Close() }, nil
 }
 
 // ListCheckpoints lists a sandbox's checkpoints, oldest first: a tree by
@@ -153,18 +219,27 @@ func (s *Server) DeleteCheckpoint(ctx context.Context, req *kilnpb.DeleteCheckpo
 	}
 	delete(s.checkpoints, c.ID)
 	s.mu.Unlock()
-	if err := s.removeCheckpoint(c); err != nil {
+	var inst Instance
+	if b, err := s.lookup(c.SandboxID); err == nil {
+		b.mu.Lock()
+		inst = b.inst
+		b.mu.Unlock()
+	}
+	if err := s.removeCheckpoint(c, inst); err != nil {
 		return nil, status.Errorf(codes.Internal, "delete checkpoint %s: %v", c.ID, err)
 	}
 	return &kilnpb.DeleteCheckpointResponse{}, nil
 }
 
-func (s *Server) removeCheckpoint(c *checkpointRecord) error {
-	return errors.Join(os.Remove(s.checkpointPath(c.ID)), os.RemoveAll(c.Dir))
+// removeCheckpoint removes c's record and what it keeps (inst holds it
+// when it is in memory and its sandbox runs).
+func (s *Server) removeCheckpoint(c *checkpointRecord, inst Instance) error {
+	return errors.Join(os.Remove(s.checkpointPath(c.ID)), s.dropCheckpointData(c, inst))
 }
 
 // gcCheckpoints deletes the checkpoints of the ended sandbox id but those
-// it was asked to keep.
+// it was asked to keep (which are persisted: its in-memory ones went with
+// its VMM process).
 func (s *Server) gcCheckpoints(id string) {
 	s.mu.Lock()
 	var gone []*checkpointRecord
@@ -176,7 +251,7 @@ func (s *Server) gcCheckpoints(id string) {
 	}
 	s.mu.Unlock()
 	for _, c := range gone {
-		if err := s.removeCheckpoint(c); err != nil {
+		if err := s.removeCheckpoint(c, nil); err != nil {
 			s.log.Warn("checkpoint not removed", "checkpoint", c.ID, "err", err)
 		}
 	}
@@ -213,12 +288,43 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	}
 	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 	dir := b.rec.Dir
+	b.mu.Unlock()
+
+	began := time.Now()
+	// What the new machine starts from, and the sandbox's in-memory
+	// checkpoints, which the old machine's VMM process holds: the new
+	// one's holds them next.
+	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id)}
+	release, moved, err := s.rollbackSources(ctx, b, old, c, &spec)
+	if err != nil {
+		b.mu.Lock()
+		ending := b.ending
+		if !ending {
+			b.inst = old
+			b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
+			s.scheduleLocked(b)
+		}
+		b.mu.Unlock()
+		if ending {
+			// Destroyed (or timed out) meanwhile, while the old machine
+			// was out of its box's hands: it goes here.
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			old.Close(cctx)
+			cancel()
+		}
+		return nil, err
+	}
+	defer release()
+	defer func() {
+		for _, f := range moved {
+			f.Close()
+		}
+	}()
+	b.mu.Lock()
 	b.cancel()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	bctx := b.ctx
 	b.mu.Unlock()
-
-	began := time.Now()
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	if err := old.Close(cctx); err != nil {
 		s.log.Warn("rollback: closing the old machine", "sandbox", b.id, "err", err)
@@ -238,10 +344,18 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 		return fail(err)
 	}
 	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
-	inst, err := s.backend.Create(rctx, CreateSpec{Dir: dir, Checkpoint: c.Dir, Hostname: hostname(b.id)})
+	inst, err := s.backend.Create(rctx, spec)
 	cancel()
 	if err != nil {
 		return fail(err)
+	}
+	for _, f := range moved {
+		actx, cancel := context.WithTimeout(bctx, time.Minute)
+		if err := inst.Adopt(actx, f); err != nil {
+			s.log.Warn("rollback: an in-memory checkpoint is lost", "sandbox", b.id, "checkpoint", f.ID(), "err", err)
+			s.forgetCheckpoint(f.ID())
+		}
+		cancel()
 	}
 	b.mu.Lock()
 	if b.ending {
@@ -254,6 +368,59 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	b.mu.Unlock()
 	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_ROLLED_BACK)
 	return s.describe(b), nil
+}
+
+// rollbackSources fills spec from the rollback target c and hands out
+// the in-memory checkpoints that b's old machine holds (moved), for the
+// new machine to adopt. release lets go of the target's Frozen.
+func (s *Server) rollbackSources(ctx context.Context, b *box, old Instance, c *checkpointRecord, spec *CreateSpec) (release func(), moved []Frozen, err error) {
+	release = func() {}
+	switch {
+	case c.Persisted:
+		spec.Checkpoint = c.Dir
+	case c.SandboxID == b.id:
+		f, err := frozenOf(ctx, old, c)
+		if err != nil {
+			return nil, nil, err
+		}
+		spec.Frozen, release = f, func() { f.Close() }
+	default:
+		if release, err = s.source(ctx, c, spec); err != nil {
+			return nil, nil, err
+		}
+	}
+	s.mu.Lock()
+	var mine []string
+	for _, o := range s.checkpoints {
+		if o.SandboxID == b.id && !o.Persisted {
+			mine = append(mine, o.ID)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range mine {
+		f, err := old.Frozen(ctx, id)
+		if errors.Is(err, sandbox.ErrNotHeld) {
+			s.forgetCheckpoint(id)
+			continue
+		}
+		if err != nil {
+			release()
+			for _, m := range moved {
+				m.Close()
+			}
+			return nil, nil, callErr("roll sandbox "+b.id+" back: hand over checkpoint "+id, err)
+		}
+		moved = append(moved, f)
+	}
+	return release, moved, nil
+}
+
+// forgetCheckpoint drops the record of a checkpoint whose data is gone.
+func (s *Server) forgetCheckpoint(id string) {
+	s.mu.Lock()
+	delete(s.checkpoints, id)
+	s.mu.Unlock()
+	os.Remove(s.checkpointPath(id))
 }
 
 // Fork makes children of a running sandbox (as it is now) or of a
@@ -334,7 +501,7 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 	if parent != nil {
 		f.err = s.forkSandbox(stream.Context(), parent, boxes, began, send)
 	} else {
-		f.err = s.forkCheckpoint(ck, boxes, began, send)
+		f.err = s.forkCheckpoint(context.WithoutCancel(stream.Context()), ck, boxes, began, send)
 	}
 	return f.err
 }
@@ -366,7 +533,16 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 
 // forkCheckpoint restores the children boxes from checkpoint c, all at
 // once, sending each as it answers.
-func (s *Server) forkCheckpoint(c *checkpointRecord, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+	var base CreateSpec
+	release, err := s.source(ctx, c, &base)
+	if err != nil {
+		for _, b := range boxes {
+			s.failStart(b, err)
+		}
+		return err
+	}
+	defer release()
 	errs := make([]error, len(boxes))
 	var wg sync.WaitGroup
 	for i, b := range boxes {
@@ -374,7 +550,9 @@ func (s *Server) forkCheckpoint(c *checkpointRecord, boxes []*box, began time.Ti
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
-			inst, err := s.backend.Create(ctx, CreateSpec{Dir: b.rec.Dir, Checkpoint: c.Dir, Hostname: hostname(b.id)})
+			spec := base
+			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
+			inst, err := s.backend.Create(ctx, spec)
 			cancel()
 			if err != nil {
 				errs[i] = callErr("fork child "+b.id, err)

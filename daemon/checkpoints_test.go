@@ -68,7 +68,7 @@ func TestRollback(t *testing.T) {
 	e.clock.Advance(time.Millisecond)
 	e.sh(sb.Id, `echo v2 > "$KILN_TEST_ROOT/f"`)
 	ck2 := e.checkpoint(sb.Id, false)
-	if ck1.ParentId != "" || ck2.ParentId != ck1.Id || !ck2.Persisted {
+	if ck1.ParentId != "" || ck2.ParentId != ck1.Id || ck2.Persisted {
 		t.Errorf("checkpoints: %v, %v", ck1, ck2)
 	}
 	e.sh(sb.Id, `rm "$KILN_TEST_ROOT/f"`)
@@ -277,5 +277,110 @@ func TestRollbackRaces(t *testing.T) {
 			t.Fatalf("%d sandboxes left", e.be.Live())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestInMemoryCheckpoints: a checkpoint is held by the sandbox's VMM
+// process (no snapshot in the state folder) unless persisted or kept;
+// forks and creates restore from it; a rollback moves the sandbox's holds
+// to its new machine; a restart finds them; they go with the sandbox.
+func TestInMemoryCheckpoints(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	e.sh(sb.Id, `echo one > "$KILN_TEST_ROOT/f"`)
+	ck1 := e.checkpoint(sb.Id, false)
+	e.sh(sb.Id, `echo two > "$KILN_TEST_ROOT/f"`)
+	ck2 := e.checkpoint(sb.Id, false)
+	persisted, err := e.c.Checkpoint(ctxT(t), &kilnpb.CheckpointRequest{SandboxId: sb.Id, Persist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := e.checkpoint(sb.Id, true)
+	if ck1.Persisted || ck2.Persisted || !persisted.Persisted || !kept.Persisted || !kept.Keep {
+		t.Fatalf("checkpoints: %v %v %v %v", ck1, ck2, persisted, kept)
+	}
+	for _, c := range []struct {
+		id   string
+		want bool
+	}{{ck1.Id, false}, {ck2.Id, false}, {persisted.Id, true}, {kept.Id, true}} {
+		_, err := os.Stat(filepath.Join(e.state, "checkpoints", c.id))
+		if got := err == nil; got != c.want {
+			t.Errorf("checkpoint %s: a snapshot folder in the state folder: %v, want %v", c.id, got, c.want)
+		}
+	}
+	read := func(id string) string {
+		t.Helper()
+		return e.sh(id, `cat "$KILN_TEST_ROOT/f"`).stdout
+	}
+	// A create and a fork from in-memory checkpoints.
+	kid := e.create(&kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: ck1.Id}})
+	if got := read(kid.Id); got != "one\n" {
+		t.Errorf("created from %s: %q", ck1.Id, got)
+	}
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck2.Id}, Count: 2})
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("fork: %v %v", kids, err)
+	}
+	for _, k := range kids {
+		if got := read(k.Id); got != "two\n" {
+			t.Errorf("forked from %s: %q", ck2.Id, got)
+		}
+	}
+	// A rollback to ck1 keeps ck2 (its hold moves to the new machine).
+	if _, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck1.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(sb.Id); got != "one\n" {
+		t.Errorf("after the rollback to %s: %q", ck1.Id, got)
+	}
+	if _, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck2.Id}); err != nil {
+		t.Fatalf("rollback to %s after a rollback: %v", ck2.Id, err)
+	}
+	if got := read(sb.Id); got != "two\n" {
+		t.Errorf("after the rollback to %s: %q", ck2.Id, got)
+	}
+	// A restart finds the holds.
+	e.stop()
+	e.start()
+	list, err := e.c.ListCheckpoints(ctxT(t), &kilnpb.ListCheckpointsRequest{SandboxId: sb.Id})
+	if err != nil || len(list.Checkpoints) != 4 {
+		t.Fatalf("after a restart: %v %v", list, err)
+	}
+	again, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 1})
+	if err != nil || len(again) != 1 || read(again[0].Id) != "one\n" {
+		t.Fatalf("fork after a restart: %v %v", again, err)
+	}
+	// Deleting one releases its hold.
+	ck3 := e.checkpoint(sb.Id, false)
+	if ck3.ParentId != ck2.Id {
+		t.Errorf("checkpoint after the rollback to %s: %v", ck2.Id, ck3)
+	}
+	if _, err := e.c.DeleteCheckpoint(ctxT(t), &kilnpb.DeleteCheckpointRequest{Id: ck3.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", sb.Id, "holds", "*")); len(held) != 2 {
+		t.Errorf("holds after deleting %s: %v", ck3.Id, held)
+	}
+	// Destroyed: its in-memory and persisted checkpoints go, the kept one
+	// stays; its children run on.
+	if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{ck1.Id, persisted.Id} {
+		_, err := e.c.Fork(ctxT(t), &kilnpb.ForkRequest{RequestId: nextReq(), Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: id}, Count: 1})
+		if err == nil {
+			_, err = e.forkCtx(ctxT(t), &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: id}, Count: 1})
+		}
+		wantCode(t, err, codes.NotFound, id)
+	}
+	if left, _ := os.ReadDir(filepath.Join(e.state, "checkpoints")); len(left) != 2 { // kept: its record and folder
+		t.Errorf("left in the checkpoints folder: %v", left)
+	}
+	if got := read(kid.Id); got != "one\n" {
+		t.Errorf("a child after its origin's sandbox ended: %q", got)
+	}
+	last, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: kept.Id}, Count: 1})
+	if err != nil || len(last) != 1 {
+		t.Fatalf("fork of a kept checkpoint: %v %v", last, err)
 	}
 }

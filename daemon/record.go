@@ -86,7 +86,11 @@ type checkpointRecord struct {
 
 // writeJSON writes v to path atomically: a temporary file beside it,
 // synced, renamed over path, and the folder synced.
-func writeJSON(path string, v any) error {
+func writeJSON(path string, v any) error { return writeRecord(path, v, true) }
+
+// writeRecord writes v to path atomically, synced when sync says so (a
+// record whose loss in a crash of the host loses nothing else).
+func writeRecord(path string, v any, sync bool) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("daemon: encode %s: %w", filepath.Base(path), err)
@@ -102,15 +106,20 @@ func writeJSON(path string, v any) error {
 		f.Close()
 		return fmt.Errorf("daemon: write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("daemon: write %s: %w", path, err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fmt.Errorf("daemon: write %s: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("daemon: write %s: %w", path, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("daemon: write %s: %w", path, err)
+	}
+	if !sync {
+		return nil
 	}
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()

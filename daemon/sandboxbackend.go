@@ -1,8 +1,8 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -65,6 +65,15 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 	var s *sandbox.Sandbox
 	var err error
 	switch {
+	case spec.Frozen != nil:
+		f, ok := spec.Frozen.(*sandboxFrozen)
+		if !ok {
+			return nil, fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", spec.Frozen)
+		}
+		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(),
+			Images: b.Images, ImageRoots: b.imageRoots(),
+		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(),
@@ -273,20 +282,35 @@ func (in *sandboxInstance) setPaused(p bool) {
 }
 
 func (in *sandboxInstance) Refresh(ctx context.Context, hostname string) error {
-	// Until package sandbox has Refresh: what its restores do.
-	c := in.s.Client()
-	seed := make([]byte, 64)
-	rand.Read(seed)
-	if _, err := c.Reseed(ctx, seed); err != nil {
-		return fmt.Errorf("daemon: reseed the guest: %w", err)
+	return in.s.Refresh(ctx, hostname)
+}
+
+// sandboxFrozen is package sandbox's in-memory checkpoint.
+type sandboxFrozen struct{ f *sandbox.Frozen }
+
+func (f *sandboxFrozen) ID() string   { return f.f.ID() }
+func (f *sandboxFrozen) Close() error { return f.f.Close() }
+
+func (in *sandboxInstance) Hold(ctx context.Context, id string) error { return in.s.Hold(ctx, id) }
+func (in *sandboxInstance) Release(ctx context.Context, id string) error {
+	return in.s.Release(ctx, id)
+}
+func (in *sandboxInstance) Held(ctx context.Context) ([]string, error) { return in.s.Held(ctx) }
+
+func (in *sandboxInstance) Frozen(ctx context.Context, id string) (Frozen, error) {
+	f, err := in.s.Frozen(ctx, id)
+	if err != nil {
+		return nil, err
 	}
-	if err := c.SetClock(ctx, time.Now()); err != nil {
-		return fmt.Errorf("daemon: set the guest's clock: %w", err)
+	return &sandboxFrozen{f}, nil
+}
+
+func (in *sandboxInstance) Adopt(ctx context.Context, f Frozen) error {
+	sf, ok := f.(*sandboxFrozen)
+	if !ok {
+		return fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", f)
 	}
-	if st, err := c.Exec(ctx, client.ExecOptions{Argv: []string{"hostname", hostname}}); err != nil || !st.Success() {
-		return fmt.Errorf("daemon: set the host name to %s: %v %v", hostname, st, err)
-	}
-	return nil
+	return in.s.Adopt(ctx, sf.f)
 }
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
@@ -342,7 +366,7 @@ func reap(pid int, wait time.Duration) error {
 	}
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) == syscall.ESRCH {
+		if syscall.Kill(pid, 0) == syscall.ESRCH || zombie(pid) {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -351,4 +375,17 @@ func reap(pid int, wait time.Duration) error {
 		return fmt.Errorf("daemon: kill VMM process %d: %w", pid, err)
 	}
 	return nil
+}
+
+// zombie says process pid has exited and waits for its parent to reap it
+// (an adopted VMM process whose parent, a kilnd killed since, is gone and
+// whose new parent does not reap): it holds nothing any more.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }

@@ -23,7 +23,7 @@ import (
 const (
 	maxRequestID = 128
 	maxIDLen     = 128
-	minMemoryMiB = 64
+	minMemoryMiB = 128 // Debian's kernel needs 74 MiB below the MMIO gap to boot
 	maxCPUs      = 255
 	maxLabelKey  = 128
 	maxLabelVal  = 1024
@@ -121,6 +121,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	r := record{Env: req.GetEnv(), Labels: req.GetLabels()}
 	spec := CreateSpec{}
 	var tmpl *template
+	var fromCk *checkpointRecord
 	res := req.GetResources()
 	switch src := req.GetSource().(type) {
 	case nil:
@@ -148,7 +149,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		if res.GetCpus() != 0 || res.GetMemoryMib() != 0 || res.GetDiskMib() != 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "resources: a sandbox from checkpoint %s has the checkpointed sandbox's CPUs, memory and writable layer; leave them 0", ck.ID)
 		}
-		spec.Checkpoint, r.Checkpoint = ck.Dir, ck.ID
+		fromCk, r.Checkpoint = ck, ck.ID
 		r.LastCheckpoint, r.Image = ck.ID, ck.Image
 		r.Env = append(append([]string{}, ck.Env...), req.GetEnv()...)
 		cpus, mem := s.checkpointResources(ck)
@@ -195,6 +196,17 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	}
 	spec.Dir = b.rec.Dir
 	spec.Hostname = hostname(b.id)
+	if fromCk != nil {
+		release, err := s.source(ctx, fromCk, &spec)
+		if err != nil {
+			s.mu.Lock()
+			delete(s.requests, b.rec.RequestID) // a retry starts afresh
+			s.mu.Unlock()
+			s.failStart(b, err)
+			return nil, err
+		}
+		defer release()
+	}
 	if warm != nil {
 		if sb, err := s.handOut(b, warm, began); err == nil {
 			return sb, nil

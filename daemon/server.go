@@ -306,7 +306,49 @@ func (s *Server) load() error {
 		}()
 	}
 	wg.Wait()
+	s.pruneHeldCheckpoints()
 	return nil
+}
+
+// pruneHeldCheckpoints forgets the in-memory checkpoints whose sandbox
+// did not come back (its VMM process, which held them, is gone) or no
+// longer holds them.
+func (s *Server) pruneHeldCheckpoints() {
+	s.mu.Lock()
+	bySandbox := map[string][]string{}
+	for _, c := range s.checkpoints {
+		if !c.Persisted {
+			bySandbox[c.SandboxID] = append(bySandbox[c.SandboxID], c.ID)
+		}
+	}
+	s.mu.Unlock()
+	for id, cks := range bySandbox {
+		var inst Instance
+		if b, err := s.lookup(id); err == nil {
+			b.mu.Lock()
+			inst = b.inst
+			b.mu.Unlock()
+		}
+		held := map[string]bool{}
+		if inst != nil {
+			ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+			ids, err := inst.Held(ctx)
+			cancel()
+			if err != nil {
+				s.log.Warn("the in-memory checkpoints of a sandbox taken over could not be listed", "sandbox", id, "err", err)
+				continue
+			}
+			for _, h := range ids {
+				held[h] = true
+			}
+		}
+		for _, ck := range cks {
+			if !held[ck] {
+				s.log.Info("in-memory checkpoint gone with its VMM process", "checkpoint", ck, "sandbox", id)
+				s.forgetCheckpoint(ck)
+			}
+		}
+	}
 }
 
 // indexRequest remembers the request ID that made b.

@@ -31,6 +31,7 @@ import (
 
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // RootEnv names the environment variable through which an exec learns
@@ -100,6 +101,16 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 	}
 	root := filepath.Join(spec.Dir, rootDir)
 	var m meta
+	if spec.Frozen != nil {
+		f, ok := spec.Frozen.(*Frozen)
+		if !ok {
+			return nil, fmt.Errorf("daemontest: %T is not this backend's in-memory checkpoint", spec.Frozen)
+		}
+		if f.dir == "" {
+			return nil, errors.New("daemontest: the in-memory checkpoint was closed")
+		}
+		spec.Checkpoint = f.dir
+	}
 	switch {
 	case spec.Checkpoint != "":
 		mb, err := os.ReadFile(filepath.Join(spec.Checkpoint, metaFile))
@@ -565,6 +576,123 @@ func (in *Instance) Save(ctx context.Context, dir string) error {
 		return err
 	}
 	return copyTree(in.Root(), filepath.Join(dir, rootDir))
+}
+
+// holdsDir holds the double's "in-memory" checkpoints: each a folder as
+// Save writes, in the sandbox's folder (so that they outlive a server, as
+// a VMM process's holds do, and go with the sandbox).
+const holdsDir = "holds"
+
+func (in *Instance) holdPath(id string) (string, error) {
+	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
+		return "", fmt.Errorf("daemontest: hold ID %q", id)
+	}
+	return filepath.Join(in.dir, holdsDir, id), nil
+}
+
+// Hold keeps a copy of the root under id.
+func (in *Instance) Hold(ctx context.Context, id string) error {
+	p, err := in.holdPath(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(p); err == nil {
+		return fmt.Errorf("daemontest: hold %q: %w", id, sandbox.ErrHoldExists)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("daemontest: hold: %w", err)
+	}
+	return in.Save(ctx, p)
+}
+
+// Release drops the hold id.
+func (in *Instance) Release(ctx context.Context, id string) error {
+	p, err := in.holdPath(id)
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(p)
+}
+
+// Held lists the holds, sorted.
+func (in *Instance) Held(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(in.dir, holdsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: held: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
+// Frozen is the double's in-memory checkpoint handed out: a copy of the
+// hold, removed by Close.
+type Frozen struct {
+	id  string
+	mu  sync.Mutex
+	dir string
+}
+
+func (f *Frozen) ID() string { return f.id }
+
+func (f *Frozen) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dir == "" {
+		return nil
+	}
+	err := os.RemoveAll(filepath.Dir(f.dir))
+	f.dir = ""
+	return err
+}
+
+// Frozen hands out a copy of the hold id.
+func (in *Instance) Frozen(ctx context.Context, id string) (daemon.Frozen, error) {
+	p, err := in.holdPath(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(p); err != nil {
+		return nil, fmt.Errorf("daemontest: hold %q: %w", id, sandbox.ErrNotHeld)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(in.dir), ".frozen-")
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: frozen: %w", err)
+	}
+	if err := copyTree(p, filepath.Join(tmp, "ck")); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return &Frozen{id: id, dir: filepath.Join(tmp, "ck")}, nil
+}
+
+// Adopt holds a copy of f.
+func (in *Instance) Adopt(ctx context.Context, f daemon.Frozen) error {
+	df, ok := f.(*Frozen)
+	if !ok {
+		return fmt.Errorf("daemontest: %T is not this backend's in-memory checkpoint", f)
+	}
+	p, err := in.holdPath(df.id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(p); err == nil {
+		return fmt.Errorf("daemontest: adopt %q: %w", df.id, sandbox.ErrHoldExists)
+	}
+	df.mu.Lock()
+	defer df.mu.Unlock()
+	if df.dir == "" {
+		return errors.New("daemontest: adopt a closed checkpoint")
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("daemontest: adopt: %w", err)
+	}
+	return copyTree(df.dir, p)
 }
 
 // Fork makes n children, each a copy of the root, in folders beside this
