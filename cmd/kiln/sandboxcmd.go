@@ -835,8 +835,8 @@ func (a *cli) checkpointCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&opts.Persist, "persist", false, "write it to the daemon's state folder (it survives the sandbox and the daemon)")
-	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep it when the sandbox is destroyed")
+	cmd.Flags().BoolVar(&opts.Persist, "persist", false, "write it to the daemon's state folder (by default it is held in memory by the sandbox's VMM process: it survives a restart of the daemon, not the sandbox)")
+	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep it when the sandbox is destroyed (implies --persist)")
 	return cmd
 }
 

@@ -2310,9 +2310,11 @@ type CheckpointInfo struct {
 	ParentId      string `protobuf:"bytes,3,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	CreatedUnixMs int64  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	// Written to the state folder (survives the sandbox and the daemon);
-	// else an in-memory frozen base.
+	// else an in-memory frozen base that the sandbox's VMM process holds
+	// (no file written; it survives a restart of the daemon, and goes with
+	// the sandbox).
 	Persisted bool `protobuf:"varint,5,opt,name=persisted,proto3" json:"persisted,omitempty"`
-	// Kept when its sandbox is destroyed.
+	// Kept when its sandbox is destroyed (a kept checkpoint is persisted).
 	Keep          bool `protobuf:"varint,6,opt,name=keep,proto3" json:"keep,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2391,10 +2393,12 @@ func (x *CheckpointInfo) GetKeep() bool {
 }
 
 type CheckpointRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Persist       bool                   `protobuf:"varint,2,opt,name=persist,proto3" json:"persist,omitempty"`
-	Keep          bool                   `protobuf:"varint,3,opt,name=keep,proto3" json:"keep,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Write it to the state folder; by default it is held in memory.
+	Persist bool `protobuf:"varint,2,opt,name=persist,proto3" json:"persist,omitempty"`
+	// Keep it when the sandbox is destroyed; implies persist.
+	Keep          bool `protobuf:"varint,3,opt,name=keep,proto3" json:"keep,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
