@@ -94,22 +94,31 @@ func closeFD(fd int) error    { return unix.Close(fd) }
 // that file at the same host addresses, so that whoever holds m's slices
 // (KVM's memory slots, device queues) carries on unchanged. Memory on a
 // shared memfd freezes without a copy: the memfd becomes the base.
-// Private or anonymous memory is first copied into a new memfd (all-zero
-// pages skipped). Nothing may access m during the call: pause the vCPUs
+// Private or anonymous memory is first copied into a new, sparse memfd:
+// memory copy-on-write over a file copies the file's data in the kernel
+// and reads from the mapping only the pages the guest wrote since it was
+// mapped (told apart by /proc/self/pagemap); all-zero pages and the file's
+// holes stay holes. Nothing may access m during the call: pause the vCPUs
 // and devices first.
 func (m *Memory) Freeze() (int, error) {
+	fd, _, err := m.freeze(freezeOptions{})
+	return fd, err
+}
+
+func (m *Memory) freeze(opts freezeOptions) (int, freezeStats, error) {
+	var st freezeStats
 	if m.host == nil {
-		return -1, fmt.Errorf("freeze: memory is closed")
+		return -1, st, fmt.Errorf("freeze: memory is closed")
 	}
 	base := m.fd
 	if m.private || base < 0 {
 		fd, err := unix.MemfdCreate("kiln-guest-ram-base", unix.MFD_CLOEXEC)
 		if err != nil {
-			return -1, fmt.Errorf("freeze: memfd_create: %w", err)
+			return -1, st, fmt.Errorf("freeze: memfd_create: %w", err)
 		}
-		if err := copyNonZero(fd, m.host); err != nil {
+		if st, err = m.copyToBase(fd, opts); err != nil {
 			unix.Close(fd)
-			return -1, fmt.Errorf("freeze: %w", err)
+			return -1, st, fmt.Errorf("freeze: %w", err)
 		}
 		base = fd
 	}
@@ -119,7 +128,7 @@ func (m *Memory) Freeze() (int, error) {
 		if base != m.fd {
 			unix.Close(base)
 		}
-		return -1, fmt.Errorf("freeze: remap copy-on-write: %w", err)
+		return -1, st, fmt.Errorf("freeze: remap copy-on-write: %w", err)
 	}
 	if base != m.fd {
 		if m.fd >= 0 {
@@ -130,33 +139,16 @@ func (m *Memory) Freeze() (int, error) {
 	m.private = true
 	out, err := dup(base)
 	if err != nil {
-		return -1, fmt.Errorf("freeze: %w", err)
+		return -1, st, fmt.Errorf("freeze: %w", err)
 	}
-	return out, nil
+	return out, st, nil
 }
 
-// copyNonZero sizes the file fd to len(b) and writes b's pages that are not
-// all zeros into it.
-func copyNonZero(fd int, b []byte) error {
-	if err := unix.Ftruncate(fd, int64(len(b))); err != nil {
-		return fmt.Errorf("size the base file: %w", err)
-	}
-	var zero [pageSize]byte
-	for off := 0; off < len(b); off += pageSize {
-		page := b[off:min(off+pageSize, len(b))]
-		if string(page) == string(zero[:len(page)]) {
-			continue
-		}
-		for done := 0; done < len(page); {
-			n, err := unix.Pwrite(fd, page[done:], int64(off+done))
-			if err != nil {
-				return fmt.Errorf("copy memory into the base file: %w", err)
-			}
-			done += n
-		}
-	}
-	return nil
-}
+// hostStart returns the host address of the mapping's first byte.
+func (m *Memory) hostStart() uintptr { return addrOf(m.host) }
+
+// addrOf returns the address of b's first byte.
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // HostAddr returns the host virtual address of region i's first byte.
 func (m *Memory) HostAddr(i int) uintptr {
