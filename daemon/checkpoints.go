@@ -344,7 +344,7 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 		return fail(err)
 	}
 	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
-	inst, err := s.backend.Create(rctx, spec)
+	inst, err := s.create(rctx, spec)
 	cancel()
 	if err != nil {
 		return fail(err)
@@ -552,7 +552,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
-			inst, err := s.backend.Create(ctx, spec)
+			inst, err := s.create(ctx, spec)
 			cancel()
 			if err != nil {
 				errs[i] = callErr("fork child "+b.id, err)

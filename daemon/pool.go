@@ -124,7 +124,7 @@ func (p *pool) fill() (Instance, error) {
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, s.cfg.BootTimeout)
 	defer cancel()
-	inst, err := s.backend.Create(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"})
+	inst, err := s.create(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err

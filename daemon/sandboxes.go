@@ -348,7 +348,7 @@ func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
 	// Not the caller's context: a client that gives up leaves a sandbox
 	// that a retry with the same request ID finds.
 	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
-	inst, err := s.backend.Create(ctx, spec)
+	inst, err := s.create(ctx, spec)
 	cancel()
 	if err != nil {
 		err = callErr("sandbox "+b.id+" did not start", err)

@@ -59,6 +59,10 @@ type Config struct {
 	HostMemoryMiB uint64
 	HostCPUs      int
 
+	// MaxStarting is how many sandboxes start at once (boots, restores,
+	// fork children, pool refills); more wait their turn, so that a burst
+	// of creates does not thrash the host (0: 4 per host CPU).
+	MaxStarting int
 	// BootTimeout bounds a sandbox's start (0: 5 minutes).
 	BootTimeout time.Duration
 	// TemplateTimeout bounds a template's build: its boot, setup and
@@ -79,6 +83,7 @@ type Server struct {
 
 	cfg     Config
 	log     *slog.Logger
+	starts  chan struct{} // a slot per sandbox starting (Config.MaxStarting)
 	clock   Clock
 	backend Backend
 	events  *broker
@@ -152,6 +157,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.HostCPUs == 0 {
 		cfg.HostCPUs = hostCPUs()
 	}
+	if cfg.MaxStarting == 0 {
+		cfg.MaxStarting = 4 * cfg.HostCPUs
+	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 5 * time.Minute
 	}
@@ -181,6 +189,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, backend: cfg.Backend, events: newBroker(),
+		starts: make(chan struct{}, cfg.MaxStarting),
 		ctx: ctx, cancel: cancel,
 		boxes: map[string]*box{}, requests: map[string]*box{}, forks: map[string]*forkRequest{},
 		checkpoints: map[string]*checkpointRecord{},
@@ -194,6 +203,17 @@ func New(cfg Config) (*Server, error) {
 	s.cleanLeftovers()
 	s.startPools()
 	return s, nil
+}
+
+// create starts a sandbox through the backend once a start slot is free.
+func (s *Server) create(ctx context.Context, spec CreateSpec) (Instance, error) {
+	select {
+	case s.starts <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for a start slot (%d sandboxes are starting): %w", s.cfg.MaxStarting, ctx.Err())
+	}
+	defer func() { <-s.starts }()
+	return s.backend.Create(ctx, spec)
 }
 
 // Register registers the Kiln service on r.

@@ -197,7 +197,7 @@ func (s *Server) buildTemplate(t *template) (err error) {
 		return status.Errorf(codes.Internal, "template %s: builder folder: %v", r.ID, err)
 	}
 	defer os.RemoveAll(dir)
-	inst, err := s.backend.Create(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
+	inst, err := s.create(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
 		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template"})
 	if err != nil {
 		return callErr("template "+r.ID+": boot "+r.ImageRef, err)

@@ -1,10 +1,12 @@
 package daemon_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -323,5 +325,36 @@ func TestTemplatePool(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "pl-*")); len(left) != 0 {
 		t.Errorf("pool folders left: %v", left)
+	}
+}
+
+// TestMaxStarting: a burst of creates starts at most Config.MaxStarting
+// sandboxes at once; the rest wait their turn and succeed.
+func TestMaxStarting(t *testing.T) {
+	var mu sync.Mutex
+	now, peak := 0, 0
+	e := newEnv(t, func(c *daemon.Config) { c.MaxStarting = 2 })
+	e.be.CreateHook = func(ctx context.Context, spec daemon.CreateSpec) error {
+		mu.Lock()
+		now++
+		peak = max(peak, now)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		now--
+		mu.Unlock()
+		return nil
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); e.create(nil) }()
+	}
+	wg.Wait()
+	if peak != 2 {
+		t.Errorf("%d sandboxes started at once, want 2", peak)
+	}
+	if e.be.Live() != 8 {
+		t.Errorf("%d live, want 8", e.be.Live())
 	}
 }
