@@ -21,6 +21,12 @@
 // number of tasks and the memory, so that a fork bomb or a memory hog fails
 // inside the sandbox while the agent keeps answering.
 //
+// A detached Exec (ExecStart.detach_id) is not killed when its call ends:
+// the Server keeps it in a table by ID, reads its output on (keeping the
+// last 64 KiB of each stream) and records its exit, and ListDetached,
+// SignalDetached, WaitDetached and ForgetDetached reach it from any later
+// connection, so that the host's side may restart without touching it.
+//
 // All state belongs to a [Server] (or to its Reaper): there are no globals,
 // and several Servers may run in one process (as tests do).
 package agent

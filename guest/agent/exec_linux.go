@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -209,6 +210,9 @@ func (s *Server) Exec(stream agentpb.Agent_ExecServer) error {
 	if err != nil {
 		return err
 	}
+	if id := start.GetDetachId(); id != "" {
+		return s.execDetached(stream, id, spec)
+	}
 	p, err := s.spawn(spec)
 	if err != nil {
 		s.log.Info("exec failed", "argv0", spec.argv[0], "err", err)
@@ -348,17 +352,21 @@ wait:
 // killStragglers kills what is left of a killed process's group: a group
 // kill can miss processes forked while it runs (a fork bomb). It gives up
 // after a while; zombies count as alive until reaped.
-func (e *execution) killStragglers() {
+func (e *execution) killStragglers() { e.p.killStragglers(e.s.log) }
+
+// killStragglers kills what is left of p's process group (see
+// execution.killStragglers).
+func (p *process) killStragglers(log *slog.Logger) {
 	for range 50 {
-		if e.p.cg != nil {
-			e.p.cg.kill()
+		if p.cg != nil {
+			p.cg.kill()
 		}
-		if err := e.p.child.SignalGroup(syscall.SIGKILL); err != nil {
+		if err := p.child.SignalGroup(syscall.SIGKILL); err != nil {
 			return // ESRCH: nobody left
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	e.s.log.Warn("exec: processes of a killed group survive", "pgid", e.p.child.Pid())
+	log.Warn("exec: processes of a killed group survive", "pgid", p.child.Pid())
 }
 
 // exitOf converts a wait status.
@@ -402,6 +410,13 @@ func (e *execution) copyOutput(f *os.File, wrap func([]byte) *agentpb.ExecRespon
 
 // drainNow sends what f holds now, without waiting for more.
 func (e *execution) drainNow(f *os.File, buf []byte, wrap func([]byte) *agentpb.ExecResponse) {
+	drainPipe(f, buf, e.drainUntil.Load(), func(b []byte) bool { return e.send(wrap(b)) == nil })
+}
+
+// drainPipe hands sink what f holds now, without waiting for more, until
+// the pipe is empty, sink returns false or the time is past until (unix
+// nanos).
+func drainPipe(f *os.File, buf []byte, until int64, sink func([]byte) bool) {
 	if f.SetReadDeadline(time.Time{}) != nil {
 		return
 	}
@@ -409,7 +424,6 @@ func (e *execution) drainNow(f *os.File, buf []byte, wrap func([]byte) *agentpb.
 	if err != nil {
 		return
 	}
-	until := e.drainUntil.Load()
 	for time.Now().UnixNano() <= until {
 		var n int
 		var rerr error
@@ -424,7 +438,7 @@ func (e *execution) drainNow(f *os.File, buf []byte, wrap func([]byte) *agentpb.
 		if err != nil || rerr != nil || n <= 0 { // EAGAIN: empty; 0: EOF
 			return
 		}
-		if e.send(wrap(buf[:n])) != nil {
+		if !sink(buf[:n]) {
 			return
 		}
 	}

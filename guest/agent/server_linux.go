@@ -71,6 +71,10 @@ type Config struct {
 	// System performs the snapshot hooks; nil means LinuxSystem().
 	System System
 
+	// MaxDetached is how many detached processes (ExecStart.detach_id)
+	// the agent keeps, running or exited; 0 means agentpb.MaxDetached.
+	MaxDetached int
+
 	// Defaults fill what an Exec leaves unset (an image's config); nil:
 	// the agent's own defaults (DefaultEnv, "/", root).
 	Defaults *ExecDefaults
@@ -94,6 +98,8 @@ type Server struct {
 	cgroupsOff atomic.Bool
 
 	powerOnce sync.Once
+
+	detached *detachedTable
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system
@@ -117,6 +123,9 @@ func NewServer(cfg Config) *Server {
 	if cfg.OutputGrace <= 0 {
 		cfg.OutputGrace = 500 * time.Millisecond
 	}
+	if cfg.MaxDetached <= 0 {
+		cfg.MaxDetached = agentpb.MaxDetached
+	}
 	if cfg.MaxOutputDrain <= 0 {
 		cfg.MaxOutputDrain = 10 * time.Second
 	}
@@ -126,6 +135,7 @@ func NewServer(cfg Config) *Server {
 		sys:        cfg.System,
 		reaper:     cfg.Reaper,
 		trampoline: cfg.TrampolinePath,
+		detached:   newDetachedTable(cfg.MaxDetached),
 	}
 	if s.sys == nil {
 		s.sys = LinuxSystem()
@@ -195,7 +205,7 @@ const stopGrace = 2 * time.Second
 // Serve serves the agent API on ln until ctx ends (then it returns nil) or
 // serving fails. It runs the Server's own Reaper meanwhile. When ctx ends
 // it lets calls finish for a moment, then cancels them: their processes are
-// killed.
+// killed, but for detached ones (ExecStart.detach_id), which run on.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	opts := append(s.ServerOptions(), grpc.WaitForHandlers(true))
 	g := grpc.NewServer(opts...)
@@ -379,6 +389,26 @@ func (s *Server) PowerOff(context.Context, *agentpb.PowerOffRequest) (*agentpb.P
 		})
 	})
 	return &agentpb.PowerOffResponse{}, nil
+}
+
+// maxHostname is the longest host name the kernel takes (HOST_NAME_MAX).
+const maxHostname = 64
+
+// SetHostname sets the kernel's host name, as hostname(1) does.
+func (s *Server) SetHostname(_ context.Context, req *agentpb.SetHostnameRequest) (*agentpb.SetHostnameResponse, error) {
+	name := req.GetName()
+	if name == "" || len(name) > maxHostname {
+		return nil, invalidf("set hostname %s: want 1 to %d bytes, got %d", quoteShort(name), maxHostname, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f {
+			return nil, invalidf("set hostname %s: byte %d (%q) is not a printable ASCII character other than space", quoteShort(name), i, c)
+		}
+	}
+	if err := s.sys.SetHostname(name); err != nil {
+		return nil, status.Errorf(statusCodeOf(err), "set hostname: %v", err)
+	}
+	return &agentpb.SetHostnameResponse{}, nil
 }
 
 // statusCodeOf maps err's errno to a code (Internal without one).

@@ -41,6 +41,7 @@ type fakeSystem struct {
 	dropCaches int
 	entropy    [][]byte
 	clock      []time.Time
+	hostnames  []string
 }
 
 func (f *fakeSystem) Sync() error {
@@ -68,6 +69,13 @@ func (f *fakeSystem) SetClock(t time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.clock = append(f.clock, t)
+	return nil
+}
+
+func (f *fakeSystem) SetHostname(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hostnames = append(f.hostnames, name)
 	return nil
 }
 

@@ -21,6 +21,8 @@ type System interface {
 	AddEntropy(b []byte) (credited bool, err error)
 	// SetClock sets CLOCK_REALTIME.
 	SetClock(t time.Time) error
+	// SetHostname sets the kernel's host name (sethostname(2)).
+	SetHostname(name string) error
 }
 
 // LinuxSystem returns the System of the running kernel.
@@ -67,6 +69,13 @@ func (linuxSystem) SetClock(t time.Time) error {
 	ts := unix.NsecToTimespec(t.UnixNano())
 	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
 		return fmt.Errorf("clock_settime(CLOCK_REALTIME, %s): %w", t.UTC().Format(time.RFC3339Nano), err)
+	}
+	return nil
+}
+
+func (linuxSystem) SetHostname(name string) error {
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("sethostname(%q): %w", name, err)
 	}
 	return nil
 }

@@ -42,7 +42,14 @@ type ExecStart struct {
 	// Kill the process group with SIGKILL after this long; 0 means never.
 	TimeoutMs uint64 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// Whether stdin data follows; if false the process's stdin is /dev/null.
-	HasStdin      bool `protobuf:"varint,7,opt,name=has_stdin,json=hasStdin,proto3" json:"has_stdin,omitempty"`
+	HasStdin bool `protobuf:"varint,7,opt,name=has_stdin,json=hasStdin,proto3" json:"has_stdin,omitempty"`
+	// Non-empty: run the process detached under this ID (1 to 128 bytes of
+	// A-Z a-z 0-9 . _ - :, unique among the detached processes the agent
+	// keeps, else ALREADY_EXISTS). The end of the call then closes its stdin
+	// but neither kills it nor stops its timeout; its output goes to the
+	// call while the call lasts, and its last 64 KiB of each stream are
+	// kept for WaitDetached.
+	DetachId      string `protobuf:"bytes,8,opt,name=detach_id,json=detachId,proto3" json:"detach_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,6 +131,13 @@ func (x *ExecStart) GetHasStdin() bool {
 		return x.HasStdin
 	}
 	return false
+}
+
+func (x *ExecStart) GetDetachId() string {
+	if x != nil {
+		return x.DetachId
+	}
+	return ""
 }
 
 type ExecSignal struct {
@@ -526,6 +540,393 @@ func (*ExecResponse_Stderr) isExecResponse_Kind() {}
 
 func (*ExecResponse_Exit) isExecResponse_Kind() {}
 
+type ListDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDetachedRequest) Reset() {
+	*x = ListDetachedRequest{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDetachedRequest) ProtoMessage() {}
+
+func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
+func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+type DetachedProcess struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Pid              int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Argv             []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	StartedUnixNanos int64                  `protobuf:"varint,4,opt,name=started_unix_nanos,json=startedUnixNanos,proto3" json:"started_unix_nanos,omitempty"`
+	// Set once it has exited.
+	Exit *ExecExit `protobuf:"bytes,5,opt,name=exit,proto3" json:"exit,omitempty"`
+	// The last bytes (at most 64 KiB each) of its stdout and stderr; only
+	// WaitDetached fills them.
+	StdoutTail    []byte `protobuf:"bytes,6,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
+	StderrTail    []byte `protobuf:"bytes,7,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachedProcess) Reset() {
+	*x = DetachedProcess{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachedProcess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachedProcess) ProtoMessage() {}
+
+func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
+func (*DetachedProcess) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DetachedProcess) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DetachedProcess) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetStartedUnixNanos() int64 {
+	if x != nil {
+		return x.StartedUnixNanos
+	}
+	return 0
+}
+
+func (x *DetachedProcess) GetExit() *ExecExit {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetStdoutTail() []byte {
+	if x != nil {
+		return x.StdoutTail
+	}
+	return nil
+}
+
+func (x *DetachedProcess) GetStderrTail() []byte {
+	if x != nil {
+		return x.StderrTail
+	}
+	return nil
+}
+
+type ListDetachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Processes     []*DetachedProcess     `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDetachedResponse) Reset() {
+	*x = ListDetachedResponse{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDetachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDetachedResponse) ProtoMessage() {}
+
+func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
+func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type SignalDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Signal        *ExecSignal            `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalDetachedRequest) Reset() {
+	*x = SignalDetachedRequest{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalDetachedRequest) ProtoMessage() {}
+
+func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalDetachedRequest.ProtoReflect.Descriptor instead.
+func (*SignalDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SignalDetachedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SignalDetachedRequest) GetSignal() *ExecSignal {
+	if x != nil {
+		return x.Signal
+	}
+	return nil
+}
+
+type SignalDetachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalDetachedResponse) Reset() {
+	*x = SignalDetachedResponse{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalDetachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalDetachedResponse) ProtoMessage() {}
+
+func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalDetachedResponse.ProtoReflect.Descriptor instead.
+func (*SignalDetachedResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+type WaitDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitDetachedRequest) Reset() {
+	*x = WaitDetachedRequest{}
+	mi := &file_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitDetachedRequest) ProtoMessage() {}
+
+func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitDetachedRequest.ProtoReflect.Descriptor instead.
+func (*WaitDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WaitDetachedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ForgetDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetDetachedRequest) Reset() {
+	*x = ForgetDetachedRequest{}
+	mi := &file_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetDetachedRequest) ProtoMessage() {}
+
+func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetDetachedRequest.ProtoReflect.Descriptor instead.
+func (*ForgetDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ForgetDetachedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ForgetDetachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetDetachedResponse) Reset() {
+	*x = ForgetDetachedResponse{}
+	mi := &file_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetDetachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetDetachedResponse) ProtoMessage() {}
+
+func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetDetachedResponse.ProtoReflect.Descriptor instead.
+func (*ForgetDetachedResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{13}
+}
+
 type WriteFileHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Absolute path.
@@ -540,7 +941,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +953,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +966,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -602,7 +1003,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +1015,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +1028,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -680,7 +1081,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +1093,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +1106,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -724,7 +1125,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +1137,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +1150,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Chunk) GetData() []byte {
@@ -770,7 +1171,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +1183,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +1196,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -833,7 +1234,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1246,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1259,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -933,7 +1334,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1346,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1359,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -978,7 +1379,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1391,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1404,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1026,7 +1427,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1439,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1452,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1083,7 +1484,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1496,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1509,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type RemoveRequest struct {
@@ -1122,7 +1523,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1535,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1548,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1172,7 +1573,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1585,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1598,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 type HealthRequest struct {
@@ -1208,7 +1609,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1621,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1634,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type HealthResponse struct {
@@ -1245,7 +1646,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1257,7 +1658,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1270,7 +1671,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1288,7 +1689,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1701,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1714,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type InfoResponse struct {
@@ -1331,7 +1732,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1744,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1757,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1418,7 +1819,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1831,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1844,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *QuiesceRequest) GetDropCaches() bool {
@@ -1461,7 +1862,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1874,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1887,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type ReseedRequest struct {
@@ -1499,7 +1900,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1912,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1925,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -1545,7 +1946,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1958,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1971,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReseedResponse) GetCredited() bool {
@@ -1590,7 +1991,7 @@ type SetClockRequest struct {
 
 func (x *SetClockRequest) Reset() {
 	*x = SetClockRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1602,7 +2003,7 @@ func (x *SetClockRequest) String() string {
 func (*SetClockRequest) ProtoMessage() {}
 
 func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +2016,7 @@ func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockRequest.ProtoReflect.Descriptor instead.
 func (*SetClockRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetClockRequest) GetUnixNanos() int64 {
@@ -1633,7 +2034,7 @@ type SetClockResponse struct {
 
 func (x *SetClockResponse) Reset() {
 	*x = SetClockResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +2046,7 @@ func (x *SetClockResponse) String() string {
 func (*SetClockResponse) ProtoMessage() {}
 
 func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +2059,7 @@ func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockResponse.ProtoReflect.Descriptor instead.
 func (*SetClockResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type PowerOffRequest struct {
@@ -1669,7 +2070,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +2082,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +2095,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 type PowerOffResponse struct {
@@ -1705,7 +2106,7 @@ type PowerOffResponse struct {
 
 func (x *PowerOffResponse) Reset() {
 	*x = PowerOffResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +2118,7 @@ func (x *PowerOffResponse) String() string {
 func (*PowerOffResponse) ProtoMessage() {}
 
 func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,14 +2131,95 @@ func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffResponse.ProtoReflect.Descriptor instead.
 func (*PowerOffResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{37}
+}
+
+type SetHostnameRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 64 bytes, no NUL, no control characters, no whitespace.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetHostnameRequest) Reset() {
+	*x = SetHostnameRequest{}
+	mi := &file_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetHostnameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetHostnameRequest) ProtoMessage() {}
+
+func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetHostnameRequest.ProtoReflect.Descriptor instead.
+func (*SetHostnameRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SetHostnameRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type SetHostnameResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetHostnameResponse) Reset() {
+	*x = SetHostnameResponse{}
+	mi := &file_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetHostnameResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetHostnameResponse) ProtoMessage() {}
+
+func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetHostnameResponse.ProtoReflect.Descriptor instead.
+func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\rkiln.agent.v1\"\xbd\x01\n" +
+	"\vagent.proto\x12\rkiln.agent.v1\"\xda\x01\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1746,7 +2228,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\x05 \x01(\rH\x01R\x03gid\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\x04R\ttimeoutMs\x12\x1b\n" +
-	"\thas_stdin\x18\a \x01(\bR\bhasStdinB\x06\n" +
+	"\thas_stdin\x18\a \x01(\bR\bhasStdin\x12\x1b\n" +
+	"\tdetach_id\x18\b \x01(\tR\bdetachIdB\x06\n" +
 	"\x04_uidB\x06\n" +
 	"\x04_gid\"I\n" +
 	"\n" +
@@ -1773,7 +2256,29 @@ const file_agent_proto_rawDesc = "" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x12-\n" +
 	"\x04exit\x18\x04 \x01(\v2\x17.kiln.agent.v1.ExecExitH\x00R\x04exitB\x06\n" +
-	"\x04kind\"\\\n" +
+	"\x04kind\"\x15\n" +
+	"\x13ListDetachedRequest\"\xe4\x01\n" +
+	"\x0fDetachedProcess\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12,\n" +
+	"\x12started_unix_nanos\x18\x04 \x01(\x03R\x10startedUnixNanos\x12+\n" +
+	"\x04exit\x18\x05 \x01(\v2\x17.kiln.agent.v1.ExecExitR\x04exit\x12\x1f\n" +
+	"\vstdout_tail\x18\x06 \x01(\fR\n" +
+	"stdoutTail\x12\x1f\n" +
+	"\vstderr_tail\x18\a \x01(\fR\n" +
+	"stderrTail\"T\n" +
+	"\x14ListDetachedResponse\x12<\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1e.kiln.agent.v1.DetachedProcessR\tprocesses\"Z\n" +
+	"\x15SignalDetachedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
+	"\x06signal\x18\x02 \x01(\v2\x19.kiln.agent.v1.ExecSignalR\x06signal\"\x18\n" +
+	"\x16SignalDetachedResponse\"%\n" +
+	"\x13WaitDetachedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"'\n" +
+	"\x15ForgetDetachedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
+	"\x16ForgetDetachedResponse\"\\\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12!\n" +
@@ -1837,9 +2342,17 @@ const file_agent_proto_rawDesc = "" +
 	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\"\x12\n" +
 	"\x10SetClockResponse\"\x11\n" +
 	"\x0fPowerOffRequest\"\x12\n" +
-	"\x10PowerOffResponse2\x95\a\n" +
+	"\x10PowerOffResponse\"(\n" +
+	"\x12SetHostnameRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
+	"\x13SetHostnameResponse2\xd6\n" +
+	"\n" +
 	"\x05Agent\x12C\n" +
-	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12G\n" +
+	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
+	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
+	"\x0eSignalDetached\x12$.kiln.agent.v1.SignalDetachedRequest\x1a%.kiln.agent.v1.SignalDetachedResponse\x12R\n" +
+	"\fWaitDetached\x12\".kiln.agent.v1.WaitDetachedRequest\x1a\x1e.kiln.agent.v1.DetachedProcess\x12]\n" +
+	"\x0eForgetDetached\x12$.kiln.agent.v1.ForgetDetachedRequest\x1a%.kiln.agent.v1.ForgetDetachedResponse\x12G\n" +
 	"\tWriteFile\x12\x1f.kiln.agent.v1.WriteFileRequest\x1a\x17.kiln.agent.v1.FileInfo(\x01\x12B\n" +
 	"\bReadFile\x12\x1e.kiln.agent.v1.ReadFileRequest\x1a\x14.kiln.agent.v1.Chunk0\x01\x12;\n" +
 	"\x04Stat\x12\x1a.kiln.agent.v1.StatRequest\x1a\x17.kiln.agent.v1.FileInfo\x12?\n" +
@@ -1851,7 +2364,8 @@ const file_agent_proto_rawDesc = "" +
 	"\aQuiesce\x12\x1d.kiln.agent.v1.QuiesceRequest\x1a\x1e.kiln.agent.v1.QuiesceResponse\x12E\n" +
 	"\x06Reseed\x12\x1c.kiln.agent.v1.ReseedRequest\x1a\x1d.kiln.agent.v1.ReseedResponse\x12K\n" +
 	"\bSetClock\x12\x1e.kiln.agent.v1.SetClockRequest\x1a\x1f.kiln.agent.v1.SetClockResponse\x12K\n" +
-	"\bPowerOff\x12\x1e.kiln.agent.v1.PowerOffRequest\x1a\x1f.kiln.agent.v1.PowerOffResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
+	"\bPowerOff\x12\x1e.kiln.agent.v1.PowerOffRequest\x1a\x1f.kiln.agent.v1.PowerOffResponse\x12T\n" +
+	"\vSetHostname\x12!.kiln.agent.v1.SetHostnameRequest\x1a\".kiln.agent.v1.SetHostnameResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1865,77 +2379,100 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),        // 0: kiln.agent.v1.ExecStart
-	(*ExecSignal)(nil),       // 1: kiln.agent.v1.ExecSignal
-	(*ExecRequest)(nil),      // 2: kiln.agent.v1.ExecRequest
-	(*ExecStarted)(nil),      // 3: kiln.agent.v1.ExecStarted
-	(*ExecExit)(nil),         // 4: kiln.agent.v1.ExecExit
-	(*ExecResponse)(nil),     // 5: kiln.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),  // 6: kiln.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil), // 7: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),  // 8: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),            // 9: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),      // 10: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),         // 11: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),      // 12: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),     // 13: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),     // 14: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),    // 15: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),    // 16: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),   // 17: kiln.agent.v1.RemoveResponse
-	(*HealthRequest)(nil),    // 18: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),   // 19: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),      // 20: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),     // 21: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),   // 22: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),  // 23: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),    // 24: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),   // 25: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),  // 26: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil), // 27: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),  // 28: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil), // 29: kiln.agent.v1.PowerOffResponse
+	(*ExecStart)(nil),              // 0: kiln.agent.v1.ExecStart
+	(*ExecSignal)(nil),             // 1: kiln.agent.v1.ExecSignal
+	(*ExecRequest)(nil),            // 2: kiln.agent.v1.ExecRequest
+	(*ExecStarted)(nil),            // 3: kiln.agent.v1.ExecStarted
+	(*ExecExit)(nil),               // 4: kiln.agent.v1.ExecExit
+	(*ExecResponse)(nil),           // 5: kiln.agent.v1.ExecResponse
+	(*ListDetachedRequest)(nil),    // 6: kiln.agent.v1.ListDetachedRequest
+	(*DetachedProcess)(nil),        // 7: kiln.agent.v1.DetachedProcess
+	(*ListDetachedResponse)(nil),   // 8: kiln.agent.v1.ListDetachedResponse
+	(*SignalDetachedRequest)(nil),  // 9: kiln.agent.v1.SignalDetachedRequest
+	(*SignalDetachedResponse)(nil), // 10: kiln.agent.v1.SignalDetachedResponse
+	(*WaitDetachedRequest)(nil),    // 11: kiln.agent.v1.WaitDetachedRequest
+	(*ForgetDetachedRequest)(nil),  // 12: kiln.agent.v1.ForgetDetachedRequest
+	(*ForgetDetachedResponse)(nil), // 13: kiln.agent.v1.ForgetDetachedResponse
+	(*WriteFileHeader)(nil),        // 14: kiln.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),       // 15: kiln.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),        // 16: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                  // 17: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),            // 18: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),               // 19: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),            // 20: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),           // 21: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),           // 22: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),          // 23: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),          // 24: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 25: kiln.agent.v1.RemoveResponse
+	(*HealthRequest)(nil),          // 26: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),         // 27: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),            // 28: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),           // 29: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),         // 30: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),        // 31: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),          // 32: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),         // 33: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),        // 34: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),       // 35: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),        // 36: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),       // 37: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),     // 38: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),    // 39: kiln.agent.v1.SetHostnameResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
 	1,  // 1: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
 	3,  // 2: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
 	4,  // 3: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
-	6,  // 4: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
-	11, // 5: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
-	2,  // 6: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
-	7,  // 7: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
-	8,  // 8: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
-	10, // 9: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
-	12, // 10: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
-	14, // 11: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
-	16, // 12: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
-	18, // 13: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
-	20, // 14: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
-	22, // 15: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
-	24, // 16: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
-	26, // 17: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
-	28, // 18: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
-	5,  // 19: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	11, // 20: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	9,  // 21: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	11, // 22: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	13, // 23: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	15, // 24: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	17, // 25: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	19, // 26: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	21, // 27: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	23, // 28: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	25, // 29: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	27, // 30: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	29, // 31: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	19, // [19:32] is the sub-list for method output_type
-	6,  // [6:19] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	4,  // 4: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
+	7,  // 5: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
+	1,  // 6: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	14, // 7: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
+	19, // 8: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
+	2,  // 9: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
+	6,  // 10: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
+	9,  // 11: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
+	11, // 12: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
+	12, // 13: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
+	15, // 14: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
+	16, // 15: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
+	18, // 16: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
+	20, // 17: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
+	22, // 18: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
+	24, // 19: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
+	26, // 20: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
+	28, // 21: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
+	30, // 22: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
+	32, // 23: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
+	34, // 24: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
+	36, // 25: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
+	38, // 26: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
+	5,  // 27: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	8,  // 28: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	10, // 29: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	7,  // 30: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	13, // 31: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	19, // 32: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	17, // 33: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	19, // 34: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	21, // 35: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	23, // 36: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	25, // 37: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	27, // 38: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	29, // 39: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	31, // 40: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	33, // 41: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	35, // 42: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	37, // 43: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	39, // 44: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	27, // [27:45] is the sub-list for method output_type
+	9,  // [9:27] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1956,7 +2493,7 @@ func file_agent_proto_init() {
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -1966,7 +2503,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,19 +23,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Exec_FullMethodName      = "/kiln.agent.v1.Agent/Exec"
-	Agent_WriteFile_FullMethodName = "/kiln.agent.v1.Agent/WriteFile"
-	Agent_ReadFile_FullMethodName  = "/kiln.agent.v1.Agent/ReadFile"
-	Agent_Stat_FullMethodName      = "/kiln.agent.v1.Agent/Stat"
-	Agent_List_FullMethodName      = "/kiln.agent.v1.Agent/List"
-	Agent_Mkdir_FullMethodName     = "/kiln.agent.v1.Agent/Mkdir"
-	Agent_Remove_FullMethodName    = "/kiln.agent.v1.Agent/Remove"
-	Agent_Health_FullMethodName    = "/kiln.agent.v1.Agent/Health"
-	Agent_Info_FullMethodName      = "/kiln.agent.v1.Agent/Info"
-	Agent_Quiesce_FullMethodName   = "/kiln.agent.v1.Agent/Quiesce"
-	Agent_Reseed_FullMethodName    = "/kiln.agent.v1.Agent/Reseed"
-	Agent_SetClock_FullMethodName  = "/kiln.agent.v1.Agent/SetClock"
-	Agent_PowerOff_FullMethodName  = "/kiln.agent.v1.Agent/PowerOff"
+	Agent_Exec_FullMethodName           = "/kiln.agent.v1.Agent/Exec"
+	Agent_ListDetached_FullMethodName   = "/kiln.agent.v1.Agent/ListDetached"
+	Agent_SignalDetached_FullMethodName = "/kiln.agent.v1.Agent/SignalDetached"
+	Agent_WaitDetached_FullMethodName   = "/kiln.agent.v1.Agent/WaitDetached"
+	Agent_ForgetDetached_FullMethodName = "/kiln.agent.v1.Agent/ForgetDetached"
+	Agent_WriteFile_FullMethodName      = "/kiln.agent.v1.Agent/WriteFile"
+	Agent_ReadFile_FullMethodName       = "/kiln.agent.v1.Agent/ReadFile"
+	Agent_Stat_FullMethodName           = "/kiln.agent.v1.Agent/Stat"
+	Agent_List_FullMethodName           = "/kiln.agent.v1.Agent/List"
+	Agent_Mkdir_FullMethodName          = "/kiln.agent.v1.Agent/Mkdir"
+	Agent_Remove_FullMethodName         = "/kiln.agent.v1.Agent/Remove"
+	Agent_Health_FullMethodName         = "/kiln.agent.v1.Agent/Health"
+	Agent_Info_FullMethodName           = "/kiln.agent.v1.Agent/Info"
+	Agent_Quiesce_FullMethodName        = "/kiln.agent.v1.Agent/Quiesce"
+	Agent_Reseed_FullMethodName         = "/kiln.agent.v1.Agent/Reseed"
+	Agent_SetClock_FullMethodName       = "/kiln.agent.v1.Agent/SetClock"
+	Agent_PowerOff_FullMethodName       = "/kiln.agent.v1.Agent/PowerOff"
+	Agent_SetHostname_FullMethodName    = "/kiln.agent.v1.Agent/SetHostname"
 )
 
 // AgentClient is the client API for Agent service.
@@ -48,6 +53,24 @@ type AgentClient interface {
 	// A missing binary is NOT_FOUND, a bad working directory INVALID_ARGUMENT
 	// or NOT_FOUND, each naming the path.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
+	// Detached processes (ExecStart.detach_id): they outlive their Exec
+	// call and the host's connection, kept by ID in a table of at most
+	// MaxDetached entries (see agentpb.MaxDetached) until forgotten; an
+	// exited one stays with its status until forgotten or the table needs
+	// room for a new one. Any client reaches them all: a host process that
+	// restarted finds them again. An ID the table lacks is NOT_FOUND.
+	//
+	// ListDetached lists them, oldest first (no output tails).
+	ListDetached(ctx context.Context, in *ListDetachedRequest, opts ...grpc.CallOption) (*ListDetachedResponse, error)
+	// SignalDetached signals one, or its process group; one that has exited
+	// is FAILED_PRECONDITION.
+	SignalDetached(ctx context.Context, in *SignalDetachedRequest, opts ...grpc.CallOption) (*SignalDetachedResponse, error)
+	// WaitDetached returns once one has exited (and its output was read),
+	// with its status and the tails of its output.
+	WaitDetached(ctx context.Context, in *WaitDetachedRequest, opts ...grpc.CallOption) (*DetachedProcess, error)
+	// ForgetDetached drops an exited one from the table; a running one is
+	// FAILED_PRECONDITION.
+	ForgetDetached(ctx context.Context, in *ForgetDetachedRequest, opts ...grpc.CallOption) (*ForgetDetachedResponse, error)
 	// WriteFile takes a header, then data chunks (each at most 1 MiB). The
 	// data goes to a temporary file in the same directory that is renamed
 	// over path once complete, so a failed write leaves no partial file.
@@ -70,6 +93,9 @@ type AgentClient interface {
 	SetClock(ctx context.Context, in *SetClockRequest, opts ...grpc.CallOption) (*SetClockResponse, error)
 	// PowerOff replies, then powers the guest off shortly after.
 	PowerOff(ctx context.Context, in *PowerOffRequest, opts ...grpc.CallOption) (*PowerOffResponse, error)
+	// SetHostname sets the kernel's host name (sethostname(2)), as
+	// hostname(1) does; /etc/hostname is left alone.
+	SetHostname(ctx context.Context, in *SetHostnameRequest, opts ...grpc.CallOption) (*SetHostnameResponse, error)
 }
 
 type agentClient struct {
@@ -92,6 +118,46 @@ func (c *agentClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.B
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
+
+func (c *agentClient) ListDetached(ctx context.Context, in *ListDetachedRequest, opts ...grpc.CallOption) (*ListDetachedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDetachedResponse)
+	err := c.cc.Invoke(ctx, Agent_ListDetached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) SignalDetached(ctx context.Context, in *SignalDetachedRequest, opts ...grpc.CallOption) (*SignalDetachedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignalDetachedResponse)
+	err := c.cc.Invoke(ctx, Agent_SignalDetached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) WaitDetached(ctx context.Context, in *WaitDetachedRequest, opts ...grpc.CallOption) (*DetachedProcess, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DetachedProcess)
+	err := c.cc.Invoke(ctx, Agent_WaitDetached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ForgetDetached(ctx context.Context, in *ForgetDetachedRequest, opts ...grpc.CallOption) (*ForgetDetachedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetDetachedResponse)
+	err := c.cc.Invoke(ctx, Agent_ForgetDetached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *agentClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, FileInfo], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -225,6 +291,16 @@ func (c *agentClient) PowerOff(ctx context.Context, in *PowerOffRequest, opts ..
 	return out, nil
 }
 
+func (c *agentClient) SetHostname(ctx context.Context, in *SetHostnameRequest, opts ...grpc.CallOption) (*SetHostnameResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetHostnameResponse)
+	err := c.cc.Invoke(ctx, Agent_SetHostname_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -235,6 +311,24 @@ type AgentServer interface {
 	// A missing binary is NOT_FOUND, a bad working directory INVALID_ARGUMENT
 	// or NOT_FOUND, each naming the path.
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
+	// Detached processes (ExecStart.detach_id): they outlive their Exec
+	// call and the host's connection, kept by ID in a table of at most
+	// MaxDetached entries (see agentpb.MaxDetached) until forgotten; an
+	// exited one stays with its status until forgotten or the table needs
+	// room for a new one. Any client reaches them all: a host process that
+	// restarted finds them again. An ID the table lacks is NOT_FOUND.
+	//
+	// ListDetached lists them, oldest first (no output tails).
+	ListDetached(context.Context, *ListDetachedRequest) (*ListDetachedResponse, error)
+	// SignalDetached signals one, or its process group; one that has exited
+	// is FAILED_PRECONDITION.
+	SignalDetached(context.Context, *SignalDetachedRequest) (*SignalDetachedResponse, error)
+	// WaitDetached returns once one has exited (and its output was read),
+	// with its status and the tails of its output.
+	WaitDetached(context.Context, *WaitDetachedRequest) (*DetachedProcess, error)
+	// ForgetDetached drops an exited one from the table; a running one is
+	// FAILED_PRECONDITION.
+	ForgetDetached(context.Context, *ForgetDetachedRequest) (*ForgetDetachedResponse, error)
 	// WriteFile takes a header, then data chunks (each at most 1 MiB). The
 	// data goes to a temporary file in the same directory that is renamed
 	// over path once complete, so a failed write leaves no partial file.
@@ -257,6 +351,9 @@ type AgentServer interface {
 	SetClock(context.Context, *SetClockRequest) (*SetClockResponse, error)
 	// PowerOff replies, then powers the guest off shortly after.
 	PowerOff(context.Context, *PowerOffRequest) (*PowerOffResponse, error)
+	// SetHostname sets the kernel's host name (sethostname(2)), as
+	// hostname(1) does; /etc/hostname is left alone.
+	SetHostname(context.Context, *SetHostnameRequest) (*SetHostnameResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -269,6 +366,18 @@ type UnimplementedAgentServer struct{}
 
 func (UnimplementedAgentServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Exec not implemented")
+}
+func (UnimplementedAgentServer) ListDetached(context.Context, *ListDetachedRequest) (*ListDetachedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListDetached not implemented")
+}
+func (UnimplementedAgentServer) SignalDetached(context.Context, *SignalDetachedRequest) (*SignalDetachedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SignalDetached not implemented")
+}
+func (UnimplementedAgentServer) WaitDetached(context.Context, *WaitDetachedRequest) (*DetachedProcess, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method WaitDetached not implemented")
+}
+func (UnimplementedAgentServer) ForgetDetached(context.Context, *ForgetDetachedRequest) (*ForgetDetachedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForgetDetached not implemented")
 }
 func (UnimplementedAgentServer) WriteFile(grpc.ClientStreamingServer[WriteFileRequest, FileInfo]) error {
 	return status.Errorf(codes.Unimplemented, "method WriteFile not implemented")
@@ -306,6 +415,9 @@ func (UnimplementedAgentServer) SetClock(context.Context, *SetClockRequest) (*Se
 func (UnimplementedAgentServer) PowerOff(context.Context, *PowerOffRequest) (*PowerOffResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method PowerOff not implemented")
 }
+func (UnimplementedAgentServer) SetHostname(context.Context, *SetHostnameRequest) (*SetHostnameResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetHostname not implemented")
+}
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
 
@@ -333,6 +445,78 @@ func _Agent_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
+
+func _Agent_ListDetached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDetachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListDetached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListDetached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListDetached(ctx, req.(*ListDetachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_SignalDetached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalDetachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SignalDetached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SignalDetached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SignalDetached(ctx, req.(*SignalDetachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_WaitDetached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitDetachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).WaitDetached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_WaitDetached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).WaitDetached(ctx, req.(*WaitDetachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ForgetDetached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetDetachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ForgetDetached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ForgetDetached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ForgetDetached(ctx, req.(*ForgetDetachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _Agent_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(AgentServer).WriteFile(&grpc.GenericServerStream[WriteFileRequest, FileInfo]{ServerStream: stream})
@@ -532,6 +716,24 @@ func _Agent_PowerOff_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_SetHostname_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetHostnameRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetHostname(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetHostname_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetHostname(ctx, req.(*SetHostnameRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -539,6 +741,22 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "kiln.agent.v1.Agent",
 	HandlerType: (*AgentServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListDetached",
+			Handler:    _Agent_ListDetached_Handler,
+		},
+		{
+			MethodName: "SignalDetached",
+			Handler:    _Agent_SignalDetached_Handler,
+		},
+		{
+			MethodName: "WaitDetached",
+			Handler:    _Agent_WaitDetached_Handler,
+		},
+		{
+			MethodName: "ForgetDetached",
+			Handler:    _Agent_ForgetDetached_Handler,
+		},
 		{
 			MethodName: "Stat",
 			Handler:    _Agent_Stat_Handler,
@@ -578,6 +796,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PowerOff",
 			Handler:    _Agent_PowerOff_Handler,
+		},
+		{
+			MethodName: "SetHostname",
+			Handler:    _Agent_SetHostname_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

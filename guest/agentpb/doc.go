@@ -28,3 +28,12 @@ const (
 	StreamWindow = 1 << 20
 	ConnWindow   = 4 << 20
 )
+
+// Bounds of the detached processes (ExecStart.detach_id): how many the
+// agent keeps, how long an ID may be, and how much of each output stream
+// it keeps for WaitDetached.
+const (
+	MaxDetached      = 1024
+	MaxDetachedIDLen = 128
+	DetachedTailSize = 64 << 10
+)

@@ -263,6 +263,15 @@ func (c *Client) SetClock(ctx context.Context, t time.Time) error {
 	return nil
 }
 
+// SetHostname sets the guest kernel's host name, as hostname(1) does. An
+// agent older than the call answers codes.Unimplemented.
+func (c *Client) SetHostname(ctx context.Context, name string) error {
+	if _, err := c.api.SetHostname(ctx, &agentpb.SetHostnameRequest{Name: name}); err != nil {
+		return fmt.Errorf("client: set hostname %q: %w", name, err)
+	}
+	return nil
+}
+
 // PowerOff asks the guest to power off; it does so shortly after answering.
 func (c *Client) PowerOff(ctx context.Context) error {
 	if _, err := c.api.PowerOff(ctx, &agentpb.PowerOffRequest{}); err != nil {

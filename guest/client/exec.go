@@ -37,6 +37,13 @@ type ExecOptions struct {
 	Stdin io.Reader
 	// Stdout and Stderr receive the process's output; nil discards it.
 	Stdout, Stderr io.Writer
+	// DetachID, when set, detaches the process under this ID (1 to 128
+	// bytes of A-Z a-z 0-9 . _ - :): the end of Start's context or of
+	// the connection ends only the call (stdin is closed, output from
+	// then on is kept only as a tail), never the process or its Timeout.
+	// ListDetached, SignalDetached, WaitDetached and ForgetDetached reach
+	// it from any connection.
+	DetachID string
 }
 
 // ExitStatus is how a process ended.
@@ -114,7 +121,8 @@ const stdinChunk = 64 << 10
 
 // Start starts a process in the guest and returns once it runs; its output
 // streams to opts.Stdout and opts.Stderr until Wait returns. ctx governs the
-// whole run: cancelling it kills the process group.
+// whole run: cancelling it kills the process group (a detached process's
+// call ends, the process runs on; see ExecOptions.DetachID).
 func (c *Client) Start(ctx context.Context, opts ExecOptions) (*Process, error) {
 	if len(opts.Argv) == 0 {
 		return nil, errors.New("client: exec: empty argv")
@@ -125,6 +133,7 @@ func (c *Client) Start(ctx context.Context, opts ExecOptions) (*Process, error) 
 		Env:      opts.Env,
 		Cwd:      opts.Dir,
 		HasStdin: opts.Stdin != nil,
+		DetachId: opts.DetachID,
 	}
 	if opts.Timeout > 0 {
 		start.TimeoutMs = uint64((opts.Timeout + time.Millisecond - 1) / time.Millisecond)
@@ -246,17 +255,13 @@ func (p *Process) receive(stdout, stderr io.Writer) {
 			}
 		case *agentpb.ExecResponse_Exit:
 			exited = true
-			p.status = ExitStatus{
-				Code:      int(k.Exit.GetExitCode()),
-				Signal:    int(k.Exit.GetSignal()),
-				TimedOut:  k.Exit.GetTimedOut(),
-				OOMKilled: k.Exit.GetOomKilled(),
-			}
+			p.status = exitStatusOf(k.Exit)
 		}
 	}
 }
 
-// fail records err and cancels the call, which kills the process.
+// fail records err and cancels the call, which kills the process (unless
+// detached).
 func (p *Process) fail(err error) {
 	p.err = err
 	p.cancel()
