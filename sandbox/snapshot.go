@@ -10,6 +10,9 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/snapshot"
@@ -246,8 +249,14 @@ func (s *Sandbox) freshen(ctx context.Context, hostname, oldMAC string) error {
 		if err := checkCmdlineWord("hostname", hostname); err != nil {
 			return err
 		}
-		if st, err := s.client.Exec(ctx, execHostname(hostname)); err != nil || !st.Success() {
-			return fmt.Errorf("sandbox: set the host name to %s: %v %v", hostname, st, err)
+		// An agent older than SetHostname (a snapshot it made) is
+		// renamed by hostname(1), a fork and exec in the guest.
+		if err := s.client.SetHostname(ctx, hostname); status.Code(err) == codes.Unimplemented {
+			if st, err := s.client.Exec(ctx, execHostname(hostname)); err != nil || !st.Success() {
+				return fmt.Errorf("sandbox: set the host name to %s: %v %v", hostname, st, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("sandbox: set the host name to %s: %w", hostname, err)
 		}
 		s.hostname = hostname
 	}
