@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"syscall"
+	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
 )
@@ -54,8 +55,16 @@ type Instance interface {
 	Exited() string
 
 	// Start starts a process; cancelling ctx kills its process group
-	// (as client.Client.Start).
+	// (as client.Client.Start), unless opts.DetachID is set: a detached
+	// process outlives ctx and the server, kept by the sandbox under
+	// that ID (Detached lists it) until it exits and is forgotten, and
+	// its Process's Wait outlasts a broken connection.
 	Start(ctx context.Context, opts client.ExecOptions) (Process, error)
+	// Detached lists the sandbox's detached processes, running and
+	// exited, oldest first: those a previous server started are there.
+	Detached(ctx context.Context) ([]DetachedExec, error)
+	// ForgetDetached drops the exited detached process id.
+	ForgetDetached(ctx context.Context, id string) error
 	Files
 
 	Pause(ctx context.Context) error
@@ -96,6 +105,19 @@ type Instance interface {
 type Frozen interface {
 	ID() string
 	Close() error
+}
+
+// DetachedExec is a detached process an instance keeps (Instance.Detached).
+type DetachedExec struct {
+	ID      string
+	Pid     int
+	Argv    []string
+	Started time.Time
+	// Exit is set once it has exited.
+	Exit *client.ExitStatus
+	// Process signals it and waits for its exit (until the instance is
+	// closed or detached).
+	Process Process
 }
 
 // Process is a process running in a sandbox (*client.Process is one).

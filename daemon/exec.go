@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -22,14 +23,23 @@ import (
 const keepExited = 64
 
 // execTable is a sandbox's execs: running ones, and the last exited.
+// Background execs are the instance's detached processes, which outlive
+// the server: the first ListExecs or KillExec on an instance the table
+// has not seen (a sandbox taken over after a restart, a rollback's new
+// machine) puts those the instance keeps back in the table (sync).
 type execTable struct {
 	mu    sync.Mutex
 	execs map[string]*execEntry
+
+	// syncMu serializes syncs; synced is the instance last synced with.
+	syncMu sync.Mutex
+	synced Instance
 }
 
 type execEntry struct {
 	info *kilnpb.ExecInfo // Exit set once exited; guarded by execTable.mu
 	proc Process
+	inst Instance      // the instance it runs in
 	done chan struct{} // closed once exited
 }
 
@@ -45,9 +55,16 @@ func (t *execTable) add(e *execEntry) {
 // keepExited.
 func (t *execTable) exited(e *execEntry, exit *kilnpb.ExecExit) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	e.info.Exit = exit
 	close(e.done)
+	gone := t.trimLocked()
+	t.mu.Unlock()
+	forgetDetached(gone)
+}
+
+// trimLocked forgets the oldest exited execs beyond keepExited and
+// returns them. t.mu must be held.
+func (t *execTable) trimLocked() []*execEntry {
 	var old []*execEntry
 	for _, x := range t.execs {
 		if x.info.Exit != nil {
@@ -55,12 +72,97 @@ func (t *execTable) exited(e *execEntry, exit *kilnpb.ExecExit) {
 		}
 	}
 	if len(old) <= keepExited {
-		return
+		return nil
 	}
 	sort.Slice(old, func(i, j int) bool { return old[i].info.StartedUnixMs < old[j].info.StartedUnixMs })
-	for _, x := range old[:len(old)-keepExited] {
+	gone := old[:len(old)-keepExited]
+	for _, x := range gone {
 		delete(t.execs, x.info.ExecId)
 	}
+	return gone
+}
+
+// forgetTimeout bounds the calls that drop detached processes the
+// table no longer shows from their instance.
+const forgetTimeout = 30 * time.Second
+
+// forgetDetached drops the background execs of gone from their
+// instances' tables, in the background and best effort (the instance
+// may have ended; its table makes room by itself when full).
+func forgetDetached(gone []*execEntry) {
+	for _, x := range gone {
+		if !x.info.Background || x.inst == nil {
+			continue
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), forgetTimeout)
+			defer cancel()
+			x.inst.ForgetDetached(ctx, x.info.ExecId)
+		}()
+	}
+}
+
+// sync puts the detached processes inst keeps into the table, once per
+// instance (see execTable). A process the table has from another
+// instance (its machine is gone) is replaced; its exit is recorded when
+// it comes. A failed listing is retried by the next sync.
+func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
+	t.syncMu.Lock()
+	defer t.syncMu.Unlock()
+	if t.synced == inst {
+		return
+	}
+	ds, err := inst.Detached(ctx)
+	if err != nil {
+		log.Warn("the background execs of a sandbox could not be listed", "err", err)
+		return
+	}
+	t.synced = inst
+	t.mu.Lock()
+	var wait []*execEntry
+	for _, d := range ds {
+		if err := checkID("exec_id", d.ID); err != nil {
+			log.Warn("skipping a detached process that is not an exec of kilnd's", "err", err)
+			continue
+		}
+		if x := t.execs[d.ID]; x != nil && x.inst == inst {
+			continue // this server started it
+		}
+		e := &execEntry{
+			info: &kilnpb.ExecInfo{ExecId: d.ID, Pid: int32(d.Pid), Argv: d.Argv, Background: true,
+				StartedUnixMs: d.Started.UnixMilli()},
+			proc: d.Process, inst: inst, done: make(chan struct{}),
+		}
+		if d.Exit != nil {
+			e.info.Exit = exitOf(*d.Exit, nil)
+			close(e.done)
+		} else {
+			wait = append(wait, e)
+		}
+		t.execs[d.ID] = e
+	}
+	gone := t.trimLocked()
+	t.mu.Unlock()
+	forgetDetached(gone)
+	for _, e := range wait {
+		go func() {
+			st, err := e.proc.Wait()
+			t.exited(e, exitOf(st, err))
+		}()
+	}
+}
+
+// syncExecs syncs b's exec table with its instance, unless it has none
+// or is paused (its agent would not answer): that waits for a later
+// call.
+func (s *Server) syncExecs(ctx context.Context, b *box) {
+	b.mu.Lock()
+	inst, paused := b.inst, b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+	b.mu.Unlock()
+	if inst == nil || paused {
+		return
+	}
+	b.execs.sync(ctx, inst, s.log.With("sandbox", b.id))
 }
 
 func (t *execTable) get(id string) *execEntry {
@@ -132,7 +234,9 @@ func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions,
 // the next ones stdin and signals; the responses are ExecStarted, its
 // output and ExecExit. A foreground exec's process group is killed when
 // the call ends before it exits; a background one runs on, listed by
-// ListExecs, until it exits, KillExec kills it or the sandbox ends.
+// ListExecs, until it exits, KillExec kills it or the sandbox ends. A
+// background exec is the sandbox's detached process under its exec ID:
+// it outlives a restart of the server too, and the next server lists it.
 func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -187,10 +291,13 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		opts.Stdin = stdinR
 	}
 	// A foreground process lives as long as the call; a background one
-	// as long as the sandbox.
+	// as long as the sandbox (its call to the agent lasts until it
+	// exits or the sandbox ends).
 	pctx := stream.Context()
+	execID := newID("ex-")
 	if st.GetBackground() {
 		pctx = bctx
+		opts.DetachID = execID
 	}
 	proc, err := inst.Start(pctx, opts)
 	if err != nil {
@@ -200,9 +307,9 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		return callErr("exec "+opts.Argv[0]+" in sandbox "+b.id, err)
 	}
 	e := &execEntry{
-		info: &kilnpb.ExecInfo{ExecId: newID("ex-"), Pid: int32(proc.Pid()), Argv: opts.Argv,
+		info: &kilnpb.ExecInfo{ExecId: execID, Pid: int32(proc.Pid()), Argv: opts.Argv,
 			Background: st.GetBackground(), StartedUnixMs: s.clock.Now().UnixMilli()},
-		proc: proc, done: make(chan struct{}),
+		proc: proc, inst: inst, done: make(chan struct{}),
 	}
 	b.execs.add(e)
 	var exit *kilnpb.ExecExit
@@ -288,12 +395,14 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// ListExecs lists a sandbox's running execs and its last exited ones.
+// ListExecs lists a sandbox's running execs and its last exited ones,
+// with the background execs a previous server started.
 func (s *Server) ListExecs(ctx context.Context, req *kilnpb.ListExecsRequest) (*kilnpb.ListExecsResponse, error) {
 	b, err := s.lookup(req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
+	s.syncExecs(ctx, b)
 	return &kilnpb.ListExecsResponse{Execs: b.execs.list()}, nil
 }
 
@@ -307,6 +416,7 @@ func (s *Server) KillExec(ctx context.Context, req *kilnpb.KillExecRequest) (*ki
 	if err := checkID("exec_id", req.GetExecId()); err != nil {
 		return nil, err
 	}
+	s.syncExecs(ctx, b)
 	e := b.execs.get(req.GetExecId())
 	if e == nil {
 		return nil, status.Errorf(codes.NotFound, "sandbox %s has no exec %q", b.id, req.GetExecId())

@@ -211,3 +211,99 @@ func zombie(pid int32) bool {
 	i := strings.LastIndexByte(string(b), ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z'
 }
+
+// listExec returns sandbox id's exec execID as ListExecs lists it, nil
+// if it is not listed.
+func (e *env) listExec(id, execID string) *kilnpb.ExecInfo {
+	e.t.Helper()
+	list, err := e.c.ListExecs(ctxT(e.t), &kilnpb.ListExecsRequest{SandboxId: id})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, x := range list.Execs {
+		if x.ExecId == execID {
+			return x
+		}
+	}
+	return nil
+}
+
+// waitExit waits until ListExecs lists exec execID as exited.
+func (e *env) waitExit(id, execID string) *kilnpb.ExecExit {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if x := e.listExec(id, execID); x != nil && x.Exit != nil {
+			return x.Exit
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("exec %s not listed as exited", execID)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestExecBackgroundSurvivesRestart: background execs are the sandbox's
+// detached processes, which a server's restart leaves running and the
+// next server lists, kills and sees exit; foreground ones die with their
+// call, restart or not.
+func TestExecBackgroundSurvivesRestart(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	long, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	cancel()
+	short, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sh", "-c", "sleep 0.3; exit 3"}, Background: true})
+	defer cancel() // its call is open when the server stops
+	killed, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	cancel()
+	fg, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}})
+	defer cancel()
+
+	e.stop()
+	waitGone(t, fg.Pid) // its call ended with the server
+	waitGone(t, short.Pid)
+	if !alive(long.Pid) || !alive(killed.Pid) {
+		t.Fatal("a background exec died with the server")
+	}
+	e.start()
+
+	// KillExec as the new server's first call finds its exec.
+	if _, err := e.c.KillExec(ctxT(t), &kilnpb.KillExecRequest{SandboxId: sb.Id, ExecId: killed.ExecId, Signal: int32(syscall.SIGTERM)}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, killed.Pid)
+	if x := e.waitExit(sb.Id, killed.ExecId); x.Signal != int32(syscall.SIGTERM) || x.ExitCode != -1 {
+		t.Errorf("exec killed after the restart: exit %v", x)
+	}
+
+	x := e.listExec(sb.Id, long.ExecId)
+	if x == nil || !x.Background || x.Exit != nil || x.Pid != long.Pid || strings.Join(x.Argv, " ") != "sleep 1000" || x.StartedUnixMs == 0 {
+		t.Fatalf("background exec after the restart: %v", x)
+	}
+	if x := e.listExec(sb.Id, short.ExecId); x == nil || x.Exit == nil || x.Exit.ExitCode != 3 {
+		t.Errorf("background exec that exited while the server was down: %v", x)
+	}
+	if x := e.listExec(sb.Id, fg.ExecId); x != nil {
+		t.Errorf("foreground exec listed after the restart: %v", x)
+	}
+	if _, err := e.c.KillExec(ctxT(t), &kilnpb.KillExecRequest{SandboxId: sb.Id, ExecId: long.ExecId}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, long.Pid)
+	if x := e.waitExit(sb.Id, long.ExecId); x.Signal != int32(syscall.SIGKILL) {
+		t.Errorf("exec killed after the restart: exit %v", x)
+	}
+	_, err := e.c.KillExec(ctxT(t), &kilnpb.KillExecRequest{SandboxId: sb.Id, ExecId: long.ExecId})
+	wantCode(t, err, codes.FailedPrecondition, "exited")
+
+	// One started after the restart ends with its sandbox, as before.
+	again, cancel := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	cancel()
+	e.stop()
+	e.start()
+	if x := e.listExec(sb.Id, again.ExecId); x == nil || x.Exit != nil {
+		t.Fatalf("background exec after a second restart: %v", x)
+	}
+	e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id})
+	waitGone(t, again.Pid)
+}

@@ -202,13 +202,18 @@ type sandboxInstance struct {
 	b       *SandboxBackend
 	pid     int
 	closing sync.Once
+	// ctx ends when the instance is closed or detached: the waits for
+	// its detached processes end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	paused bool // Close resumes it first, for the agent to power it off
 }
 
 func newSandboxInstance(s *sandbox.Sandbox, b *SandboxBackend) *sandboxInstance {
-	return &sandboxInstance{s: s, b: b, pid: s.PID()}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &sandboxInstance{s: s, b: b, pid: s.PID(), ctx: ctx, cancel: cancel}
 }
 
 func (in *sandboxInstance) Dir() string           { return in.s.Dir() }
@@ -225,7 +230,88 @@ func (in *sandboxInstance) Exited() string {
 }
 
 func (in *sandboxInstance) Start(ctx context.Context, opts client.ExecOptions) (Process, error) {
-	return in.s.Client().Start(ctx, opts)
+	p, err := in.s.Client().Start(ctx, opts)
+	if err != nil || opts.DetachID == "" {
+		return p, err
+	}
+	return &detachedProcess{in: in, id: opts.DetachID, pid: p.Pid(), stream: p}, nil
+}
+
+func (in *sandboxInstance) Detached(ctx context.Context) ([]DetachedExec, error) {
+	ds, err := in.s.Client().ListDetached(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DetachedExec, len(ds))
+	for i, d := range ds {
+		out[i] = DetachedExec{ID: d.ID, Pid: d.Pid, Argv: d.Argv, Started: d.Started,
+			Process: &detachedProcess{in: in, id: d.ID, pid: d.Pid}}
+		if d.Exited {
+			st := d.Status
+			out[i].Exit = &st
+		}
+	}
+	return out, nil
+}
+
+func (in *sandboxInstance) ForgetDetached(ctx context.Context, id string) error {
+	return in.s.Client().ForgetDetached(ctx, id)
+}
+
+// detachedProcess is a detached process of a sandboxInstance: signalled
+// through the agent's table, and waited for through its Exec call when
+// this server started it (stream), else (or once the call broke) through
+// the agent's WaitDetached.
+type detachedProcess struct {
+	in     *sandboxInstance
+	id     string
+	pid    int
+	stream *client.Process // nil: started by an earlier server
+}
+
+// detachedSignalTimeout bounds a signal to a detached process.
+const detachedSignalTimeout = 30 * time.Second
+
+func (p *detachedProcess) Pid() int { return p.pid }
+
+func (p *detachedProcess) Signal(sig syscall.Signal) error { return p.signal(sig, false) }
+
+func (p *detachedProcess) SignalGroup(sig syscall.Signal) error { return p.signal(sig, true) }
+
+func (p *detachedProcess) signal(sig syscall.Signal, group bool) error {
+	ctx, cancel := context.WithTimeout(p.in.ctx, detachedSignalTimeout)
+	defer cancel()
+	return p.in.s.Client().SignalDetached(ctx, p.id, sig, group)
+}
+
+func (p *detachedProcess) Wait() (client.ExitStatus, error) {
+	var err error
+	if p.stream != nil {
+		var st client.ExitStatus
+		if st, err = p.stream.Wait(); err == nil {
+			return st, nil
+		}
+	}
+	// The call broke (or there is none): ask the agent, riding out
+	// a connection being re-established.
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		d, werr := p.in.s.Client().WaitDetached(p.in.ctx, p.id)
+		if werr == nil {
+			return d.Status, nil
+		}
+		if err == nil {
+			err = werr
+		}
+		if p.in.ctx.Err() != nil || status.Code(werr) != codes.Unavailable {
+			return client.ExitStatus{}, err
+		}
+		select {
+		case <-p.in.ctx.Done():
+		case <-p.in.s.Done():
+			return client.ExitStatus{}, err
+		case <-time.After(delay):
+		}
+	}
 }
 
 func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error) {
@@ -342,6 +428,7 @@ func (in *sandboxInstance) Close(ctx context.Context) error {
 			in.Resume(rctx)
 			cancel()
 		}
+		in.cancel()
 		errs := []error{in.s.Close(ctx)}
 		errs = append(errs, reap(in.pid, 10*time.Second))
 		if rerr := os.RemoveAll(in.s.Dir()); rerr != nil {
@@ -354,6 +441,7 @@ func (in *sandboxInstance) Close(ctx context.Context) error {
 
 // Detach closes the agent's connection and leaves the VMM process running.
 func (in *sandboxInstance) Detach() {
+	in.cancel()
 	if c := in.s.Client(); c != nil {
 		c.Close()
 	}

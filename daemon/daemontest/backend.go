@@ -2,8 +2,10 @@
 // the daemon, of kilnd and of the daemon's client: a "sandbox" is a host
 // folder (its root, where the file calls go, through os.Root), a host
 // process standing for its VMM process (sleep, which a test may kill -9),
-// and its execs are host processes (os/exec). Nothing is isolated: it is
-// for tests only, never for kilnd itself.
+// and its execs are host processes (os/exec). A detached exec
+// (client.ExecOptions.DetachID) is recorded in the sandbox folder, so
+// that a later server's Attach finds it. Nothing is isolated: it is for
+// tests only, never for kilnd itself.
 package daemontest
 
 import (
@@ -41,9 +43,10 @@ const RootEnv = "KILN_TEST_ROOT"
 
 // The files of a sandbox folder.
 const (
-	rootDir  = "root"
-	pidFile  = "vmm.pid"
-	metaFile = "meta.json"
+	rootDir     = "root"
+	pidFile     = "vmm.pid"
+	metaFile    = "meta.json"
+	detachedDir = "detached" // ID.json per detached exec
 )
 
 // Backend is the test double. The zero value accepts every image with an
@@ -58,9 +61,43 @@ type Backend struct {
 
 	mu   sync.Mutex
 	live map[*Instance]struct{}
+	// detached are the detached execs this process started, by sandbox
+	// folder and ID: an Instance of a later Attach waits for them.
+	detached map[string]*proc
 }
 
 var _ daemon.Backend = (*Backend)(nil)
+
+func (b *Backend) detachedProc(key string) *proc {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.detached[key]
+}
+
+// forgetDetachedOf forgets the detached execs of the sandbox folder dir.
+func (b *Backend) forgetDetachedOf(dir string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prefix := filepath.Join(dir, detachedDir) + string(filepath.Separator)
+	for k := range b.detached {
+		if strings.HasPrefix(k, prefix) {
+			delete(b.detached, k)
+		}
+	}
+}
+
+func (b *Backend) setDetachedProc(key string, p *proc) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.detached == nil {
+		b.detached = map[string]*proc{}
+	}
+	if p == nil {
+		delete(b.detached, key)
+	} else {
+		b.detached[key] = p
+	}
+}
 
 // Live returns how many sandboxes of this backend are running and not
 // closed (detached ones count).
@@ -230,7 +267,7 @@ func (b *Backend) newInstance(dir string, pid int, m meta) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemontest: %w", err)
 	}
-	in := &Instance{b: b, dir: dir, pid: pid, meta: m, root: r, done: make(chan struct{}), procs: map[*proc]struct{}{}}
+	in := &Instance{b: b, dir: dir, pid: pid, meta: m, root: r, done: make(chan struct{}), procs: map[killer]struct{}{}}
 	b.track(in, true)
 	return in, nil
 }
@@ -248,8 +285,11 @@ type Instance struct {
 	exited   string
 	closed   bool
 	detached bool
-	procs    map[*proc]struct{}
+	procs    map[killer]struct{} // killed when the sandbox ends
 }
+
+// killer is an exec the sandbox's end kills.
+type killer interface{ kill() }
 
 var _ daemon.Instance = (*Instance)(nil)
 
@@ -312,17 +352,169 @@ func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), RootEnv + "=" + in.Root()}, opts.Env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var recPath string
+	if id := opts.DetachID; id != "" {
+		var err error
+		if recPath, err = in.detachedPath(id); err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(recPath); err == nil {
+			return nil, status.Errorf(codes.AlreadyExists, "daemontest: a detached exec %q exists", id)
+		}
+		if err := os.MkdirAll(filepath.Dir(recPath), 0o700); err != nil {
+			return nil, status.Errorf(codes.Internal, "daemontest: %v", err)
+		}
+		ctx = context.Background() // it outlives the call
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, status.Errorf(codes.Internal, "daemontest: start %s: %v", opts.Argv[0], err)
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{})}
 	in.procs[p] = struct{}{}
+	if recPath != "" {
+		rec := detachedRecord{ID: opts.DetachID, Pid: cmd.Process.Pid, Argv: opts.Argv, Started: time.Now().UnixNano()}
+		if err := writeJSON(recPath, rec); err != nil {
+			p.kill()
+			return nil, err
+		}
+		in.b.setDetachedProc(recPath, p)
+	}
 	go p.wait(ctx, opts.Timeout, func() {
 		in.mu.Lock()
 		delete(in.procs, p)
 		in.mu.Unlock()
 	})
 	return p, nil
+}
+
+// detachedRecord is a detached exec in the sandbox folder.
+type detachedRecord struct {
+	ID      string   `json:"id"`
+	Pid     int      `json:"pid"`
+	Argv    []string `json:"argv"`
+	Started int64    `json:"started_unix_nanos"`
+}
+
+func (in *Instance) detachedPath(id string) (string, error) {
+	if id == "" || len(id) > 128 || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
+		return "", status.Errorf(codes.InvalidArgument, "daemontest: detached exec ID %q", id)
+	}
+	return filepath.Join(in.dir, detachedDir, id+".json"), nil
+}
+
+func writeJSON(path string, v any) error {
+	b, _ := json.Marshal(v)
+	tmp := path + ".tmp-" + randHex()
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("daemontest: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("daemontest: %w", err)
+	}
+	return nil
+}
+
+// Detached lists the detached execs the sandbox folder records, oldest
+// first. One this process started is waited for as such; one a process
+// gone since started is watched by pid, and its exit, which was that
+// process's to learn, reads as killed (SIGKILL).
+func (in *Instance) Detached(ctx context.Context) ([]daemon.DetachedExec, error) {
+	paths, err := filepath.Glob(filepath.Join(in.dir, detachedDir, "*.json"))
+	if err != nil {
+		return nil, fmt.Errorf("daemontest: %w", err)
+	}
+	var out []daemon.DetachedExec
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, path := range paths {
+		var rec detachedRecord
+		b, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("daemontest: detached exec %s: %w", path, err)
+		}
+		d := daemon.DetachedExec{ID: rec.ID, Pid: rec.Pid, Argv: rec.Argv, Started: time.Unix(0, rec.Started)}
+		if p := in.b.detachedProc(path); p != nil {
+			d.Process = p
+			select {
+			case <-p.done:
+				st := p.status
+				d.Exit = &st
+			default:
+				in.procs[p] = struct{}{}
+			}
+		} else {
+			fp := &foreignProc{pid: rec.Pid}
+			d.Process = fp
+			if alive(rec.Pid) {
+				in.procs[fp] = struct{}{}
+			} else {
+				d.Exit = &client.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}
+			}
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out, nil
+}
+
+// ForgetDetached removes the record of the exited detached exec id.
+func (in *Instance) ForgetDetached(ctx context.Context, id string) error {
+	path, err := in.detachedPath(id)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return status.Errorf(codes.NotFound, "daemontest: no detached exec %q", id)
+	}
+	var rec detachedRecord
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err != nil {
+		return fmt.Errorf("daemontest: detached exec %q: %w", id, err)
+	}
+	if p := in.b.detachedProc(path); p != nil && !p.exited() || p == nil && alive(rec.Pid) {
+		return status.Errorf(codes.FailedPrecondition, "daemontest: detached exec %q still runs", id)
+	}
+	in.b.setDetachedProc(path, nil)
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("daemontest: %w", err)
+	}
+	return nil
+}
+
+// foreignProc is a detached exec a process gone since started: not a
+// child of this one, so it is watched by pid.
+type foreignProc struct{ pid int }
+
+func (p *foreignProc) Pid() int { return p.pid }
+
+func (p *foreignProc) Signal(sig syscall.Signal) error {
+	if !alive(p.pid) {
+		return os.ErrProcessDone
+	}
+	return syscall.Kill(p.pid, sig)
+}
+
+func (p *foreignProc) SignalGroup(sig syscall.Signal) error {
+	if !alive(p.pid) {
+		return os.ErrProcessDone
+	}
+	return syscall.Kill(-p.pid, sig)
+}
+
+func (p *foreignProc) kill() { p.SignalGroup(syscall.SIGKILL) }
+
+func (p *foreignProc) Wait() (client.ExitStatus, error) {
+	for alive(p.pid) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return client.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}, nil
 }
 
 // proc is an exec of the double.
@@ -379,7 +571,20 @@ func (p *proc) wait(ctx context.Context, timeout time.Duration, forget func()) {
 	close(p.done)
 }
 
-func (p *proc) kill() { syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
+func (p *proc) kill() {
+	if !p.exited() {
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
 
 func (p *proc) Pid() int { return p.cmd.Process.Pid }
 
@@ -747,6 +952,7 @@ func (in *Instance) Close(ctx context.Context) error {
 		return fmt.Errorf("daemontest: close: %w", ctx.Err())
 	}
 	in.root.Close()
+	in.b.forgetDetachedOf(in.dir)
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("daemontest: close: %w", err)
 	}
