@@ -21,39 +21,30 @@ const (
 	pmPresent = 1 << 63
 )
 
-// pageSource is where a page of the base file comes from.
-type pageSource uint8
-
-const (
-	fromNothing pageSource = iota // a hole: the page reads as zeros
-	fromFile                      // the backing file holds the page's contents
-	fromMemory                    // only the mapping holds them
-)
-
-// freezeOptions turn off the fast paths, so that tests can check them
-// against the paths they fall back to.
+// freezeOptions turn off the fast path, so that tests can check it against
+// the path it falls back to.
 type freezeOptions struct {
-	noPagemap       bool // scan every page of the mapping
-	noCopyFileRange bool // copy file data with pread and pwrite
+	noPagemap bool // scan every page of the mapping
 }
 
 // freezeStats tells what one copy into a base file did.
 type freezeStats struct {
 	pagemap    bool  // pagemap told written pages from untouched ones
-	spliced    bool  // copy_file_range moved file data in the kernel
 	scanned    int64 // bytes of the mapping read to find non-zero pages
 	fromMemory int64 // bytes written from the mapping
-	fromFile   int64 // bytes copied from the backing file
+	fileRead   int64 // bytes read from the backing file's data
+	fromFile   int64 // bytes of it written (not zero, not written over)
 }
 
 // copyToBase sizes the empty file dst to the memory's size and fills it with
 // the memory's current contents, leaving holes where they are zero. Memory
 // mapped copy-on-write over a file holds two kinds of pages: ones the guest
 // never wrote, which read as the file does, and anonymous ones the guest
-// wrote. /proc/self/pagemap tells them apart, so the file's data extents are
-// copied file to file (never faulting the mapping in) and only the
-// anonymous pages are read from the mapping. Anonymous memory is read only
-// where pages exist. Without a usable pagemap every page is read.
+// wrote. /proc/self/pagemap tells them apart, so the first are copied from
+// the file's data extents (never faulting the mapping in) and only the
+// others are read from the mapping.
+// Anonymous memory is read only where pages exist. Without a usable pagemap
+// every page is read.
 func (m *Memory) copyToBase(dst int, opts freezeOptions) (freezeStats, error) {
 	var st freezeStats
 	size := int64(len(m.host))
@@ -73,7 +64,7 @@ func (m *Memory) copyToBase(dst int, opts freezeOptions) (freezeStats, error) {
 	var cp *fileCopier
 	if m.fd >= 0 {
 		ext = &extents{fd: m.fd, size: size}
-		cp = &fileCopier{src: m.fd, dst: dst, noSplice: opts.noCopyFileRange}
+		cp = &fileCopier{src: m.fd, dst: dst}
 	}
 	flags := make([]uint64, freezeWindow/pageSize)
 	for w := int64(0); w < size; w += freezeWindow {
@@ -92,67 +83,50 @@ func (m *Memory) copyToBase(dst int, opts freezeOptions) (freezeStats, error) {
 			}
 			continue
 		}
-		src, run := fromNothing, w
-		for p := w; p < end; p += pageSize {
-			s, err := classify(flags[(p-w)/pageSize], ext, p)
+		// The file's data, but for the pages the guest wrote.
+		wrote := func(off int64) bool { return written(flags[(off-w)/pageSize]) }
+		for off := w; ext != nil && off < end; {
+			start, stop, err := ext.within(off, end)
 			if err != nil {
 				return st, err
 			}
-			if s != src {
-				if err := m.copyRun(src, dst, run, p, cp, &st); err != nil {
+			if start == stop {
+				break
+			}
+			read, n, err := cp.copy(start, stop, wrote)
+			st.fileRead += read
+			st.fromFile += n
+			if err != nil {
+				return st, err
+			}
+			off = stop
+		}
+		// The pages the guest wrote.
+		run := int64(-1)
+		for p := w; p <= end; p += pageSize {
+			if p < end && written(flags[(p-w)/pageSize]) {
+				if run < 0 {
+					run = p
+				}
+				continue
+			}
+			if run >= 0 {
+				if err := m.writeNonZero(dst, run, p, &st); err != nil {
 					return st, err
 				}
-				src, run = s, p
+				run = -1
 			}
 		}
-		if err := m.copyRun(src, dst, run, end, cp, &st); err != nil {
-			return st, err
-		}
-	}
-	if cp != nil {
-		st.spliced = cp.spliced
 	}
 	return st, nil
 }
 
-// classify tells where the base's page at off comes from, given its pagemap
-// entry and, for memory over a file, the file's data extents.
-func classify(entry uint64, ext *extents, off int64) (pageSource, error) {
-	// A present or swapped page that is not the file's is one the guest
-	// wrote. (A swapped file page is one being migrated.)
-	if entry&(pmPresent|pmSwapped) != 0 && entry&pmFile == 0 {
-		return fromMemory, nil
-	}
-	if ext == nil {
-		// Anonymous memory: a page never touched reads as zeros.
-		return fromNothing, nil
-	}
-	// Never touched, only read, or written and then dropped: the page reads
-	// as the file does.
-	data, err := ext.data(off)
-	if err != nil {
-		return 0, err
-	}
-	if data {
-		return fromFile, nil
-	}
-	return fromNothing, nil
-}
-
-// copyRun copies the base's bytes [start, end), all from src.
-func (m *Memory) copyRun(src pageSource, dst int, start, end int64, cp *fileCopier, st *freezeStats) error {
-	if start == end {
-		return nil
-	}
-	switch src {
-	case fromMemory:
-		return m.writeNonZero(dst, start, end, st)
-	case fromFile:
-		n, err := cp.copy(start, end)
-		st.fromFile += n
-		return err
-	}
-	return nil
+// written reports whether a page's pagemap entry shows one the guest wrote:
+// present or swapped, and not the file's. (A swapped file page is one being
+// migrated.) Pages never touched, only read, or written and then dropped
+// (MADV_DONTNEED) read as the file does (or as zeros, without one).
+func written(entry uint64) bool {
+	return entry&(pmPresent|pmSwapped) != 0 && entry&pmFile == 0
 }
 
 // writeNonZero writes the mapping's pages in [start, end) that are not all
@@ -169,25 +143,43 @@ func (m *Memory) writeNonZero(dst int, start, end int64, st *freezeStats) error 
 
 var zeroPage [pageSize]byte
 
+// pageRuns calls fn with each maximal run [start, end) of b's pages that
+// are all zeros or all not, in order.
+func pageRuns(b []byte, fn func(start, end int, zero bool) error) error {
+	run, runZero := 0, false
+	for p := 0; p < len(b); p += pageSize {
+		end := min(p+pageSize, len(b))
+		zero := bytes.Equal(b[p:end], zeroPage[:end-p])
+		if p > run && zero != runZero {
+			if err := fn(run, p, runZero); err != nil {
+				return err
+			}
+			run = p
+		}
+		runZero = zero
+	}
+	if len(b) > run {
+		return fn(run, len(b), runZero)
+	}
+	return nil
+}
+
 // writeNonZero writes the pages of b that are not all zeros to fd at off,
 // one write per run of consecutive such pages, and returns the bytes
 // written.
 func writeNonZero(fd int, b []byte, off int64) (int64, error) {
 	var written int64
-	run := 0 // start of the pending run of non-zero pages
-	for p := 0; p <= len(b); p += pageSize {
-		if p < len(b) && !bytes.Equal(b[p:min(p+pageSize, len(b))], zeroPage[:min(pageSize, len(b)-p)]) {
-			continue
+	err := pageRuns(b, func(start, end int, zero bool) error {
+		if zero {
+			return nil
 		}
-		if p > run {
-			if err := pwriteAll(fd, b[run:p], off+int64(run)); err != nil {
-				return written, err
-			}
-			written += int64(p - run)
+		if err := pwriteAll(fd, b[start:end], off+int64(start)); err != nil {
+			return err
 		}
-		run = p + pageSize
-	}
-	return written, nil
+		written += int64(end - start)
+		return nil
+	})
+	return written, err
 }
 
 func pwriteAll(fd int, b []byte, off int64) error {
@@ -209,18 +201,22 @@ func pwriteAll(fd int, b []byte, off int64) error {
 type extents struct {
 	fd         int
 	size       int64 // the part of the file that matters
-	start, end int64 // the extent data last looked at; [0, 0) before
+	start, end int64 // the extent last looked at; [0, 0) before
 }
 
-// data reports whether the page at off holds file data rather than a hole.
-// Calls must come with ascending offsets.
-func (e *extents) data(off int64) (bool, error) {
+// within returns the first range of file data in [off, end), or an empty
+// range if there is none. Calls must come with ascending offsets.
+func (e *extents) within(off, end int64) (int64, int64, error) {
 	if off >= e.end {
 		if err := e.next(off); err != nil {
-			return false, err
+			return 0, 0, err
 		}
 	}
-	return off >= e.start, nil
+	start := max(e.start, off)
+	if start >= end {
+		return 0, 0, nil
+	}
+	return start, min(e.end, end), nil
 }
 
 // next finds the first data extent that ends after off.
@@ -250,40 +246,21 @@ func (e *extents) next(off int64) error {
 	return nil
 }
 
-// fileCopier copies byte ranges from one file to the same offsets of
-// another: with copy_file_range while that works between the two, else
-// through a buffer, leaving zero pages as holes.
+// fileCopier copies byte ranges of one file to the same offsets of another
+// through a buffer, leaving pages that read as zeros holes. (A copy in the
+// kernel, sendfile or copy_file_range, saves little over it and would
+// allocate every zero page the file holds as data: in a base memfd, each
+// page a guest only read; in a file on a file system that cannot tell
+// holes, such as 9p, all of them.)
 type fileCopier struct {
 	src, dst int
-	noSplice bool // copy_file_range is off or failed
-	spliced  bool // copy_file_range moved data
 	buf      []byte
 }
 
-// copy copies [start, end) and returns the bytes moved.
-func (c *fileCopier) copy(start, end int64) (int64, error) {
-	var moved int64
-	for !c.noSplice && start < end {
-		roff, woff := start, start
-		n, err := unix.CopyFileRange(c.src, &roff, c.dst, &woff, int(end-start), 0)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS),
-			errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPERM):
-			// Not between these files (another file system, an older kernel).
-			c.noSplice = true
-		case err != nil:
-			return moved, fmt.Errorf("copy_file_range %#x+%#x from the memory file: %w", start, end-start, err)
-		case n == 0:
-			return moved, fmt.Errorf("memory file ends at %#x, before the guest memory does", start)
-		default:
-			c.spliced = true
-			start += int64(n)
-			moved += int64(n)
-		}
-	}
-	if c.buf == nil && start < end {
+// copy copies [start, end) but for the pages at offsets skip reports, and
+// returns the bytes read and written.
+func (c *fileCopier) copy(start, end int64, skip func(off int64) bool) (read, written int64, err error) {
+	if c.buf == nil {
 		c.buf = make([]byte, freezeWindow)
 	}
 	for start < end {
@@ -294,20 +271,27 @@ func (c *fileCopier) copy(start, end int64) (int64, error) {
 				continue
 			}
 			if err != nil {
-				return moved, fmt.Errorf("read the memory file at %#x: %w", start+int64(got), err)
+				return read, written, fmt.Errorf("read the memory file at %#x: %w", start+int64(got), err)
 			}
 			if n == 0 {
-				return moved, fmt.Errorf("memory file ends at %#x, before the guest memory does", start+int64(got))
+				return read, written, fmt.Errorf("memory file ends at %#x, before the guest memory does", start+int64(got))
 			}
 			got += n
 		}
-		if _, err := writeNonZero(c.dst, b, start); err != nil {
-			return moved, fmt.Errorf("write the base file at %#x: %w", start, err)
+		for p := 0; p < len(b); p += pageSize {
+			if skip(start + int64(p)) {
+				clear(b[p:min(p+pageSize, len(b))])
+			}
+		}
+		n, err := writeNonZero(c.dst, b, start)
+		read += int64(len(b))
+		written += n
+		if err != nil {
+			return read, written, fmt.Errorf("write the base file at %#x: %w", start, err)
 		}
 		start += int64(len(b))
-		moved += int64(len(b))
 	}
-	return moved, nil
+	return read, written, nil
 }
 
 // pagemap reads this process's /proc/self/pagemap entries for the mapping
