@@ -190,7 +190,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, backend: cfg.Backend, events: newBroker(),
 		starts: make(chan struct{}, cfg.MaxStarting),
-		ctx: ctx, cancel: cancel,
+		ctx:    ctx, cancel: cancel,
 		boxes: map[string]*box{}, requests: map[string]*box{}, forks: map[string]*forkRequest{},
 		checkpoints: map[string]*checkpointRecord{},
 		templates:   map[string]*template{}, templateReqs: map[string]*template{},
