@@ -249,6 +249,10 @@ func TestKVMDaemon(t *testing.T) {
 		t.Errorf("background exec after KillExec: %q", got)
 	}
 
+	// A background exec outlives the restart below: the agent keeps it.
+	survivor, cancelSurvivor := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	cancelSurvivor()
+
 	// A restart takes every sandbox over.
 	before, _ := e.c.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{})
 	e.stop()
@@ -260,6 +264,35 @@ func TestKVMDaemon(t *testing.T) {
 	for _, s := range after.Sandboxes {
 		if got := e.shOut(s.Id, "echo back"); got != "back" {
 			t.Errorf("sandbox %s after the restart: %q", s.Id, got)
+		}
+	}
+	// The background exec is listed again, alive, and KillExec ends it.
+	execs, err = e.c.ListExecs(ctx, &kilnpb.ListExecsRequest{SandboxId: sb.Id})
+	if i := slices.IndexFunc(execs.GetExecs(), func(x *kilnpb.ExecInfo) bool { return x.ExecId == survivor.ExecId }); err != nil || i < 0 ||
+		execs.Execs[i].Exit != nil || execs.Execs[i].Pid != survivor.Pid || !execs.Execs[i].Background {
+		t.Errorf("background exec %s (pid %d) after the restart: %v %v", survivor.ExecId, survivor.Pid, execs, err)
+	}
+	if got := e.shOut(sb.Id, fmt.Sprintf("kill -0 %d && echo alive", survivor.Pid)); got != "alive" {
+		t.Errorf("background exec after the restart: %q", got)
+	}
+	if _, err := e.c.KillExec(ctx, &kilnpb.KillExecRequest{SandboxId: sb.Id, ExecId: survivor.ExecId}); err != nil {
+		t.Errorf("kill the background exec after the restart: %v", err)
+	}
+	if got := e.shOut(sb.Id, fmt.Sprintf("for i in $(seq 100); do kill -0 %d 2>/dev/null || break; sleep 0.1; done; kill -0 %d 2>/dev/null && echo alive || echo gone", survivor.Pid, survivor.Pid)); got != "gone" {
+		t.Errorf("background exec after KillExec after the restart: %q", got)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		execs, err = e.c.ListExecs(ctx, &kilnpb.ListExecsRequest{SandboxId: sb.Id})
+		i := slices.IndexFunc(execs.GetExecs(), func(x *kilnpb.ExecInfo) bool { return x.ExecId == survivor.ExecId })
+		if err == nil && i >= 0 && execs.Execs[i].Exit != nil {
+			if x := execs.Execs[i].Exit; x.Signal != int32(syscall.SIGKILL) {
+				t.Errorf("background exec killed after the restart: exit %v", x)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("background exec killed after the restart not listed as exited: %v %v", execs, err)
+			break
 		}
 	}
 	if more, err := e.forkCtx(ctx, &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 1}); err != nil || len(more) != 1 {
