@@ -113,6 +113,10 @@ func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
 		return
 	}
 	ds, err := inst.Detached(ctx)
+	if status.Code(err) == codes.Unimplemented {
+		t.synced = inst // an agent older than detached processes keeps none
+		return
+	}
 	if err != nil {
 		log.Warn("the background execs of a sandbox could not be listed", "err", err)
 		return

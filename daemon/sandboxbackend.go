@@ -281,7 +281,16 @@ func (p *detachedProcess) SignalGroup(sig syscall.Signal) error { return p.signa
 func (p *detachedProcess) signal(sig syscall.Signal, group bool) error {
 	ctx, cancel := context.WithTimeout(p.in.ctx, detachedSignalTimeout)
 	defer cancel()
-	return p.in.s.Client().SignalDetached(ctx, p.id, sig, group)
+	err := p.in.s.Client().SignalDetached(ctx, p.id, sig, group)
+	if status.Code(err) == codes.Unimplemented && p.stream != nil {
+		// An agent older than detached processes (a snapshot it made)
+		// runs it as a plain exec: signal it through its call.
+		if group {
+			return p.stream.SignalGroup(sig)
+		}
+		return p.stream.Signal(sig)
+	}
+	return err
 }
 
 func (p *detachedProcess) Wait() (client.ExitStatus, error) {
