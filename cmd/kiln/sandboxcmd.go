@@ -14,8 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
-	"path/filepath"
+	"os/signal"
 	"sort"
 	"strings"
 	"syscall"
@@ -66,6 +65,12 @@ type cli struct {
 	host           string
 	tokenFile      string
 	c              *kilnclient.Client
+	// notify, when set, stands in for signal.Notify while a foreground
+	// exec forwards kiln's signals; stop stands in for signal.Stop.
+	notify func(ch chan<- os.Signal, sigs ...os.Signal) (stop func())
+	// interruptWindow is how soon a second signal ends the exec call
+	// rather than being forwarded; 0: defaultInterruptWindow.
+	interruptWindow time.Duration
 }
 
 func (a *cli) client() (*kilnclient.Client, error) {
@@ -104,6 +109,12 @@ func (a *cli) client() (*kilnclient.Client, error) {
 // cmdCobra runs the cobra tree on args and returns the exit code.
 func cmdCobra(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	a := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	return a.main(args)
+}
+
+// main runs the cobra tree on args and returns the exit code.
+func (a *cli) main(args []string) int {
+	ctx := a.ctx
 	defer func() {
 		if a.c != nil {
 			a.c.Close()
@@ -484,6 +495,7 @@ func (a *cli) execCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "exec ID [-i] [-t TIMEOUT] -- CMD [ARG...]",
 		Short:             "run a command in a sandbox; kiln exits with its exit code",
+		Long:              "Run a command in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
 		Args:              args(cobra.MinimumNArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -502,6 +514,7 @@ func (a *cli) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "run ID 'SHELL COMMAND'",
 		Short:             "run a shell command (sh -c) in a sandbox; kiln exits with its exit code",
+		Long:              "Run a shell command (sh -c) in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -514,7 +527,10 @@ func (a *cli) runCmd() *cobra.Command {
 
 // exec runs argv in a sandbox and ends kiln with its exit code: 128+N
 // after signal N; 125 when kiln or kilnd failed, 126 when the command
-// could not be started, 127 when it was not found.
+// could not be started, 127 when it was not found. While a foreground
+// command runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to its
+// process group; a second within the interrupt window (2 s) ends the call
+// and the command, and kiln exits 128+N.
 func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) error {
 	if err := checkEnv(ef.env); err != nil {
 		return err
@@ -532,12 +548,26 @@ func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) 
 	if ef.interactive {
 		opts.Stdin = a.stdin
 	}
-	res, err := c.Exec(ctx, id, opts)
-	if err != nil && ctx.Err() != nil {
-		// Interrupted (SIGINT or SIGTERM): the call ended, and with it a
-		// foreground command. Exit as a shell does after SIGINT.
-		fmt.Fprintf(a.stderr, "kiln: interrupted; %s was killed\n", argv[0])
-		return exitError{128 + int(syscall.SIGINT)}
+	var res *kilnclient.ExecResult
+	if ef.background {
+		// Its call ends once it has started: nothing to forward.
+		res, err = c.Exec(ctx, id, opts)
+		if err != nil && ctx.Err() != nil {
+			fmt.Fprintf(a.stderr, "kiln: interrupted while starting %s in the background\n", argv[0])
+			return exitError{128 + int(syscall.SIGINT)}
+		}
+	} else {
+		var fwd *forwarder
+		ctx, fwd = a.forwardSignals(ctx)
+		opts.Signals = fwd.out
+		res, err = c.Exec(ctx, id, opts)
+		if sig, ended := fwd.stop(); ended && err != nil {
+			// A second signal (or the end of kiln's context) ended the
+			// call, and with it the command, before its exit came back.
+			// Exit as a shell does after that signal.
+			fmt.Fprintf(a.stderr, "kiln: interrupted; %s was killed\n", argv[0])
+			return exitError{128 + int(sig)}
+		}
 	}
 	if err != nil {
 		a.printErr(err)
@@ -563,6 +593,127 @@ func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) 
 	return nil
 }
 
+// signalsHelp is exec's and run's word on signals.
+const signalsHelp = `While the command runs in the foreground, SIGINT (Ctrl-C), SIGTERM, SIGHUP
+and SIGQUIT sent to kiln are forwarded to its process group, so that its own
+handling runs; a second signal within 2 s of one forwarded ends kiln instead,
+killing the command. With -d nothing is forwarded.`
+
+// defaultInterruptWindow is how soon after a forwarded signal a second
+// one ends kiln sandbox exec instead of being forwarded too.
+const defaultInterruptWindow = 2 * time.Second
+
+// forwarder passes the signals kiln gets (SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT) to a foreground exec's process group while the exec runs, so
+// that the command's own handling (cleanup, its exit code) happens. A
+// second signal within the interrupt window of a forwarded one ends the
+// call instead, which kills the command, as does the end of kiln's
+// context for a reason other than a signal.
+type forwarder struct {
+	out    chan syscall.Signal
+	cancel context.CancelFunc
+	quit   chan struct{}
+	done   chan struct{}
+	unhook func()
+	// Set by run before done is closed.
+	ended bool
+	sig   syscall.Signal
+}
+
+// forwardSignals starts forwarding; Exec runs under the context it
+// returns, and fwd.stop must be called once Exec has returned.
+func (a *cli) forwardSignals(ctx context.Context) (context.Context, *forwarder) {
+	notify := a.notify
+	if notify == nil {
+		notify = func(ch chan<- os.Signal, sigs ...os.Signal) func() {
+			signal.Notify(ch, sigs...)
+			return func() { signal.Stop(ch) }
+		}
+	}
+	window := a.interruptWindow
+	if window <= 0 {
+		window = defaultInterruptWindow
+	}
+	// main's signal.NotifyContext ends ctx at the first SIGINT or SIGTERM:
+	// the call runs apart from it, and run decides what that end means.
+	execCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	in := make(chan os.Signal, 8)
+	f := &forwarder{out: make(chan syscall.Signal, 8), cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
+	f.unhook = notify(in, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	go f.run(ctx, in, window)
+	return execCtx, f
+}
+
+func (f *forwarder) run(ctx context.Context, in <-chan os.Signal, window time.Duration) {
+	defer close(f.done)
+	var last time.Time // when the last signal was forwarded
+	intTerm := false   // a SIGINT or SIGTERM came, which ends ctx too
+	// handle forwards s, or ends the call if it came too soon after the
+	// last; it reports whether run is over.
+	handle := func(s os.Signal) bool {
+		sig, ok := s.(syscall.Signal)
+		if !ok {
+			return false
+		}
+		intTerm = intTerm || sig == syscall.SIGINT || sig == syscall.SIGTERM
+		if !last.IsZero() && time.Since(last) < window {
+			f.ended, f.sig = true, sig
+			f.cancel()
+			return true
+		}
+		last = time.Now()
+		select {
+		case f.out <- sig:
+		case <-f.quit:
+			return true
+		}
+		return false
+	}
+	ctxDone := ctx.Done()
+	for {
+		select {
+		case <-f.quit:
+			return
+		case s := <-in:
+			if handle(s) {
+				return
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			if intTerm {
+				continue // main's NotifyContext saw that signal too
+			}
+			// The signal that ended ctx reaches in too, at about the same
+			// moment: give it a little time to show which end this is.
+			t := time.NewTimer(50 * time.Millisecond)
+			select {
+			case s := <-in:
+				t.Stop()
+				if handle(s) {
+					return
+				}
+			case <-t.C:
+				f.ended, f.sig = true, syscall.SIGINT
+				f.cancel()
+				return
+			case <-f.quit:
+				t.Stop()
+				return
+			}
+		}
+	}
+}
+
+// stop ends forwarding and says whether (and by which signal) forwarder
+// ended the call rather than the command.
+func (f *forwarder) stop() (syscall.Signal, bool) {
+	f.unhook()
+	close(f.quit)
+	<-f.done
+	f.cancel()
+	return f.sig, f.ended
+}
+
 // execFailure is the exit code of an exec that failed before an exit
 // status: NotFound is the command's unless the sandbox is what is
 // missing.
@@ -577,95 +728,6 @@ func (a *cli) execFailure(err error, id string) int {
 		return exitCannotInvoke // a bad working directory, not executable
 	}
 	return exitRunFailed
-}
-
-// remotePath splits ID:PATH; ok is false for a local path.
-func remotePath(s string) (id, p string, ok bool) {
-	id, p, ok = strings.Cut(s, ":")
-	if !ok || id == "" || strings.Contains(id, "/") || !strings.HasPrefix(p, "/") {
-		return "", "", false
-	}
-	return id, p, true
-}
-
-func (a *cli) cpCmd() *cobra.Command {
-	var parents bool
-	cmd := &cobra.Command{
-		Use:   "cp (LOCAL ID:PATH | ID:PATH LOCAL)",
-		Short: "copy a file into or out of a sandbox (LOCAL - is stdin or stdout)",
-		Args:  args(cobra.ExactArgs(2)),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			srcID, srcPath, srcRemote := remotePath(argv[0])
-			dstID, dstPath, dstRemote := remotePath(argv[1])
-			if srcRemote == dstRemote {
-				return usagef("sandbox cp: want exactly one side as ID:/PATH (an absolute path in the sandbox)")
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			if dstRemote {
-				return a.upload(ctx, c, argv[0], dstID, dstPath, parents)
-			}
-			return a.download(ctx, c, srcID, srcPath, argv[1])
-		},
-	}
-	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "create missing directories in the sandbox")
-	return cmd
-}
-
-func (a *cli) upload(ctx context.Context, c *kilnclient.Client, local, id, p string, parents bool) error {
-	var r io.Reader = a.stdin
-	mode := uint32(0o644)
-	if local != "-" {
-		f, err := os.Open(local)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return fmt.Errorf("sandbox cp: %s is a directory; cp copies files", local)
-		}
-		r, mode = f, uint32(fi.Mode().Perm())
-		if strings.HasSuffix(p, "/") {
-			p = path.Join(p, filepath.Base(local))
-		}
-	}
-	_, err := c.WriteFile(ctx, id, p, r, kilnclient.WriteFileOptions{Mode: mode, MakeParents: parents})
-	return err
-}
-
-func (a *cli) download(ctx context.Context, c *kilnclient.Client, id, p, local string) error {
-	if local == "-" {
-		_, err := c.ReadFile(ctx, id, p, a.stdout)
-		return err
-	}
-	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-		local = filepath.Join(local, path.Base(p))
-	}
-	// Into a temporary file beside the target, renamed when complete, so
-	// that a failed copy leaves nothing half-written.
-	f, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".kiln-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := c.ReadFile(ctx, id, p, f); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if fi, err := c.Stat(ctx, id, p); err == nil {
-		os.Chmod(f.Name(), os.FileMode(fi.GetMode()&0o777))
-	}
-	return os.Rename(f.Name(), local)
 }
 
 func (a *cli) psCmd() *cobra.Command {
