@@ -5,13 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
 )
 
 // freezeWindow is how much of the mapping the freeze copy classifies at a
-// time; it also bounds every read, write and copy_file_range it issues.
+// time; it also bounds every read and write it issues.
 const freezeWindow = 4 << 20
 
 // Bits of a /proc/self/pagemap entry (Documentation/admin-guide/mm/pagemap.rst).
@@ -42,9 +43,8 @@ type freezeStats struct {
 // never wrote, which read as the file does, and anonymous ones the guest
 // wrote. /proc/self/pagemap tells them apart, so the first are copied from
 // the file's data extents (never faulting the mapping in) and only the
-// others are read from the mapping.
-// Anonymous memory is read only where pages exist. Without a usable pagemap
-// every page is read.
+// others are read from the mapping. Anonymous memory is read only where
+// pages exist. Without a usable pagemap every page is read.
 func (m *Memory) copyToBase(dst int, opts freezeOptions) (freezeStats, error) {
 	var st freezeStats
 	size := int64(len(m.host))
@@ -182,6 +182,7 @@ func writeNonZero(fd int, b []byte, off int64) (int64, error) {
 	return written, err
 }
 
+// pwriteAll writes all of b to fd at off.
 func pwriteAll(fd int, b []byte, off int64) error {
 	for len(b) > 0 {
 		n, err := unix.Pwrite(fd, b, off)
@@ -190,6 +191,9 @@ func pwriteAll(fd int, b []byte, off int64) error {
 		}
 		if err != nil {
 			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
 		}
 		b, off = b[n:], off+int64(n)
 	}
@@ -227,7 +231,8 @@ func (e *extents) next(off int64) error {
 		e.start, e.end = e.size, e.size
 		return nil
 	case err == unix.EINVAL || err == unix.EOPNOTSUPP:
-		// The file system cannot tell holes: take it all for data.
+		// The file system cannot tell holes: take it all for data (the
+		// copy still leaves its zero pages holes).
 		e.start, e.end = off, e.size
 		return nil
 	case err != nil:

@@ -95,11 +95,12 @@ func closeFD(fd int) error    { return unix.Close(fd) }
 // (KVM's memory slots, device queues) carries on unchanged. Memory on a
 // shared memfd freezes without a copy: the memfd becomes the base.
 // Private or anonymous memory is first copied into a new, sparse memfd:
-// memory copy-on-write over a file copies the file's data in the kernel
-// and reads from the mapping only the pages the guest wrote since it was
-// mapped (told apart by /proc/self/pagemap); all-zero pages and the file's
-// holes stay holes. Nothing may access m during the call: pause the vCPUs
-// and devices first.
+// memory copy-on-write over a file copies the file's data extents from the
+// file and reads from the mapping only the pages the guest wrote since it
+// was mapped (told apart by /proc/self/pagemap), so the copy costs what
+// the guest holds, not its size; all-zero pages and the file's holes stay
+// holes. Nothing may access m during the call: pause the vCPUs and devices
+// first.
 func (m *Memory) Freeze() (int, error) {
 	fd, _, err := m.freeze(freezeOptions{})
 	return fd, err
