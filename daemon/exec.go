@@ -16,11 +16,20 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 )
 
 // keepExited is how many exited execs a sandbox's ListExecs still shows.
 const keepExited = 64
+
+// execIDPrefix starts every exec ID; maxListedArgv bounds the argv of a
+// detached process taken back from a sandbox (kilnd starts none longer:
+// the agent's own limit).
+const (
+	execIDPrefix  = "ex-"
+	maxListedArgv = 1 << 16
+)
 
 // execTable is a sandbox's execs: running ones, and the last exited.
 // Background execs are the instance's detached processes, which outlive
@@ -122,11 +131,17 @@ func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
 		return
 	}
 	t.synced = inst
+	// The list is the guest's word: only as many entries as an agent
+	// keeps, only IDs kilnd gives, and one log line for what is skipped.
+	skipped := 0
+	if len(ds) > agentpb.MaxDetached {
+		skipped, ds = len(ds)-agentpb.MaxDetached, ds[:agentpb.MaxDetached]
+	}
 	t.mu.Lock()
 	var wait []*execEntry
 	for _, d := range ds {
-		if err := checkID("exec_id", d.ID); err != nil {
-			log.Warn("skipping a detached process that is not an exec of kilnd's", "err", err)
+		if checkID("exec_id", d.ID) != nil || !strings.HasPrefix(d.ID, execIDPrefix) || len(d.Argv) > maxListedArgv {
+			skipped++
 			continue
 		}
 		if x := t.execs[d.ID]; x != nil && x.inst == inst {
@@ -147,6 +162,9 @@ func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
 	}
 	gone := t.trimLocked()
 	t.mu.Unlock()
+	if skipped > 0 {
+		log.Warn("skipped detached processes the sandbox listed that are not kilnd's execs", "skipped", skipped)
+	}
 	forgetDetached(gone)
 	for _, e := range wait {
 		go func() {
@@ -298,7 +316,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	// as long as the sandbox (its call to the agent lasts until it
 	// exits or the sandbox ends).
 	pctx := stream.Context()
-	execID := newID("ex-")
+	execID := newID(execIDPrefix)
 	if st.GetBackground() {
 		pctx = bctx
 		opts.DetachID = execID
