@@ -12,6 +12,7 @@ import (
 
 	"github.com/kilnvm/kiln/image/tree"
 	"github.com/kilnvm/kiln/rofs"
+	"golang.org/x/sys/unix"
 )
 
 func TestDeviceSpecValidate(t *testing.T) {
@@ -121,7 +122,7 @@ func TestOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := Open(DeviceSpec{ID: "data", Kind: KindBlock, Block: &BlockSpec{FD: int(f.Fd()), Path: img}}, nil)
+		d, err := Open(DeviceSpec{ID: "data", Kind: KindBlock, Block: &BlockSpec{FD: ownFD(t, f), Path: img}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +158,7 @@ func TestOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := Open(DeviceSpec{ID: "vsock", Kind: KindVsock, Vsock: &VsockSpec{CID: 3, Path: sock, FD: int(f.Fd())}}, nil)
+		d, err := Open(DeviceSpec{ID: "vsock", Kind: KindVsock, Vsock: &VsockSpec{CID: 3, Path: sock, FD: ownFD(t, f)}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,3 +249,17 @@ func FuzzDeviceSpec(f *testing.F) {
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
+
+// ownFD hands the descriptor of f over to whoever it is passed to, as a
+// parent's inherited descriptor would be: a duplicate that nothing else
+// closes. Passing f.Fd() itself would leave f's finalizer to close the
+// number again later, after another test's socket has been given it.
+func ownFD(t *testing.T, f *os.File) int {
+	t.Helper()
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return fd
+}
