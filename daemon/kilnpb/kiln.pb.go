@@ -92,6 +92,62 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_kiln_proto_rawDescGZIP(), []int{0}
 }
 
+type EgressPolicy_Mode int32
+
+const (
+	// Everything but the deny lists (none): the default.
+	EgressPolicy_MODE_ALLOW_ALL EgressPolicy_Mode = 0
+	// Nothing leaves the sandbox (DNS is refused too).
+	EgressPolicy_MODE_DENY_ALL EgressPolicy_Mode = 1
+	// Only cidrs and domains.
+	EgressPolicy_MODE_ALLOW_LIST EgressPolicy_Mode = 2
+	// Everything but cidrs and domains.
+	EgressPolicy_MODE_DENY_LIST EgressPolicy_Mode = 3
+)
+
+// Enum value maps for EgressPolicy_Mode.
+var (
+	EgressPolicy_Mode_name = map[int32]string{
+		0: "MODE_ALLOW_ALL",
+		1: "MODE_DENY_ALL",
+		2: "MODE_ALLOW_LIST",
+		3: "MODE_DENY_LIST",
+	}
+	EgressPolicy_Mode_value = map[string]int32{
+		"MODE_ALLOW_ALL":  0,
+		"MODE_DENY_ALL":   1,
+		"MODE_ALLOW_LIST": 2,
+		"MODE_DENY_LIST":  3,
+	}
+)
+
+func (x EgressPolicy_Mode) Enum() *EgressPolicy_Mode {
+	p := new(EgressPolicy_Mode)
+	*p = x
+	return p
+}
+
+func (x EgressPolicy_Mode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EgressPolicy_Mode) Descriptor() protoreflect.EnumDescriptor {
+	return file_kiln_proto_enumTypes[1].Descriptor()
+}
+
+func (EgressPolicy_Mode) Type() protoreflect.EnumType {
+	return &file_kiln_proto_enumTypes[1]
+}
+
+func (x EgressPolicy_Mode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EgressPolicy_Mode.Descriptor instead.
+func (EgressPolicy_Mode) EnumDescriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{2, 0}
+}
+
 type Event_Kind int32
 
 const (
@@ -143,11 +199,11 @@ func (x Event_Kind) String() string {
 }
 
 func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_kiln_proto_enumTypes[1].Descriptor()
+	return file_kiln_proto_enumTypes[2].Descriptor()
 }
 
 func (Event_Kind) Type() protoreflect.EnumType {
-	return &file_kiln_proto_enumTypes[1]
+	return &file_kiln_proto_enumTypes[2]
 }
 
 func (x Event_Kind) Number() protoreflect.EnumNumber {
@@ -156,7 +212,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{48, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{52, 0}
 }
 
 type Resources struct {
@@ -243,7 +299,15 @@ type CreateSandboxRequest struct {
 	IdleTimeoutMs int64 `protobuf:"varint,8,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
 	// A client-chosen ID (1 to 128 bytes): a retry with the same ID returns
 	// the sandbox the first request made instead of making another.
-	RequestId     string `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The egress policy of the sandbox's network (when kilnd has a network
+	// pool, every sandbox has a network; without one, setting this is
+	// FailedPrecondition). Unset: the daemon's default policy.
+	Egress *EgressPolicy `protobuf:"bytes,10,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Secrets reach the guest over the agent channel only: never in kilnd's
+	// logs, events, state files, snapshot metadata or replies (which name
+	// them), and masked as *** in exec output.
+	Secrets       []*Secret `protobuf:"bytes,11,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -354,6 +418,20 @@ func (x *CreateSandboxRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
 type isCreateSandboxRequest_Source interface {
 	isCreateSandboxRequest_Source()
 }
@@ -376,6 +454,229 @@ func (*CreateSandboxRequest_Template) isCreateSandboxRequest_Source() {}
 
 func (*CreateSandboxRequest_Checkpoint) isCreateSandboxRequest_Source() {}
 
+// EgressPolicy says where a sandbox may connect. DNS goes through kilnd's
+// proxy, which admits the addresses of allowed domains as it resolves them
+// (and refuses to resolve denied or unlisted ones), so a domain rule holds
+// when its addresses change.
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  EgressPolicy_Mode      `protobuf:"varint,1,opt,name=mode,proto3,enum=kiln.v1.EgressPolicy_Mode" json:"mode,omitempty"`
+	// IPv4 or IPv6 prefixes ("10.0.0.0/8") or addresses.
+	Cidrs []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	// Domain names; "*.example.com" also matches its subdomains.
+	Domains       []string `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_kiln_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EgressPolicy) GetMode() EgressPolicy_Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return EgressPolicy_MODE_ALLOW_ALL
+}
+
+func (x *EgressPolicy) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDomains() []string {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+type Secret struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An environment variable's name (the variable every exec gets), or,
+	// with file set, the secret's name only.
+	Name  string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// When set, an absolute path in the guest the value is written to
+	// (mode file_mode, 0400 when 0) instead of an environment variable.
+	File          string `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
+	FileMode      uint32 `protobuf:"varint,4,opt,name=file_mode,json=fileMode,proto3" json:"file_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_kiln_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Secret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *Secret) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *Secret) GetFileMode() uint32 {
+	if x != nil {
+		return x.FileMode
+	}
+	return 0
+}
+
+// NetworkInfo is a sandbox's network as the host set it up.
+type NetworkInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"` // the guest's address with its prefix (10.200.0.2/30)
+	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"` // its gateway and DNS server (kilnd's proxy)
+	Mac           string                 `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
+	Netns         string                 `protobuf:"bytes,4,opt,name=netns,proto3" json:"netns,omitempty"` // the host network namespace (a path)
+	Tap           string                 `protobuf:"bytes,5,opt,name=tap,proto3" json:"tap,omitempty"`     // the tap in that namespace
+	Egress        *EgressPolicy          `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkInfo) Reset() {
+	*x = NetworkInfo{}
+	mi := &file_kiln_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkInfo) ProtoMessage() {}
+
+func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkInfo.ProtoReflect.Descriptor instead.
+func (*NetworkInfo) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NetworkInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetTap() string {
+	if x != nil {
+		return x.Tap
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 type Sandbox struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -396,14 +697,20 @@ type Sandbox struct {
 	// Time from the request to the agent answering.
 	ReadyMs int64 `protobuf:"varint,14,opt,name=ready_ms,json=readyMs,proto3" json:"ready_ms,omitempty"`
 	// From a template's warm pool rather than restored on demand.
-	FromPool      bool `protobuf:"varint,15,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	FromPool bool `protobuf:"varint,15,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	// Its network, when kilnd has a network pool.
+	Network *NetworkInfo `protobuf:"bytes,16,opt,name=network,proto3" json:"network,omitempty"`
+	// The names of its secrets (never their values).
+	SecretNames []string `protobuf:"bytes,17,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	// The host cgroup its VMM process runs in, when kilnd manages cgroups.
+	Cgroup        string `protobuf:"bytes,18,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_kiln_proto_msgTypes[2]
+	mi := &file_kiln_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +722,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[2]
+	mi := &file_kiln_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +735,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{2}
+	return file_kiln_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Sandbox) GetId() string {
@@ -536,6 +843,27 @@ func (x *Sandbox) GetFromPool() bool {
 	return false
 }
 
+func (x *Sandbox) GetNetwork() *NetworkInfo {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetSecretNames() []string {
+	if x != nil {
+		return x.SecretNames
+	}
+	return nil
+}
+
+func (x *Sandbox) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
 type GetSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -545,7 +873,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[3]
+	mi := &file_kiln_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +885,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[3]
+	mi := &file_kiln_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +898,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{3}
+	return file_kiln_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetSandboxRequest) GetId() string {
@@ -593,7 +921,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_kiln_proto_msgTypes[4]
+	mi := &file_kiln_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +933,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[4]
+	mi := &file_kiln_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +946,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{4}
+	return file_kiln_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListSandboxesRequest) GetLabels() map[string]string {
@@ -644,7 +972,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_kiln_proto_msgTypes[5]
+	mi := &file_kiln_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +984,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[5]
+	mi := &file_kiln_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +997,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{5}
+	return file_kiln_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -688,7 +1016,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[6]
+	mi := &file_kiln_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +1028,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[6]
+	mi := &file_kiln_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +1041,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{6}
+	return file_kiln_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DestroySandboxRequest) GetId() string {
@@ -731,7 +1059,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_kiln_proto_msgTypes[7]
+	mi := &file_kiln_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1071,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[7]
+	mi := &file_kiln_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1084,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{7}
+	return file_kiln_proto_rawDescGZIP(), []int{10}
 }
 
 type PauseSandboxRequest struct {
@@ -768,7 +1096,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[8]
+	mi := &file_kiln_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +1108,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[8]
+	mi := &file_kiln_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +1121,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{8}
+	return file_kiln_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -801,6 +1129,58 @@ func (x *PauseSandboxRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+type UpdateNetworkPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Egress        *EgressPolicy          `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkPolicyRequest) Reset() {
+	*x = UpdateNetworkPolicyRequest{}
+	mi := &file_kiln_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
+
+func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *UpdateNetworkPolicyRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateNetworkPolicyRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
 }
 
 type ResumeSandboxRequest struct {
@@ -812,7 +1192,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[9]
+	mi := &file_kiln_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1204,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[9]
+	mi := &file_kiln_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1217,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{9}
+	return file_kiln_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -867,7 +1247,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_kiln_proto_msgTypes[10]
+	mi := &file_kiln_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1259,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[10]
+	mi := &file_kiln_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1272,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{10}
+	return file_kiln_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -968,7 +1348,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_kiln_proto_msgTypes[11]
+	mi := &file_kiln_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1360,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[11]
+	mi := &file_kiln_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1373,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{11}
+	return file_kiln_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -1025,7 +1405,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1417,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1430,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{12}
+	return file_kiln_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -1134,7 +1514,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1526,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1539,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{13}
+	return file_kiln_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -1188,7 +1568,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1580,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1593,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{14}
+	return file_kiln_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1259,7 +1639,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1651,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1664,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{15}
+	return file_kiln_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -1373,7 +1753,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1765,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1778,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{16}
+	return file_kiln_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -1452,7 +1832,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1844,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1857,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{17}
+	return file_kiln_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -1496,7 +1876,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1888,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1901,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{18}
+	return file_kiln_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -1542,7 +1922,7 @@ type KillExecRequest struct {
 
 func (x *KillExecRequest) Reset() {
 	*x = KillExecRequest{}
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1934,7 @@ func (x *KillExecRequest) String() string {
 func (*KillExecRequest) ProtoMessage() {}
 
 func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1947,7 @@ func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
 func (*KillExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{19}
+	return file_kiln_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KillExecRequest) GetSandboxId() string {
@@ -1599,7 +1979,7 @@ type KillExecResponse struct {
 
 func (x *KillExecResponse) Reset() {
 	*x = KillExecResponse{}
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1991,7 @@ func (x *KillExecResponse) String() string {
 func (*KillExecResponse) ProtoMessage() {}
 
 func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +2004,7 @@ func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
 func (*KillExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{20}
+	return file_kiln_proto_rawDescGZIP(), []int{24}
 }
 
 type WriteFileHeader struct {
@@ -1639,7 +2019,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +2031,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +2044,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{21}
+	return file_kiln_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -1708,7 +2088,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +2100,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +2113,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{22}
+	return file_kiln_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -1787,7 +2167,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +2179,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +2192,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{23}
+	return file_kiln_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1838,7 +2218,7 @@ type FileChunk struct {
 
 func (x *FileChunk) Reset() {
 	*x = FileChunk{}
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2230,7 @@ func (x *FileChunk) String() string {
 func (*FileChunk) ProtoMessage() {}
 
 func (x *FileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2243,7 @@ func (x *FileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileChunk.ProtoReflect.Descriptor instead.
 func (*FileChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{24}
+	return file_kiln_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FileChunk) GetData() []byte {
@@ -1890,7 +2270,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2282,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2295,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{25}
+	return file_kiln_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1991,7 +2371,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2383,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2396,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{26}
+	return file_kiln_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2042,7 +2422,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2434,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2447,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{27}
+	return file_kiln_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2088,7 +2468,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2480,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2493,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{28}
+	return file_kiln_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2148,7 +2528,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2540,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2553,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{29}
+	return file_kiln_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2205,7 +2585,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2597,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2610,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{30}
+	return file_kiln_proto_rawDescGZIP(), []int{34}
 }
 
 type MakeDirRequest struct {
@@ -2245,7 +2625,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2637,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2650,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{31}
+	return file_kiln_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2322,7 +2702,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2714,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2727,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{32}
+	return file_kiln_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CheckpointInfo) GetId() string {
@@ -2405,7 +2785,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2797,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2810,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{33}
+	return file_kiln_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CheckpointRequest) GetSandboxId() string {
@@ -2464,7 +2844,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2856,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2869,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{34}
+	return file_kiln_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RollbackRequest) GetSandboxId() string {
@@ -2515,7 +2895,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2907,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2920,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{35}
+	return file_kiln_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListCheckpointsRequest) GetSandboxId() string {
@@ -2559,7 +2939,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2951,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2964,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{36}
+	return file_kiln_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2603,7 +2983,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2995,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +3008,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{37}
+	return file_kiln_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteCheckpointRequest) GetId() string {
@@ -2646,7 +3026,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +3038,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +3051,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{38}
+	return file_kiln_proto_rawDescGZIP(), []int{42}
 }
 
 type ForkRequest struct {
@@ -2694,7 +3074,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +3086,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +3099,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{39}
+	return file_kiln_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ForkRequest) GetSource() isForkRequest_Source {
@@ -2816,7 +3196,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +3208,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +3221,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{40}
+	return file_kiln_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Template) GetId() string {
@@ -2915,20 +3295,25 @@ func (x *Template) GetSandboxes() uint32 {
 }
 
 type CreateTemplateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Image         string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
-	Setup         []string               `protobuf:"bytes,3,rep,name=setup,proto3" json:"setup,omitempty"`
-	Resources     *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
-	PoolSize      uint32                 `protobuf:"varint,5,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
-	RequestId     string                 `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Image     string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	Setup     []string               `protobuf:"bytes,3,rep,name=setup,proto3" json:"setup,omitempty"`
+	Resources *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	PoolSize  uint32                 `protobuf:"varint,5,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
+	RequestId string                 `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The setup's egress policy (the template's sandboxes get their own).
+	Egress *EgressPolicy `protobuf:"bytes,7,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Secrets for the setup only: a template's sandboxes do not get them
+	// unless their own request gives them (what the setup wrote stays).
+	Secrets       []*Secret `protobuf:"bytes,8,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTemplateRequest) Reset() {
 	*x = CreateTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3325,7 @@ func (x *CreateTemplateRequest) String() string {
 func (*CreateTemplateRequest) ProtoMessage() {}
 
 func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3338,7 @@ func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTemplateRequest.ProtoReflect.Descriptor instead.
 func (*CreateTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{41}
+	return file_kiln_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTemplateRequest) GetName() string {
@@ -2998,6 +3383,20 @@ func (x *CreateTemplateRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CreateTemplateRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *CreateTemplateRequest) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
 type GetTemplateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -3007,7 +3406,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3418,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3431,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{42}
+	return file_kiln_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetTemplateRequest) GetId() string {
@@ -3050,7 +3449,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3062,7 +3461,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3075,7 +3474,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{43}
+	return file_kiln_proto_rawDescGZIP(), []int{47}
 }
 
 type ListTemplatesResponse struct {
@@ -3087,7 +3486,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3498,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3511,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{44}
+	return file_kiln_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -3134,7 +3533,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3146,7 +3545,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3159,7 +3558,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{45}
+	return file_kiln_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteTemplateRequest) GetId() string {
@@ -3184,7 +3583,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3595,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3608,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{46}
+	return file_kiln_proto_rawDescGZIP(), []int{50}
 }
 
 type WatchEventsRequest struct {
@@ -3222,7 +3621,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3633,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3646,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{47}
+	return file_kiln_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchEventsRequest) GetSandboxIds() []string {
@@ -3270,7 +3669,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3681,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3694,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{48}
+	return file_kiln_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -3343,7 +3742,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x04cpus\x18\x01 \x01(\rR\x04cpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
-	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xa2\x03\n" +
+	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xfc\x03\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x12\x1c\n" +
 	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12 \n" +
@@ -3357,11 +3756,35 @@ const file_kiln_proto_rawDesc = "" +
 	"lifetimeMs\x12&\n" +
 	"\x0fidle_timeout_ms\x18\b \x01(\x03R\ridleTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\t \x01(\tR\trequestId\x1a9\n" +
+	"request_id\x18\t \x01(\tR\trequestId\x12-\n" +
+	"\x06egress\x18\n" +
+	" \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
+	"\asecrets\x18\v \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06source\"\xc4\x04\n" +
+	"\x06source\"\xc6\x01\n" +
+	"\fEgressPolicy\x12.\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x1a.kiln.v1.EgressPolicy.ModeR\x04mode\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\x12\x18\n" +
+	"\adomains\x18\x03 \x03(\tR\adomains\"V\n" +
+	"\x04Mode\x12\x12\n" +
+	"\x0eMODE_ALLOW_ALL\x10\x00\x12\x11\n" +
+	"\rMODE_DENY_ALL\x10\x01\x12\x13\n" +
+	"\x0fMODE_ALLOW_LIST\x10\x02\x12\x12\n" +
+	"\x0eMODE_DENY_LIST\x10\x03\"c\n" +
+	"\x06Secret\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x12\n" +
+	"\x04file\x18\x03 \x01(\tR\x04file\x12\x1b\n" +
+	"\tfile_mode\x18\x04 \x01(\rR\bfileMode\"\xaa\x01\n" +
+	"\vNetworkInfo\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x10\n" +
+	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x14\n" +
+	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x10\n" +
+	"\x03tap\x18\x05 \x01(\tR\x03tap\x12-\n" +
+	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xaf\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kiln.v1.SandboxStateR\x05state\x12\x16\n" +
@@ -3380,7 +3803,10 @@ const file_kiln_proto_rawDesc = "" +
 	"\x13last_active_unix_ms\x18\f \x01(\x03R\x10lastActiveUnixMs\x12\x10\n" +
 	"\x03pid\x18\r \x01(\x05R\x03pid\x12\x19\n" +
 	"\bready_ms\x18\x0e \x01(\x03R\areadyMs\x12\x1b\n" +
-	"\tfrom_pool\x18\x0f \x01(\bR\bfromPool\x1a9\n" +
+	"\tfrom_pool\x18\x0f \x01(\bR\bfromPool\x12.\n" +
+	"\anetwork\x18\x10 \x01(\v2\x14.kiln.v1.NetworkInfoR\anetwork\x12!\n" +
+	"\fsecret_names\x18\x11 \x03(\tR\vsecretNames\x12\x16\n" +
+	"\x06cgroup\x18\x12 \x01(\tR\x06cgroup\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
@@ -3398,7 +3824,10 @@ const file_kiln_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
 	"\x16DestroySandboxResponse\"%\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"&\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"[\n" +
+	"\x1aUpdateNetworkPolicyRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
+	"\x06egress\x18\x02 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"&\n" +
 	"\x14ResumeSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xfc\x01\n" +
 	"\tExecStart\x12\x1d\n" +
@@ -3564,7 +3993,7 @@ const file_kiln_proto_rawDesc = "" +
 	"pool_ready\x18\b \x01(\rR\tpoolReady\x12&\n" +
 	"\x0fcreated_unix_ms\x18\t \x01(\x03R\rcreatedUnixMs\x12\x1c\n" +
 	"\tsandboxes\x18\n" +
-	" \x01(\rR\tsandboxes\"\xc5\x01\n" +
+	" \x01(\rR\tsandboxes\"\x9f\x02\n" +
 	"\x15CreateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x14\n" +
@@ -3572,7 +4001,9 @@ const file_kiln_proto_rawDesc = "" +
 	"\tresources\x18\x04 \x01(\v2\x12.kiln.v1.ResourcesR\tresources\x12\x1b\n" +
 	"\tpool_size\x18\x05 \x01(\rR\bpoolSize\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"$\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12-\n" +
+	"\x06egress\x18\a \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
+	"\asecrets\x18\b \x03(\v2\x0f.kiln.v1.SecretR\asecrets\"$\n" +
 	"\x12GetTemplateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
 	"\x14ListTemplatesRequest\"H\n" +
@@ -3610,7 +4041,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\x05\x12\x1b\n" +
-	"\x17SANDBOX_STATE_TIMED_OUT\x10\x062\x82\r\n" +
+	"\x17SANDBOX_STATE_TIMED_OUT\x10\x062\xd0\r\n" +
 	"\x04Kiln\x12@\n" +
 	"\rCreateSandbox\x12\x1d.kiln.v1.CreateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12:\n" +
 	"\n" +
@@ -3618,7 +4049,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1d.kiln.v1.ListSandboxesRequest\x1a\x1e.kiln.v1.ListSandboxesResponse\x12Q\n" +
 	"\x0eDestroySandbox\x12\x1e.kiln.v1.DestroySandboxRequest\x1a\x1f.kiln.v1.DestroySandboxResponse\x12>\n" +
 	"\fPauseSandbox\x12\x1c.kiln.v1.PauseSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12@\n" +
-	"\rResumeSandbox\x12\x1d.kiln.v1.ResumeSandboxRequest\x1a\x10.kiln.v1.Sandbox\x127\n" +
+	"\rResumeSandbox\x12\x1d.kiln.v1.ResumeSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12L\n" +
+	"\x13UpdateNetworkPolicy\x12#.kiln.v1.UpdateNetworkPolicyRequest\x1a\x10.kiln.v1.Sandbox\x127\n" +
 	"\x04Exec\x12\x14.kiln.v1.ExecRequest\x1a\x15.kiln.v1.ExecResponse(\x010\x01\x12B\n" +
 	"\tListExecs\x12\x19.kiln.v1.ListExecsRequest\x1a\x1a.kiln.v1.ListExecsResponse\x12?\n" +
 	"\bKillExec\x12\x18.kiln.v1.KillExecRequest\x1a\x19.kiln.v1.KillExecResponse\x12;\n" +
@@ -3652,144 +4084,159 @@ func file_kiln_proto_rawDescGZIP() []byte {
 	return file_kiln_proto_rawDescData
 }
 
-var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_kiln_proto_goTypes = []any{
-	(SandboxState)(0),                // 0: kiln.v1.SandboxState
-	(Event_Kind)(0),                  // 1: kiln.v1.Event.Kind
-	(*Resources)(nil),                // 2: kiln.v1.Resources
-	(*CreateSandboxRequest)(nil),     // 3: kiln.v1.CreateSandboxRequest
-	(*Sandbox)(nil),                  // 4: kiln.v1.Sandbox
-	(*GetSandboxRequest)(nil),        // 5: kiln.v1.GetSandboxRequest
-	(*ListSandboxesRequest)(nil),     // 6: kiln.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),    // 7: kiln.v1.ListSandboxesResponse
-	(*DestroySandboxRequest)(nil),    // 8: kiln.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),   // 9: kiln.v1.DestroySandboxResponse
-	(*PauseSandboxRequest)(nil),      // 10: kiln.v1.PauseSandboxRequest
-	(*ResumeSandboxRequest)(nil),     // 11: kiln.v1.ResumeSandboxRequest
-	(*ExecStart)(nil),                // 12: kiln.v1.ExecStart
-	(*ExecSignal)(nil),               // 13: kiln.v1.ExecSignal
-	(*ExecRequest)(nil),              // 14: kiln.v1.ExecRequest
-	(*ExecStarted)(nil),              // 15: kiln.v1.ExecStarted
-	(*ExecExit)(nil),                 // 16: kiln.v1.ExecExit
-	(*ExecResponse)(nil),             // 17: kiln.v1.ExecResponse
-	(*ExecInfo)(nil),                 // 18: kiln.v1.ExecInfo
-	(*ListExecsRequest)(nil),         // 19: kiln.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),        // 20: kiln.v1.ListExecsResponse
-	(*KillExecRequest)(nil),          // 21: kiln.v1.KillExecRequest
-	(*KillExecResponse)(nil),         // 22: kiln.v1.KillExecResponse
-	(*WriteFileHeader)(nil),          // 23: kiln.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),         // 24: kiln.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),          // 25: kiln.v1.ReadFileRequest
-	(*FileChunk)(nil),                // 26: kiln.v1.FileChunk
-	(*FileInfo)(nil),                 // 27: kiln.v1.FileInfo
-	(*ListDirRequest)(nil),           // 28: kiln.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 29: kiln.v1.ListDirResponse
-	(*StatRequest)(nil),              // 30: kiln.v1.StatRequest
-	(*RemoveRequest)(nil),            // 31: kiln.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 32: kiln.v1.RemoveResponse
-	(*MakeDirRequest)(nil),           // 33: kiln.v1.MakeDirRequest
-	(*CheckpointInfo)(nil),           // 34: kiln.v1.CheckpointInfo
-	(*CheckpointRequest)(nil),        // 35: kiln.v1.CheckpointRequest
-	(*RollbackRequest)(nil),          // 36: kiln.v1.RollbackRequest
-	(*ListCheckpointsRequest)(nil),   // 37: kiln.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 38: kiln.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),  // 39: kiln.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 40: kiln.v1.DeleteCheckpointResponse
-	(*ForkRequest)(nil),              // 41: kiln.v1.ForkRequest
-	(*Template)(nil),                 // 42: kiln.v1.Template
-	(*CreateTemplateRequest)(nil),    // 43: kiln.v1.CreateTemplateRequest
-	(*GetTemplateRequest)(nil),       // 44: kiln.v1.GetTemplateRequest
-	(*ListTemplatesRequest)(nil),     // 45: kiln.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),    // 46: kiln.v1.ListTemplatesResponse
-	(*DeleteTemplateRequest)(nil),    // 47: kiln.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),   // 48: kiln.v1.DeleteTemplateResponse
-	(*WatchEventsRequest)(nil),       // 49: kiln.v1.WatchEventsRequest
-	(*Event)(nil),                    // 50: kiln.v1.Event
-	nil,                              // 51: kiln.v1.CreateSandboxRequest.LabelsEntry
-	nil,                              // 52: kiln.v1.Sandbox.LabelsEntry
-	nil,                              // 53: kiln.v1.ListSandboxesRequest.LabelsEntry
-	nil,                              // 54: kiln.v1.ForkRequest.LabelsEntry
+	(SandboxState)(0),                  // 0: kiln.v1.SandboxState
+	(EgressPolicy_Mode)(0),             // 1: kiln.v1.EgressPolicy.Mode
+	(Event_Kind)(0),                    // 2: kiln.v1.Event.Kind
+	(*Resources)(nil),                  // 3: kiln.v1.Resources
+	(*CreateSandboxRequest)(nil),       // 4: kiln.v1.CreateSandboxRequest
+	(*EgressPolicy)(nil),               // 5: kiln.v1.EgressPolicy
+	(*Secret)(nil),                     // 6: kiln.v1.Secret
+	(*NetworkInfo)(nil),                // 7: kiln.v1.NetworkInfo
+	(*Sandbox)(nil),                    // 8: kiln.v1.Sandbox
+	(*GetSandboxRequest)(nil),          // 9: kiln.v1.GetSandboxRequest
+	(*ListSandboxesRequest)(nil),       // 10: kiln.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 11: kiln.v1.ListSandboxesResponse
+	(*DestroySandboxRequest)(nil),      // 12: kiln.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),     // 13: kiln.v1.DestroySandboxResponse
+	(*PauseSandboxRequest)(nil),        // 14: kiln.v1.PauseSandboxRequest
+	(*UpdateNetworkPolicyRequest)(nil), // 15: kiln.v1.UpdateNetworkPolicyRequest
+	(*ResumeSandboxRequest)(nil),       // 16: kiln.v1.ResumeSandboxRequest
+	(*ExecStart)(nil),                  // 17: kiln.v1.ExecStart
+	(*ExecSignal)(nil),                 // 18: kiln.v1.ExecSignal
+	(*ExecRequest)(nil),                // 19: kiln.v1.ExecRequest
+	(*ExecStarted)(nil),                // 20: kiln.v1.ExecStarted
+	(*ExecExit)(nil),                   // 21: kiln.v1.ExecExit
+	(*ExecResponse)(nil),               // 22: kiln.v1.ExecResponse
+	(*ExecInfo)(nil),                   // 23: kiln.v1.ExecInfo
+	(*ListExecsRequest)(nil),           // 24: kiln.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),          // 25: kiln.v1.ListExecsResponse
+	(*KillExecRequest)(nil),            // 26: kiln.v1.KillExecRequest
+	(*KillExecResponse)(nil),           // 27: kiln.v1.KillExecResponse
+	(*WriteFileHeader)(nil),            // 28: kiln.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),           // 29: kiln.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),            // 30: kiln.v1.ReadFileRequest
+	(*FileChunk)(nil),                  // 31: kiln.v1.FileChunk
+	(*FileInfo)(nil),                   // 32: kiln.v1.FileInfo
+	(*ListDirRequest)(nil),             // 33: kiln.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 34: kiln.v1.ListDirResponse
+	(*StatRequest)(nil),                // 35: kiln.v1.StatRequest
+	(*RemoveRequest)(nil),              // 36: kiln.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 37: kiln.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 38: kiln.v1.MakeDirRequest
+	(*CheckpointInfo)(nil),             // 39: kiln.v1.CheckpointInfo
+	(*CheckpointRequest)(nil),          // 40: kiln.v1.CheckpointRequest
+	(*RollbackRequest)(nil),            // 41: kiln.v1.RollbackRequest
+	(*ListCheckpointsRequest)(nil),     // 42: kiln.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 43: kiln.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 44: kiln.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 45: kiln.v1.DeleteCheckpointResponse
+	(*ForkRequest)(nil),                // 46: kiln.v1.ForkRequest
+	(*Template)(nil),                   // 47: kiln.v1.Template
+	(*CreateTemplateRequest)(nil),      // 48: kiln.v1.CreateTemplateRequest
+	(*GetTemplateRequest)(nil),         // 49: kiln.v1.GetTemplateRequest
+	(*ListTemplatesRequest)(nil),       // 50: kiln.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 51: kiln.v1.ListTemplatesResponse
+	(*DeleteTemplateRequest)(nil),      // 52: kiln.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 53: kiln.v1.DeleteTemplateResponse
+	(*WatchEventsRequest)(nil),         // 54: kiln.v1.WatchEventsRequest
+	(*Event)(nil),                      // 55: kiln.v1.Event
+	nil,                                // 56: kiln.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                // 57: kiln.v1.Sandbox.LabelsEntry
+	nil,                                // 58: kiln.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                // 59: kiln.v1.ForkRequest.LabelsEntry
 }
 var file_kiln_proto_depIdxs = []int32{
-	2,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
-	51, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
-	0,  // 2: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
-	2,  // 3: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
-	52, // 4: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
-	53, // 5: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
-	0,  // 6: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
-	4,  // 7: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
-	12, // 8: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
-	13, // 9: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
-	15, // 10: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
-	16, // 11: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
-	16, // 12: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
-	18, // 13: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
-	23, // 14: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
-	27, // 15: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
-	34, // 16: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
-	54, // 17: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
-	2,  // 18: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
-	2,  // 19: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
-	42, // 20: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
-	1,  // 21: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
-	4,  // 22: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
-	3,  // 23: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
-	5,  // 24: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
-	6,  // 25: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
-	8,  // 26: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
-	10, // 27: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
-	11, // 28: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
-	14, // 29: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
-	19, // 30: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
-	21, // 31: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
-	24, // 32: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
-	25, // 33: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
-	28, // 34: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
-	30, // 35: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
-	31, // 36: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
-	33, // 37: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
-	35, // 38: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
-	36, // 39: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
-	37, // 40: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
-	39, // 41: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
-	41, // 42: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
-	43, // 43: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
-	44, // 44: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
-	45, // 45: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
-	47, // 46: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
-	49, // 47: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
-	4,  // 48: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
-	4,  // 49: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
-	7,  // 50: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
-	9,  // 51: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
-	4,  // 52: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
-	4,  // 53: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
-	17, // 54: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
-	20, // 55: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
-	22, // 56: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
-	27, // 57: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
-	26, // 58: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
-	29, // 59: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
-	27, // 60: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
-	32, // 61: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
-	27, // 62: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
-	34, // 63: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
-	4,  // 64: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
-	38, // 65: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
-	40, // 66: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
-	4,  // 67: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
-	42, // 68: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
-	42, // 69: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
-	46, // 70: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
-	48, // 71: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
-	50, // 72: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
-	48, // [48:73] is the sub-list for method output_type
-	23, // [23:48] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	3,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
+	56, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
+	5,  // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
+	6,  // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
+	1,  // 4: kiln.v1.EgressPolicy.mode:type_name -> kiln.v1.EgressPolicy.Mode
+	5,  // 5: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
+	0,  // 6: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
+	3,  // 7: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
+	57, // 8: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
+	7,  // 9: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
+	58, // 10: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
+	0,  // 11: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
+	8,  // 12: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
+	5,  // 13: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
+	17, // 14: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
+	18, // 15: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
+	20, // 16: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
+	21, // 17: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
+	21, // 18: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
+	23, // 19: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
+	28, // 20: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
+	32, // 21: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
+	39, // 22: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
+	59, // 23: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
+	3,  // 24: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
+	3,  // 25: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
+	5,  // 26: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
+	6,  // 27: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
+	47, // 28: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
+	2,  // 29: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
+	8,  // 30: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
+	4,  // 31: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
+	9,  // 32: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
+	10, // 33: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
+	12, // 34: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
+	14, // 35: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
+	16, // 36: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
+	15, // 37: kiln.v1.Kiln.UpdateNetworkPolicy:input_type -> kiln.v1.UpdateNetworkPolicyRequest
+	19, // 38: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
+	24, // 39: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
+	26, // 40: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
+	29, // 41: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
+	30, // 42: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
+	33, // 43: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
+	35, // 44: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
+	36, // 45: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
+	38, // 46: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
+	40, // 47: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
+	41, // 48: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
+	42, // 49: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
+	44, // 50: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
+	46, // 51: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
+	48, // 52: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
+	49, // 53: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
+	50, // 54: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
+	52, // 55: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
+	54, // 56: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
+	8,  // 57: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
+	8,  // 58: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
+	11, // 59: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
+	13, // 60: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
+	8,  // 61: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
+	8,  // 62: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
+	8,  // 63: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
+	22, // 64: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
+	25, // 65: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
+	27, // 66: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
+	32, // 67: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
+	31, // 68: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
+	34, // 69: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
+	32, // 70: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
+	37, // 71: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
+	32, // 72: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
+	39, // 73: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
+	8,  // 74: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
+	43, // 75: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
+	45, // 76: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
+	8,  // 77: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
+	47, // 78: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
+	47, // 79: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
+	51, // 80: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
+	53, // 81: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
+	55, // 82: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
+	57, // [57:83] is the sub-list for method output_type
+	31, // [31:57] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_kiln_proto_init() }
@@ -3802,24 +4249,24 @@ func file_kiln_proto_init() {
 		(*CreateSandboxRequest_Template)(nil),
 		(*CreateSandboxRequest_Checkpoint)(nil),
 	}
-	file_kiln_proto_msgTypes[10].OneofWrappers = []any{}
-	file_kiln_proto_msgTypes[12].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[14].OneofWrappers = []any{}
+	file_kiln_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_kiln_proto_msgTypes[15].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[19].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_kiln_proto_msgTypes[22].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[26].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_kiln_proto_msgTypes[39].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[43].OneofWrappers = []any{
 		(*ForkRequest_SandboxId)(nil),
 		(*ForkRequest_CheckpointId)(nil),
 	}
@@ -3828,8 +4275,8 @@ func file_kiln_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_proto_rawDesc), len(file_kiln_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   53,
+			NumEnums:      3,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,31 +26,32 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Kiln_CreateSandbox_FullMethodName    = "/kiln.v1.Kiln/CreateSandbox"
-	Kiln_GetSandbox_FullMethodName       = "/kiln.v1.Kiln/GetSandbox"
-	Kiln_ListSandboxes_FullMethodName    = "/kiln.v1.Kiln/ListSandboxes"
-	Kiln_DestroySandbox_FullMethodName   = "/kiln.v1.Kiln/DestroySandbox"
-	Kiln_PauseSandbox_FullMethodName     = "/kiln.v1.Kiln/PauseSandbox"
-	Kiln_ResumeSandbox_FullMethodName    = "/kiln.v1.Kiln/ResumeSandbox"
-	Kiln_Exec_FullMethodName             = "/kiln.v1.Kiln/Exec"
-	Kiln_ListExecs_FullMethodName        = "/kiln.v1.Kiln/ListExecs"
-	Kiln_KillExec_FullMethodName         = "/kiln.v1.Kiln/KillExec"
-	Kiln_WriteFile_FullMethodName        = "/kiln.v1.Kiln/WriteFile"
-	Kiln_ReadFile_FullMethodName         = "/kiln.v1.Kiln/ReadFile"
-	Kiln_ListDir_FullMethodName          = "/kiln.v1.Kiln/ListDir"
-	Kiln_Stat_FullMethodName             = "/kiln.v1.Kiln/Stat"
-	Kiln_Remove_FullMethodName           = "/kiln.v1.Kiln/Remove"
-	Kiln_MakeDir_FullMethodName          = "/kiln.v1.Kiln/MakeDir"
-	Kiln_Checkpoint_FullMethodName       = "/kiln.v1.Kiln/Checkpoint"
-	Kiln_Rollback_FullMethodName         = "/kiln.v1.Kiln/Rollback"
-	Kiln_ListCheckpoints_FullMethodName  = "/kiln.v1.Kiln/ListCheckpoints"
-	Kiln_DeleteCheckpoint_FullMethodName = "/kiln.v1.Kiln/DeleteCheckpoint"
-	Kiln_Fork_FullMethodName             = "/kiln.v1.Kiln/Fork"
-	Kiln_CreateTemplate_FullMethodName   = "/kiln.v1.Kiln/CreateTemplate"
-	Kiln_GetTemplate_FullMethodName      = "/kiln.v1.Kiln/GetTemplate"
-	Kiln_ListTemplates_FullMethodName    = "/kiln.v1.Kiln/ListTemplates"
-	Kiln_DeleteTemplate_FullMethodName   = "/kiln.v1.Kiln/DeleteTemplate"
-	Kiln_WatchEvents_FullMethodName      = "/kiln.v1.Kiln/WatchEvents"
+	Kiln_CreateSandbox_FullMethodName       = "/kiln.v1.Kiln/CreateSandbox"
+	Kiln_GetSandbox_FullMethodName          = "/kiln.v1.Kiln/GetSandbox"
+	Kiln_ListSandboxes_FullMethodName       = "/kiln.v1.Kiln/ListSandboxes"
+	Kiln_DestroySandbox_FullMethodName      = "/kiln.v1.Kiln/DestroySandbox"
+	Kiln_PauseSandbox_FullMethodName        = "/kiln.v1.Kiln/PauseSandbox"
+	Kiln_ResumeSandbox_FullMethodName       = "/kiln.v1.Kiln/ResumeSandbox"
+	Kiln_UpdateNetworkPolicy_FullMethodName = "/kiln.v1.Kiln/UpdateNetworkPolicy"
+	Kiln_Exec_FullMethodName                = "/kiln.v1.Kiln/Exec"
+	Kiln_ListExecs_FullMethodName           = "/kiln.v1.Kiln/ListExecs"
+	Kiln_KillExec_FullMethodName            = "/kiln.v1.Kiln/KillExec"
+	Kiln_WriteFile_FullMethodName           = "/kiln.v1.Kiln/WriteFile"
+	Kiln_ReadFile_FullMethodName            = "/kiln.v1.Kiln/ReadFile"
+	Kiln_ListDir_FullMethodName             = "/kiln.v1.Kiln/ListDir"
+	Kiln_Stat_FullMethodName                = "/kiln.v1.Kiln/Stat"
+	Kiln_Remove_FullMethodName              = "/kiln.v1.Kiln/Remove"
+	Kiln_MakeDir_FullMethodName             = "/kiln.v1.Kiln/MakeDir"
+	Kiln_Checkpoint_FullMethodName          = "/kiln.v1.Kiln/Checkpoint"
+	Kiln_Rollback_FullMethodName            = "/kiln.v1.Kiln/Rollback"
+	Kiln_ListCheckpoints_FullMethodName     = "/kiln.v1.Kiln/ListCheckpoints"
+	Kiln_DeleteCheckpoint_FullMethodName    = "/kiln.v1.Kiln/DeleteCheckpoint"
+	Kiln_Fork_FullMethodName                = "/kiln.v1.Kiln/Fork"
+	Kiln_CreateTemplate_FullMethodName      = "/kiln.v1.Kiln/CreateTemplate"
+	Kiln_GetTemplate_FullMethodName         = "/kiln.v1.Kiln/GetTemplate"
+	Kiln_ListTemplates_FullMethodName       = "/kiln.v1.Kiln/ListTemplates"
+	Kiln_DeleteTemplate_FullMethodName      = "/kiln.v1.Kiln/DeleteTemplate"
+	Kiln_WatchEvents_FullMethodName         = "/kiln.v1.Kiln/WatchEvents"
 )
 
 // KilnClient is the client API for Kiln service.
@@ -64,6 +65,9 @@ type KilnClient interface {
 	DestroySandbox(ctx context.Context, in *DestroySandboxRequest, opts ...grpc.CallOption) (*DestroySandboxResponse, error)
 	PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
+	// Replaces a running sandbox's egress policy; it holds for new
+	// connections at once, without a restart.
+	UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*Sandbox, error)
 	// Processes. Exec's first request carries ExecStart; then stdin and
 	// signals. Its responses: started, output, exit. A background exec
 	// outlives the call: it is listed by ListExecs and killed by KillExec.
@@ -155,6 +159,16 @@ func (c *kilnClient) ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Sandbox)
 	err := c.cc.Invoke(ctx, Kiln_ResumeSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kilnClient) UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*Sandbox, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Sandbox)
+	err := c.cc.Invoke(ctx, Kiln_UpdateNetworkPolicy_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -395,6 +409,9 @@ type KilnServer interface {
 	DestroySandbox(context.Context, *DestroySandboxRequest) (*DestroySandboxResponse, error)
 	PauseSandbox(context.Context, *PauseSandboxRequest) (*Sandbox, error)
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*Sandbox, error)
+	// Replaces a running sandbox's egress policy; it holds for new
+	// connections at once, without a restart.
+	UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*Sandbox, error)
 	// Processes. Exec's first request carries ExecStart; then stdin and
 	// signals. Its responses: started, output, exit. A background exec
 	// outlives the call: it is listed by ListExecs and killed by KillExec.
@@ -449,6 +466,9 @@ func (UnimplementedKilnServer) PauseSandbox(context.Context, *PauseSandboxReques
 }
 func (UnimplementedKilnServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*Sandbox, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResumeSandbox not implemented")
+}
+func (UnimplementedKilnServer) UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*Sandbox, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateNetworkPolicy not implemented")
 }
 func (UnimplementedKilnServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Exec not implemented")
@@ -632,6 +652,24 @@ func _Kiln_ResumeSandbox_Handler(srv interface{}, ctx context.Context, dec func(
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(KilnServer).ResumeSandbox(ctx, req.(*ResumeSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Kiln_UpdateNetworkPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateNetworkPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KilnServer).UpdateNetworkPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Kiln_UpdateNetworkPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KilnServer).UpdateNetworkPolicy(ctx, req.(*UpdateNetworkPolicyRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -965,6 +1003,10 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSandbox",
 			Handler:    _Kiln_ResumeSandbox_Handler,
+		},
+		{
+			MethodName: "UpdateNetworkPolicy",
+			Handler:    _Kiln_UpdateNetworkPolicy_Handler,
 		},
 		{
 			MethodName: "ListExecs",
