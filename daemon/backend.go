@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/virtio"
 )
 
 // Backend is what runs sandboxes for the server: SandboxBackend in VMM
@@ -38,6 +39,20 @@ type CreateSpec struct {
 	// guest's memory.
 	WritableMiB int
 	Hostname    string
+	// Host is what the sandbox gets of the host: network card, cgroup.
+	Host HostSpec
+}
+
+// HostSpec is what a sandbox gets of the host beyond its folder, made by
+// the server before the sandbox starts: its network card (a tap in a
+// network namespace of its own) and the cgroup its VMM process runs in.
+// Plain data: a backend passes it on to the VMM process it starts.
+type HostSpec struct {
+	// Net, when set, gives the guest a network card on this tap.
+	Net *virtio.NetSpec
+	// Cgroup, when set, is the cgroup v2 folder (an absolute path under
+	// the cgroup mount) the sandbox's VMM process starts in.
+	Cgroup string
 }
 
 // Instance is one running sandbox of a backend. Its methods are safe for
@@ -76,9 +91,10 @@ type Instance interface {
 	// Save writes a checkpoint of the running sandbox into dir (which
 	// must not exist); the sandbox runs on.
 	Save(ctx context.Context, dir string) error
-	// Fork makes n children of the running sandbox, each in a folder of
-	// its own; the sandbox runs on.
-	Fork(ctx context.Context, n int) ([]Instance, error)
+	// Fork makes a child of the running sandbox per entry of hosts, each
+	// in a folder of its own and with that share of the host; the sandbox
+	// runs on.
+	Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error)
 
 	// In-memory checkpoints, kept by ID in the sandbox's VMM process (so
 	// that they outlive a restart of the server) until released or the

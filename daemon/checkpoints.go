@@ -509,7 +509,7 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 // forkSandbox makes the children boxes of the running parent.
 func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BootTimeout)
-	kids, err := parent.Fork(fctx, len(boxes))
+	kids, err := parent.Fork(fctx, make([]HostSpec, len(boxes)))
 	cancel()
 	if err != nil {
 		err = callErr("fork", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -71,12 +72,12 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			return nil, fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", spec.Frozen)
 		}
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(),
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(), Net: spec.Host.Net,
 			Images: b.Images, ImageRoots: b.imageRoots(),
 		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(),
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(), Net: spec.Host.Net,
 			Images: b.Images, ImageRoots: b.imageRoots(),
 		})
 	case spec.Image != "":
@@ -84,7 +85,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			return nil, err
 		}
 		opts := sandbox.Options{
-			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname,
+			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: spec.Host.Net,
 			Dir: spec.Dir, Process: &proc, Logger: b.log(),
 			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
 		}
@@ -410,8 +411,12 @@ func (in *sandboxInstance) Adopt(ctx context.Context, f Frozen) error {
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
 
-func (in *sandboxInstance) Fork(ctx context.Context, n int) ([]Instance, error) {
-	kids, err := in.s.Fork(ctx, n, sandbox.ForkOptions{})
+func (in *sandboxInstance) Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error) {
+	var opts sandbox.ForkOptions
+	if len(hosts) > 0 && hosts[0].Net != nil {
+		opts.Net = func(i int) *virtio.NetSpec { return hosts[i].Net }
+	}
+	kids, err := in.s.Fork(ctx, len(hosts), opts)
 	if err != nil {
 		return nil, err
 	}

@@ -902,7 +902,8 @@ func (in *Instance) Adopt(ctx context.Context, f daemon.Frozen) error {
 
 // Fork makes n children, each a copy of the root, in folders beside this
 // one's.
-func (in *Instance) Fork(ctx context.Context, n int) ([]daemon.Instance, error) {
+func (in *Instance) Fork(ctx context.Context, hosts []daemon.HostSpec) ([]daemon.Instance, error) {
+	n := len(hosts)
 	tmp, err := os.MkdirTemp(filepath.Dir(in.dir), ".fork-")
 	if err != nil {
 		return nil, fmt.Errorf("daemontest: fork: %w", err)
