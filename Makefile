@@ -28,7 +28,7 @@ HARNESS_TRIES ?= 1
 DEMO_CMD = $(KILN) run --time --boot-timeout 4m -- sh -c 'uname -a; echo hello from kiln'
 DEMO_TIMEOUT := 5m
 
-.PHONY: all deps build harness kernel guest-kernel test-rootfs demo test fuzz bench clean
+.PHONY: all deps build harness kernel guest-kernel test-rootfs demo test fuzz bench clean install
 
 all: deps build kernel demo
 
@@ -103,6 +103,30 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . ./bench/...
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: kiln, kilnd and kiln-agent
+# side by side in $(BINDIR) (kiln and kilnd find the agent beside
+# themselves), kilnd's systemd units (ExecStart pointed at $(BINDIR)), and
+# /etc/kiln/kilnd.toml unless one is there. Then: systemctl daemon-reload;
+# systemctl enable --now kilnd.socket kilnd.service (README).
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(SYSCONFDIR)/systemd/system
+KILND ?= bin/kilnd
+install: build
+	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/kiln
+	install -m 0755 $(KILN) $(DESTDIR)$(BINDIR)/kiln
+	install -m 0755 $(KILND) $(DESTDIR)$(BINDIR)/kilnd
+	install -m 0755 $(AGENT) $(DESTDIR)$(BINDIR)/kiln-agent
+	sed -e 's|/usr/local/bin/kilnd|$(BINDIR)/kilnd|g' -e 's|/etc/kiln/|$(SYSCONFDIR)/kiln/|g' packaging/kilnd.service > $(DESTDIR)$(UNITDIR)/kilnd.service.tmp
+	chmod 0644 $(DESTDIR)$(UNITDIR)/kilnd.service.tmp && mv $(DESTDIR)$(UNITDIR)/kilnd.service.tmp $(DESTDIR)$(UNITDIR)/kilnd.service
+	install -m 0644 packaging/kilnd.socket $(DESTDIR)$(UNITDIR)/kilnd.socket
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/kiln/kilnd.toml ]; then \
+	  echo "install: keeping $(DESTDIR)$(SYSCONFDIR)/kiln/kilnd.toml (packaging/kilnd.toml is the current default)"; \
+	else \
+	  install -m 0644 packaging/kilnd.toml $(DESTDIR)$(SYSCONFDIR)/kiln/kilnd.toml; \
+	fi
 
 clean:
 	rm -rf bin

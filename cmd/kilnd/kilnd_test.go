@@ -215,7 +215,7 @@ func serveTest(t *testing.T, token string) (sock, tcp string, svc *listOnly, sto
 	svc = &listOnly{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, []net.Listener{uln, tln}, auth{token: []byte(token)}, svc, discardLogger()) }()
+	go func() { done <- serve(ctx, []net.Listener{uln, tln}, auth{token: []byte(token)}, svc, discardLogger(), serveOptions{}) }()
 	var stopped bool
 	stop = func() error {
 		if stopped {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
 )
 
 // listenSpec is one --listen value: unix:PATH or tcp:HOST:PORT.
@@ -52,6 +54,16 @@ func (f *listenFlag) String() string {
 		s[i] = l.String()
 	}
 	return strings.Join(s, ",")
+}
+
+// Get returns the addresses; a config file gives them as an array of
+// strings.
+func (f *listenFlag) Get() any {
+	s := make([]string, len(*f))
+	for i, l := range *f {
+		s[i] = l.String()
+	}
+	return s
 }
 
 func (f *listenFlag) Set(v string) error {
@@ -143,4 +155,50 @@ func removeStaleSocket(path string) error {
 		return fmt.Errorf("removing the stale socket: %w", err)
 	}
 	return nil
+}
+
+// activatedListeners returns the sockets systemd passed (socket
+// activation: LISTEN_FDS, LISTEN_PID), in order, or none. Their variables
+// are unset and their descriptors close on exec, so VMM processes inherit
+// neither. They are never unlinked: the socket unit owns them, and keeps
+// them while kilnd restarts.
+func activatedListeners() ([]net.Listener, error) {
+	files := activation.Files(true)
+	lns := make([]net.Listener, 0, len(files))
+	fail := func(err error) ([]net.Listener, error) {
+		for _, ln := range lns {
+			ln.Close()
+		}
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, err
+	}
+	for i, f := range files {
+		ln, err := net.FileListener(f)
+		if err != nil {
+			return fail(fmt.Errorf("the socket systemd passed as descriptor %d (%s) is not a listening stream socket: %w", 3+i, f.Name(), err))
+		}
+		f.Close()
+		files[i] = nil
+		if ul, ok := ln.(*net.UnixListener); ok {
+			ul.SetUnlinkOnClose(false)
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+// activatedAt reports whether one of the activated listeners lns is l's
+// Unix socket already (the config names the socket kilnd.socket passes).
+func activatedAt(lns []net.Listener, l listenSpec) bool {
+	if l.network != "unix" {
+		return false
+	}
+	for _, ln := range lns {
+		if a, ok := ln.Addr().(*net.UnixAddr); ok && filepath.Clean(a.Name) == l.addr {
+			return true
+		}
+	}
+	return false
 }

@@ -20,31 +20,50 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 )
 
 // defaultSocket is where kilnd listens unless told otherwise.
 const defaultSocket = "/run/kiln/kilnd.sock"
 
-// config is kilnd's command line.
+// config is kilnd's command line, over its config file.
 type config struct {
-	listens   []listenSpec
-	tokenFile string
-	group     string // the Unix sockets' group, "" to leave it
-	stateDir  string
-	images    string
-	kernel    string
-	agent     string
-	kiln      string // the kiln binary whose vmm command runs each VM
-	debug     bool
+	configFile string // the config file read, "" for none
+	listens    []listenSpec
+	// implicitSocket: listens[0] is the default socket, added because no
+	// unix: --listen was given (dropped when systemd passes sockets).
+	implicitSocket bool
+	tokenFile      string
+	group          string // the Unix sockets' group, "" to leave it
+	stateDir       string
+	images         string
+	kernel         string
+	agent          string
+	kiln           string // the kiln binary whose vmm command runs each VM
+	debug          bool
+	logFormat      string // logText or logJSON
 
 	maxSandboxes    int
 	maxMemoryMiB    uint64
 	defaultLifetime time.Duration
+
+	// Host integration (issue 12), parsed and validated here.
+	metricsListen    string           // wired by the lead: "" = no /metrics
+	netPool          netip.Prefix     // wired by the lead: zero = no per-sandbox network
+	netUplink        string           // wired by the lead: "" = the default route's
+	netDNS           []netip.AddrPort // wired by the lead: nil = /etc/resolv.conf's
+	egressDefault    string           // wired by the lead: egressAllowAll or egressDenyAll
+	cgroupRoot       string           // wired by the lead: "" = kilnd's own cgroup, cgroupNone = none
+	memoryOvercommit float64          // wired by the lead
+	vmmOverheadMiB   uint64           // wired by the lead
+	pidsMax          uint64           // wired by the lead
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.
@@ -56,28 +75,50 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stderr, newDaemon))
 }
 
+// parseFlags parses kilnd's command line over its config file: the
+// --config one, else defaultConfigFile when it exists.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	var cfg config
-	var listens listenFlag
-	fs := flag.NewFlagSet("kilnd", flag.ContinueOnError)
+	return parseFlagsWith(args, stderr, defaultConfigFile)
+}
+
+// parseFlagsWith is parseFlags with the config file read when --config is
+// not given ("" for none).
+func parseFlagsWith(args []string, stderr io.Writer, defaultConfig string) (config, error) {
+	// The command line alone first: for --config, and for which flags it
+	// sets, which the file's keys do not override.
+	var probe config
+	var probeListens listenFlag
+	fs := newFlagSet(&probe, &probeListens)
 	fs.SetOutput(stderr)
-	fs.Var(&listens, "listen", "`ADDR` to serve on: unix:PATH or tcp:HOST:PORT (repeatable; a unix:"+defaultSocket+" is added unless one is given)")
-	fs.StringVar(&cfg.tokenFile, "token-file", "", "`FILE` whose first line is the bearer token TCP callers must send (required with a TCP --listen)")
-	fs.StringVar(&cfg.group, "socket-group", "", "`GROUP` (name or ID) given the Unix sockets, whose members may then call")
-	fs.StringVar(&cfg.stateDir, "state-dir", "/var/lib/kiln", "`DIR` for the daemon's records, sandboxes, checkpoints and templates")
-	fs.StringVar(&cfg.images, "images", "", "images `DIR` (default: <kernel cache>/images, as kiln image pull uses)")
-	fs.StringVar(&cfg.kernel, "kernel", "", "kernel image; default: the cached Debian kernel, as kiln run")
-	fs.StringVar(&cfg.agent, "agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
-	fs.StringVar(&cfg.kiln, "kiln", "", "the kiln binary whose `kiln vmm` runs each sandbox's VM (default: kiln beside kilnd)")
-	fs.IntVar(&cfg.maxSandboxes, "max-sandboxes", 0, "most live sandboxes at once (0: 1024)")
-	fs.Uint64Var(&cfg.maxMemoryMiB, "max-memory", 0, "most guest memory in `MiB` among the live sandboxes (0: the host's)")
-	fs.DurationVar(&cfg.defaultLifetime, "default-lifetime", 0, "lifetime of a sandbox whose request gives none (0: unlimited)")
-	fs.BoolVar(&cfg.debug, "debug", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	path := defaultConfig
+	if given["config"] {
+		path = fs.Lookup("config").Value.String()
+	} else if path != "" {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			path = ""
+		}
+	}
+
+	var cfg config
+	var listens listenFlag
+	fs = newFlagSet(&cfg, &listens)
+	fs.SetOutput(io.Discard) // parsed once already: its errors are the file's
+	if path != "" {
+		if err := applyConfigFile(path, fs, given); err != nil {
+			return config{}, err
+		}
+		cfg.configFile = path
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
 	}
 	cfg.listens = listens
 	hasUnix := false
@@ -91,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if !hasUnix {
 		cfg.listens = append([]listenSpec{{network: "unix", addr: defaultSocket}}, cfg.listens...)
+		cfg.implicitSocket = true
 	}
 	if cfg.stateDir == "" {
 		return config{}, errors.New("--state-dir is empty")
@@ -122,11 +164,17 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		fmt.Fprintln(stderr, "kilnd:", err)
 		return 2
 	}
-	level := slog.LevelInfo
-	if cfg.debug {
-		level = slog.LevelDebug
+	log := newLogger(stderr, cfg)
+	if cfg.configFile != "" {
+		log.Debug("kilnd: read the config file", "file", cfg.configFile)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// systemd's watchdog: its variables are unset, so that VMM processes
+	// do not inherit them.
+	watchdog, err := sddaemon.SdWatchdogEnabled(true)
+	if err != nil {
+		log.Warn("kilnd: systemd's watchdog variables are unusable; not pinging", "err", err)
+		watchdog = 0
+	}
 	var a auth
 	if cfg.tokenFile != "" {
 		if a.token, err = readToken(cfg.tokenFile); err != nil {
@@ -137,19 +185,6 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 			log.Warn("kilnd: the token file is readable by others than its owner; chmod 600 it", "file", cfg.tokenFile, "mode", fi.Mode().Perm())
 		}
 	}
-	for _, l := range cfg.listens {
-		if l.network == "tcp" && !loopback(l.addr) {
-			log.Warn("kilnd: TCP is plain: the bearer token and all traffic cross the network in the clear; prefer loopback or a tunnel", "listen", l.String())
-		}
-	}
-	// Listen before taking the state folder over: a second kilnd on the
-	// same socket stops here, before it adopts anyone's sandboxes.
-	var lns []net.Listener
-	closeAll := func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}
 	gid := -1
 	if cfg.group != "" {
 		if gid, err = lookupGroup(cfg.group); err != nil {
@@ -157,7 +192,34 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 			return 2
 		}
 	}
-	for _, l := range cfg.listens {
+	// Sockets systemd passes (kilnd.socket) come first and stand in for
+	// the default socket.
+	lns, err := activatedListeners()
+	if err != nil {
+		fmt.Fprintln(stderr, "kilnd:", err)
+		return 1
+	}
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}
+	listens := cfg.listens
+	if len(lns) > 0 && cfg.implicitSocket {
+		listens = listens[1:]
+	}
+	for _, l := range listens {
+		if l.network == "tcp" && !loopback(l.addr) {
+			log.Warn("kilnd: TCP is plain: the bearer token and all traffic cross the network in the clear; prefer loopback or a tunnel", "listen", l.String())
+		}
+	}
+	// Listen before taking the state folder over: a second kilnd on the
+	// same socket stops here, before it adopts anyone's sandboxes.
+	for _, l := range listens {
+		if activatedAt(lns, l) {
+			log.Debug("kilnd: systemd passed this socket already", "listen", l.String())
+			continue
+		}
 		ln, err := listen(l, gid)
 		if err != nil {
 			closeAll()
@@ -166,17 +228,31 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		}
 		lns = append(lns, ln)
 	}
+	notify(log, "STATUS=adopting sandboxes")
 	svc, err := newService(cfg, log)
 	if err != nil {
 		closeAll()
 		fmt.Fprintln(stderr, "kilnd:", err)
 		return 1
 	}
-	if err := serve(ctx, lns, a, svc, log); err != nil {
+	if err := serve(ctx, lns, a, svc, log, serveOptions{watchdog: watchdog}); err != nil {
 		fmt.Fprintln(stderr, "kilnd:", err)
 		return 1
 	}
 	return 0
+}
+
+// newLogger makes kilnd's logger: text or JSON (--log-format) on stderr,
+// at debug level with --debug.
+func newLogger(w io.Writer, cfg config) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if cfg.debug {
+		opts.Level = slog.LevelDebug
+	}
+	if cfg.logFormat == logJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // loopback reports whether a TCP listen address stays on this host.

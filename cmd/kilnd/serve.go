@@ -26,11 +26,19 @@ type service interface {
 // (execs, streams of events) before cutting them.
 const shutdownGrace = 5 * time.Second
 
+// serveOptions are serve's knobs from its environment.
+type serveOptions struct {
+	// watchdog is systemd's watchdog interval (WATCHDOG_USEC), 0 for none:
+	// kilnd pings every half of it while its self-check passes.
+	watchdog time.Duration
+}
+
 // serve serves svc, with the health and reflection services, on every
 // listener until ctx ends, then stops: calls in flight get shutdownGrace,
 // and svc is closed, which leaves its sandboxes running. It tells systemd
-// READY=1 once it serves and STOPPING=1 when it stops.
-func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *slog.Logger) error {
+// READY=1 once the API answers on its own socket, pings systemd's watchdog
+// while it keeps answering, and says STOPPING=1 when it stops.
+func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *slog.Logger, opts serveOptions) error {
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(a.unary),
 		grpc.ChainStreamInterceptor(a.stream),
@@ -54,10 +62,27 @@ func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *sl
 		}()
 		log.Info("kilnd: listening", "addr", ln.Addr().Network()+":"+ln.Addr().String())
 	}
-	if ok, err := sddaemon.SdNotify(false, sddaemon.SdNotifyReady); err != nil {
-		log.Warn("kilnd: telling systemd it is ready", "err", err)
-	} else if ok {
-		log.Debug("kilnd: told systemd READY=1")
+
+	// READY=1 once a call over kilnd's own socket is answered, and the
+	// watchdog's pings while calls are.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var bg sync.WaitGroup
+	self, err := dialSelf(lns, a)
+	if err != nil {
+		log.Error("kilnd: no self-check: systemd is told READY=1 unchecked and its watchdog is not pinged", "err", err)
+		notify(log, sddaemon.SdNotifyReady+"\nSTATUS=serving (unchecked)")
+	} else {
+		defer self.Close()
+		bg.Go(func() {
+			if !self.waitReady(runCtx, log) {
+				return
+			}
+			notify(log, sddaemon.SdNotifyReady+"\nSTATUS="+self.status(runCtx))
+			if opts.watchdog > 0 {
+				self.watchdog(runCtx, opts.watchdog, log)
+			}
+		})
 	}
 
 	var serr error
@@ -67,7 +92,9 @@ func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *sl
 	case serr = <-errc:
 		log.Error("kilnd: stopping", "err", serr)
 	}
-	sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
+	stopRun()
+	bg.Wait()
+	notify(log, sddaemon.SdNotifyStopping+"\nSTATUS=stopping; sandboxes keep running")
 	hs.Shutdown()
 	stopped := make(chan struct{})
 	go func() {
@@ -87,4 +114,14 @@ func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *sl
 		return errors.Join(serr, fmt.Errorf("closing the daemon: %w", err))
 	}
 	return serr
+}
+
+// notify sends state to systemd (NOTIFY_SOCKET); without systemd it does
+// nothing.
+func notify(log *slog.Logger, state string) {
+	if ok, err := sddaemon.SdNotify(false, state); err != nil {
+		log.Warn("kilnd: telling systemd", "state", state, "err", err)
+	} else if ok {
+		log.Debug("kilnd: told systemd", "state", state)
+	}
 }
