@@ -160,19 +160,26 @@ func (f fileValue) UnmarshalTOML(data any) error {
 		want = g.Get()
 	}
 	set := func(s string) error { return f.fs.Set(f.fl.Name, s) }
+	// The flag package's own values say only "parse error": name the value.
+	setStd := func(s string) error {
+		if err := set(s); err != nil {
+			return fmt.Errorf("%q: %w", s, err)
+		}
+		return nil
+	}
 	switch want.(type) {
 	case bool:
 		b, ok := data.(bool)
 		if !ok {
 			return fmt.Errorf("want true or false, not %s", tomlType(data))
 		}
-		return set(strconv.FormatBool(b))
+		return setStd(strconv.FormatBool(b))
 	case int, int64, uint, uint64:
 		n, ok := data.(int64)
 		if !ok {
 			return fmt.Errorf("want an integer, not %s", tomlType(data))
 		}
-		return set(strconv.FormatInt(n, 10))
+		return setStd(strconv.FormatInt(n, 10))
 	case float64:
 		switch n := data.(type) {
 		case float64:
@@ -186,7 +193,7 @@ func (f fileValue) UnmarshalTOML(data any) error {
 		if !ok {
 			return fmt.Errorf(`want a duration string such as "90s" or "2h", not %s`, tomlType(data))
 		}
-		return set(s)
+		return setStd(s)
 	case []string:
 		switch v := data.(type) {
 		case string:

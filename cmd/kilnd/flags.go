@@ -74,7 +74,7 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	cfg.vmmOverheadMiB = defaultVMMOverheadMiB
 	fs.Var(&boundedUintValue{p: &cfg.vmmOverheadMiB, min: 1, max: maxVMMOverheadMiB}, "vmm-overhead", "`MiB` a VMM process may use beyond its guest's memory (added to memory.max)")
 	cfg.pidsMax = defaultPidsMax
-	fs.Var(&boundedUintValue{p: &cfg.pidsMax, min: 1, max: math.MaxInt32}, "pids-max", "most processes and threads in a sandbox's cgroup (pids.max)")
+	fs.Var(&boundedUintValue{p: &cfg.pidsMax, min: 1, max: math.MaxInt32}, "pids-max", "most processes and threads, `N`, in a sandbox's cgroup (pids.max)")
 	return fs
 }
 

@@ -215,7 +215,9 @@ func serveTest(t *testing.T, token string) (sock, tcp string, svc *listOnly, sto
 	svc = &listOnly{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, []net.Listener{uln, tln}, auth{token: []byte(token)}, svc, discardLogger(), serveOptions{}) }()
+	go func() {
+		done <- serve(ctx, []net.Listener{uln, tln}, auth{token: []byte(token)}, svc, discardLogger(), serveOptions{})
+	}()
 	var stopped bool
 	stop = func() error {
 		if stopped {
@@ -353,25 +355,15 @@ func TestRun(t *testing.T) {
 		return svc, nil
 	}
 	// systemd's notify socket: kilnd says READY=1 there once it serves.
-	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer notify.Close()
-	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify"))
+	ns := newNotifySocket(t, dir)
+	t.Setenv("NOTIFY_SOCKET", ns.path)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr bytes.Buffer
 	done := make(chan int, 1)
-	args := []string{"--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true"}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true"}
 	go func() { done <- run(ctx, args, &stderr, newSvc) }()
-
-	notify.SetReadDeadline(time.Now().Add(20 * time.Second))
-	buf := make([]byte, 256)
-	n, err := notify.Read(buf)
-	if err != nil || string(buf[:n]) != "READY=1" {
-		t.Fatalf("systemd notification %q, %v; want READY=1", buf[:n], err)
-	}
+	ns.until("READY=1", 20*time.Second)
 
 	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer dcancel()
@@ -395,10 +387,7 @@ func TestRun(t *testing.T) {
 	}
 
 	cancel()
-	notify.SetReadDeadline(time.Now().Add(20 * time.Second))
-	if n, err := notify.Read(buf); err != nil || string(buf[:n]) != "STOPPING=1" {
-		t.Errorf("systemd notification %q, %v; want STOPPING=1", buf[:n], err)
-	}
+	ns.until("STOPPING=1", 20*time.Second)
 	if code := <-done; code != 0 {
 		t.Fatalf("kilnd exited %d: %s", code, stderr.String())
 	}
@@ -424,7 +413,7 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 	newSvc := func(cfg config, log *slog.Logger) (service, error) {
 		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
 	}
-	args := []string{"--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true"}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true"}
 	start := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int, 1)
@@ -539,7 +528,7 @@ func TestMain(m *testing.M) {
 func TestSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kilnd.sock")
-	cmd := exec.Command(os.Args[0], "--listen", "unix:"+sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true")
+	cmd := exec.Command(os.Args[0], "--config=", "--listen", "unix:"+sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true")
 	cmd.Env = append(os.Environ(), testKilndEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
