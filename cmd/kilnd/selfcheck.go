@@ -12,6 +12,7 @@ import (
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -55,6 +56,12 @@ func dialSelf(lns []net.Listener, a auth) (*selfClient, error) {
 	}
 	conn, err := grpc.NewClient("passthrough:///kilnd-self",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Reconnect soon: gRPC's default backoff (up to 2 minutes) would
+		// outlast systemd's watchdog after one failed connection.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, network, addr)

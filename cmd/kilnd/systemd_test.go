@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kilnvm/kiln/daemon/client"
@@ -351,5 +352,83 @@ func TestSocketActivation(t *testing.T) {
 	k2.cmd.Process.Signal(syscall.SIGTERM)
 	if err := k2.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("the second kilnd after SIGTERM: %v", err)
+	}
+}
+
+// TestWatchdogNeedsSelfCheck: the watchdog pings only while the health
+// check over kilnd's own socket passes, over a Unix socket or, with the
+// bearer token, over TCP.
+func TestWatchdogNeedsSelfCheck(t *testing.T) {
+	const token = "0123456789abcdef-watchdog"
+	for _, network := range []string{"unix", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			dir := t.TempDir()
+			ns := newNotifySocket(t, dir)
+			t.Setenv("NOTIFY_SOCKET", ns.path)
+			var ln net.Listener
+			var err error
+			if network == "unix" {
+				ln, err = listen(listenSpec{"unix", filepath.Join(dir, "k.sock")}, -1)
+			} else {
+				ln, err = listen(listenSpec{"tcp", "0.0.0.0:0"}, -1)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := auth{token: []byte(token)}
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(a.unary))
+			hs := health.NewServer()
+			healthpb.RegisterHealthServer(srv, hs)
+			hs.SetServingStatus("kiln.v1.Kiln", healthpb.HealthCheckResponse_NOT_SERVING)
+			go srv.Serve(ln)
+			defer srv.Stop()
+
+			self, err := dialSelf([]net.Listener{ln}, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer self.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { self.watchdog(ctx, 100*time.Millisecond, discardLogger()); close(done) }()
+			defer func() { cancel(); <-done }()
+
+			for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+				if m := ns.next(time.Until(end)); m != nil {
+					t.Fatalf("pinged %q while the health check says NOT_SERVING", m)
+				}
+			}
+			hs.SetServingStatus("kiln.v1.Kiln", healthpb.HealthCheckResponse_SERVING)
+			ns.until("WATCHDOG=1", 10*time.Second)
+			hs.SetServingStatus("kiln.v1.Kiln", healthpb.HealthCheckResponse_NOT_SERVING)
+			for ns.next(200*time.Millisecond) != nil {
+			}
+			for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+				if m := ns.next(time.Until(end)); m != nil {
+					t.Fatalf("pinged %q after the health check failed again", m)
+				}
+			}
+		})
+	}
+	// Without the token a TCP self-check fails: it is the check's token
+	// that lets it in above.
+	ln, err := listen(listenSpec{"tcp", "127.0.0.1:0"}, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := auth{token: []byte(token)}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(a.unary))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	hs.SetServingStatus("kiln.v1.Kiln", healthpb.HealthCheckResponse_SERVING)
+	go srv.Serve(ln)
+	defer srv.Stop()
+	self, err := dialSelf([]net.Listener{ln}, auth{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	if err := self.check(context.Background(), 5*time.Second); err == nil || !strings.Contains(err.Error(), "Unauthenticated") {
+		t.Errorf("a TCP self-check without the token: %v; want Unauthenticated", err)
 	}
 }
