@@ -4,6 +4,7 @@
 //	kiln run [--disk rootfs.ext4] [--cpus N] [--mem MiB] [-e K=V] [-w DIR] -- CMD [ARG...]
 //	kiln sandbox create|ls|exec|run|cp|checkpoint|rollback|fork|rm ...   (through kilnd)
 //	kiln template create|ls|rm ...; kiln completion bash|zsh|fish
+//	kiln doctor [--json]   (is this host ready for kilnd?)
 //
 // boot streams the guest's serial console to stdout and exits 0 when the guest
 // powers off, or non-zero with a one-line reason on panic, triple fault,
@@ -86,6 +87,7 @@ commands:
                        checkpoint|checkpoints|rollback|fork|rm
   template  kilnd's templates: kiln template create|ls|rm
   completion  shell completion: kiln completion bash|zsh|fish|powershell
+  doctor  check this host for kilnd (KVM, cgroup v2, nftables, tun, disk, ...)
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:
           boot (to a userspace marker), start (sandbox to first exec),
           snapshot (save, restore, fork, memory per clone)

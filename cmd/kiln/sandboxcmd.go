@@ -35,6 +35,7 @@ import (
 // (__complete and __completeNoDesc are what completion scripts call).
 var cobraCommands = map[string]bool{
 	"sandbox": true, "template": true, "completion": true,
+	"doctor": true,
 	cobra.ShellCompRequestCmd: true, cobra.ShellCompNoDescRequestCmd: true,
 }
 
@@ -161,6 +162,7 @@ func (a *cli) root() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.host, "host", "", "kilnd address: unix:PATH, unix:///PATH or tcp://HOST:PORT (default $KILN_HOST, else "+kilnclient.DefaultHost+")")
 	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", "", "`FILE` holding the bearer token a TCP host needs (default $KILN_TOKEN, the token itself)")
 	root.AddCommand(a.sandboxCmd(), a.templateCmd())
+	root.AddCommand(a.doctorCmd())
 	// The daemon-less commands, so that completion lists them; main runs
 	// them before the cobra tree sees them.
 	for _, c := range []struct{ name, short string }{
