@@ -35,7 +35,7 @@ import (
 // (__complete and __completeNoDesc are what completion scripts call).
 var cobraCommands = map[string]bool{
 	"sandbox": true, "template": true, "completion": true,
-	"doctor": true,
+	"doctor":                  true,
 	cobra.ShellCompRequestCmd: true, cobra.ShellCompNoDescRequestCmd: true,
 }
 
