@@ -30,6 +30,7 @@ type kilndProc struct {
 	sock string
 	args []string
 	logs string // the folder of the daemons' logs, one file a start
+	env  []string // added to the next start's environment
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has been waited for
@@ -55,7 +56,7 @@ func (k *kilndProc) start(ctx context.Context) *client.Client {
 		k.t.Fatal(err)
 	}
 	k.cmd = exec.Command(self, k.args...)
-	k.cmd.Env = append(os.Environ(), testKilndEnv+"="+testKilndReal)
+	k.cmd.Env = append(append(os.Environ(), testKilndEnv+"="+testKilndReal), k.env...)
 	k.cmd.Stdout, k.cmd.Stderr = logf, logf
 	if err := k.cmd.Start(); err != nil {
 		k.t.Fatalf("starting kilnd: %v", err)
@@ -188,13 +189,19 @@ func sh(t *testing.T, ctx context.Context, c *client.Client, id, script string) 
 	return strings.TrimSpace(stdout.String())
 }
 
+// kvmWatchdogUsec is TestKVMKilnd's WATCHDOG_USEC: a ping every second.
+const kvmWatchdogUsec = 2000000
+
 // TestKVMKilnd is issue 11's must-show on (emulated) KVM, with kilnd a
 // real process: kill -9 of kilnd leaves its sandboxes' VMM processes
 // running, and the next kilnd over the same state folder and socket lists
 // every sandbox with the same ID, state and process, runs execs in them,
 // resumes the paused one, and forks a checkpoint taken before the kill;
-// destroying them all leaves no VMM process and no folder, and kilnd
-// stopped with SIGTERM exits 0 and removes its socket.
+// a kilnd under systemd's notify protocol says READY=1 with its count of
+// sandboxes, and once wedged is killed by its watchdog (SIGABRT) without
+// them, and the next kilnd adopts them again; destroying them all leaves
+// no VMM process and no folder, and kilnd stopped with SIGTERM exits 0 and
+// removes its socket.
 func TestKVMKilnd(t *testing.T) {
 	kvmtest.Require(t)
 	began := time.Now()
@@ -290,9 +297,15 @@ func TestKVMKilnd(t *testing.T) {
 		t.Fatalf("kilnd's socket after kill -9: %v, %v; want it left behind, for the next kilnd to replace", fi, err)
 	}
 
-	// The next kilnd, on the same state folder and socket.
+	// The next kilnd, on the same state folder and socket, as systemd
+	// runs it (Type=notify, WatchdogSec=2s): READY=1 once it serves.
+	ns := newNotifySocket(t, dir)
+	k.env = []string{"NOTIFY_SOCKET=" + ns.path, fmt.Sprintf("WATCHDOG_USEC=%d", kvmWatchdogUsec)}
 	restarted := time.Now()
 	c = k.start(ctx)
+	if ready, _ := ns.until("READY=1", 2*time.Minute); !slices.Contains(ready, "STATUS=serving: 3 sandboxes") {
+		t.Errorf("READY=1 of the kilnd that adopted 3 sandboxes came with %q; want STATUS=serving: 3 sandboxes", ready)
+	}
 	t.Logf("kilnd %d (after kill -9 of %d) serving after %v", k.cmd.Process.Pid, killed, time.Since(restarted).Round(time.Millisecond))
 	after, err := c.ListSandboxes(ctx, client.ListOptions{})
 	if err != nil {
@@ -348,6 +361,49 @@ func TestKVMKilnd(t *testing.T) {
 		t.Errorf("fork child %s of checkpoint %s: %q; want before-kill, no-kd2", kids[0].GetId(), ck.GetId(), got)
 	}
 	t.Logf("after the restart, execs, resume and fork (child ready in %d ms) took %v", kids[0].GetReadyMs(), time.Since(restarted).Round(time.Millisecond))
+
+	// systemd's watchdog: a wedged kilnd (SIGSTOP) stops pinging and gets
+	// WatchdogSignal=SIGABRT (then SIGCONT); the sandboxes run on, and the
+	// kilnd systemd restarts adopts them.
+	c.Close()
+	ns.until("WATCHDOG=1", time.Minute)
+	wedged := k.cmd.Process.Pid
+	if err := syscall.Kill(wedged, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); processState(wedged) != 'T'; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kilnd %d is not stopped: state %c", wedged, processState(wedged))
+		}
+	}
+	for ns.next(50*time.Millisecond) != nil {
+	}
+	for end := time.Now().Add(2 * kvmWatchdogUsec * time.Microsecond); time.Now().Before(end); {
+		if m := ns.next(time.Until(end)); m != nil {
+			t.Fatalf("a stopped kilnd sent %q", m)
+		}
+	}
+	syscall.Kill(wedged, syscall.SIGABRT)
+	syscall.Kill(wedged, syscall.SIGCONT)
+	if err := k.wait(time.Minute); !errors.As(err, &exit) || exit.Success() {
+		t.Fatalf("kilnd after the watchdog's SIGABRT: %v; want it dead", err)
+	}
+	all := append(slices.Clone(kids), sbs...)
+	for _, sb := range all {
+		if !vmmAlive(sb.GetPid()) {
+			t.Fatalf("sandbox %s: its VMM process %d died with the wedged kilnd", sb.GetId(), sb.GetPid())
+		}
+	}
+	k.env = nil
+	aborted := time.Now()
+	c = k.start(ctx)
+	if live, err := c.ListSandboxes(ctx, client.ListOptions{}); err != nil || len(live) != len(all) {
+		t.Fatalf("after the watchdog's SIGABRT the next kilnd lists %v, %v; want %d sandboxes", live, err, len(all))
+	}
+	if got := sh(t, ctx, c, kids[0].GetId(), "cat /kd"); got != "before-kill" {
+		t.Errorf("fork child %s after the watchdog restart: %q", kids[0].GetId(), got)
+	}
+	t.Logf("watchdog kill of kilnd %d, restart, list and exec took %v", wedged, time.Since(aborted).Round(time.Millisecond))
 
 	// Destroy them all, the fork child first: no VMM process, socket or
 	// folder is left, nor the checkpoint, which was its sandbox's.

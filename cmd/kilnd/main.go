@@ -2,14 +2,22 @@
 // (package daemon) on a Unix socket and, with a bearer token, on TCP, and
 // runs each sandbox in a VMM process of its own (this install's kiln vmm).
 //
-//	kilnd [--listen unix:PATH]... [--listen tcp:HOST:PORT --token-file FILE]
+//	kilnd [--config FILE] [--listen unix:PATH]... [--listen tcp:HOST:PORT --token-file FILE]
 //	      [--state-dir DIR] [--images DIR] [--kernel K] [--agent A] [--kiln PATH]
+//	      [--log-format text|json] [host flags: --cgroup-root, --net-pool, ...]
 //
-// Callers on the Unix socket (mode 0660) are trusted; TCP callers must send
-// "authorization: Bearer TOKEN". On SIGTERM or SIGINT kilnd stops serving
-// and exits, leaving the sandboxes running: the next kilnd over the same
-// state folder takes them over. Under systemd (Type=notify) it reports
-// READY=1 once it serves.
+// Every flag is also a key of the TOML config file (--config, default
+// /etc/kiln/kilnd.toml when it exists; see packaging/kilnd.toml); flags
+// override the file. Callers on the Unix socket (mode 0660) are trusted;
+// TCP callers must send "authorization: Bearer TOKEN". On SIGTERM or
+// SIGINT kilnd stops serving and exits, leaving the sandboxes running: the
+// next kilnd over the same state folder takes them over.
+//
+// Under systemd (packaging/kilnd.service, Type=notify) it serves on the
+// sockets systemd passes (kilnd.socket) instead of the default one, says
+// READY=1 once its API answers a health check over its own socket, sends
+// STATUS= lines, pings the watchdog (WatchdogSec=) while those checks pass,
+// and says STOPPING=1 when it stops.
 package main
 
 import (
