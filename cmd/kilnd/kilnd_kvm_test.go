@@ -29,7 +29,7 @@ type kilndProc struct {
 	t    *testing.T
 	sock string
 	args []string
-	logs string // the folder of the daemons' logs, one file a start
+	logs string   // the folder of the daemons' logs, one file a start
 	env  []string // added to the next start's environment
 
 	cmd  *exec.Cmd
