@@ -290,3 +290,27 @@ func TestTemplateSecrets(t *testing.T) {
 		t.Error("the log holds the setup's secret")
 	}
 }
+
+// TestPoolSecrets: a sandbox handed out of a warm pool gets its own
+// request's secrets (env and file) before it is reported ready, and the
+// metrics count it as a create from the pool.
+func TestPoolSecrets(t *testing.T) {
+	e := newEnv(t, nil)
+	tp := e.createTemplate(&kilnpb.CreateTemplateRequest{Setup: setupScript, PoolSize: 1})
+	e.waitPool(tp.Id, 1)
+	req := fromTemplate(tp.Id)
+	req.Secrets = []*kilnpb.Secret{{Name: "POOL_TOKEN", Value: []byte("pool-token-1")}, {Name: "F", Value: []byte("file-value"), File: "/f"}}
+	sb := e.create(req)
+	if !sb.FromPool {
+		t.Fatalf("not from the pool: %v", sb)
+	}
+	if r := e.sh(sb.Id, `echo "$POOL_TOKEN"; test "$POOL_TOKEN" = pool-token-1 && echo match; cat "$KILN_TEST_ROOT/f"`); r.stdout != "***\nmatch\n***" {
+		t.Fatalf("a pool's sandbox: %q", r.stdout)
+	}
+	if got := metricValue(t, e.srv, "kiln_sandbox_creates_total", map[string]string{"source": "pool", "result": "ok"}); got != 1 {
+		t.Errorf("creates from the pool: %v", got)
+	}
+	if got := metricValue(t, e.srv, "kiln_template_pool_size", map[string]string{"template": tp.Id}); got != 1 {
+		t.Errorf("pool size: %v", got)
+	}
+}
