@@ -477,7 +477,7 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		b.mu.Lock()
 		tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
 		tmpl.LastCheckpoint = b.rec.LastCheckpoint
-		tmpl.SecretNames, parentSecrets = b.rec.SecretNames, b.secrets
+		tmpl.SecretNames, parentSecrets = b.rec.SecretNames, cloneSecrets(b.secrets)
 		b.mu.Unlock()
 	case *kilnpb.ForkRequest_CheckpointId:
 		if ck, err = s.checkpoint(src.CheckpointId); err != nil {

@@ -436,7 +436,7 @@ func (s *Server) adoptSecrets(ctx context.Context, b *box, inst Instance) []secr
 	return secs
 }
 
-// cloneSecrets copies secs, values too (a box clears its own at its end).
+// cloneSecrets copies secs, values too: each box has its own.
 func cloneSecrets(secs []secret) []secret {
 	if len(secs) == 0 {
 		return nil

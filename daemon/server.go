@@ -486,10 +486,7 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	b.mu.Lock()
 	b.inst = nil
-	for _, sec := range b.secrets {
-		clear(sec.Value) // the sandbox's end is the secrets' end
-	}
-	b.secrets = nil
+	b.secrets = nil // the sandbox's end is its secrets' (execs still masking hold their own reference)
 	b.rec.setState(state)
 	b.rec.Reason = reason
 	b.rec.EndedUnixMS = s.clock.Now().UnixMilli()
