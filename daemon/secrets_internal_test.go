@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -243,16 +244,20 @@ func FuzzMask(f *testing.F) {
 }
 
 func BenchmarkMask(b *testing.B) {
-	var values [][]byte
-	for i := range maxSecrets {
-		values = append(values, []byte("secret-value-"+strings.Repeat("x", i)))
-	}
 	chunk := bytes.Repeat([]byte("some ordinary exec output, line after line\n"), 32<<10/44)
-	b.SetBytes(int64(len(chunk)))
-	for b.Loop() {
-		w := newMasker(discard{}, values)
-		w.Write(chunk)
-		flushMasked(w)
+	for _, n := range []int{1, 8, maxSecrets} {
+		var values [][]byte
+		for i := range n {
+			values = append(values, []byte("secret-value-"+strings.Repeat("x", i)))
+		}
+		b.Run(fmt.Sprintf("values=%d", n), func(b *testing.B) {
+			b.SetBytes(int64(len(chunk)))
+			for b.Loop() {
+				w := newMasker(discard{}, values)
+				w.Write(chunk)
+				flushMasked(w)
+			}
+		})
 	}
 }
 
