@@ -108,6 +108,15 @@ type Instance interface {
 	Frozen(ctx context.Context, id string) (Frozen, error)
 	Adopt(ctx context.Context, f Frozen) error
 
+	// Keep has the sandbox's VMM process keep value under key in its
+	// memory, never on a disk, until set again or the sandbox ends (an
+	// empty value drops key), so that it outlives a restart of the
+	// server: a later Attach's Kept reads it back. Kept of a key not
+	// kept is sandbox.ErrNotKept. Keys and sizes are bounded as
+	// vmmproc.Keep's. The server keeps the sandbox's secrets so.
+	Keep(ctx context.Context, key string, value []byte) error
+	Kept(ctx context.Context, key string) ([]byte, error)
+
 	// Close stops the sandbox and removes everything it holds on the host
 	// (its VMM process, folder and sockets).
 	Close(ctx context.Context) error

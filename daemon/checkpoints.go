@@ -260,7 +260,9 @@ func (s *Server) gcCheckpoints(id string) {
 // Rollback restores a sandbox in place to one of its checkpoints: the
 // same ID, its processes and memory as they were at the checkpoint. Its
 // execs end.
-func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*kilnpb.Sandbox, error) {
+func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *kilnpb.Sandbox, err error) {
+	called := time.Now()
+	defer func() { s.metrics.opDone(opRollback, called, err) }()
 	b, err := s.lookup(req.GetSandboxId())
 	if err != nil {
 		return nil, err
@@ -345,6 +347,13 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	}
 	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
 	inst, err := s.create(rctx, spec)
+	if err == nil {
+		// The sandbox keeps its secrets: kept by the new VMM process,
+		// its files written again (the target may predate them).
+		if err = s.installSecrets(rctx, b, inst, true); err != nil {
+			inst.Close(context.Background())
+		}
+	}
 	cancel()
 	if err != nil {
 		return fail(err)
@@ -425,7 +434,14 @@ func (s *Server) forgetCheckpoint(id string) {
 
 // Fork makes children of a running sandbox (as it is now) or of a
 // checkpoint, streaming each once it answers.
-func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) error {
+func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (err error) {
+	forked := time.Now()
+	defer func() {
+		s.metrics.opDone(opFork, forked, err)
+		if err == nil {
+			s.metrics.forkChildren.Add(float64(req.GetCount()))
+		}
+	}()
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return err
 	}
@@ -446,6 +462,7 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 	tmpl.RequestKey = requestKey("fork", keyReq)
 
 	var parent Instance
+	var parentSecrets []secret // the children's (a fork from a sandbox)
 	var ck *checkpointRecord
 	switch src := req.GetSource().(type) {
 	case nil:
@@ -460,6 +477,7 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 		b.mu.Lock()
 		tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
 		tmpl.LastCheckpoint = b.rec.LastCheckpoint
+		tmpl.SecretNames, parentSecrets = b.rec.SecretNames, cloneSecrets(b.secrets)
 		b.mu.Unlock()
 	case *kilnpb.ForkRequest_CheckpointId:
 		if ck, err = s.checkpoint(src.CheckpointId); err != nil {
@@ -495,6 +513,11 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 	}
 	defer close(f.done)
 	for _, b := range boxes {
+		b.mu.Lock()
+		b.secrets = cloneSecrets(parentSecrets)
+		b.mu.Unlock()
+	}
+	for _, b := range boxes {
 		s.publish(kilnpb.Event_KIND_CREATED, s.describe(b), "")
 	}
 	began := time.Now()
@@ -518,17 +541,37 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 		}
 		return err
 	}
+	var failed error
 	for i, b := range boxes {
 		os.RemoveAll(b.rec.Dir) // the child has a folder of its own
+		// The child's memory has its parent's secret files; its VMM
+		// process keeps the secrets too.
+		kctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+		err := s.installSecrets(kctx, b, kids[i], false)
+		cancel()
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			kids[i].Close(cctx)
+			cancel()
+			failed = callErr("fork child "+b.id, err)
+			s.failStart(b, failed)
+			continue
+		}
 		s.runningAs(b, kids[i], time.Since(began), kilnpb.Event_KIND_READY)
 		close(b.ready)
 	}
 	for _, b := range boxes {
+		b.mu.Lock()
+		ok := b.createErr == nil
+		b.mu.Unlock()
+		if !ok {
+			continue
+		}
 		if err := send(s.describe(b)); err != nil {
 			return err
 		}
 	}
-	return nil
+	return failed
 }
 
 // forkCheckpoint restores the children boxes from checkpoint c, all at

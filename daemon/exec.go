@@ -264,21 +264,29 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	if err != nil {
 		return err
 	}
+	began := time.Now()
 	st := first.GetStart()
 	if st == nil {
-		return status.Errorf(codes.InvalidArgument, "exec: the first request must be an ExecStart, not %T", first.GetKind())
+		err := status.Errorf(codes.InvalidArgument, "exec: the first request must be an ExecStart, not %T", first.GetKind())
+		s.metrics.execStarted(began, err)
+		return err
 	}
 	b, inst, done, err := s.use(st.GetSandboxId())
 	if err != nil {
+		s.metrics.execStarted(began, err)
 		return err
 	}
 	defer done()
 	b.mu.Lock()
-	env, bctx := b.rec.Env, b.ctx // a rollback replaces ctx
+	env, bctx, secs := b.rec.Env, b.ctx, b.secrets // a rollback replaces ctx
 	b.mu.Unlock()
 	opts, err := execOptions(st, env)
 	if err != nil {
+		s.metrics.execStarted(began, err)
 		return err
+	}
+	if len(secs) > 0 {
+		opts.Env = secretEnv(opts.Env, secs) // the secrets win
 	}
 
 	// Output goes to the call while it lasts, then nowhere.
@@ -298,14 +306,18 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		sendMu.Unlock()
 	}
 	defer detach()
-	opts.Stdout = writerFunc(func(p []byte) (int, error) {
+	// Both streams pass through maskers of the sandbox's secrets,
+	// flushed once the process has exited.
+	values := secretValues(secs)
+	stdout := newMasker(writerFunc(func(p []byte) (int, error) {
 		send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stdout{Stdout: p}})
 		return len(p), nil
-	})
-	opts.Stderr = writerFunc(func(p []byte) (int, error) {
+	}), values)
+	stderr := newMasker(writerFunc(func(p []byte) (int, error) {
 		send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stderr{Stderr: p}})
 		return len(p), nil
-	})
+	}), values)
+	opts.Stdout, opts.Stderr = stdout, stderr
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if st.GetHasStdin() {
@@ -321,13 +333,21 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		pctx = bctx
 		opts.DetachID = execID
 	}
+	log := s.log.With("sandbox", b.id, "exec", execID)
 	proc, err := inst.Start(pctx, opts)
 	if err != nil {
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		return callErr("exec "+opts.Argv[0]+" in sandbox "+b.id, err)
+		err = callErr("exec "+opts.Argv[0]+" in sandbox "+b.id, err)
+		s.metrics.execStarted(began, err)
+		// Never the env nor the argv past argv[0]: a client's secrets may
+		// be there.
+		log.Debug("exec did not start", "argv0", opts.Argv[0], "err", err)
+		return err
 	}
+	s.metrics.execStarted(began, nil)
+	log.Debug("exec started", "argv0", opts.Argv[0], "pid", proc.Pid(), "background", st.GetBackground())
 	e := &execEntry{
 		info: &kilnpb.ExecInfo{ExecId: execID, Pid: int32(proc.Pid()), Argv: opts.Argv,
 			Background: st.GetBackground(), StartedUnixMs: s.clock.Now().UnixMilli()},
@@ -339,10 +359,16 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	go func() {
 		defer close(waited)
 		status, err := proc.Wait()
+		flushMasked(stdout)
+		flushMasked(stderr)
 		if stdinR != nil {
 			stdinR.CloseWithError(errors.New("the process exited"))
 		}
 		exit = exitOf(status, err)
+		if exit.OomKilled {
+			s.metrics.failures.WithLabelValues(opExec, reasonOutOfMemory).Inc()
+		}
+		log.Debug("exec exited", "exit_code", exit.ExitCode, "signal", exit.Signal, "timed_out", exit.TimedOut, "oom_killed", exit.OomKilled)
 		b.execs.exited(e, exit)
 	}()
 	if err := send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}}); err != nil {

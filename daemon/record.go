@@ -35,6 +35,9 @@ type record struct {
 	DiskMiB    uint32            `json:"disk_mib,omitempty"`
 	Env        []string          `json:"env,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
+	// SecretNames are the names of its secrets: never their values,
+	// which its VMM process keeps in memory (secrets.go).
+	SecretNames []string `json:"secret_names,omitempty"`
 
 	// RequestID and RequestKey: the client's ID of the request that made
 	// it, and the request's other fields (a retry must match them).

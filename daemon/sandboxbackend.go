@@ -63,6 +63,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		return nil, errors.New("daemon: no VMM process command (Config.ProcessCommand)")
 	}
 	proc := b.Process
+	log := sandboxLog(b.log(), spec.Dir)
 	var s *sandbox.Sandbox
 	var err error
 	switch {
@@ -72,12 +73,12 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			return nil, fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", spec.Frozen)
 		}
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(), Net: spec.Host.Net,
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
 			Images: b.Images, ImageRoots: b.imageRoots(),
 		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: b.log(), Net: spec.Host.Net,
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
 			Images: b.Images, ImageRoots: b.imageRoots(),
 		})
 	case spec.Image != "":
@@ -86,7 +87,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		}
 		opts := sandbox.Options{
 			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: spec.Host.Net,
-			Dir: spec.Dir, Process: &proc, Logger: b.log(),
+			Dir: spec.Dir, Process: &proc, Logger: log,
 			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
 		}
 		s, err = sandbox.Start(ctx, opts)
@@ -97,6 +98,13 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		return nil, err
 	}
 	return newSandboxInstance(s, b), nil
+}
+
+// sandboxLog is log for the sandbox in folder dir: its lines name the
+// sandbox by its folder's name (a sandbox's ID, or a pool's or template
+// builder's folder).
+func sandboxLog(log *slog.Logger, dir string) *slog.Logger {
+	return log.With("sandbox", filepath.Base(dir))
 }
 
 // ensureImage pulls ref into the images folder unless it is there: lazily,
@@ -148,7 +156,7 @@ func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (I
 			return nil, err
 		}
 	}
-	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, Logger: b.log()})
+	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, Logger: sandboxLog(b.log(), dir)})
 	if err != nil {
 		stopVMM(ctx, dir, b.log())
 		return nil, err
@@ -407,6 +415,14 @@ func (in *sandboxInstance) Adopt(ctx context.Context, f Frozen) error {
 		return fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", f)
 	}
 	return in.s.Adopt(ctx, sf.f)
+}
+
+func (in *sandboxInstance) Keep(ctx context.Context, key string, value []byte) error {
+	return in.s.Keep(ctx, key, value)
+}
+
+func (in *sandboxInstance) Kept(ctx context.Context, key string) ([]byte, error) {
+	return in.s.Kept(ctx, key)
 }
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }

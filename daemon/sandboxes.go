@@ -114,11 +114,17 @@ func (s *Server) lifetimes(lifetimeMS, idleMS int64) (time.Duration, time.Durati
 }
 
 // CreateSandbox starts a sandbox from an image or a checkpoint.
-func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxRequest) (*kilnpb.Sandbox, error) {
+func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxRequest) (sb *kilnpb.Sandbox, err error) {
+	created := time.Now()
+	defer func() { s.metrics.createDone(createSource(req), created, sb, err) }()
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return nil, err
 	}
-	r := record{Env: req.GetEnv(), Labels: req.GetLabels()}
+	secrets, err := checkSecrets("secrets", req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
+	r := record{Env: req.GetEnv(), Labels: req.GetLabels(), SecretNames: secretNames(secrets)}
 	spec := CreateSpec{}
 	var tmpl *template
 	var fromCk *checkpointRecord
@@ -174,6 +180,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	r.IdleTimeoutMS = idle.Milliseconds()
 	keyReq := proto.Clone(req).(*kilnpb.CreateSandboxRequest)
 	keyReq.RequestId = ""
+	keyReq.Secrets = withoutValues(keyReq.Secrets) // no digest of a value on disk
 	r.RequestID, r.RequestKey = req.GetRequestId(), requestKey("create", keyReq)
 
 	began := time.Now()
@@ -194,6 +201,9 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		}
 		return s.describe(b), nil
 	}
+	b.mu.Lock()
+	b.secrets = secrets
+	b.mu.Unlock()
 	spec.Dir = b.rec.Dir
 	spec.Hostname = hostname(b.id)
 	if fromCk != nil {
@@ -221,6 +231,9 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 func (s *Server) handOut(b *box, inst Instance, began time.Time) (*kilnpb.Sandbox, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 	err := inst.Refresh(ctx, hostname(b.id))
+	if err == nil {
+		err = s.installSecrets(ctx, b, inst, true)
+	}
 	cancel()
 	if err != nil {
 		s.log.Warn("a pool's sandbox could not be handed out; restoring one instead", "sandbox", b.id, "err", err)
@@ -349,6 +362,13 @@ func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
 	// that a retry with the same request ID finds.
 	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 	inst, err := s.create(ctx, spec)
+	if err == nil {
+		if err = s.installSecrets(ctx, b, inst, true); err != nil {
+			cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+			inst.Close(cctx)
+			ccancel()
+		}
+	}
 	cancel()
 	if err != nil {
 		err = callErr("sandbox "+b.id+" did not start", err)
@@ -382,6 +402,7 @@ func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kiln
 	b.mu.Unlock()
 	s.watch(b, inst)
 	s.publish(kind, pb, "")
+	s.log.Info("sandbox running", "sandbox", b.id, "event", strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_")), "ready_ms", pb.ReadyMs, "pid", pb.Pid)
 }
 
 func (s *Server) describe(b *box) *kilnpb.Sandbox {

@@ -87,6 +87,7 @@ type Server struct {
 	clock   Clock
 	backend Backend
 	events  *broker
+	metrics *metrics
 
 	// ctx ends with Close: watchers and event streams stop.
 	ctx    context.Context
@@ -195,6 +196,7 @@ func New(cfg Config) (*Server, error) {
 		checkpoints: map[string]*checkpointRecord{},
 		templates:   map[string]*template{}, templateReqs: map[string]*template{},
 	}
+	s.metrics = newMetrics(s)
 	s.loadTemplates()
 	if err := s.load(); err != nil {
 		cancel()
@@ -278,6 +280,9 @@ type box struct {
 	busy       int
 	timer      Timer
 	execs      *execTable
+	// secrets are the sandbox's secrets, in this process's memory only
+	// (its VMM process keeps them too: see secrets.go); rec names them.
+	secrets []secret
 }
 
 func newBox(id string) *box {
@@ -404,11 +409,14 @@ func (s *Server) adopt(b *box) {
 		} else {
 			os.RemoveAll(b.rec.Dir)
 		}
+		s.metrics.failed(opSandbox, err)
 		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "its VMM process could not be taken over after a kilnd restart: "+err.Error())
 		return
 	}
+	secs := s.adoptSecrets(ctx, b, inst)
 	b.mu.Lock()
 	b.inst = inst
+	b.secrets = secs
 	b.rec.PID = inst.PID()
 	if b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_STARTING {
 		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
@@ -438,6 +446,7 @@ func (s *Server) watch(b *box, inst Instance) {
 		}
 		// Once per sandbox: a guest that crashes its VM logs one line.
 		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited())
+		s.metrics.failed(opSandbox, errors.New(inst.Exited()))
 		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "the sandbox stopped on its own: "+inst.Exited())
 	}()
 }
@@ -477,6 +486,7 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	b.mu.Lock()
 	b.inst = nil
+	b.secrets = nil // the sandbox's end is its secrets' (execs still masking hold their own reference)
 	b.rec.setState(state)
 	b.rec.Reason = reason
 	b.rec.EndedUnixMS = s.clock.Now().UnixMilli()
@@ -491,6 +501,8 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 		kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT: kilnpb.Event_KIND_TIMED_OUT,
 	}[state]
 	s.publish(kind, pb, reason)
+	s.metrics.sandboxEnded(state)
+	s.log.Info("sandbox ended", "sandbox", b.id, "state", stateName(state), "reason", reason)
 	s.gcCheckpoints(b.id)
 	s.pruneEnded()
 }
@@ -551,6 +563,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Labels:        r.Labels,
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
+		SecretNames: r.SecretNames,
 	}
 	if !r.live() {
 		pb.Pid = 0

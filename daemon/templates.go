@@ -66,6 +66,8 @@ type template struct {
 	// deleting: DeleteTemplate is under way, creates are refused.
 	deleting bool
 	pool     *pool
+	// secrets are the setup's, in memory only, until the build ends.
+	secrets []secret
 }
 
 func (s *Server) templatePath(id string) string {
@@ -77,7 +79,8 @@ func (s *Server) templatePath(id string) string {
 // template restores that snapshot instead of booting. It returns once
 // the template is ready. With pool_size, the server keeps that many
 // sandboxes restored from it and ready to hand out.
-func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateRequest) (*kilnpb.Template, error) {
+func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateRequest) (_ *kilnpb.Template, err error) {
+	defer func() { s.metrics.opDone(opTemplate, time.Time{}, err) }()
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return nil, err
 	}
@@ -96,6 +99,10 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	if err := checkSetup(req.GetSetup()); err != nil {
 		return nil, err
 	}
+	secrets, err := checkSecrets("secrets", req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	cpus, mem, err := s.resources(req.GetResources())
 	if err != nil {
 		return nil, err
@@ -105,7 +112,8 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	}
 	keyReq := proto.Clone(req).(*kilnpb.CreateTemplateRequest)
 	keyReq.RequestId = ""
-	t := &template{ready: make(chan struct{}), rec: templateRecord{
+	keyReq.Secrets = withoutValues(keyReq.Secrets) // no digest of a value on disk
+	t := &template{ready: make(chan struct{}), secrets: secrets, rec: templateRecord{
 		ID: newID("tp-"), Name: req.GetName(), ImageRef: img, Setup: req.GetSetup(),
 		CPUs: cpus, MemoryMiB: mem, DiskMiB: req.GetResources().GetDiskMib(), PoolSize: req.GetPoolSize(),
 		RequestID: req.GetRequestId(), RequestKey: requestKey("template", keyReq),
@@ -151,6 +159,10 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	s.mu.Unlock()
 
 	err = s.buildTemplate(t)
+	for _, sec := range t.secrets {
+		clear(sec.Value)
+	}
+	t.secrets = nil
 	s.mu.Lock()
 	s.building--
 	s.buildingMiB -= uint64(mem)
@@ -210,19 +222,37 @@ func (s *Server) buildTemplate(t *template) (err error) {
 		}
 	}()
 	r.ImageDigest = inst.Image()
+	// The setup's secrets: its env, and files written for it and removed
+	// before the snapshot (the template's sandboxes do not get them).
+	if err := writeSecretFiles(ctx, inst, t.secrets); err != nil {
+		return status.Errorf(status.Code(err), "template %s: %s", r.ID, status.Convert(err).Message())
+	}
 	if len(r.Setup) > 0 {
 		var out tailBuffer
-		p, err := inst.Start(ctx, client.ExecOptions{Argv: r.Setup, Stdout: &out, Stderr: &out})
+		// The output is masked before the tail is cut: the error quotes
+		// no secret.
+		masked := newMasker(&out, secretValues(t.secrets))
+		opts := client.ExecOptions{Argv: r.Setup, Stdout: masked, Stderr: masked, Env: secretEnv(nil, t.secrets)}
+		p, err := inst.Start(ctx, opts)
 		if err != nil {
 			return callErr("template "+r.ID+": start the setup", err)
 		}
 		st, err := p.Wait()
+		flushMasked(masked)
 		if err != nil {
 			return callErr("template "+r.ID+": setup", err)
 		}
 		if !st.Success() {
 			return status.Errorf(codes.FailedPrecondition, "template %s: the setup %q %s; its output ends: %s",
 				r.ID, strings.Join(r.Setup, " "), st, strings.TrimSpace(out.String()))
+		}
+	}
+	for _, sec := range t.secrets {
+		if sec.File == "" {
+			continue
+		}
+		if err := inst.Remove(ctx, sec.File, false); err != nil && status.Code(err) != codes.NotFound {
+			return callErr("template "+r.ID+": remove secret "+sec.Name+"'s file "+sec.File+" before the snapshot", err)
 		}
 	}
 	if err := inst.Save(ctx, r.Dir); err != nil {

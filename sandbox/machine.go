@@ -52,6 +52,7 @@ type localVM struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	holds  localHolds // the sandbox's holds (Sandbox.Hold)
+	kept   localKeeps // the sandbox's keeps (Sandbox.Keep)
 }
 
 func newLocalVM(vm *vmm.VM) *localVM {
@@ -70,6 +71,7 @@ func (m *localVM) diagnose() string               { return m.vm.Diagnose() }
 func (m *localVM) release(context.Context) error {
 	m.cancel()
 	m.holds.closeAll()
+	m.kept.clearAll()
 	return m.vm.Close()
 }
 

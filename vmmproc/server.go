@@ -122,6 +122,7 @@ type server struct {
 	log     *slog.Logger
 	fds     *fdStore
 	holds   *holdTable
+	keeps   *keepTable // values kept for the parent (Keep), in memory only
 	console *fanout
 
 	mu      sync.Mutex
@@ -137,7 +138,7 @@ type server struct {
 }
 
 func newServer(kvmPath string, log *slog.Logger) *server {
-	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), holds: newHoldTable(), console: newFanout(), stopped: make(chan struct{}), told: make(chan struct{})}
+	return &server{kvmPath: kvmPath, log: log, fds: newFDStore(), holds: newHoldTable(), keeps: newKeepTable(), console: newFanout(), stopped: make(chan struct{}), told: make(chan struct{})}
 }
 
 // done returns a channel closed when the VM has stopped (at once when

@@ -9,6 +9,7 @@
 package daemontest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -34,6 +35,7 @@ import (
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // RootEnv names the environment variable through which an exec learns
@@ -64,6 +66,11 @@ type Backend struct {
 	// detached are the detached execs this process started, by sandbox
 	// folder and ID: an Instance of a later Attach waits for them.
 	detached map[string]*proc
+	// kept are the values the sandboxes keep (Instance.Keep), by
+	// sandbox folder: in this process's memory, as a VMM process keeps
+	// them, so that they outlive a server over this backend; gone with
+	// the stand-in VMM process.
+	kept map[string]map[string][]byte
 }
 
 var _ daemon.Backend = (*Backend)(nil)
@@ -323,6 +330,65 @@ func (in *Instance) stopped(why string) {
 		p.kill()
 	}
 	in.b.track(in, false)
+	in.b.forgetKept(in.dir)
+}
+
+// Keep implements daemon.Instance: in the backend's memory.
+func (in *Instance) Keep(ctx context.Context, key string, value []byte) error {
+	if err := vmmproc.CheckKeepKey(key); err != nil {
+		return fmt.Errorf("daemontest: keep: %w", err)
+	}
+	if len(value) > vmmproc.MaxKeepValue {
+		return fmt.Errorf("daemontest: keep %q: %d bytes: at most %d", key, len(value), vmmproc.MaxKeepValue)
+	}
+	select {
+	case <-in.done:
+		return errors.New("daemontest: keep: the sandbox has stopped")
+	default:
+	}
+	b := in.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.kept == nil {
+		b.kept = map[string]map[string][]byte{}
+	}
+	m := b.kept[in.dir]
+	if m == nil {
+		m = map[string][]byte{}
+		b.kept[in.dir] = m
+	}
+	if len(value) == 0 {
+		delete(m, key)
+	} else {
+		m[key] = bytes.Clone(value)
+	}
+	return nil
+}
+
+// Kept implements daemon.Instance.
+func (in *Instance) Kept(ctx context.Context, key string) ([]byte, error) {
+	b := in.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.kept[in.dir][key]
+	if !ok {
+		return nil, fmt.Errorf("daemontest: kept %q: %w", key, sandbox.ErrNotKept)
+	}
+	return bytes.Clone(v), nil
+}
+
+// Kept returns what the sandbox in folder dir keeps under key, for
+// tests; nil when nothing.
+func (b *Backend) Kept(dir, key string) []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.kept[dir][key])
+}
+
+func (b *Backend) forgetKept(dir string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.kept, dir)
 }
 
 // Start runs argv on the host, in the root (cwd mapped into it), in a
@@ -954,6 +1020,7 @@ func (in *Instance) Close(ctx context.Context) error {
 	}
 	in.root.Close()
 	in.b.forgetDetachedOf(in.dir)
+	in.b.forgetKept(in.dir)
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("daemontest: close: %w", err)
 	}

@@ -1522,6 +1522,182 @@ func (x *ListHeldResponse) GetIds() []string {
 	return nil
 }
 
+type KeepRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepRequest) Reset() {
+	*x = KeepRequest{}
+	mi := &file_vmm_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepRequest) ProtoMessage() {}
+
+func (x *KeepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepRequest.ProtoReflect.Descriptor instead.
+func (*KeepRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *KeepRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeepRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type KeepResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepResponse) Reset() {
+	*x = KeepResponse{}
+	mi := &file_vmm_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepResponse) ProtoMessage() {}
+
+func (x *KeepResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepResponse.ProtoReflect.Descriptor instead.
+func (*KeepResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{33}
+}
+
+type KeptRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeptRequest) Reset() {
+	*x = KeptRequest{}
+	mi := &file_vmm_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeptRequest) ProtoMessage() {}
+
+func (x *KeptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeptRequest.ProtoReflect.Descriptor instead.
+func (*KeptRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *KeptRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type KeptResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeptResponse) Reset() {
+	*x = KeptResponse{}
+	mi := &file_vmm_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeptResponse) ProtoMessage() {}
+
+func (x *KeptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeptResponse.ProtoReflect.Descriptor instead.
+func (*KeptResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *KeptResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 var File_vmm_proto protoreflect.FileDescriptor
 
 const file_vmm_proto_rawDesc = "" +
@@ -1612,7 +1788,15 @@ const file_vmm_proto_rawDesc = "" +
 	"\x0fReleaseResponse\"\x11\n" +
 	"\x0fListHeldRequest\"$\n" +
 	"\x10ListHeldResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids2\xf1\a\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"5\n" +
+	"\vKeepRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x0e\n" +
+	"\fKeepResponse\"\x1f\n" +
+	"\vKeptRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"$\n" +
+	"\fKeptResponse\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\fR\x05value2\xeb\b\n" +
 	"\x03VMM\x12>\n" +
 	"\x05Hello\x12\x19.kiln.vmm.v1.HelloRequest\x1a\x1a.kiln.vmm.v1.HelloResponse\x12A\n" +
 	"\x06Create\x12\x1a.kiln.vmm.v1.CreateRequest\x1a\x1b.kiln.vmm.v1.CreateResponse\x12>\n" +
@@ -1628,7 +1812,9 @@ const file_vmm_proto_rawDesc = "" +
 	"\bTakeHeld\x12\x1c.kiln.vmm.v1.TakeHeldRequest\x1a\x1d.kiln.vmm.v1.TakeHeldResponse\x12G\n" +
 	"\bGiveHeld\x12\x1c.kiln.vmm.v1.GiveHeldRequest\x1a\x1d.kiln.vmm.v1.GiveHeldResponse\x12D\n" +
 	"\aRelease\x12\x1b.kiln.vmm.v1.ReleaseRequest\x1a\x1c.kiln.vmm.v1.ReleaseResponse\x12G\n" +
-	"\bListHeld\x12\x1c.kiln.vmm.v1.ListHeldRequest\x1a\x1d.kiln.vmm.v1.ListHeldResponseB&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
+	"\bListHeld\x12\x1c.kiln.vmm.v1.ListHeldRequest\x1a\x1d.kiln.vmm.v1.ListHeldResponse\x12;\n" +
+	"\x04Keep\x12\x18.kiln.vmm.v1.KeepRequest\x1a\x19.kiln.vmm.v1.KeepResponse\x12;\n" +
+	"\x04Kept\x12\x18.kiln.vmm.v1.KeptRequest\x1a\x19.kiln.vmm.v1.KeptResponseB&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
 
 var (
 	file_vmm_proto_rawDescOnce sync.Once
@@ -1642,7 +1828,7 @@ func file_vmm_proto_rawDescGZIP() []byte {
 	return file_vmm_proto_rawDescData
 }
 
-var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_vmm_proto_goTypes = []any{
 	(*HelloRequest)(nil),     // 0: kiln.vmm.v1.HelloRequest
 	(*HelloResponse)(nil),    // 1: kiln.vmm.v1.HelloResponse
@@ -1676,18 +1862,22 @@ var file_vmm_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),  // 29: kiln.vmm.v1.ReleaseResponse
 	(*ListHeldRequest)(nil),  // 30: kiln.vmm.v1.ListHeldRequest
 	(*ListHeldResponse)(nil), // 31: kiln.vmm.v1.ListHeldResponse
-	nil,                      // 32: kiln.vmm.v1.SaveRequest.LabelsEntry
-	nil,                      // 33: kiln.vmm.v1.HoldRequest.LabelsEntry
-	nil,                      // 34: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	nil,                      // 35: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	(*KeepRequest)(nil),      // 32: kiln.vmm.v1.KeepRequest
+	(*KeepResponse)(nil),     // 33: kiln.vmm.v1.KeepResponse
+	(*KeptRequest)(nil),      // 34: kiln.vmm.v1.KeptRequest
+	(*KeptResponse)(nil),     // 35: kiln.vmm.v1.KeptResponse
+	nil,                      // 36: kiln.vmm.v1.SaveRequest.LabelsEntry
+	nil,                      // 37: kiln.vmm.v1.HoldRequest.LabelsEntry
+	nil,                      // 38: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	nil,                      // 39: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 }
 var file_vmm_proto_depIdxs = []int32{
 	3,  // 0: kiln.vmm.v1.CreateRequest.fork:type_name -> kiln.vmm.v1.ForkSource
-	32, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
+	36, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
 	19, // 2: kiln.vmm.v1.DescribeResponse.guest_memory:type_name -> kiln.vmm.v1.MemoryRange
-	33, // 3: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
-	34, // 4: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	35, // 5: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	37, // 3: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
+	38, // 4: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	39, // 5: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 	0,  // 6: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
 	2,  // 7: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
 	5,  // 8: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
@@ -1703,23 +1893,27 @@ var file_vmm_proto_depIdxs = []int32{
 	26, // 18: kiln.vmm.v1.VMM.GiveHeld:input_type -> kiln.vmm.v1.GiveHeldRequest
 	28, // 19: kiln.vmm.v1.VMM.Release:input_type -> kiln.vmm.v1.ReleaseRequest
 	30, // 20: kiln.vmm.v1.VMM.ListHeld:input_type -> kiln.vmm.v1.ListHeldRequest
-	1,  // 21: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
-	4,  // 22: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
-	6,  // 23: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
-	8,  // 24: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
-	10, // 25: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
-	12, // 26: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
-	14, // 27: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
-	16, // 28: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
-	18, // 29: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
-	21, // 30: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
-	23, // 31: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
-	25, // 32: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
-	27, // 33: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
-	29, // 34: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
-	31, // 35: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
-	21, // [21:36] is the sub-list for method output_type
-	6,  // [6:21] is the sub-list for method input_type
+	32, // 21: kiln.vmm.v1.VMM.Keep:input_type -> kiln.vmm.v1.KeepRequest
+	34, // 22: kiln.vmm.v1.VMM.Kept:input_type -> kiln.vmm.v1.KeptRequest
+	1,  // 23: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
+	4,  // 24: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
+	6,  // 25: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
+	8,  // 26: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
+	10, // 27: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
+	12, // 28: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
+	14, // 29: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
+	16, // 30: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
+	18, // 31: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
+	21, // 32: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
+	23, // 33: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
+	25, // 34: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
+	27, // 35: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
+	29, // 36: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
+	31, // 37: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
+	33, // 38: kiln.vmm.v1.VMM.Keep:output_type -> kiln.vmm.v1.KeepResponse
+	35, // 39: kiln.vmm.v1.VMM.Kept:output_type -> kiln.vmm.v1.KeptResponse
+	23, // [23:40] is the sub-list for method output_type
+	6,  // [6:23] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
 	6,  // [6:6] is the sub-list for extension extendee
 	0,  // [0:6] is the sub-list for field type_name
@@ -1741,7 +1935,7 @@ func file_vmm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmm_proto_rawDesc), len(file_vmm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

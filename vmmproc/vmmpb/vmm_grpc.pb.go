@@ -42,6 +42,8 @@ const (
 	VMM_GiveHeld_FullMethodName = "/kiln.vmm.v1.VMM/GiveHeld"
 	VMM_Release_FullMethodName  = "/kiln.vmm.v1.VMM/Release"
 	VMM_ListHeld_FullMethodName = "/kiln.vmm.v1.VMM/ListHeld"
+	VMM_Keep_FullMethodName     = "/kiln.vmm.v1.VMM/Keep"
+	VMM_Kept_FullMethodName     = "/kiln.vmm.v1.VMM/Kept"
 )
 
 // VMMClient is the client API for VMM service.
@@ -97,6 +99,17 @@ type VMMClient interface {
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// ListHeld lists the holds' IDs, sorted.
 	ListHeld(ctx context.Context, in *ListHeldRequest, opts ...grpc.CallOption) (*ListHeldResponse, error)
+	// Keeps: small values the process keeps in its memory by key for its
+	// parent (a daemon's sandbox secrets), so that they outlive the parent
+	// without touching a disk: never written, never logged, gone with the
+	// process. A key is 1 to 128 bytes of [A-Za-z0-9._-] (InvalidArgument
+	// otherwise); a value at most 2 MiB, all of them together at most
+	// 4 MiB (ResourceExhausted).
+	//
+	// Keep sets a key's value; an empty value drops the key.
+	Keep(ctx context.Context, in *KeepRequest, opts ...grpc.CallOption) (*KeepResponse, error)
+	// Kept returns a key's value; an unknown key is NotFound.
+	Kept(ctx context.Context, in *KeptRequest, opts ...grpc.CallOption) (*KeptResponse, error)
 }
 
 type vMMClient struct {
@@ -266,6 +279,26 @@ func (c *vMMClient) ListHeld(ctx context.Context, in *ListHeldRequest, opts ...g
 	return out, nil
 }
 
+func (c *vMMClient) Keep(ctx context.Context, in *KeepRequest, opts ...grpc.CallOption) (*KeepResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeepResponse)
+	err := c.cc.Invoke(ctx, VMM_Keep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *vMMClient) Kept(ctx context.Context, in *KeptRequest, opts ...grpc.CallOption) (*KeptResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeptResponse)
+	err := c.cc.Invoke(ctx, VMM_Kept_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VMMServer is the server API for VMM service.
 // All implementations must embed UnimplementedVMMServer
 // for forward compatibility.
@@ -319,6 +352,17 @@ type VMMServer interface {
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// ListHeld lists the holds' IDs, sorted.
 	ListHeld(context.Context, *ListHeldRequest) (*ListHeldResponse, error)
+	// Keeps: small values the process keeps in its memory by key for its
+	// parent (a daemon's sandbox secrets), so that they outlive the parent
+	// without touching a disk: never written, never logged, gone with the
+	// process. A key is 1 to 128 bytes of [A-Za-z0-9._-] (InvalidArgument
+	// otherwise); a value at most 2 MiB, all of them together at most
+	// 4 MiB (ResourceExhausted).
+	//
+	// Keep sets a key's value; an empty value drops the key.
+	Keep(context.Context, *KeepRequest) (*KeepResponse, error)
+	// Kept returns a key's value; an unknown key is NotFound.
+	Kept(context.Context, *KeptRequest) (*KeptResponse, error)
 	mustEmbedUnimplementedVMMServer()
 }
 
@@ -373,6 +417,12 @@ func (UnimplementedVMMServer) Release(context.Context, *ReleaseRequest) (*Releas
 }
 func (UnimplementedVMMServer) ListHeld(context.Context, *ListHeldRequest) (*ListHeldResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListHeld not implemented")
+}
+func (UnimplementedVMMServer) Keep(context.Context, *KeepRequest) (*KeepResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Keep not implemented")
+}
+func (UnimplementedVMMServer) Kept(context.Context, *KeptRequest) (*KeptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Kept not implemented")
 }
 func (UnimplementedVMMServer) mustEmbedUnimplementedVMMServer() {}
 func (UnimplementedVMMServer) testEmbeddedByValue()             {}
@@ -658,6 +708,42 @@ func _VMM_ListHeld_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VMM_Keep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).Keep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_Keep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).Keep(ctx, req.(*KeepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VMM_Kept_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).Kept(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_Kept_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).Kept(ctx, req.(*KeptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VMM_ServiceDesc is the grpc.ServiceDesc for VMM service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -720,6 +806,14 @@ var VMM_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListHeld",
 			Handler:    _VMM_ListHeld_Handler,
+		},
+		{
+			MethodName: "Keep",
+			Handler:    _VMM_Keep_Handler,
+		},
+		{
+			MethodName: "Kept",
+			Handler:    _VMM_Kept_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
