@@ -382,11 +382,11 @@ func (f *forwarder) try(ctx context.Context, network string, s netip.AddrPort, q
 // rateLog logs at most one line per interval, counting what it drops: a
 // guest can trigger these lines.
 type rateLog struct {
-	log      *slog.Logger
-	every    time.Duration
-	mu       sync.Mutex
-	last     time.Time
-	dropped  int
+	log     *slog.Logger
+	every   time.Duration
+	mu      sync.Mutex
+	last    time.Time
+	dropped int
 }
 
 func newRateLog(log *slog.Logger, every time.Duration) *rateLog {

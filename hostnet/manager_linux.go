@@ -30,8 +30,8 @@ type Manager struct {
 	cfg    Config
 	log    *slog.Logger
 	uplink string
-	hostFD int  // the host netns
-	dialFD int  // hostFD, or -1 when the host netns is this process's
+	hostFD int // the host netns
+	dialFD int // hostFD, or -1 when the host netns is this process's
 	up     *forwarder
 
 	mu      sync.Mutex

@@ -3,6 +3,7 @@ package hostnet
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -13,10 +14,10 @@ import (
 
 // Names in nftables and of links.
 const (
-	tableName  = "kiln"     // kiln's own table, in the host netns (ip) and each sandbox netns (inet)
-	tapName    = "tap0"     // the guest's link, in the sandbox netns
-	nsVethName = "veth0"    // the sandbox netns's end of the veth
-	vethPrefix = "kiln"     // host end of the veth: vethPrefix + block index
+	tableName  = "kiln"      // kiln's own table, in the host netns (ip) and each sandbox netns (inet)
+	tapName    = "tap0"      // the guest's link, in the sandbox netns
+	nsVethName = "veth0"     // the sandbox netns's end of the veth
+	vethPrefix = "kiln"      // host end of the veth: vethPrefix + block index
 	allowSet   = "allow_dns" // addresses the DNS proxy resolved for an allow list
 	denySet    = "deny_dns"  // addresses resolved for a deny list
 )
@@ -92,22 +93,39 @@ func ipInSet(s *nftables.Set) []expr.Any {
 
 // dport53 matches UDP or TCP (proto) to port 53.
 func dport53(proto byte) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	return append(l4proto(proto),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
-	}
+	)
 }
 
 var (
 	accept = []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}
 	drop   = []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}
-	// reject answers the guest at once (ICMP admin-prohibited), so that a
-	// forbidden connect fails fast instead of timing out.
-	reject = []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
-	masq   = []expr.Any{&expr.Masq{}}
+	// icmpReject answers with ICMP admin-prohibited (rate-limited by the
+	// kernel); tcpReset answers TCP with a reset.
+	icmpReject = []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
+	tcpReset   = []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}
+	// icmpReject4 is icmpReject in an ip (not inet) table.
+	icmpReject4 = []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13 /* ICMP_PKT_FILTERED */}}
+	masq        = []expr.Any{&expr.Masq{}}
 )
+
+// rejectRule queues rules that reject what parts match at once, so that a
+// forbidden connect fails fast instead of timing out: TCP with a reset,
+// the rest with ICMP admin-prohibited.
+func rejectRule(c *nftables.Conn, ch *nftables.Chain, parts ...[]expr.Any) {
+	rule(c, ch, append(slices.Clone(parts), l4proto(unix.IPPROTO_TCP), tcpReset)...)
+	rule(c, ch, append(slices.Clone(parts), icmpReject)...)
+}
+
+// l4proto matches a transport protocol.
+func l4proto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
 
 // rule queues a rule of the concatenated parts in chain ch.
 func rule(c *nftables.Conn, ch *nftables.Chain, parts ...[]expr.Any) {
@@ -144,7 +162,11 @@ func hostRules(c *nftables.Conn, pool netip.Prefix, uplink string) {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
 	rule(c, in, ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq), ctEstablished(), accept)
-	rule(c, in, ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq), drop)
+	// The host's own addresses: refused at once.
+	fromVeth := ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq)
+	rule(c, in, fromVeth, l4proto(unix.IPPROTO_TCP), tcpReset)
+	rule(c, in, fromVeth, icmpReject4)
+	rule(c, in, fromVeth, drop)
 }
 
 // sandboxTable is kiln's table in a sandbox netns, and its learned sets.
@@ -200,7 +222,7 @@ func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, 
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
 	rule(c, fwd, ctEstablished(), accept)
 	// Never other sandboxes (nor the veths' addresses), whatever the policy.
-	rule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, pool), reject)
+	rejectRule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, pool))
 	switch p.Mode {
 	case AllowAll:
 		rule(c, fwd, fromTap, ipv4(), accept)
@@ -211,12 +233,12 @@ func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, 
 		rule(c, fwd, fromTap, ipv4(), ipInSet(allow), accept)
 	case DenyList:
 		for _, cidr := range p.CIDRs {
-			rule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, cidr), reject)
+			rejectRule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, cidr))
 		}
-		rule(c, fwd, fromTap, ipv4(), ipInSet(deny), reject)
+		rejectRule(c, fwd, fromTap, ipv4(), ipInSet(deny))
 		rule(c, fwd, fromTap, ipv4(), accept)
 	}
-	rule(c, fwd, fromTap, reject)
+	rejectRule(c, fwd, fromTap)
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
@@ -225,6 +247,7 @@ func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, 
 	gwp := netip.PrefixFrom(gw, 32)
 	rule(c, in, fromTap, ipv4(), ipIn(ipDaddr, gwp), dport53(unix.IPPROTO_UDP), accept)
 	rule(c, in, fromTap, ipv4(), ipIn(ipDaddr, gwp), dport53(unix.IPPROTO_TCP), accept)
+	rejectRule(c, in, fromTap)
 	return nil
 }
 
