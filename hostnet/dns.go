@@ -44,6 +44,7 @@ type proxy struct {
 	learn  learner
 	log    *rateLog
 	sem    chan struct{}
+	bg     sync.WaitGroup // background resolutions (deny lists)
 }
 
 func newProxy(p Policy, up exchanger, learn learner, log *slog.Logger) *proxy {
@@ -157,7 +158,9 @@ func (px *proxy) denyResolve(ctx context.Context, name string) {
 	default:
 		return
 	}
+	px.bg.Add(1)
 	go func() {
+		defer px.bg.Done()
 		defer func() { <-px.sem }()
 		ctx, cancel := context.WithTimeout(ctx, 2*upstreamTimeout)
 		defer cancel()

@@ -556,6 +556,9 @@ func (a *attachment) stop() {
 		a.tcp.Close()
 	}
 	a.wg.Wait()
+	if a.px != nil {
+		a.px.bg.Wait() // they use nsFD
+	}
 	if a.nsFD >= 0 {
 		unix.Close(a.nsFD)
 		a.nsFD = -1
