@@ -192,15 +192,17 @@ func elems(l []learnedElem) []nftables.SetElement {
 	return out
 }
 
-// sandboxRules queues (in c's batch) the replacement of kiln's table in a
-// sandbox netns with the egress policy p (normalized) for the guest on tap0
+// sandboxRules queues (in c's batch) the replacement (replace: the table
+// may exist) or creation of kiln's table in a sandbox netns with the egress policy p (normalized) for the guest on tap0
 // with gateway gw, carrying over the learned addresses that p keeps. The
 // batch is one nftables transaction: the old ruleset holds until the new
 // one does.
-func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, learned []learnedElem) error {
+func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, learned []learnedElem, replace bool) error {
 	t, allow, deny := sandboxTable()
-	c.AddTable(t)
-	c.DelTable(t)
+	if replace {
+		c.AddTable(t)
+		c.DelTable(t)
+	}
 	c.AddTable(t)
 	var allowElems, denyElems []nftables.SetElement
 	switch p.Mode {
