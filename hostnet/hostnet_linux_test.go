@@ -447,3 +447,25 @@ func BenchmarkAttach(b *testing.B) {
 	b.ReportMetric(pct(detach, 0.50), "detach-p50-ms")
 	b.ReportMetric(pct(detach, 0.95), "detach-p95-ms")
 }
+
+// BenchmarkSetPolicy times replacing a live attachment's policy (one
+// nftables transaction and a conntrack sweep).
+func BenchmarkSetPolicy(b *testing.B) {
+	w := newWorld(b)
+	m := w.manager(b, b.TempDir())
+	b.Cleanup(func() { m.Close() })
+	ctx := context.Background()
+	if _, err := m.Attach(ctx, "bench", Policy{}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Detach(ctx, "bench") })
+	policies := []Policy{
+		{Mode: AllowList, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.99.1.0/24")}, Domains: []string{"allowed.test"}},
+		{Mode: DenyList, Domains: []string{"denied.test"}},
+	}
+	for i := 0; b.Loop(); i++ {
+		if err := m.SetPolicy(ctx, "bench", policies[i%2]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -424,7 +424,7 @@ func (m *Manager) build(ctx context.Context, rec record) (*attachment, error) {
 	if err := nh.RouteAdd(&netlink.Route{Dst: ipNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0)), Gw: b.hostEnd().Addr().AsSlice()}); err != nil {
 		return nil, fmt.Errorf("default route in the sandbox netns: %w", err)
 	}
-	if err := a.apply(m.cfg.Pool, rec.Policy, nil, false); err != nil {
+	if err := a.apply(m.cfg.Pool, rec.Policy, nil); err != nil {
 		return nil, err
 	}
 	if err := m.startProxy(ctx, a); err != nil {
@@ -440,12 +440,12 @@ func ipNet(p netip.Prefix) *net.IPNet {
 
 // apply replaces the netns's nftables table with policy p (one batch),
 // carrying over the learned addresses given.
-func (a *attachment) apply(pool netip.Prefix, p Policy, keep []learnedElem, replace bool) error {
+func (a *attachment) apply(pool netip.Prefix, p Policy, keep []learnedElem) error {
 	c, err := nftables.New(nftables.WithNetNSFd(a.nsFD))
 	if err != nil {
 		return fmt.Errorf("nftables in the sandbox netns: %w", err)
 	}
-	if err := sandboxRules(c, p, pool, a.blk.gateway().Addr(), keep, replace); err != nil {
+	if err := sandboxRules(c, p, pool, a.blk.gateway().Addr(), keep); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
@@ -685,7 +685,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	if err := writeRecord(m.cfg.Dir, rec); err != nil {
 		return err
 	}
-	if err := a.apply(m.cfg.Pool, p, keep, true); err != nil {
+	if err := a.apply(m.cfg.Pool, p, keep); err != nil {
 		// The record is ahead of the kernel; put it back.
 		old := m.records[id]
 		if werr := writeRecord(m.cfg.Dir, old); werr != nil {

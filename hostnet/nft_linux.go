@@ -192,36 +192,39 @@ func elems(l []learnedElem) []nftables.SetElement {
 	return out
 }
 
-// sandboxRules queues (in c's batch) the replacement (replace: the table
-// may exist) or creation of kiln's table in a sandbox netns with the egress policy p (normalized) for the guest on tap0
-// with gateway gw, carrying over the learned addresses that p keeps. The
-// batch is one nftables transaction: the old ruleset holds until the new
-// one does.
-func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, learned []learnedElem, replace bool) error {
+// sandboxRules queues (in c's batch) kiln's table in a sandbox netns with
+// the egress policy p (normalized) for the guest on tap0 with gateway gw,
+// carrying over the learned addresses that p keeps. The table, its chains
+// and sets are made where missing, otherwise emptied and refilled: the
+// batch is one nftables transaction, so the old ruleset holds until the new
+// one does, and nothing is deleted (which costs the kernel an RCU grace
+// period).
+func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, learned []learnedElem) error {
 	t, allow, deny := sandboxTable()
-	if replace {
-		c.AddTable(t)
-		c.DelTable(t)
-	}
 	c.AddTable(t)
-	var allowElems, denyElems []nftables.SetElement
-	switch p.Mode {
-	case AllowList:
-		allowElems = elems(learned)
-	case DenyList:
-		denyElems = elems(learned)
+	for _, s := range []*nftables.Set{allow, deny} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+		c.FlushSet(s)
 	}
-	if err := c.AddSet(allow, allowElems); err != nil {
-		return fmt.Errorf("nftables set %s: %w", allowSet, err)
-	}
-	if err := c.AddSet(deny, denyElems); err != nil {
-		return fmt.Errorf("nftables set %s: %w", denySet, err)
+	switch l := elems(learned); {
+	case len(l) == 0:
+	case p.Mode == AllowList:
+		if err := c.SetAddElements(allow, l); err != nil {
+			return fmt.Errorf("nftables set %s: %w", allowSet, err)
+		}
+	case p.Mode == DenyList:
+		if err := c.SetAddElements(deny, l); err != nil {
+			return fmt.Errorf("nftables set %s: %w", denySet, err)
+		}
 	}
 	dropping := nftables.ChainPolicyDrop
 	fromTap := ifname(expr.MetaKeyIIFNAME, tapName, false, expr.CmpOpEq)
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
+	c.FlushChain(fwd)
 	rule(c, fwd, ctEstablished(), accept)
 	// Never other sandboxes (nor the veths' addresses), whatever the policy.
 	rejectRule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, pool))
@@ -244,6 +247,7 @@ func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, 
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
+	c.FlushChain(in)
 	rule(c, in, ctEstablished(), accept)
 	rule(c, in, ifname(expr.MetaKeyIIFNAME, "lo", false, expr.CmpOpEq), accept)
 	gwp := netip.PrefixFrom(gw, 32)
