@@ -17,6 +17,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // check is one thing a guest tries and whether it should work.
@@ -467,5 +468,43 @@ func BenchmarkSetPolicy(b *testing.B) {
 		if err := m.SetPolicy(ctx, "bench", policies[i%2]); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestAdoptGoneNetns: a record whose netns is gone (as after a host reboot,
+// when the pins are no longer mounted) is cleaned up by Adopt, which
+// reports ErrNotFound and frees the block.
+func TestAdoptGoneNetns(t *testing.T) {
+	w := newWorld(t)
+	dir := t.TempDir()
+	m := w.manager(t, dir)
+	ctx := context.Background()
+	info, err := m.Attach(ctx, "r", Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(info.Netns, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	m2 := w.manager(t, dir)
+	t.Cleanup(func() { m2.Close() })
+	if got := m2.List(); !slices.Equal(got, []string{"r"}) {
+		t.Fatalf("List = %v, want [r]", got)
+	}
+	if _, err := m2.Adopt(ctx, "r"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Adopt of a gone netns = %v, want ErrNotFound", err)
+	}
+	if got := m2.List(); len(got) != 0 {
+		t.Errorf("List after = %v", got)
+	}
+	if len(m2.alloc.used) != 0 {
+		t.Errorf("blocks still taken: %v", m2.alloc.used)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+	if len(left) != 0 {
+		t.Errorf("left in Dir: %v", left)
 	}
 }
