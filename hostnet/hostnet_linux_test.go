@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -506,5 +507,76 @@ func TestAdoptGoneNetns(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
 	if len(left) != 0 {
 		t.Errorf("left in Dir: %v", left)
+	}
+}
+
+// TestConcurrent attaches, updates and detaches sandboxes from many
+// goroutines at once, some on the same sandbox.
+func TestConcurrent(t *testing.T) {
+	w := newWorld(t)
+	dir := t.TempDir()
+	m := w.manager(t, dir)
+	t.Cleanup(func() { m.Close() })
+	ctx := context.Background()
+	const n = 8
+	infos := make([]Info, n)
+	errs := make(chan error, 3*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			info, err := m.Attach(ctx, fmt.Sprintf("c%d", i), Policy{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			infos[i] = info
+			// The same sandbox from two goroutines: they take turns.
+			var wg2 sync.WaitGroup
+			wg2.Add(2)
+			go func() {
+				defer wg2.Done()
+				if err := m.SetPolicy(ctx, fmt.Sprintf("c%d", i), Policy{Mode: DenyAll}); err != nil && !errors.Is(err, ErrNotFound) {
+					errs <- err
+				}
+			}()
+			go func() {
+				defer wg2.Done()
+				if i%2 == 0 {
+					if err := m.Detach(ctx, fmt.Sprintf("c%d", i)); err != nil {
+						errs <- err
+					}
+				}
+			}()
+			wg2.Wait()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, info := range infos {
+		if seen[info.Address] {
+			t.Errorf("address %v handed out twice", info.Address)
+		}
+		seen[info.Address] = true
+	}
+	var want []string
+	for i := 1; i < n; i += 2 {
+		want = append(want, fmt.Sprintf("c%d", i))
+		if p, err := m.Policy(fmt.Sprintf("c%d", i)); err != nil || p.Mode != DenyAll {
+			t.Errorf("Policy(c%d) = %+v, %v", i, p, err)
+		}
+	}
+	if got := m.List(); !slices.Equal(got, want) {
+		t.Errorf("List = %v, want %v", got, want)
+	}
+	for _, id := range want {
+		if err := m.Detach(ctx, id); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -36,9 +36,9 @@ type Manager struct {
 
 	mu      sync.Mutex
 	alloc   *allocator
-	records map[string]record      // every attachment, adopted or not
-	live    map[string]*attachment // attachments with a running proxy
-	busy    map[string]bool        // ids in Attach, Adopt or Detach
+	records map[string]record        // every attachment, adopted or not
+	live    map[string]*attachment   // attachments with a running proxy
+	busy    map[string]chan struct{} // ids in Attach, Adopt, SetPolicy or Detach; closed when done
 	closed  bool
 }
 
@@ -102,7 +102,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 	}
 	m := &Manager{cfg: cfg, log: log, hostFD: -1, dialFD: -1,
-		records: map[string]record{}, live: map[string]*attachment{}, busy: map[string]bool{},
+		records: map[string]record{}, live: map[string]*attachment{}, busy: map[string]chan struct{}{},
 		alloc: newAllocator(poolBlocks(cfg.Pool))}
 	hostPath := cfg.HostNetns
 	if hostPath == "" {
@@ -231,25 +231,36 @@ func (m *Manager) dialHost(ctx context.Context, network, addr string) (net.Conn,
 	return c, err
 }
 
-// reserve marks id busy; with fresh it also requires that id has no record.
-func (m *Manager) reserve(id string) error {
+// reserve waits (until ctx is done) for the other operations on id to
+// end and marks id busy: operations on one sandbox run one at a time.
+func (m *Manager) reserve(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return errors.New("hostnet: manager is closed")
+	for {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return errors.New("hostnet: manager is closed")
+		}
+		done, busy := m.busy[id]
+		if !busy {
+			m.busy[id] = make(chan struct{})
+			m.mu.Unlock()
+			return nil
+		}
+		m.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("hostnet: sandbox %s: waiting for another network operation on it: %w", id, ctx.Err())
+		}
 	}
-	if m.busy[id] {
-		return fmt.Errorf("hostnet: sandbox %s: another network operation on it is under way", id)
-	}
-	m.busy[id] = true
-	return nil
 }
 
 func (m *Manager) release(id string) {
 	m.mu.Lock()
+	close(m.busy[id])
 	delete(m.busy, id)
 	m.mu.Unlock()
 }
@@ -265,7 +276,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (info Info, e
 		return Info{}, err
 	}
 	p = p.normalized()
-	if err := m.reserve(id); err != nil {
+	if err := m.reserve(ctx, id); err != nil {
 		return Info{}, err
 	}
 	defer m.release(id)
@@ -599,7 +610,7 @@ func (m *Manager) teardown(r record) error {
 // left of it, frees its block and returns ErrNotFound too. Adopting a live
 // attachment returns its Info.
 func (m *Manager) Adopt(ctx context.Context, id string) (Info, error) {
-	if err := m.reserve(id); err != nil {
+	if err := m.reserve(ctx, id); err != nil {
 		return Info{}, err
 	}
 	defer m.release(id)
@@ -658,7 +669,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 		return err
 	}
 	p = p.normalized()
-	if err := m.reserve(id); err != nil {
+	if err := m.reserve(ctx, id); err != nil {
 		return err
 	}
 	defer m.release(id)
@@ -754,7 +765,7 @@ func (m *Manager) Policy(id string) (Policy, error) {
 // (with the tap), unpins it, frees its block and drops its record. An id
 // with no attachment is no error.
 func (m *Manager) Detach(ctx context.Context, id string) error {
-	if err := m.reserve(id); err != nil {
+	if err := m.reserve(ctx, id); err != nil {
 		return err
 	}
 	defer m.release(id)

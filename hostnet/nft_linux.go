@@ -172,8 +172,10 @@ func hostRules(c *nftables.Conn, pool netip.Prefix, uplink string) {
 // sandboxTable is kiln's table in a sandbox netns, and its learned sets.
 func sandboxTable() (*nftables.Table, *nftables.Set, *nftables.Set) {
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
-	allow := &nftables.Set{Table: t, Name: allowSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
-	deny := &nftables.Set{Table: t, Name: denySet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	// Fixed batch-local IDs: with ID 0, nftables.AddSet numbers sets from a
+	// package global, unguarded across connections.
+	allow := &nftables.Set{Table: t, ID: 1, Name: allowSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	deny := &nftables.Set{Table: t, ID: 2, Name: denySet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 	return t, allow, deny
 }
 
