@@ -377,9 +377,10 @@ func blockIndex(guest netip.Prefix) int {
 	return d >> blockBits
 }
 
-// TestAttachLeavesNothingOnFailure makes Attach fail late (the gateway's
-// port 53 is taken in... no: the veth name is taken in the host netns) and
-// checks that nothing is left.
+// TestAttachLeavesNothingOnFailure makes Attach fail half-way (its veth
+// name is taken in the host netns, by a leftover "kiln" link) and checks
+// that nothing is left: no record, no pin, no block taken, and the
+// leftover link is gone too (kiln* links are kiln's), so a retry works.
 func TestAttachLeavesNothingOnFailure(t *testing.T) {
 	w := newWorld(t)
 	dir := t.TempDir()
@@ -578,5 +579,39 @@ func TestConcurrent(t *testing.T) {
 		if err := m.Detach(ctx, id); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	bare := newTestNetns(t, "bare") // no default route
+	notNS := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notNS, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	upstream := []netip.AddrPort{worldDNS}
+	cases := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"ipv6 pool", Config{Pool: netip.MustParsePrefix("fd00::/64"), Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path}, "want an IPv4 prefix"},
+		{"small pool", Config{Pool: netip.MustParsePrefix("10.0.0.0/30"), Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path}, "or larger"},
+		{"no dir", Config{Pool: testPool, DNS: upstream, HostNetns: bare.path}, "Dir is empty"},
+		{"no default route", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path}, "no IPv4 default route"},
+		{"not a netns", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: notNS}, "not a network namespace"},
+		{"bad dns", Config{Pool: testPool, Dir: t.TempDir(), DNS: []netip.AddrPort{{}}, HostNetns: bare.path, Uplink: "lo"}, "not an address and port"},
+		{"long uplink", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path, Uplink: strings.Repeat("u", 16)}, "at most 15"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := New(context.Background(), tc.cfg)
+			if err == nil {
+				m.Close()
+				t.Fatalf("New succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, want an error naming %q", err, tc.want)
+			}
+		})
 	}
 }
