@@ -63,7 +63,7 @@ type config struct {
 	defaultLifetime time.Duration
 
 	// Host integration (issue 12), parsed and validated here.
-	metricsListen    string           // wired by the lead: "" = no /metrics
+	metricsListen    string           // "" = no /metrics
 	netPool          netip.Prefix     // wired by the lead: zero = no per-sandbox network
 	netUplink        string           // wired by the lead: "" = the default route's
 	netDNS           []netip.AddrPort // wired by the lead: nil = /etc/resolv.conf's
@@ -236,12 +236,29 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		}
 		lns = append(lns, ln)
 	}
+	var metrics *metricsServer
+	if cfg.metricsListen != "" {
+		if metrics, err = listenMetrics(cfg.metricsListen, log); err != nil {
+			closeAll()
+			fmt.Fprintln(stderr, "kilnd:", err)
+			return 1
+		}
+		defer metrics.stop()
+	}
 	notify(log, "STATUS=adopting sandboxes")
 	svc, err := newService(cfg, log)
 	if err != nil {
 		closeAll()
 		fmt.Fprintln(stderr, "kilnd:", err)
 		return 1
+	}
+	if metrics != nil {
+		if err := metrics.start(svc); err != nil {
+			closeAll()
+			svc.Close(context.Background())
+			fmt.Fprintln(stderr, "kilnd:", err)
+			return 1
+		}
 	}
 	if err := serve(ctx, lns, a, svc, log, serveOptions{watchdog: watchdog}); err != nil {
 		fmt.Fprintln(stderr, "kilnd:", err)
