@@ -72,6 +72,15 @@ type Config struct {
 	// (0: 4096); older ones are forgotten.
 	KeepEnded int
 
+	// Network, when set, gives every sandbox a network of its own (a
+	// network namespace with a tap, an address, NAT and an egress policy:
+	// package hostnet through HostNetwork); nil: sandboxes have no
+	// network card, and a request's egress policy is refused.
+	Network Network
+	// DefaultEgress is the egress policy of a sandbox whose request gives
+	// none (the zero value: allow-all).
+	DefaultEgress EgressPolicy
+
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
 	Clock Clock
@@ -181,6 +190,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TemplateTimeout == 0 {
 		cfg.TemplateTimeout = 30 * time.Minute
 	}
+	if err := checkEgress("default egress policy", cfg.DefaultEgress); err != nil {
+		return nil, fmt.Errorf("daemon: %s", status.Convert(err).Message())
+	}
 	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("daemon: state folder: %w", err)
@@ -201,6 +213,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cleanLeftovers()
+	s.pruneNets()
 	s.startPools()
 	return s, nil
 }
@@ -416,6 +429,7 @@ func (s *Server) adopt(b *box) {
 	s.persistLocked(b)
 	s.scheduleLocked(b)
 	b.mu.Unlock()
+	s.adoptNet(b)
 	s.watch(b, inst)
 	s.log.Info("sandbox taken over", "sandbox", b.id, "pid", inst.PID())
 }
@@ -483,8 +497,10 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	s.persistLocked(b)
 	pb := s.protoLocked(b)
 	cancel := b.cancel
+	n := b.rec.Net.clone()
 	b.mu.Unlock()
 	cancel()
+	s.detachNet(n) // its VMM process is gone
 	kind := map[kilnpb.SandboxState]kilnpb.Event_Kind{
 		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
 		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,
@@ -551,6 +567,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Labels:        r.Labels,
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
+		Network: netProto(r.Net),
 	}
 	if !r.live() {
 		pb.Pid = 0
