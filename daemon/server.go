@@ -490,6 +490,10 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 // oldest ended sandboxes beyond Config.KeepEnded.
 func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	b.mu.Lock()
+	n := b.rec.Net.clone()
+	b.mu.Unlock()
+	s.detachNet(n) // its VMM process is gone: it ends with nothing left
+	b.mu.Lock()
 	b.inst = nil
 	b.rec.setState(state)
 	b.rec.Reason = reason
@@ -497,10 +501,8 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	s.persistLocked(b)
 	pb := s.protoLocked(b)
 	cancel := b.cancel
-	n := b.rec.Net.clone()
 	b.mu.Unlock()
 	cancel()
-	s.detachNet(n) // its VMM process is gone
 	kind := map[kilnpb.SandboxState]kilnpb.Event_Kind{
 		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
 		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,

@@ -109,6 +109,19 @@ func (b *Backend) Live() int {
 	return len(b.live)
 }
 
+// ByPID returns the live sandbox whose stand-in VMM process is pid, or
+// nil.
+func (b *Backend) ByPID(pid int) *Instance {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for in := range b.live {
+		if in.pid == pid {
+			return in
+		}
+	}
+	return nil
+}
+
 func (b *Backend) track(in *Instance, on bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
