@@ -20,6 +20,7 @@ import (
 
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/hostnet"
 )
 
 // fakeNet is a daemon.Network of files: an attachment's "network
@@ -631,5 +632,22 @@ func TestNetworkRestart(t *testing.T) {
 	}
 	if n := e.be.Live(); n != 5 {
 		t.Errorf("%d instances live, want 5", n)
+	}
+}
+
+// TestEgressModesAreHostnets: HostNetwork passes a mode on by value.
+func TestEgressModesAreHostnets(t *testing.T) {
+	for m := range 5 {
+		if d, h := daemon.EgressMode(m).String(), hostnet.Mode(m).String(); d != h {
+			t.Errorf("mode %d: daemon %s, hostnet %s", m, d, h)
+		}
+	}
+	for _, name := range []string{"allow-all", "deny-all", "allow-list", "deny-list"} {
+		if m, err := daemon.ParseEgressMode(name); err != nil || m.String() != name {
+			t.Errorf("ParseEgressMode(%q) = %v, %v", name, m, err)
+		}
+	}
+	if _, err := daemon.ParseEgressMode("allow"); err == nil {
+		t.Error("ParseEgressMode(allow) succeeded")
 	}
 }
