@@ -157,18 +157,20 @@ func (s *Server) ConfigureNetwork(ctx context.Context, req *agentpb.ConfigureNet
 	return &agentpb.ConfigureNetworkResponse{Interface: name}, nil
 }
 
-// netlinkHandle is a netlink handle in the namespace the agent configures
-// (Config.NetworkNamespace, else its own).
+// netlinkHandle is a route netlink handle in the namespace the agent
+// configures (Config.NetworkNamespace, else its own). Route only: a guest
+// kernel without xfrm_user has no NETLINK_XFRM, which a handle of every
+// family would open.
 func (s *Server) netlinkHandle() (*netlink.Handle, error) {
 	if s.cfg.NetworkNamespace == "" {
-		return netlink.NewHandle()
+		return netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
 	ns, err := netns.GetFromPath(s.cfg.NetworkNamespace)
 	if err != nil {
 		return nil, fmt.Errorf("network namespace %s: %w", s.cfg.NetworkNamespace, err)
 	}
 	defer ns.Close()
-	return netlink.NewHandleAt(ns)
+	return netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 }
 
 // netErr turns a netlink error of step on iface into a status.

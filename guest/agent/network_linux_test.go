@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -188,7 +189,7 @@ func testNetns(t *testing.T) (string, *netlink.Handle) {
 			t.Errorf("delete network namespace %s: %v", name, err)
 		}
 	})
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
