@@ -343,7 +343,11 @@ func (s *Server) UpdateNetworkPolicy(ctx context.Context, req *kilnpb.UpdateNetw
 	if err != nil {
 		return nil, err
 	}
-	<-b.ready
+	select {
+	case <-b.ready:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ending || !b.rec.live() {

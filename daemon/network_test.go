@@ -258,6 +258,12 @@ func TestNetworkCreateDestroy(t *testing.T) {
 	}
 	e.waitState(c.Id, kilnpb.SandboxState_SANDBOX_STATE_FAILED)
 	fn.balanced()
+	// So does a lifetime that ends.
+	d := e.create(&kilnpb.CreateSandboxRequest{LifetimeMs: 60_000})
+	e.waitPending(1)
+	e.clock.Advance(time.Minute)
+	e.waitState(d.Id, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT)
+	fn.balanced()
 	// An ended sandbox still says what its network was.
 	if got := e.get(a.Id).GetNetwork().GetAddress(); got != a.Network.Address {
 		t.Errorf("ended sandbox's address %q", got)
