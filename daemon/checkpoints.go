@@ -545,7 +545,8 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 	nets := make([]*netRecord, len(boxes))
 	if egress != nil {
 		for i, b := range boxes {
-			n, err := s.attachNet(ctx, b.id, *egress)
+			// Not the caller's context: the fork goes on without it.
+			n, err := s.attachNet(context.WithoutCancel(ctx), b.id, *egress)
 			if err != nil {
 				for _, b := range boxes {
 					s.failStart(b, err) // and detaches those attached
