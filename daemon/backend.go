@@ -84,6 +84,10 @@ type Instance interface {
 
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
+	// ConfigureNetwork gives the guest's network card (the sandbox has
+	// one: HostSpec.Net) its address, gateway, MAC, MTU and nameservers,
+	// after every start, restore and fork.
+	ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error
 	// Refresh gives the sandbox a new identity, as a restore does: fresh
 	// entropy, the host's time, and the host name (a warm pool's sandbox
 	// handed out).

@@ -79,6 +79,10 @@ func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) 
 		Persisted: persist, Keep: req.GetKeep(),
 		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env,
 	}
+	if n := b.rec.Net; n != nil {
+		eg := n.Egress.clone()
+		c.Net, c.Egress = true, &eg
+	}
 	b.mu.Unlock()
 	if persist {
 		c.Dir = filepath.Join(s.cfg.StateDir, checkpointsDir, c.ID)
@@ -283,6 +287,14 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		b.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: only a running sandbox rolls back", b.id, stateName(st))
 	}
+	// In place on its network: the old machine lets go of the tap (it
+	// is closed below) before the new one opens it, with the same
+	// address and MAC.
+	n := b.rec.Net.clone()
+	if c.Net != (n != nil) {
+		b.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s and sandbox %s differ in having a network card", c.ID, b.id)
+	}
 	old := b.inst
 	b.inst = nil // calls now fail: it is rolling back
 	if b.timer != nil {
@@ -346,7 +358,7 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		return fail(err)
 	}
 	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
-	inst, err := s.create(rctx, spec)
+	inst, err := s.createNet(rctx, spec, n)
 	if err == nil {
 		// The sandbox keeps its secrets: kept by the new VMM process,
 		// its files written again (the target may predate them).
@@ -464,6 +476,9 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 	var parent Instance
 	var parentSecrets []secret // the children's (a fork from a sandbox)
 	var ck *checkpointRecord
+	// The children's networks: the parent's policy, each its own
+	// attachment (nil: the parent has no card).
+	var egress *EgressPolicy
 	switch src := req.GetSource().(type) {
 	case nil:
 		return status.Error(codes.InvalidArgument, "no source: give a sandbox_id or a checkpoint_id")
@@ -478,13 +493,30 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
 		tmpl.LastCheckpoint = b.rec.LastCheckpoint
 		tmpl.SecretNames, parentSecrets = b.rec.SecretNames, cloneSecrets(b.secrets)
+		if n := b.rec.Net; n != nil {
+			eg := n.Egress.clone()
+			egress = &eg
+		}
 		b.mu.Unlock()
+		if _, err := s.sourceNet("sandbox "+b.id, egress != nil, false); err != nil {
+			return err
+		}
 	case *kilnpb.ForkRequest_CheckpointId:
 		if ck, err = s.checkpoint(src.CheckpointId); err != nil {
 			return err
 		}
 		tmpl.Checkpoint, tmpl.LastCheckpoint = ck.ID, ck.ID
 		tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = ck.CPUs, ck.MemoryMiB, ck.Image, ck.Env
+		if _, err := s.sourceNet("checkpoint "+ck.ID, ck.Net, false); err != nil {
+			return err
+		}
+		if ck.Net {
+			eg := s.cfg.DefaultEgress.clone()
+			if ck.Egress != nil {
+				eg = ck.Egress.clone()
+			}
+			egress = &eg
+		}
 	}
 
 	var sendMu sync.Mutex
@@ -522,61 +554,95 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 	}
 	began := time.Now()
 	if parent != nil {
-		f.err = s.forkSandbox(stream.Context(), parent, boxes, began, send)
+		f.err = s.forkSandbox(stream.Context(), parent, boxes, egress, began, send)
 	} else {
-		f.err = s.forkCheckpoint(context.WithoutCancel(stream.Context()), ck, boxes, began, send)
+		f.err = s.forkCheckpoint(context.WithoutCancel(stream.Context()), ck, boxes, egress, began, send)
 	}
 	return f.err
 }
 
-// forkSandbox makes the children boxes of the running parent.
-func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+// forkSandbox makes the children boxes of the running parent, each on a
+// network of its own with policy egress when the parent has one.
+func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, egress *EgressPolicy, began time.Time, send func(*kilnpb.Sandbox) error) error {
+	hosts := make([]HostSpec, len(boxes))
+	nets := make([]*netRecord, len(boxes))
+	if egress != nil {
+		for i, b := range boxes {
+			// Not the caller's context: the fork goes on without it.
+			n, err := s.attachNet(context.WithoutCancel(ctx), b.id, *egress)
+			if err != nil {
+				for _, b := range boxes {
+					s.failStart(b, err) // and detaches those attached
+				}
+				return err
+			}
+			b.mu.Lock()
+			b.rec.Net = n
+			s.persistLocked(b)
+			b.mu.Unlock()
+			nets[i], hosts[i] = n, hostSpec(n)
+		}
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BootTimeout)
-	kids, err := parent.Fork(fctx, make([]HostSpec, len(boxes)))
-	cancel()
+	kids, err := parent.Fork(fctx, hosts)
 	if err != nil {
+		cancel()
 		err = callErr("fork", err)
 		for _, b := range boxes {
 			s.failStart(b, err)
 		}
 		return err
 	}
-	var failed error
+	errs := make([]error, len(boxes))
+	var wg sync.WaitGroup
+	for i := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = configureNet(fctx, kids[i], nets[i])
+		}()
+	}
+	wg.Wait()
+	cancel()
+	var firstErr error
 	for i, b := range boxes {
-		os.RemoveAll(b.rec.Dir) // the child has a folder of its own
-		// The child's memory has its parent's secret files; its VMM
-		// process keeps the secrets too.
-		kctx, cancel := context.WithTimeout(b.ctx, time.Minute)
-		err := s.installSecrets(kctx, b, kids[i], false)
-		cancel()
-		if err != nil {
+		if errs[i] == nil {
+			os.RemoveAll(b.rec.Dir) // the child has a folder of its own
+			// The child's memory has its parent's secret files; its VMM
+			// process keeps the secrets too.
+			kctx, kcancel := context.WithTimeout(b.ctx, time.Minute)
+			errs[i] = s.installSecrets(kctx, b, kids[i], false)
+			kcancel()
+		}
+		if errs[i] != nil {
+			err := callErr("fork child "+b.id, errs[i])
 			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			kids[i].Close(cctx)
 			cancel()
-			failed = callErr("fork child "+b.id, err)
-			s.failStart(b, failed)
+			s.failStart(b, err)
+			if firstErr == nil {
+				firstErr = err
+			}
 			continue
 		}
 		s.runningAs(b, kids[i], time.Since(began), kilnpb.Event_KIND_READY)
 		close(b.ready)
 	}
-	for _, b := range boxes {
-		b.mu.Lock()
-		ok := b.createErr == nil
-		b.mu.Unlock()
-		if !ok {
+	for i, b := range boxes {
+		if errs[i] != nil {
 			continue
 		}
 		if err := send(s.describe(b)); err != nil {
 			return err
 		}
 	}
-	return failed
+	return firstErr
 }
 
 // forkCheckpoint restores the children boxes from checkpoint c, all at
-// once, sending each as it answers.
-func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+// once, each on a network of its own with policy egress when c has a
+// card, sending each as it answers.
+func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes []*box, egress *EgressPolicy, began time.Time, send func(*kilnpb.Sandbox) error) error {
 	var base CreateSpec
 	release, err := s.source(ctx, c, &base)
 	if err != nil {
@@ -592,10 +658,23 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var n *netRecord
+			if egress != nil {
+				var err error
+				if n, err = s.attachNet(b.ctx, b.id, *egress); err != nil {
+					errs[i] = err
+					s.failStart(b, err)
+					return
+				}
+				b.mu.Lock()
+				b.rec.Net = n
+				s.persistLocked(b)
+				b.mu.Unlock()
+			}
 			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
-			inst, err := s.create(ctx, spec)
+			inst, err := s.createNet(ctx, spec, n)
 			cancel()
 			if err != nil {
 				errs[i] = callErr("fork child "+b.id, err)

@@ -23,7 +23,24 @@ type pool struct {
 	wake   chan struct{}
 
 	mu    sync.Mutex
-	ready []Instance
+	ready []*warmSandbox
+}
+
+// warmSandbox is a pool's ready sandbox and its network (nil without
+// one), which waits with deny-all.
+type warmSandbox struct {
+	inst Instance
+	net  *netRecord
+}
+
+// closeWarm closes the pool's sandbox w and removes its network.
+func (s *Server) closeWarm(w *warmSandbox) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := w.inst.Close(ctx); err != nil {
+		s.log.Warn("pool sandbox not closed", "err", err)
+	}
+	s.detachNet(w.net)
 }
 
 // Backoff of a pool whose refills fail.
@@ -84,10 +101,10 @@ func (p *pool) run() {
 		}
 		s.mu.Unlock()
 		if err == nil {
-			var inst Instance
-			if inst, err = p.fill(); err == nil {
+			var w *warmSandbox
+			if w, err = p.fill(); err == nil {
 				p.mu.Lock()
-				p.ready = append(p.ready, inst)
+				p.ready = append(p.ready, w)
 				p.mu.Unlock()
 				if failing {
 					s.log.Info("template pool refills again", "template", p.t.rec.ID)
@@ -115,21 +132,34 @@ func (p *pool) run() {
 	}
 }
 
-// fill restores one sandbox from the template.
-func (p *pool) fill() (Instance, error) {
+// fill restores one sandbox from the template, on a network of its own
+// (named as its folder) with deny-all when the template has a card.
+func (p *pool) fill() (*warmSandbox, error) {
 	s := p.s
+	withNet, err := s.sourceNet("template "+p.t.rec.ID, p.t.rec.Net, false)
+	if err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(s.cfg.StateDir, sandboxesDir, newID(poolPrefix))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	var n *netRecord
+	if withNet {
+		if n, err = s.attachNet(p.ctx, filepath.Base(dir), EgressPolicy{Mode: EgressDenyAll}); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(p.ctx, s.cfg.BootTimeout)
 	defer cancel()
-	inst, err := s.create(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"})
+	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"}, n)
 	if err != nil {
 		os.RemoveAll(dir)
+		s.detachNet(n)
 		return nil, err
 	}
-	return inst, nil
+	return &warmSandbox{inst: inst, net: n}, nil
 }
 
 // unaccount gives back the host's share of n pool sandboxes.
@@ -143,22 +173,22 @@ func (p *pool) unaccount(n int) {
 
 // takeLocked hands out a ready sandbox, or nil; s.mu is held (the
 // sandbox's share of the host moves to its box).
-func (p *pool) takeLocked() Instance {
+func (p *pool) takeLocked() *warmSandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for len(p.ready) > 0 {
-		inst := p.ready[0]
+		w := p.ready[0]
 		p.ready = p.ready[1:]
 		p.s.pooled--
 		p.s.pooledMiB -= uint64(p.t.rec.MemoryMiB)
 		select {
-		case <-inst.Done(): // stopped while it waited
-			go inst.Close(context.Background())
+		case <-w.inst.Done(): // stopped while it waited
+			go p.s.closeWarm(w)
 			continue
 		default:
 		}
 		p.poke()
-		return inst
+		return w
 	}
 	return nil
 }
@@ -184,15 +214,11 @@ func (p *pool) drain() {
 	p.ready = nil
 	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, inst := range ins {
+	for _, w := range ins {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := inst.Close(ctx); err != nil {
-				p.s.log.Warn("pool sandbox not closed", "template", p.t.rec.ID, "err", err)
-			}
+			p.s.closeWarm(w)
 		}()
 	}
 	wg.Wait()

@@ -51,6 +51,8 @@ type record struct {
 	ReadyMS       int64 `json:"ready_ms,omitempty"`
 	// LastCheckpoint is the parent of the next checkpoint.
 	LastCheckpoint string `json:"last_checkpoint,omitempty"`
+	// Net is its network (Config.Network), nil without one.
+	Net *netRecord `json:"net,omitempty"`
 }
 
 func (r *record) state() kilnpb.SandboxState {
@@ -85,6 +87,10 @@ type checkpointRecord struct {
 	MemoryMiB uint32   `json:"memory_mib"`
 	Image     string   `json:"image,omitempty"`
 	Env       []string `json:"env,omitempty"`
+	// Net says the sandbox had a network card (its restores need one),
+	// and Egress its policy then (a fork's children get it).
+	Net    bool          `json:"net,omitempty"`
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
 // writeJSON writes v to path atomically: a temporary file beside it,

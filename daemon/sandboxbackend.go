@@ -385,6 +385,10 @@ func (in *sandboxInstance) setPaused(p bool) {
 	in.mu.Unlock()
 }
 
+func (in *sandboxInstance) ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error {
+	return in.s.ConfigureNetwork(ctx, cfg)
+}
+
 func (in *sandboxInstance) Refresh(ctx context.Context, hostname string) error {
 	return in.s.Refresh(ctx, hostname)
 }

@@ -129,6 +129,9 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	var tmpl *template
 	var fromCk *checkpointRecord
 	res := req.GetResources()
+	// Whether the source has a network card: an image's sandbox has one
+	// when the server has networks.
+	srcWhat, srcNIC := "image", s.cfg.Network != nil
 	switch src := req.GetSource().(type) {
 	case nil:
 		return nil, status.Error(codes.InvalidArgument, "no source: give one of image, template or checkpoint")
@@ -142,6 +145,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		}
 		res = &kilnpb.Resources{Cpus: t.rec.CPUs, MemoryMib: t.rec.MemoryMiB, DiskMib: t.rec.DiskMiB}
 		tmpl = t
+		srcWhat, srcNIC = "template "+t.rec.ID, t.rec.Net
 	case *kilnpb.CreateSandboxRequest_Image:
 		if src.Image == "" || strings.ContainsRune(src.Image, 0) {
 			return nil, status.Errorf(codes.InvalidArgument, "image %q: want an image reference or manifest digest", src.Image)
@@ -160,6 +164,15 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		r.Env = append(append([]string{}, ck.Env...), req.GetEnv()...)
 		cpus, mem := s.checkpointResources(ck)
 		res = &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}
+		srcWhat, srcNIC = "checkpoint "+ck.ID, ck.Net
+	}
+	egress, err := s.requestEgress("egress", req.GetEgress())
+	if err != nil {
+		return nil, err
+	}
+	withNet, err := s.sourceNet(srcWhat, srcNIC, req.GetEgress() != nil)
+	if err != nil {
+		return nil, err
 	}
 	cpus, mem, err := s.resources(res)
 	if err != nil {
@@ -218,33 +231,59 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		defer release()
 	}
 	if warm != nil {
-		if sb, err := s.handOut(b, warm, began); err == nil {
+		if sb, err := s.handOut(b, warm, egress, began); err == nil {
 			return sb, nil
 		}
+	}
+	if withNet {
+		n, err := s.attachNet(b.ctx, b.id, egress)
+		if err != nil {
+			s.mu.Lock()
+			delete(s.requests, b.rec.RequestID) // a retry starts afresh
+			s.mu.Unlock()
+			s.failStart(b, err)
+			return nil, err
+		}
+		b.mu.Lock()
+		b.rec.Net = n
+		s.persistLocked(b)
+		b.mu.Unlock()
 	}
 	return s.start(b, spec)
 }
 
-// handOut makes the pool's sandbox inst the reserved box b: a new
-// identity (entropy, clock, host name). When that fails the pool's
-// sandbox is closed and the caller restores one instead.
-func (s *Server) handOut(b *box, inst Instance, began time.Time) (*kilnpb.Sandbox, error) {
+// handOut makes the pool's sandbox w the reserved box b: its network's
+// policy becomes egress (it waited with deny-all), and a new identity
+// (entropy, clock, host name). When that fails the pool's sandbox is
+// closed and the caller restores one instead.
+func (s *Server) handOut(b *box, w *warmSandbox, egress EgressPolicy, began time.Time) (*kilnpb.Sandbox, error) {
+	inst := w.inst
 	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
-	err := inst.Refresh(ctx, hostname(b.id))
+	var err error
+	if w.net != nil {
+		if err = s.cfg.Network.SetPolicy(ctx, w.net.ID, egress); err != nil {
+			err = fmt.Errorf("set its egress policy: %w", err)
+		}
+	}
+	if err == nil {
+		err = inst.Refresh(ctx, hostname(b.id))
+	}
 	if err == nil {
 		err = s.installSecrets(ctx, b, inst, true)
 	}
 	cancel()
 	if err != nil {
 		s.log.Warn("a pool's sandbox could not be handed out; restoring one instead", "sandbox", b.id, "err", err)
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		inst.Close(cctx)
-		cancel()
+		s.closeWarm(w)
 		return nil, err
 	}
 	os.RemoveAll(b.rec.Dir) // the pool's sandbox has a folder of its own
 	b.mu.Lock()
 	b.rec.FromPool = true
+	if w.net != nil {
+		b.rec.Net = w.net.clone()
+		b.rec.Net.Egress = egress.clone()
+	}
 	s.publish(kilnpb.Event_KIND_CREATED, s.protoLocked(b), "")
 	b.mu.Unlock()
 	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
@@ -282,7 +321,7 @@ func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) 
 // reserve finds the sandbox r's request ID made, or makes a new starting
 // one within the host's limits, recorded in the state folder. A create
 // from template t gets a sandbox of its pool, when one is ready (warm).
-func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, existing bool, warm Instance, _ error) {
+func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, existing bool, warm *warmSandbox, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -301,7 +340,7 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 	}
 	if err := s.admitLocked(1, uint64(r.MemoryMiB)); err != nil {
 		if warm != nil {
-			go warm.Close(context.Background())
+			go s.closeWarm(warm)
 		}
 		return nil, false, nil, err
 	}
@@ -318,7 +357,7 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 	if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
 		if warm != nil {
-			go warm.Close(context.Background())
+			go s.closeWarm(warm)
 		}
 		return nil, false, nil, status.Errorf(codes.Internal, "sandbox folder: %v", err)
 	}
@@ -361,7 +400,10 @@ func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
 	// Not the caller's context: a client that gives up leaves a sandbox
 	// that a retry with the same request ID finds.
 	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
-	inst, err := s.create(ctx, spec)
+	b.mu.Lock()
+	n := b.rec.Net.clone()
+	b.mu.Unlock()
+	inst, err := s.createNet(ctx, spec, n)
 	if err == nil {
 		if err = s.installSecrets(ctx, b, inst, true); err != nil {
 			cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)

@@ -72,6 +72,15 @@ type Config struct {
 	// (0: 4096); older ones are forgotten.
 	KeepEnded int
 
+	// Network, when set, gives every sandbox a network of its own (a
+	// network namespace with a tap, an address, NAT and an egress policy:
+	// package hostnet through HostNetwork); nil: sandboxes have no
+	// network card, and a request's egress policy is refused.
+	Network Network
+	// DefaultEgress is the egress policy of a sandbox whose request gives
+	// none (the zero value: allow-all).
+	DefaultEgress EgressPolicy
+
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
 	Clock Clock
@@ -182,6 +191,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TemplateTimeout == 0 {
 		cfg.TemplateTimeout = 30 * time.Minute
 	}
+	if err := checkEgress("default egress policy", cfg.DefaultEgress); err != nil {
+		return nil, fmt.Errorf("daemon: %s", status.Convert(err).Message())
+	}
 	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("daemon: state folder: %w", err)
@@ -203,6 +215,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cleanLeftovers()
+	s.pruneNets()
 	s.startPools()
 	return s, nil
 }
@@ -424,6 +437,7 @@ func (s *Server) adopt(b *box) {
 	s.persistLocked(b)
 	s.scheduleLocked(b)
 	b.mu.Unlock()
+	s.adoptNet(b)
 	s.watch(b, inst)
 	s.log.Info("sandbox taken over", "sandbox", b.id, "pid", inst.PID())
 }
@@ -484,6 +498,10 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 // finish records that b ended in state, publishes it, and forgets the
 // oldest ended sandboxes beyond Config.KeepEnded.
 func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
+	b.mu.Lock()
+	n := b.rec.Net.clone()
+	b.mu.Unlock()
+	s.detachNet(n) // its VMM process is gone: it ends with nothing left
 	b.mu.Lock()
 	b.inst = nil
 	b.secrets = nil // the sandbox's end is its secrets' (execs still masking hold their own reference)
@@ -564,6 +582,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
 		SecretNames: r.SecretNames,
+		Network:     netProto(r.Net),
 	}
 	if !r.live() {
 		pb.Pid = 0

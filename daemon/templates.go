@@ -54,6 +54,9 @@ type templateRecord struct {
 	CreatedUnixMS int64  `json:"created_unix_ms"`
 	RequestID     string `json:"request_id,omitempty"`
 	RequestKey    string `json:"request_key,omitempty"`
+	// Net says its snapshot has a network card: its sandboxes need a
+	// network (Config.Network).
+	Net bool `json:"net,omitempty"`
 }
 
 // template is a template the server knows: building (only its request
@@ -110,6 +113,10 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	if n := req.GetPoolSize(); n > maxPoolSize {
 		return nil, status.Errorf(codes.InvalidArgument, "pool_size %d: at most %d", n, maxPoolSize)
 	}
+	egress, err := s.requestEgress("egress", req.GetEgress())
+	if err != nil {
+		return nil, err
+	}
 	keyReq := proto.Clone(req).(*kilnpb.CreateTemplateRequest)
 	keyReq.RequestId = ""
 	keyReq.Secrets = withoutValues(keyReq.Secrets) // no digest of a value on disk
@@ -117,6 +124,7 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 		ID: newID("tp-"), Name: req.GetName(), ImageRef: img, Setup: req.GetSetup(),
 		CPUs: cpus, MemoryMiB: mem, DiskMiB: req.GetResources().GetDiskMib(), PoolSize: req.GetPoolSize(),
 		RequestID: req.GetRequestId(), RequestKey: requestKey("template", keyReq),
+		Net: s.cfg.Network != nil,
 	}}
 	t.rec.Dir = filepath.Join(s.cfg.StateDir, templatesDir, t.rec.ID)
 
@@ -158,7 +166,7 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	s.buildingMiB += uint64(mem)
 	s.mu.Unlock()
 
-	err = s.buildTemplate(t)
+	err = s.buildTemplate(t, egress)
 	for _, sec := range t.secrets {
 		clear(sec.Value)
 	}
@@ -197,10 +205,11 @@ func checkSetup(argv []string) error {
 	return nil
 }
 
-// buildTemplate boots t's image in a builder sandbox, runs the setup,
-// saves the snapshot and records the template. Not the caller's context:
-// a client that gives up leaves a template a retry finds.
-func (s *Server) buildTemplate(t *template) (err error) {
+// buildTemplate boots t's image in a builder sandbox (on a network of
+// its own with policy egress, when t has one), runs the setup, saves the
+// snapshot and records the template. Not the caller's context: a client
+// that gives up leaves a template a retry finds.
+func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 	r := &t.rec
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.TemplateTimeout)
 	defer cancel()
@@ -209,8 +218,15 @@ func (s *Server) buildTemplate(t *template) (err error) {
 		return status.Errorf(codes.Internal, "template %s: builder folder: %v", r.ID, err)
 	}
 	defer os.RemoveAll(dir)
-	inst, err := s.create(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
-		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template"})
+	var n *netRecord
+	if r.Net {
+		if n, err = s.attachNet(ctx, filepath.Base(dir), egress); err != nil {
+			return status.Errorf(status.Code(err), "template %s: %s", r.ID, status.Convert(err).Message())
+		}
+		defer s.detachNet(n) // after the builder's close, below
+	}
+	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
+		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template"}, n)
 	if err != nil {
 		return callErr("template "+r.ID+": boot "+r.ImageRef, err)
 	}

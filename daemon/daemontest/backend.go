@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path"
@@ -35,6 +36,7 @@ import (
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -114,6 +116,19 @@ func (b *Backend) Live() int {
 	return len(b.live)
 }
 
+// ByPID returns the live sandbox whose stand-in VMM process is pid, or
+// nil.
+func (b *Backend) ByPID(pid int) *Instance {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for in := range b.live {
+		if in.pid == pid {
+			return in
+		}
+	}
+	return nil
+}
+
 func (b *Backend) track(in *Instance, on bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -133,6 +148,12 @@ type meta struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Refreshes counts the Refresh calls since the sandbox started.
 	Refreshes int `json:"refreshes,omitempty"`
+	// Net is the sandbox's network card (CreateSpec.Host.Net): a
+	// checkpoint of a sandbox with one restores only with one, as package
+	// sandbox's do. Network is what the guest's card was last configured
+	// with (a checkpoint keeps it, as a guest's memory does).
+	Net     *virtio.NetSpec       `json:"net,omitempty"`
+	Network *client.NetworkConfig `json:"network,omitempty"`
 }
 
 // Create implements daemon.Backend: a root folder (from the image's
@@ -184,6 +205,10 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 		return nil, errors.New("daemontest: no image and no checkpoint")
 	}
 	m.Hostname, m.Refreshes = spec.Hostname, 0
+	if err := checkNIC(spec, m.Net != nil); err != nil {
+		return nil, err
+	}
+	m.Net = spec.Host.Net
 	if err := writeMeta(spec.Dir, m); err != nil {
 		return nil, err
 	}
@@ -209,6 +234,28 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 		in.stopped(fmt.Sprintf("VMM process %d died: %v", pid, err))
 	}()
 	return in, nil
+}
+
+// checkNIC checks spec's network card as a VMM would: a restore has one
+// exactly when its checkpoint had one (had), and its tap's network
+// namespace exists.
+func checkNIC(spec daemon.CreateSpec, had bool) error {
+	n := spec.Host.Net
+	if spec.Checkpoint != "" && had != (n != nil) {
+		return fmt.Errorf("daemontest: checkpoint %s: it had a network card: %v, the restore has one: %v", spec.Checkpoint, had, n != nil)
+	}
+	if n == nil {
+		return nil
+	}
+	if n.Tap == "" || n.MAC == "" {
+		return fmt.Errorf("daemontest: network card %+v: no tap or MAC", *n)
+	}
+	if n.Netns != "" {
+		if _, err := os.Stat(n.Netns); err != nil {
+			return fmt.Errorf("daemontest: open tap %s: network namespace: %w", n.Tap, err)
+		}
+	}
+	return nil
 }
 
 // Attach implements daemon.Backend: the stand-in VMM process must still
@@ -819,6 +866,36 @@ func (in *Instance) Refresh(ctx context.Context, hostname string) error {
 	return writeMeta(in.dir, in.meta)
 }
 
+// ConfigureNetwork records cfg as the guest's network; the sandbox must
+// have a card, and cfg its MAC.
+func (in *Instance) ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	switch {
+	case in.closed:
+		return errors.New("daemontest: configure the network of a closed sandbox")
+	case in.meta.Net == nil:
+		return status.Error(codes.FailedPrecondition, "daemontest: the sandbox has no network card")
+	case cfg.MAC != in.meta.Net.MAC:
+		return status.Errorf(codes.InvalidArgument, "daemontest: MAC %s: the card's is %s", cfg.MAC, in.meta.Net.MAC)
+	case len(cfg.Addresses) == 0:
+		return status.Error(codes.InvalidArgument, "daemontest: no address")
+	}
+	c := cfg
+	c.Addresses = append([]netip.Prefix(nil), cfg.Addresses...)
+	c.Nameservers = append([]netip.Addr(nil), cfg.Nameservers...)
+	in.meta.Network = &c
+	return writeMeta(in.dir, in.meta)
+}
+
+// Network returns the sandbox's network card and what its guest was last
+// configured with (nil when never: a restore keeps its checkpoint's).
+func (in *Instance) Network() (*virtio.NetSpec, *client.NetworkConfig) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.meta.Net, in.meta.Network
+}
+
 // Hostname is the host name the sandbox was started or last refreshed
 // with, and how many times it was refreshed.
 func (in *Instance) Hostname() (string, int) {
@@ -978,14 +1055,21 @@ func (in *Instance) Fork(ctx context.Context, hosts []daemon.HostSpec) ([]daemon
 	if err := in.Save(ctx, filepath.Join(tmp, "ck")); err != nil {
 		return nil, err
 	}
+	in.mu.Lock()
+	hasNIC := in.meta.Net != nil
+	in.mu.Unlock()
 	var out []daemon.Instance
-	for range n {
+	for i := range n {
+		if (hosts[i].Net != nil) != hasNIC {
+			closeAll(out)
+			return nil, fmt.Errorf("daemontest: fork: child %d has a network card: %v, the sandbox has one: %v", i, hosts[i].Net != nil, hasNIC)
+		}
 		dir := filepath.Join(filepath.Dir(in.dir), "fork-"+randHex())
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			closeAll(out)
 			return nil, fmt.Errorf("daemontest: fork: %w", err)
 		}
-		c, err := in.b.Create(ctx, daemon.CreateSpec{Dir: dir, Checkpoint: filepath.Join(tmp, "ck")})
+		c, err := in.b.Create(ctx, daemon.CreateSpec{Dir: dir, Checkpoint: filepath.Join(tmp, "ck"), Host: hosts[i]})
 		if err != nil {
 			os.RemoveAll(dir)
 			closeAll(out)

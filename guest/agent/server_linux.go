@@ -78,6 +78,14 @@ type Config struct {
 	// Defaults fill what an Exec leaves unset (an image's config); nil:
 	// the agent's own defaults (DefaultEnv, "/", root).
 	Defaults *ExecDefaults
+
+	// ResolvConf is the file ConfigureNetwork writes the nameservers to;
+	// empty means /etc/resolv.conf.
+	ResolvConf string
+	// NetworkNamespace is the network namespace (a path) ConfigureNetwork
+	// configures; empty means the agent's own (tests point it at one
+	// they made).
+	NetworkNamespace string
 }
 
 // Server implements agentpb.AgentServer.
@@ -100,6 +108,9 @@ type Server struct {
 	powerOnce sync.Once
 
 	detached *detachedTable
+
+	// netMu serializes ConfigureNetwork calls.
+	netMu sync.Mutex
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system

@@ -2215,6 +2215,145 @@ func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
+type ConfigureNetworkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The interface's name; empty: the guest's first non-loopback ethernet
+	// link (its virtio network card).
+	Interface string `protobuf:"bytes,1,opt,name=interface,proto3" json:"interface,omitempty"`
+	// The MAC to give it (aa:bb:cc:dd:ee:ff, unicast); empty keeps its own.
+	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	// Its addresses with their prefixes ("10.200.0.2/30"), at most 16; they
+	// replace every address it has.
+	Addresses []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// The default route's gateway, inside one of the addresses' prefixes;
+	// empty: no default route.
+	Gateway string `protobuf:"bytes,4,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// 0 keeps the link's MTU; else 68 to 65535.
+	Mtu uint32 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// What /etc/resolv.conf names, at most 3 (the resolver reads no more);
+	// empty leaves the file alone.
+	Nameservers   []string `protobuf:"bytes,6,rep,name=nameservers,proto3" json:"nameservers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkRequest) Reset() {
+	*x = ConfigureNetworkRequest{}
+	mi := &file_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkRequest) ProtoMessage() {}
+
+func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ConfigureNetworkRequest) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *ConfigureNetworkRequest) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *ConfigureNetworkRequest) GetNameservers() []string {
+	if x != nil {
+		return x.Nameservers
+	}
+	return nil
+}
+
+type ConfigureNetworkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The interface configured.
+	Interface     string `protobuf:"bytes,1,opt,name=interface,proto3" json:"interface,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkResponse) Reset() {
+	*x = ConfigureNetworkResponse{}
+	mi := &file_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkResponse) ProtoMessage() {}
+
+func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ConfigureNetworkResponse) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2345,8 +2484,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x10PowerOffResponse\"(\n" +
 	"\x12SetHostnameRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13SetHostnameResponse2\xd6\n" +
-	"\n" +
+	"\x13SetHostnameResponse\"\xb5\x01\n" +
+	"\x17ConfigureNetworkRequest\x12\x1c\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x1c\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses\x12\x18\n" +
+	"\agateway\x18\x04 \x01(\tR\agateway\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12 \n" +
+	"\vnameservers\x18\x06 \x03(\tR\vnameservers\"8\n" +
+	"\x18ConfigureNetworkResponse\x12\x1c\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface2\xbb\v\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
@@ -2365,7 +2512,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Reseed\x12\x1c.kiln.agent.v1.ReseedRequest\x1a\x1d.kiln.agent.v1.ReseedResponse\x12K\n" +
 	"\bSetClock\x12\x1e.kiln.agent.v1.SetClockRequest\x1a\x1f.kiln.agent.v1.SetClockResponse\x12K\n" +
 	"\bPowerOff\x12\x1e.kiln.agent.v1.PowerOffRequest\x1a\x1f.kiln.agent.v1.PowerOffResponse\x12T\n" +
-	"\vSetHostname\x12!.kiln.agent.v1.SetHostnameRequest\x1a\".kiln.agent.v1.SetHostnameResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
+	"\vSetHostname\x12!.kiln.agent.v1.SetHostnameRequest\x1a\".kiln.agent.v1.SetHostnameResponse\x12c\n" +
+	"\x10ConfigureNetwork\x12&.kiln.agent.v1.ConfigureNetworkRequest\x1a'.kiln.agent.v1.ConfigureNetworkResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2379,48 +2527,50 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),              // 0: kiln.agent.v1.ExecStart
-	(*ExecSignal)(nil),             // 1: kiln.agent.v1.ExecSignal
-	(*ExecRequest)(nil),            // 2: kiln.agent.v1.ExecRequest
-	(*ExecStarted)(nil),            // 3: kiln.agent.v1.ExecStarted
-	(*ExecExit)(nil),               // 4: kiln.agent.v1.ExecExit
-	(*ExecResponse)(nil),           // 5: kiln.agent.v1.ExecResponse
-	(*ListDetachedRequest)(nil),    // 6: kiln.agent.v1.ListDetachedRequest
-	(*DetachedProcess)(nil),        // 7: kiln.agent.v1.DetachedProcess
-	(*ListDetachedResponse)(nil),   // 8: kiln.agent.v1.ListDetachedResponse
-	(*SignalDetachedRequest)(nil),  // 9: kiln.agent.v1.SignalDetachedRequest
-	(*SignalDetachedResponse)(nil), // 10: kiln.agent.v1.SignalDetachedResponse
-	(*WaitDetachedRequest)(nil),    // 11: kiln.agent.v1.WaitDetachedRequest
-	(*ForgetDetachedRequest)(nil),  // 12: kiln.agent.v1.ForgetDetachedRequest
-	(*ForgetDetachedResponse)(nil), // 13: kiln.agent.v1.ForgetDetachedResponse
-	(*WriteFileHeader)(nil),        // 14: kiln.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),       // 15: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),        // 16: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),                  // 17: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),            // 18: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),               // 19: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),            // 20: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),           // 21: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),           // 22: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),          // 23: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),          // 24: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 25: kiln.agent.v1.RemoveResponse
-	(*HealthRequest)(nil),          // 26: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),         // 27: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),            // 28: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),           // 29: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),         // 30: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),        // 31: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),          // 32: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),         // 33: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),        // 34: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),       // 35: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),        // 36: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),       // 37: kiln.agent.v1.PowerOffResponse
-	(*SetHostnameRequest)(nil),     // 38: kiln.agent.v1.SetHostnameRequest
-	(*SetHostnameResponse)(nil),    // 39: kiln.agent.v1.SetHostnameResponse
+	(*ExecStart)(nil),                // 0: kiln.agent.v1.ExecStart
+	(*ExecSignal)(nil),               // 1: kiln.agent.v1.ExecSignal
+	(*ExecRequest)(nil),              // 2: kiln.agent.v1.ExecRequest
+	(*ExecStarted)(nil),              // 3: kiln.agent.v1.ExecStarted
+	(*ExecExit)(nil),                 // 4: kiln.agent.v1.ExecExit
+	(*ExecResponse)(nil),             // 5: kiln.agent.v1.ExecResponse
+	(*ListDetachedRequest)(nil),      // 6: kiln.agent.v1.ListDetachedRequest
+	(*DetachedProcess)(nil),          // 7: kiln.agent.v1.DetachedProcess
+	(*ListDetachedResponse)(nil),     // 8: kiln.agent.v1.ListDetachedResponse
+	(*SignalDetachedRequest)(nil),    // 9: kiln.agent.v1.SignalDetachedRequest
+	(*SignalDetachedResponse)(nil),   // 10: kiln.agent.v1.SignalDetachedResponse
+	(*WaitDetachedRequest)(nil),      // 11: kiln.agent.v1.WaitDetachedRequest
+	(*ForgetDetachedRequest)(nil),    // 12: kiln.agent.v1.ForgetDetachedRequest
+	(*ForgetDetachedResponse)(nil),   // 13: kiln.agent.v1.ForgetDetachedResponse
+	(*WriteFileHeader)(nil),          // 14: kiln.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),         // 15: kiln.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),          // 16: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                    // 17: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),              // 18: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),                 // 19: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),              // 20: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 21: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 22: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 23: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 24: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 25: kiln.agent.v1.RemoveResponse
+	(*HealthRequest)(nil),            // 26: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 27: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),              // 28: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 29: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),           // 30: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),          // 31: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),            // 32: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),           // 33: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),          // 34: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 35: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),          // 36: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),         // 37: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),       // 38: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),      // 39: kiln.agent.v1.SetHostnameResponse
+	(*ConfigureNetworkRequest)(nil),  // 40: kiln.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 41: kiln.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
@@ -2450,26 +2600,28 @@ var file_agent_proto_depIdxs = []int32{
 	34, // 24: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
 	36, // 25: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
 	38, // 26: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
-	5,  // 27: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	8,  // 28: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
-	10, // 29: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
-	7,  // 30: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
-	13, // 31: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
-	19, // 32: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	17, // 33: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	19, // 34: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	21, // 35: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	23, // 36: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	25, // 37: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	27, // 38: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	29, // 39: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	31, // 40: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	33, // 41: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	35, // 42: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	37, // 43: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	39, // 44: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
-	27, // [27:45] is the sub-list for method output_type
-	9,  // [9:27] is the sub-list for method input_type
+	40, // 27: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
+	5,  // 28: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	8,  // 29: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	10, // 30: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	7,  // 31: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	13, // 32: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	19, // 33: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	17, // 34: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	19, // 35: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	21, // 36: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	23, // 37: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	25, // 38: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	27, // 39: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	29, // 40: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	31, // 41: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	33, // 42: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	35, // 43: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	37, // 44: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	39, // 45: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	41, // 46: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
+	28, // [28:47] is the sub-list for method output_type
+	9,  // [9:28] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -2503,7 +2655,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,24 +23,25 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Exec_FullMethodName           = "/kiln.agent.v1.Agent/Exec"
-	Agent_ListDetached_FullMethodName   = "/kiln.agent.v1.Agent/ListDetached"
-	Agent_SignalDetached_FullMethodName = "/kiln.agent.v1.Agent/SignalDetached"
-	Agent_WaitDetached_FullMethodName   = "/kiln.agent.v1.Agent/WaitDetached"
-	Agent_ForgetDetached_FullMethodName = "/kiln.agent.v1.Agent/ForgetDetached"
-	Agent_WriteFile_FullMethodName      = "/kiln.agent.v1.Agent/WriteFile"
-	Agent_ReadFile_FullMethodName       = "/kiln.agent.v1.Agent/ReadFile"
-	Agent_Stat_FullMethodName           = "/kiln.agent.v1.Agent/Stat"
-	Agent_List_FullMethodName           = "/kiln.agent.v1.Agent/List"
-	Agent_Mkdir_FullMethodName          = "/kiln.agent.v1.Agent/Mkdir"
-	Agent_Remove_FullMethodName         = "/kiln.agent.v1.Agent/Remove"
-	Agent_Health_FullMethodName         = "/kiln.agent.v1.Agent/Health"
-	Agent_Info_FullMethodName           = "/kiln.agent.v1.Agent/Info"
-	Agent_Quiesce_FullMethodName        = "/kiln.agent.v1.Agent/Quiesce"
-	Agent_Reseed_FullMethodName         = "/kiln.agent.v1.Agent/Reseed"
-	Agent_SetClock_FullMethodName       = "/kiln.agent.v1.Agent/SetClock"
-	Agent_PowerOff_FullMethodName       = "/kiln.agent.v1.Agent/PowerOff"
-	Agent_SetHostname_FullMethodName    = "/kiln.agent.v1.Agent/SetHostname"
+	Agent_Exec_FullMethodName             = "/kiln.agent.v1.Agent/Exec"
+	Agent_ListDetached_FullMethodName     = "/kiln.agent.v1.Agent/ListDetached"
+	Agent_SignalDetached_FullMethodName   = "/kiln.agent.v1.Agent/SignalDetached"
+	Agent_WaitDetached_FullMethodName     = "/kiln.agent.v1.Agent/WaitDetached"
+	Agent_ForgetDetached_FullMethodName   = "/kiln.agent.v1.Agent/ForgetDetached"
+	Agent_WriteFile_FullMethodName        = "/kiln.agent.v1.Agent/WriteFile"
+	Agent_ReadFile_FullMethodName         = "/kiln.agent.v1.Agent/ReadFile"
+	Agent_Stat_FullMethodName             = "/kiln.agent.v1.Agent/Stat"
+	Agent_List_FullMethodName             = "/kiln.agent.v1.Agent/List"
+	Agent_Mkdir_FullMethodName            = "/kiln.agent.v1.Agent/Mkdir"
+	Agent_Remove_FullMethodName           = "/kiln.agent.v1.Agent/Remove"
+	Agent_Health_FullMethodName           = "/kiln.agent.v1.Agent/Health"
+	Agent_Info_FullMethodName             = "/kiln.agent.v1.Agent/Info"
+	Agent_Quiesce_FullMethodName          = "/kiln.agent.v1.Agent/Quiesce"
+	Agent_Reseed_FullMethodName           = "/kiln.agent.v1.Agent/Reseed"
+	Agent_SetClock_FullMethodName         = "/kiln.agent.v1.Agent/SetClock"
+	Agent_PowerOff_FullMethodName         = "/kiln.agent.v1.Agent/PowerOff"
+	Agent_SetHostname_FullMethodName      = "/kiln.agent.v1.Agent/SetHostname"
+	Agent_ConfigureNetwork_FullMethodName = "/kiln.agent.v1.Agent/ConfigureNetwork"
 )
 
 // AgentClient is the client API for Agent service.
@@ -96,6 +97,13 @@ type AgentClient interface {
 	// SetHostname sets the kernel's host name (sethostname(2)), as
 	// hostname(1) does; /etc/hostname is left alone.
 	SetHostname(ctx context.Context, in *SetHostnameRequest, opts ...grpc.CallOption) (*SetHostnameResponse, error)
+	// ConfigureNetwork gives the guest's network card the host's settings
+	// (after a boot, a restore or a fork, whose card has a new tap, MAC and
+	// address): link down, MAC and MTU set, up; its addresses and neighbour
+	// entries replaced; the default route via the gateway; /etc/resolv.conf
+	// naming the nameservers, written atomically. A bad field is
+	// INVALID_ARGUMENT naming it; no such card NOT_FOUND.
+	ConfigureNetwork(ctx context.Context, in *ConfigureNetworkRequest, opts ...grpc.CallOption) (*ConfigureNetworkResponse, error)
 }
 
 type agentClient struct {
@@ -301,6 +309,16 @@ func (c *agentClient) SetHostname(ctx context.Context, in *SetHostnameRequest, o
 	return out, nil
 }
 
+func (c *agentClient) ConfigureNetwork(ctx context.Context, in *ConfigureNetworkRequest, opts ...grpc.CallOption) (*ConfigureNetworkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfigureNetworkResponse)
+	err := c.cc.Invoke(ctx, Agent_ConfigureNetwork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -354,6 +372,13 @@ type AgentServer interface {
 	// SetHostname sets the kernel's host name (sethostname(2)), as
 	// hostname(1) does; /etc/hostname is left alone.
 	SetHostname(context.Context, *SetHostnameRequest) (*SetHostnameResponse, error)
+	// ConfigureNetwork gives the guest's network card the host's settings
+	// (after a boot, a restore or a fork, whose card has a new tap, MAC and
+	// address): link down, MAC and MTU set, up; its addresses and neighbour
+	// entries replaced; the default route via the gateway; /etc/resolv.conf
+	// naming the nameservers, written atomically. A bad field is
+	// INVALID_ARGUMENT naming it; no such card NOT_FOUND.
+	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -417,6 +442,9 @@ func (UnimplementedAgentServer) PowerOff(context.Context, *PowerOffRequest) (*Po
 }
 func (UnimplementedAgentServer) SetHostname(context.Context, *SetHostnameRequest) (*SetHostnameResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetHostname not implemented")
+}
+func (UnimplementedAgentServer) ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ConfigureNetwork not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -734,6 +762,24 @@ func _Agent_SetHostname_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ConfigureNetwork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfigureNetworkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ConfigureNetwork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ConfigureNetwork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ConfigureNetwork(ctx, req.(*ConfigureNetworkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -800,6 +846,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetHostname",
 			Handler:    _Agent_SetHostname_Handler,
+		},
+		{
+			MethodName: "ConfigureNetwork",
+			Handler:    _Agent_ConfigureNetwork_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -15,6 +15,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -270,6 +271,50 @@ func (c *Client) SetHostname(ctx context.Context, name string) error {
 		return fmt.Errorf("client: set hostname %q: %w", name, err)
 	}
 	return nil
+}
+
+// NetworkConfig is what ConfigureNetwork gives the guest's network card.
+type NetworkConfig struct {
+	// Interface names the card; empty: the guest's first non-loopback
+	// ethernet card.
+	Interface string
+	// MAC is the card's new address (aa:bb:cc:dd:ee:ff); empty keeps its
+	// own.
+	MAC string
+	// Addresses replace the card's (at least one).
+	Addresses []netip.Prefix
+	// Gateway is the default route's; the zero Addr: no default route.
+	Gateway netip.Addr
+	// MTU is the card's MTU; 0 keeps it.
+	MTU int
+	// Nameservers go to the guest's /etc/resolv.conf (at most 3); none
+	// leaves it alone.
+	Nameservers []netip.Addr
+}
+
+// ConfigureNetwork configures the guest's network card and resolver as
+// cfg says, returning the interface's name. An agent older than the call
+// answers codes.Unimplemented.
+func (c *Client) ConfigureNetwork(ctx context.Context, cfg NetworkConfig) (string, error) {
+	req := &agentpb.ConfigureNetworkRequest{Interface: cfg.Interface, Mac: cfg.MAC}
+	if cfg.MTU < 0 || cfg.MTU > 65535 {
+		return "", fmt.Errorf("client: configure network: MTU %d out of range", cfg.MTU)
+	}
+	req.Mtu = uint32(cfg.MTU)
+	for _, a := range cfg.Addresses {
+		req.Addresses = append(req.Addresses, a.String())
+	}
+	if cfg.Gateway.IsValid() {
+		req.Gateway = cfg.Gateway.String()
+	}
+	for _, n := range cfg.Nameservers {
+		req.Nameservers = append(req.Nameservers, n.String())
+	}
+	r, err := c.api.ConfigureNetwork(ctx, req)
+	if err != nil {
+		return "", fmt.Errorf("client: configure network: %w", err)
+	}
+	return r.GetInterface(), nil
 }
 
 // PowerOff asks the guest to power off; it does so shortly after answering.

@@ -22,11 +22,18 @@ import (
 
 // l1Modules returns the kernel modules L1's initramfs loads: the required
 // ones give /dev/kvm (kvm_amd: TCG's -cpu max emulates AMD SVM) and the 9p
-// shares; the optional ones are what a VMM's tests may use in L1.
-// Dependencies (irqbypass, ccp, virtio_ring, netfs, fscache...) follow.
+// shares; the optional ones are what a VMM's tests may use in L1: taps,
+// veths, and the nf_tables expressions package hostnet's rules use
+// (conntrack state, NAT masquerade, reject) with conntrack's netlink (its
+// policy updates cut connections). Dependencies (irqbypass, ccp,
+// virtio_ring, netfs, fscache, nfnetlink, nf_conntrack, nf_nat...) follow;
+// soft ones do not: crc32c_generic comes before nf_tables, whose libcrc32c
+// asks the crypto API for crc32c (L1 has no modprobe to load it then).
 func l1Modules() (required, optional []string) {
 	return []string{"kvm_amd", "virtio_pci", "9pnet_virtio", "9p"},
-		[]string{"tun", "veth", "vhost_net", "vhost_vsock"}
+		[]string{"tun", "veth", "vhost_net", "vhost_vsock",
+			"crc32c_generic", "nf_tables", "nft_ct", "nft_chain_nat", "nft_nat", "nft_masq",
+			"nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nf_conntrack_netlink"}
 }
 
 // l1Config describes one L1 VM.
