@@ -1,13 +1,35 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/sandbox"
 )
+
+// kilndService is the daemon with what kilnd made for it: the host's
+// sandbox networks (hostnet), closed after it.
+type kilndService struct {
+	*daemon.Server
+	net *hostnet.Manager
+}
+
+// Close closes the daemon, then lets go of the network manager's DNS
+// proxies; sandboxes and their networks stay for the next kilnd.
+func (k *kilndService) Close(ctx context.Context) error {
+	err := k.Server.Close(ctx)
+	if k.net != nil {
+		err = errors.Join(err, k.net.Close())
+	}
+	return err
+}
 
 // newDaemon is the real service: package daemon over VMM processes.
 func newDaemon(cfg config, log *slog.Logger) (service, error) {
@@ -28,7 +50,7 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 			return nil, fmt.Errorf("the images folder: %w (use --images)", err)
 		}
 	}
-	srv, err := daemon.New(daemon.Config{
+	dcfg := daemon.Config{
 		StateDir:        cfg.stateDir,
 		Runtime:         rt,
 		Images:          images,
@@ -37,9 +59,35 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		MaxMemoryMiB:    cfg.maxMemoryMiB,
 		DefaultLifetime: cfg.defaultLifetime,
 		Logger:          log,
-	})
+	}
+	svc := &kilndService{}
+	if cfg.netPool.IsValid() {
+		mode, err := daemon.ParseEgressMode(cfg.egressDefault)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-default: %w", err)
+		}
+		dcfg.DefaultEgress = daemon.EgressPolicy{Mode: mode}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		svc.net, err = hostnet.New(ctx, hostnet.Config{
+			Pool:   cfg.netPool,
+			Uplink: cfg.netUplink,
+			DNS:    cfg.netDNS,
+			Dir:    filepath.Join(cfg.stateDir, "net"),
+			Logger: log,
+		})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("sandbox networks (--net-pool %s): %w", cfg.netPool, err)
+		}
+		dcfg.Network = daemon.HostNetwork(svc.net)
+	}
+	srv, err := daemon.New(dcfg)
 	if err != nil {
+		if svc.net != nil {
+			svc.net.Close()
+		}
 		return nil, err
 	}
-	return srv, nil
+	svc.Server = srv
+	return svc, nil
 }

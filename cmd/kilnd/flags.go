@@ -151,9 +151,13 @@ func (v *prefixValue) Set(s string) error {
 	if !p.Addr().Is4() {
 		return fmt.Errorf("%q: the pool must be IPv4", s)
 	}
-	// Each sandbox takes a /30: the pool must hold at least one.
-	if p.Bits() > 30 {
-		return fmt.Errorf("%q is too small: want a /30 or larger", s)
+	// Each sandbox takes a /29 (its veth's /30 and its tap's): the pool
+	// must hold at least one (hostnet.Config.Pool).
+	if p.Bits() > 29 {
+		return fmt.Errorf("%q is too small: each sandbox takes a /29, want a /29 or larger", s)
+	}
+	if p.Bits() < 8 {
+		return fmt.Errorf("%q is too large: want a /8 or smaller", s)
 	}
 	*v.p = p
 	return nil

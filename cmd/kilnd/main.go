@@ -64,10 +64,10 @@ type config struct {
 
 	// Host integration (issue 12), parsed and validated here.
 	metricsListen    string           // "" = no /metrics
-	netPool          netip.Prefix     // wired by the lead: zero = no per-sandbox network
-	netUplink        string           // wired by the lead: "" = the default route's
-	netDNS           []netip.AddrPort // wired by the lead: nil = /etc/resolv.conf's
-	egressDefault    string           // wired by the lead: egressAllowAll or egressDenyAll
+	netPool          netip.Prefix     // zero = no per-sandbox network
+	netUplink        string           // "" = the default route's
+	netDNS           []netip.AddrPort // nil = /etc/resolv.conf's
+	egressDefault    string           // egressAllowAll or egressDenyAll (with --net-pool)
 	cgroupRoot       string           // wired by the lead: "" = kilnd's own cgroup, cgroupNone = none
 	memoryOvercommit float64          // wired by the lead
 	vmmOverheadMiB   uint64           // wired by the lead
