@@ -63,6 +63,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		return nil, errors.New("daemon: no VMM process command (Config.ProcessCommand)")
 	}
 	proc := b.Process
+	proc.Cgroup = spec.Host.Cgroup // the VMM process starts in it
 	var s *sandbox.Sandbox
 	var err error
 	switch {
@@ -415,6 +416,9 @@ func (in *sandboxInstance) Fork(ctx context.Context, hosts []HostSpec) ([]Instan
 	var opts sandbox.ForkOptions
 	if len(hosts) > 0 && hosts[0].Net != nil {
 		opts.Net = func(i int) *virtio.NetSpec { return hosts[i].Net }
+	}
+	if len(hosts) > 0 && hosts[0].Cgroup != "" {
+		opts.Cgroup = func(i int) string { return hosts[i].Cgroup }
 	}
 	kids, err := in.s.Fork(ctx, len(hosts), opts)
 	if err != nil {
