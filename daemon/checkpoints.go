@@ -294,7 +294,7 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (*ki
 	// What the new machine starts from, and the sandbox's in-memory
 	// checkpoints, which the old machine's VMM process holds: the new
 	// one's holds them next.
-	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id)}
+	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id), CPUs: int(b.rec.CPUs), MemoryMiB: int(b.rec.MemoryMiB)}
 	release, moved, err := s.rollbackSources(ctx, b, old, c, &spec)
 	if err != nil {
 		b.mu.Lock()
@@ -508,10 +508,18 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) er
 
 // forkSandbox makes the children boxes of the running parent.
 func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, began time.Time, send func(*kilnpb.Sandbox) error) error {
+	hosts, undoHosts, err := s.forkHosts(boxes, int(boxes[0].rec.CPUs), int(boxes[0].rec.MemoryMiB))
+	if err != nil {
+		for _, b := range boxes {
+			s.failStart(b, err)
+		}
+		return err
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BootTimeout)
-	kids, err := parent.Fork(fctx, make([]HostSpec, len(boxes)))
+	kids, err := parent.Fork(fctx, hosts)
 	cancel()
 	if err != nil {
+		undoHosts()
 		err = callErr("fork", err)
 		for _, b := range boxes {
 			s.failStart(b, err)
@@ -520,6 +528,7 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 	}
 	for i, b := range boxes {
 		os.RemoveAll(b.rec.Dir) // the child has a folder of its own
+		kids[i] = s.inCgroup(kids[i], b.id, hosts[i].Cgroup, int(b.rec.MemoryMiB))
 		s.runningAs(b, kids[i], time.Since(began), kilnpb.Event_KIND_READY)
 		close(b.ready)
 	}
@@ -552,6 +561,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
+			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)
 			inst, err := s.create(ctx, spec)
 			cancel()
 			if err != nil {

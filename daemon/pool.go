@@ -124,7 +124,8 @@ func (p *pool) fill() (Instance, error) {
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, s.cfg.BootTimeout)
 	defer cancel()
-	inst, err := s.create(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"})
+	inst, err := s.create(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool",
+		CPUs: int(p.t.rec.CPUs), MemoryMiB: int(p.t.rec.MemoryMiB)}) // the template's, for its cgroup
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err

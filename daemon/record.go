@@ -19,6 +19,8 @@ type record struct {
 	ID    string `json:"id"`
 	Dir   string `json:"dir"` // the VMM process's folder
 	PID   int    `json:"pid,omitempty"`
+	// Cgroup is its VMM process's cgroup folder, when kilnd made one.
+	Cgroup string `json:"cgroup,omitempty"`
 	State string `json:"state"` // kilnpb.SandboxState's name
 	// Reason says why it is in a final state.
 	Reason string `json:"reason,omitempty"`

@@ -72,6 +72,19 @@ type Config struct {
 	// (0: 4096); older ones are forgotten.
 	KeepEnded int
 
+	// Host cgroups and memory admission (daemon/cgroups.go). Cgroups,
+	// when set, gives each sandbox's VMM process a cgroup of its own
+	// with cpu.max from its vCPUs, memory.max from its memory plus
+	// VMMOverheadMiB (0: 64) and pids.max PidsMax (0: 1024); nil: no
+	// cgroups. Whether or not they are on, a create, fork or pool fill
+	// that would commit more than MemoryOvercommit (0: 1.0) × the host's
+	// memory, counting each sandbox's guest memory plus VMMOverheadMiB,
+	// is refused (pools wait).
+	Cgroups          Cgroups
+	VMMOverheadMiB   uint64
+	PidsMax          int
+	MemoryOvercommit float64
+
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
 	Clock Clock
@@ -166,6 +179,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.KeepEnded == 0 {
 		cfg.KeepEnded = 4096
 	}
+	if err := cfg.setCgroupDefaults(); err != nil {
+		return nil, err
+	}
 	if cfg.Backend == nil {
 		// A sandbox's sockets are StateDir/sandboxes/ID/vmm.sock: a Unix
 		// socket's path has at most 107 bytes.
@@ -201,6 +217,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cleanLeftovers()
+	s.pruneCgroups()
 	s.startPools()
 	return s, nil
 }
@@ -213,7 +230,7 @@ func (s *Server) create(ctx context.Context, spec CreateSpec) (Instance, error) 
 		return nil, fmt.Errorf("waiting for a start slot (%d sandboxes are starting): %w", s.cfg.MaxStarting, ctx.Err())
 	}
 	defer func() { <-s.starts }()
-	return s.backend.Create(ctx, spec)
+	return s.createInCgroup(ctx, spec)
 }
 
 // Register registers the Kiln service on r.
@@ -404,9 +421,14 @@ func (s *Server) adopt(b *box) {
 		} else {
 			os.RemoveAll(b.rec.Dir)
 		}
-		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "its VMM process could not be taken over after a kilnd restart: "+err.Error())
+		reason := "its VMM process could not be taken over after a kilnd restart: " + err.Error()
+		if oom := s.oomReason(filepath.Base(b.rec.Cgroup), int(b.rec.MemoryMiB)); b.rec.Cgroup != "" && oom != "" {
+			reason = "the sandbox was " + oom + " while kilnd was down (" + err.Error() + ")"
+		}
+		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
 		return
 	}
+	inst = s.adoptCgroup(inst, &b.rec)
 	b.mu.Lock()
 	b.inst = inst
 	b.rec.PID = inst.PID()
@@ -437,8 +459,9 @@ func (s *Server) watch(b *box, inst Instance) {
 			return
 		}
 		// Once per sandbox: a guest that crashes its VM logs one line.
-		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited())
-		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "the sandbox stopped on its own: "+inst.Exited())
+		reason := s.stoppedReason(inst)
+		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited(), "reason", reason)
+		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
 	}()
 }
 
@@ -551,9 +574,10 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Labels:        r.Labels,
 		CreatedUnixMs: r.CreatedUnixMS, ExpiresUnixMs: r.ExpiresUnixMS, IdleTimeoutMs: r.IdleTimeoutMS,
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
+		Cgroup: r.Cgroup,
 	}
 	if !r.live() {
-		pb.Pid = 0
+		pb.Pid, pb.Cgroup = 0, ""
 	}
 	return proto.Clone(pb).(*kilnpb.Sandbox)
 }
