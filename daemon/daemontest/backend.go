@@ -913,13 +913,13 @@ func (in *Instance) Fork(ctx context.Context, hosts []daemon.HostSpec) ([]daemon
 		return nil, err
 	}
 	var out []daemon.Instance
-	for range n {
+	for i := range n {
 		dir := filepath.Join(filepath.Dir(in.dir), "fork-"+randHex())
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			closeAll(out)
 			return nil, fmt.Errorf("daemontest: fork: %w", err)
 		}
-		c, err := in.b.Create(ctx, daemon.CreateSpec{Dir: dir, Checkpoint: filepath.Join(tmp, "ck")})
+		c, err := in.b.Create(ctx, daemon.CreateSpec{Dir: dir, Checkpoint: filepath.Join(tmp, "ck"), Host: hosts[i]})
 		if err != nil {
 			os.RemoveAll(dir)
 			closeAll(out)
