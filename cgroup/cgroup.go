@@ -48,7 +48,7 @@ func (l Limits) MemoryMax() uint64 { return (l.MemoryMiB + l.OverheadMiB) << 20 
 type IOLimit struct {
 	// Device is a block device ("/dev/vda"), a file on the device to cap
 	// (a disk image: the whole disk its filesystem lies on), or "MAJ:MIN".
-	Device                                  string
+	Device                                 string
 	ReadBPS, WriteBPS, ReadIOPS, WriteIOPS uint64
 }
 
