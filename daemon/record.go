@@ -16,14 +16,14 @@ import (
 // change of state: enough for a restarted server to take the sandbox over
 // and list it as it was.
 type record struct {
-	ID  string `json:"id"`
-	Dir string `json:"dir"` // the VMM process's folder
-	PID int    `json:"pid,omitempty"`
-	// Cgroup is its VMM process's cgroup folder, when kilnd made one.
-	Cgroup string `json:"cgroup,omitempty"`
-	State  string `json:"state"` // kilnpb.SandboxState's name
+	ID    string `json:"id"`
+	Dir   string `json:"dir"` // the VMM process's folder
+	PID   int    `json:"pid,omitempty"`
+	State string `json:"state"` // kilnpb.SandboxState's name
 	// Reason says why it is in a final state.
 	Reason string `json:"reason,omitempty"`
+	// Cgroup is its VMM process's cgroup folder, when kilnd made one.
+	Cgroup string `json:"cgroup,omitempty"`
 
 	// What it was created from and with.
 	Image      string            `json:"image,omitempty"` // manifest digest
