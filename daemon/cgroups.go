@@ -64,7 +64,7 @@ func (cfg *Config) setCgroupDefaults() error {
 // cgroupLimits are the limits of a sandbox with cpus vCPUs and mem MiB of
 // guest memory.
 func (s *Server) cgroupLimits(cpus, mem int) cgroup.Limits {
-	return cgroup.Limits{CPUs: cpus, MemoryMiB: uint64(mem), OverheadMiB: s.cfg.VMMOverheadMiB, PidsMax: s.cfg.PidsMax}
+	return cgroup.Limits{CPUs: cpus, MemoryMiB: uint64(mem), OverheadMiB: s.cfg.VMMOverheadMiB, PidsMax: s.cfg.PidsMax, IO: s.cfg.SandboxIO}
 }
 
 // makeCgroup makes the cgroup of a sandbox whose folder is named id (with

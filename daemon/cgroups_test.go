@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/daemontest"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
@@ -114,7 +116,8 @@ func (f *fakeCgroups) setEvents(id string, e cgroup.Events) {
 // the live sandboxes' and prunes the others; an OOM kill is named.
 func TestCgroupLifecycle(t *testing.T) {
 	cg := newFakeCgroups(t)
-	e := newEnv(t, func(c *daemon.Config) { c.Cgroups = cg; c.VMMOverheadMiB = 32; c.PidsMax = 99 })
+	io := []cgroup.IOLimit{{Device: "8:0", WriteBPS: 1 << 20, ReadIOPS: 500}}
+	e := newEnv(t, func(c *daemon.Config) { c.Cgroups = cg; c.VMMOverheadMiB = 32; c.PidsMax = 99; c.SandboxIO = io })
 	var mu sync.Mutex
 	specCgroup := map[string]string{} // folder name → CreateSpec.Host.Cgroup
 	e.be.CreateHook = func(_ context.Context, spec daemon.CreateSpec) error {
@@ -130,7 +133,7 @@ func TestCgroupLifecycle(t *testing.T) {
 	}
 
 	sb := e.create(&kilnpb.CreateSandboxRequest{Resources: &kilnpb.Resources{Cpus: 2, MemoryMib: 256}})
-	want := cgroup.Limits{CPUs: 2, MemoryMiB: 256, OverheadMiB: 32, PidsMax: 99}
+	want := cgroup.Limits{CPUs: 2, MemoryMiB: 256, OverheadMiB: 32, PidsMax: 99, IO: io}
 	if l, ok := cg.limits(sb.Id); !ok || !equalLimits(l, want) {
 		t.Errorf("sandbox %s's cgroup: %+v (made %v), want %+v", sb.Id, l, ok, want)
 	}
@@ -249,7 +252,7 @@ func TestCgroupLifecycle(t *testing.T) {
 }
 
 func equalLimits(a, b cgroup.Limits) bool {
-	return a.CPUs == b.CPUs && a.MemoryMiB == b.MemoryMiB && a.OverheadMiB == b.OverheadMiB && a.PidsMax == b.PidsMax && len(a.IO) == len(b.IO)
+	return a.CPUs == b.CPUs && a.MemoryMiB == b.MemoryMiB && a.OverheadMiB == b.OverheadMiB && a.PidsMax == b.PidsMax && slices.Equal(a.IO, b.IO)
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
@@ -327,4 +330,24 @@ func TestMemoryAdmissionPool(t *testing.T) {
 	// Room made: the pool refills into it.
 	e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id})
 	e.waitPool(tp.Id, 3)
+}
+
+func TestCgroupConfigInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*daemon.Config)
+		want string
+	}{
+		{"negative ratio", func(c *daemon.Config) { c.MemoryOvercommit = -1 }, "MemoryOvercommit -1"},
+		{"NaN ratio", func(c *daemon.Config) { c.MemoryOvercommit = math.NaN() }, "MemoryOvercommit NaN"},
+		{"negative pids", func(c *daemon.Config) { c.PidsMax = -5 }, "PidsMax -5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := daemon.Config{StateDir: t.TempDir(), Backend: &daemontest.Backend{}}
+			tc.mod(&cfg)
+			if _, err := daemon.New(cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New: %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
 }

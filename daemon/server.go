@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/sandbox"
 )
@@ -79,11 +80,14 @@ type Config struct {
 	// cgroups. Whether or not they are on, a create, fork or pool fill
 	// that would commit more than MemoryOvercommit (0: 1.0) × the host's
 	// memory, counting each sandbox's guest memory plus VMMOverheadMiB,
-	// is refused (pools wait).
+	// is refused (pools wait). SandboxIO, when set, caps each sandbox's
+	// VMM process on those block devices (io.max: the disks of StateDir
+	// and Images, say).
 	Cgroups          Cgroups
 	VMMOverheadMiB   uint64
 	PidsMax          int
 	MemoryOvercommit float64
+	SandboxIO        []cgroup.IOLimit
 
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
