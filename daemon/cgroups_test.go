@@ -277,9 +277,9 @@ func TestMemoryAdmission(t *testing.T) {
 		fit       int    // 512 MiB sandboxes that fit on 2048 MiB
 		wantInMsg string // the refusal of the one more
 	}{
-		{name: "default ratio", fit: 3,
-			wantInMsg: "commit 1728 MiB (guest memory plus 64 MiB of VMM overhead each); 576 more MiB would pass 2048 MiB, 1 × the host's 2048 MiB"},
-		{name: "overcommit 2", ratio: 2, fit: 7,
+		{name: "default ratio and overhead", fit: 3,
+			wantInMsg: "commit 1920 MiB (guest memory plus 128 MiB of VMM overhead each); 640 more MiB would pass 2048 MiB, 1 × the host's 2048 MiB"},
+		{name: "overcommit 2", ratio: 2, overhead: 64, fit: 7,
 			wantInMsg: "commit 4032 MiB (guest memory plus 64 MiB of VMM overhead each); 576 more MiB would pass 4096 MiB, 2 × the host's 2048 MiB"},
 		{name: "small overhead", ratio: 1.5, overhead: 1, fit: 5,
 			wantInMsg: "commit 2565 MiB (guest memory plus 1 MiB of VMM overhead each); 513 more MiB would pass 3072 MiB, 1.5 × the host's 2048 MiB"},
@@ -296,7 +296,7 @@ func TestMemoryAdmission(t *testing.T) {
 			committed, limit := e.srv.MemoryCommit()
 			over := tc.overhead
 			if over == 0 {
-				over = 64
+				over = 128
 			}
 			if want := uint64(tc.fit) * (512 + over); committed != want || limit != uint64(2048*max(tc.ratio, 1)) {
 				t.Errorf("MemoryCommit = %d of %d, want %d of %v", committed, limit, want, 2048*max(tc.ratio, 1))
@@ -317,7 +317,7 @@ func TestMemoryAdmission(t *testing.T) {
 // rather than fail, and a builder counts while it runs.
 func TestMemoryAdmissionPool(t *testing.T) {
 	// 1024 MiB: three sandboxes of 256 + 64 MiB.
-	e := newEnv(t, func(c *daemon.Config) { c.HostMemoryMiB, c.MaxMemoryMiB = 1024, 1<<20 })
+	e := newEnv(t, func(c *daemon.Config) { c.HostMemoryMiB, c.MaxMemoryMiB, c.VMMOverheadMiB = 1024, 1<<20, 64 })
 	res := &kilnpb.Resources{MemoryMib: 256}
 	sb := e.create(&kilnpb.CreateSandboxRequest{Resources: res})
 	tp := e.createTemplate(&kilnpb.CreateTemplateRequest{Setup: setupScript, Resources: res, PoolSize: 4})

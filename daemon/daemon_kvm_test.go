@@ -330,7 +330,7 @@ func TestKVMDaemonTemplates(t *testing.T) {
 	// are more guest memory than L1 has, and fit.
 	e.stop()
 	e.cfg.MaxMemoryMiB = 100 * 128 * 2
-	e.cfg.MemoryOvercommit = 16 // 100 × (128 + 64 MiB of VMM overhead) committed on L1's 4 GiB
+	e.cfg.MemoryOvercommit = 16 // 100 × (128 + 128 MiB of VMM overhead) committed on L1's 4 GiB
 	e.startKVM()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()

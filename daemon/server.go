@@ -76,7 +76,7 @@ type Config struct {
 	// Host cgroups and memory admission (daemon/cgroups.go). Cgroups,
 	// when set, gives each sandbox's VMM process a cgroup of its own
 	// with cpu.max from its vCPUs, memory.max from its memory plus
-	// VMMOverheadMiB (0: 64) and pids.max PidsMax (0: 1024); nil: no
+	// VMMOverheadMiB (0: 128) and pids.max PidsMax (0: 1024); nil: no
 	// cgroups. Whether or not they are on, a create, fork or pool fill
 	// that would commit more than MemoryOvercommit (0: 1.0) × the host's
 	// memory, counting each sandbox's guest memory plus VMMOverheadMiB,
