@@ -327,20 +327,25 @@ func (m *Manager) blockDevice(dev string) (string, error) {
 	if dev == "" {
 		return "", errors.New("no device")
 	}
+	var mm string
 	if maj, min, ok := parseMajMin(dev); ok {
-		return fmt.Sprintf("%d:%d", maj, min), nil
+		mm = fmt.Sprintf("%d:%d", maj, min)
+	} else {
+		var st unix.Stat_t
+		if err := unix.Stat(dev, &st); err != nil {
+			return "", fmt.Errorf("device %s: %w", dev, err)
+		}
+		d := st.Dev // a file: the device its filesystem lies on
+		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			d = st.Rdev
+		}
+		mm = fmt.Sprintf("%d:%d", unix.Major(d), unix.Minor(d))
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return "", fmt.Errorf("device %s: %w", dev, err)
-	}
-	d := st.Dev // a file: the device its filesystem lies on
-	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-		d = st.Rdev
-	}
-	mm := fmt.Sprintf("%d:%d", unix.Major(d), unix.Minor(d))
 	sysDev := filepath.Join(m.sys, "dev", "block", mm)
 	if _, err := os.Stat(sysDev); err != nil {
+		if mm == dev {
+			return mm, nil // as given: the kernel checks it
+		}
 		return "", fmt.Errorf("device %s: %s is not a block device (no %s)", dev, mm, sysDev)
 	}
 	if _, err := os.Stat(filepath.Join(sysDev, "partition")); err == nil {

@@ -186,6 +186,37 @@ func TestCreate(t *testing.T) {
 	}
 }
 
+// TestIOPartition: an io limit on a partition caps its whole disk
+// (io.max takes no partitions), found through sysfs.
+func TestIOPartition(t *testing.T) {
+	ft := newFakeTree(t, "/kiln", "/other", "memory io")
+	m, err := ft.open(t, "/kiln")
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := filepath.Join(m.sys, "devices", "pci0", "block", "sda")
+	if err := os.MkdirAll(filepath.Join(disk, "sda1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(disk, "dev"), "8:0\n")
+	writeFile(t, filepath.Join(disk, "sda1", "dev"), "8:1\n")
+	writeFile(t, filepath.Join(disk, "sda1", "partition"), "1\n")
+	links := filepath.Join(m.sys, "dev", "block")
+	if err := os.MkdirAll(links, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(disk, "sda1"), filepath.Join(links, "8:1")); err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Create("sb-io", Limits{IO: []IOLimit{{Device: "8:1", WriteBPS: 4096}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readFile(t, filepath.Join(g.Path, "io.max")), "8:0 rbps=max wbps=4096 riops=max wiops=max"; got != want {
+		t.Errorf("io.max = %q, want %q", got, want)
+	}
+}
+
 func TestGroupLifecycle(t *testing.T) {
 	ft := newFakeTree(t, "/kiln", "/other", "cpu memory pids io")
 	m, err := ft.open(t, "/kiln")
