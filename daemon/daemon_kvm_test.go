@@ -77,7 +77,10 @@ func newKVMEnv(t *testing.T) *kvmEnv {
 	e.t, e.state = t, state
 	e.cfg = daemon.Config{StateDir: state, Runtime: rt, Images: images,
 		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		// The tests' guests touch a fraction of their memory: up to 7
+		// sandboxes of 512 + 128 MiB at once on L1's 4 GiB.
+		MemoryOvercommit: 2,
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil))}
 	e.startKVM()
 	t.Cleanup(e.stop)
 	return e
