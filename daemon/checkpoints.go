@@ -308,7 +308,7 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 	// What the new machine starts from, and the sandbox's in-memory
 	// checkpoints, which the old machine's VMM process holds: the new
 	// one's holds them next.
-	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id)}
+	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id), CPUs: int(b.rec.CPUs), MemoryMiB: int(b.rec.MemoryMiB)}
 	release, moved, err := s.rollbackSources(ctx, b, old, c, &spec)
 	if err != nil {
 		b.mu.Lock()
@@ -561,16 +561,24 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 	return f.err
 }
 
-// forkSandbox makes the children boxes of the running parent, each on a
-// network of its own with policy egress when the parent has one.
+// forkSandbox makes the children boxes of the running parent, each in a
+// cgroup of its own and, when the parent has a network, on a network of
+// its own with policy egress.
 func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box, egress *EgressPolicy, began time.Time, send func(*kilnpb.Sandbox) error) error {
-	hosts := make([]HostSpec, len(boxes))
+	hosts, undoHosts, err := s.forkHosts(boxes, int(boxes[0].rec.CPUs), int(boxes[0].rec.MemoryMiB))
+	if err != nil {
+		for _, b := range boxes {
+			s.failStart(b, err)
+		}
+		return err
+	}
 	nets := make([]*netRecord, len(boxes))
 	if egress != nil {
 		for i, b := range boxes {
 			// Not the caller's context: the fork goes on without it.
 			n, err := s.attachNet(context.WithoutCancel(ctx), b.id, *egress)
 			if err != nil {
+				undoHosts()
 				for _, b := range boxes {
 					s.failStart(b, err) // and detaches those attached
 				}
@@ -580,13 +588,14 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 			b.rec.Net = n
 			s.persistLocked(b)
 			b.mu.Unlock()
-			nets[i], hosts[i] = n, hostSpec(n)
+			nets[i], hosts[i].Net = n, hostSpec(n).Net
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BootTimeout)
 	kids, err := parent.Fork(fctx, hosts)
 	if err != nil {
 		cancel()
+		undoHosts()
 		err = callErr("fork", err)
 		for _, b := range boxes {
 			s.failStart(b, err)
@@ -606,6 +615,7 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 	cancel()
 	var firstErr error
 	for i, b := range boxes {
+		kids[i] = s.inCgroup(kids[i], b.id, hosts[i].Cgroup, int(b.rec.MemoryMiB))
 		if errs[i] == nil {
 			os.RemoveAll(b.rec.Dir) // the child has a folder of its own
 			// The child's memory has its parent's secret files; its VMM
@@ -674,6 +684,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
+			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)
 			inst, err := s.createNet(ctx, spec, n)
 			cancel()
 			if err != nil {

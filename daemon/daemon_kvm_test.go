@@ -77,7 +77,10 @@ func newKVMEnv(t *testing.T) *kvmEnv {
 	e.t, e.state = t, state
 	e.cfg = daemon.Config{StateDir: state, Runtime: rt, Images: images,
 		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		// The tests' guests touch a fraction of their memory: up to 7
+		// sandboxes of 512 + 128 MiB at once on L1's 4 GiB.
+		MemoryOvercommit: 2,
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil))}
 	e.startKVM()
 	t.Cleanup(e.stop)
 	return e
@@ -330,6 +333,7 @@ func TestKVMDaemonTemplates(t *testing.T) {
 	// are more guest memory than L1 has, and fit.
 	e.stop()
 	e.cfg.MaxMemoryMiB = 100 * 128 * 2
+	e.cfg.MemoryOvercommit = 16 // 100 × (128 + 128 MiB of VMM overhead) committed on L1's 4 GiB
 	e.startKVM()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()

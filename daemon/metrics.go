@@ -198,7 +198,7 @@ func failureReason(op string, err error) string {
 	st := status.Convert(err)
 	msg := strings.ToLower(st.Message())
 	switch {
-	case strings.Contains(msg, "out of memory") || strings.Contains(msg, "oom-kill") || strings.Contains(msg, "oom kill"):
+	case strings.Contains(msg, "out of memory") || strings.Contains(msg, "killed by its memory limit") || strings.Contains(msg, "oom-kill") || strings.Contains(msg, "oom kill"):
 		return reasonOutOfMemory
 	case strings.Contains(msg, "vmm process") && (strings.Contains(msg, "exit") || strings.Contains(msg, "died") ||
 		strings.Contains(msg, "gone") || strings.Contains(msg, "signal") || strings.Contains(msg, "killed")):

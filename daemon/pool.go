@@ -153,7 +153,8 @@ func (p *pool) fill() (*warmSandbox, error) {
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, s.cfg.BootTimeout)
 	defer cancel()
-	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool"}, n)
+	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool",
+		CPUs: int(p.t.rec.CPUs), MemoryMiB: int(p.t.rec.MemoryMiB)}, n) // the template's, for its cgroup
 	if err != nil {
 		os.RemoveAll(dir)
 		s.detachNet(n)

@@ -22,6 +22,8 @@ type record struct {
 	State string `json:"state"` // kilnpb.SandboxState's name
 	// Reason says why it is in a final state.
 	Reason string `json:"reason,omitempty"`
+	// Cgroup is its VMM process's cgroup folder, when kilnd made one.
+	Cgroup string `json:"cgroup,omitempty"`
 
 	// What it was created from and with.
 	Image      string            `json:"image,omitempty"` // manifest digest

@@ -64,6 +64,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 	}
 	proc := b.Process
 	log := sandboxLog(b.log(), spec.Dir)
+	proc.Cgroup = spec.Host.Cgroup // the VMM process starts in it
 	var s *sandbox.Sandbox
 	var err error
 	switch {
@@ -435,6 +436,9 @@ func (in *sandboxInstance) Fork(ctx context.Context, hosts []HostSpec) ([]Instan
 	var opts sandbox.ForkOptions
 	if len(hosts) > 0 && hosts[0].Net != nil {
 		opts.Net = func(i int) *virtio.NetSpec { return hosts[i].Net }
+	}
+	if len(hosts) > 0 && hosts[0].Cgroup != "" {
+		opts.Cgroup = func(i int) string { return hosts[i].Cgroup }
 	}
 	kids, err := in.s.Fork(ctx, len(hosts), opts)
 	if err != nil {

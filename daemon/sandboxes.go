@@ -370,23 +370,21 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 }
 
 // admitLocked refuses n more sandboxes of mem MiB each beyond the host's
-// limits; s.mu is held.
+// limits: MaxSandboxes, MaxMemoryMiB of guest memory, and the memory
+// commit (guest memory plus VMM overhead each) past MemoryOvercommit ×
+// the host's memory; s.mu is held.
 func (s *Server) admitLocked(n int, mem uint64) error {
-	live := s.building + s.pooled
-	used := s.buildingMiB + s.pooledMiB
-	for _, b := range s.boxes {
-		b.mu.Lock()
-		if b.rec.live() {
-			live++
-			used += uint64(b.rec.MemoryMiB)
-		}
-		b.mu.Unlock()
-	}
+	live, used, committed := s.commitLocked()
 	if live+n > s.cfg.MaxSandboxes {
-		return status.Errorf(codes.ResourceExhausted, "the host runs %d sandboxes, its limit is %d", live, s.cfg.MaxSandboxes)
+		return status.Errorf(codes.ResourceExhausted, "the host runs %d sandboxes (pools' and template builders' included), its limit is %d: %d more do not fit", live, s.cfg.MaxSandboxes, n)
 	}
 	if used+uint64(n)*mem > s.cfg.MaxMemoryMiB {
-		return status.Errorf(codes.ResourceExhausted, "the host's sandboxes have %d MiB of memory; %d more MiB would pass its limit of %d MiB", used, uint64(n)*mem, s.cfg.MaxMemoryMiB)
+		return status.Errorf(codes.ResourceExhausted, "the host's sandboxes have %d MiB of guest memory; %d more MiB would pass its limit of %d MiB", used, uint64(n)*mem, s.cfg.MaxMemoryMiB)
+	}
+	add := uint64(n) * (mem + s.cfg.VMMOverheadMiB)
+	if limit := s.commitLimit(); committed+add > limit {
+		return status.Errorf(codes.ResourceExhausted, "the host's sandboxes commit %d MiB (guest memory plus %d MiB of VMM overhead each); %d more MiB would pass %d MiB, %g × the host's %d MiB (the memory overcommit ratio)",
+			committed, s.cfg.VMMOverheadMiB, add, limit, s.cfg.MemoryOvercommit, s.cfg.HostMemoryMiB)
 	}
 	return nil
 }
@@ -432,6 +430,7 @@ func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kiln
 	b.inst = inst
 	b.rec.PID = inst.PID()
 	b.rec.Dir = inst.Dir()
+	b.rec.Cgroup = cgroupOf(inst)
 	if d := inst.Image(); d != "" {
 		b.rec.Image = d
 	}

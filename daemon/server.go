@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/sandbox"
 )
@@ -80,6 +81,22 @@ type Config struct {
 	// DefaultEgress is the egress policy of a sandbox whose request gives
 	// none (the zero value: allow-all).
 	DefaultEgress EgressPolicy
+
+	// Host cgroups and memory admission (daemon/cgroups.go). Cgroups,
+	// when set, gives each sandbox's VMM process a cgroup of its own
+	// with cpu.max from its vCPUs, memory.max from its memory plus
+	// VMMOverheadMiB (0: 128) and pids.max PidsMax (0: 1024); nil: no
+	// cgroups. Whether or not they are on, a create, fork or pool fill
+	// that would commit more than MemoryOvercommit (0: 1.0) × the host's
+	// memory, counting each sandbox's guest memory plus VMMOverheadMiB,
+	// is refused (pools wait). SandboxIO, when set, caps each sandbox's
+	// VMM process on those block devices (io.max: the disks of StateDir
+	// and Images, say).
+	Cgroups          Cgroups
+	VMMOverheadMiB   uint64
+	PidsMax          int
+	MemoryOvercommit float64
+	SandboxIO        []cgroup.IOLimit
 
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
@@ -176,6 +193,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.KeepEnded == 0 {
 		cfg.KeepEnded = 4096
 	}
+	if err := cfg.setCgroupDefaults(); err != nil {
+		return nil, err
+	}
 	if cfg.Backend == nil {
 		// A sandbox's sockets are StateDir/sandboxes/ID/vmm.sock: a Unix
 		// socket's path has at most 107 bytes.
@@ -216,6 +236,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.cleanLeftovers()
 	s.pruneNets()
+	s.pruneCgroups()
 	s.startPools()
 	return s, nil
 }
@@ -228,7 +249,7 @@ func (s *Server) create(ctx context.Context, spec CreateSpec) (Instance, error) 
 		return nil, fmt.Errorf("waiting for a start slot (%d sandboxes are starting): %w", s.cfg.MaxStarting, ctx.Err())
 	}
 	defer func() { <-s.starts }()
-	return s.backend.Create(ctx, spec)
+	return s.createInCgroup(ctx, spec)
 }
 
 // Register registers the Kiln service on r.
@@ -422,10 +443,17 @@ func (s *Server) adopt(b *box) {
 		} else {
 			os.RemoveAll(b.rec.Dir)
 		}
-		s.metrics.failed(opSandbox, err)
-		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "its VMM process could not be taken over after a kilnd restart: "+err.Error())
+		reason := "its VMM process could not be taken over after a kilnd restart: " + err.Error()
+		var ferr error = err
+		if oom := s.oomReason(filepath.Base(b.rec.Cgroup), int(b.rec.MemoryMiB)); b.rec.Cgroup != "" && oom != "" {
+			reason = "the sandbox was " + oom + " while kilnd was down (" + err.Error() + ")"
+			ferr = errors.New(reason)
+		}
+		s.metrics.failed(opSandbox, ferr)
+		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
 		return
 	}
+	inst = s.adoptCgroup(inst, &b.rec)
 	secs := s.adoptSecrets(ctx, b, inst)
 	b.mu.Lock()
 	b.inst = inst
@@ -459,9 +487,10 @@ func (s *Server) watch(b *box, inst Instance) {
 			return
 		}
 		// Once per sandbox: a guest that crashes its VM logs one line.
-		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited())
-		s.metrics.failed(opSandbox, errors.New(inst.Exited()))
-		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, "the sandbox stopped on its own: "+inst.Exited())
+		reason := s.stoppedReason(inst)
+		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited(), "reason", reason)
+		s.metrics.failed(opSandbox, errors.New(reason))
+		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
 	}()
 }
 
@@ -583,9 +612,10 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		LastActiveUnixMs: b.lastActive.UnixMilli(), Pid: int32(r.PID), ReadyMs: r.ReadyMS,
 		SecretNames: r.SecretNames,
 		Network:     netProto(r.Net),
+		Cgroup:      r.Cgroup,
 	}
 	if !r.live() {
-		pb.Pid = 0
+		pb.Pid, pb.Cgroup = 0, ""
 	}
 	return proto.Clone(pb).(*kilnpb.Sandbox)
 }

@@ -585,7 +585,7 @@ func TestCloseEndsWatchers(t *testing.T) {
 // TestManySandboxes: 50 concurrent creates with an exec each, then
 // destroys: no error, every output right, nothing left.
 func TestManySandboxes(t *testing.T) {
-	e := newEnv(t, func(c *daemon.Config) { c.MaxMemoryMiB = 64 << 10 }) // 50 × 512 MiB
+	e := newEnv(t, func(c *daemon.Config) { c.MaxMemoryMiB, c.MemoryOvercommit = 64<<10, 4 }) // 50 × 512 MiB
 	const n = 50
 	var wg sync.WaitGroup
 	errs := make(chan error, n)

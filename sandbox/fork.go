@@ -83,7 +83,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			return p, ok
 		})
 	}
-	machines, err := forkMachines(ctx, s.m, children, devices, s.log)
+	machines, err := forkMachines(ctx, s.m, children, devices, opts.Cgroup, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +122,11 @@ type ForkOptions struct {
 	// may copy the parent's image as it is at that instant (cp
 	// --reflink); the image must have the parent's disk's size.
 	Disks func(i int, id string) (string, error)
+	// Cgroup, when set, returns the cgroup v2 folder child i's VMM
+	// process starts in (ProcessOptions.Cgroup; a sandbox in this
+	// process ignores it). Without it the children start in the
+	// caller's cgroup, not in the parent's.
+	Cgroup func(i int) string
 }
 
 // forkReadyTimeout is how long Fork waits for each of n children's agents:

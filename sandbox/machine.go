@@ -27,6 +27,11 @@ type ProcessOptions struct {
 	Command []string
 	// Env is added to the VMM process's environment.
 	Env []string
+	// Cgroup, when set, is the cgroup v2 folder the VMM process starts
+	// in (directly: clone3's CLONE_INTO_CGROUP), which holds the
+	// sandbox's host limits. A fork's children do not inherit it:
+	// ForkOptions.Cgroup gives each its own.
+	Cgroup string
 }
 
 // machine is a sandbox's VM, in this process or in a VMM process.
@@ -87,7 +92,7 @@ type processVM struct {
 // startProcess starts a VMM process for the sandbox s, with its console
 // copied into the sandbox's console writer w.
 func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Writer) (*processVM, error) {
-	p, err := vmmproc.Start(ctx, vmmproc.StartConfig{Command: opts.Command, Dir: s.dir, Env: opts.Env, Logger: s.log})
+	p, err := vmmproc.Start(ctx, vmmproc.StartConfig{Command: opts.Command, Dir: s.dir, Env: opts.Env, Cgroup: opts.Cgroup, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -181,8 +186,9 @@ func (s *Sandbox) processMachine(ctx context.Context, proc ProcessOptions, conso
 }
 
 // forkMachines makes the machines of n children of m: devices(i) gives
-// child i's overrides and is called while m is paused.
-func forkMachines(ctx context.Context, m machine, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error), log *slog.Logger) ([]machine, error) {
+// child i's overrides and is called while m is paused; cgroup(i), when
+// set, the cgroup child i's VMM process starts in.
+func forkMachines(ctx context.Context, m machine, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error), cgroup func(i int) string, log *slog.Logger) ([]machine, error) {
 	switch m := m.(type) {
 	case *localVM:
 		vms, err := m.vm.Fork(ctx, len(children), vmm.ForkConfig{
@@ -199,7 +205,7 @@ func forkMachines(ctx context.Context, m machine, children []*Sandbox, devices f
 		}
 		return out, nil
 	case *processVM:
-		return m.fork(ctx, children, devices)
+		return m.fork(ctx, children, devices, cgroup)
 	}
 	return nil, errors.New("sandbox: fork: unknown machine")
 }
@@ -207,7 +213,7 @@ func forkMachines(ctx context.Context, m machine, children []*Sandbox, devices f
 // fork makes the children of a VM in a VMM process, each in a VMM process
 // of its own over the parent's frozen memory (passed as a descriptor), so
 // that they share its pages copy-on-write as in-process children do.
-func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error)) (_ []machine, err error) {
+func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(i int) ([]virtio.DeviceSpec, error), cgroup func(i int) string) (_ []machine, err error) {
 	// Paused for the whole of the parent's part: devices(i) may copy a
 	// writable disk as it is at the fork.
 	if err := m.p.Pause(ctx); err != nil {
@@ -251,7 +257,12 @@ func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(
 		}
 	}()
 	for i, c := range children {
-		cm, err := startProcess(ctx, c, m.opts, c.console)
+		opts := m.opts
+		opts.Cgroup = "" // the parent's is its own
+		if cgroup != nil {
+			opts.Cgroup = cgroup(i)
+		}
+		cm, err := startProcess(ctx, c, opts, c.console)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: fork: child %d: %w", i, err)
 		}

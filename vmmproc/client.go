@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 	"github.com/kilnvm/kiln/vmmproc/vmmpb"
@@ -48,7 +50,10 @@ type StartConfig struct {
 	Env []string
 	// StartTimeout bounds the wait for the socket; 30 s when zero.
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// Cgroup, when set, is a cgroup v2 folder the process starts in
+	// directly (clone3's CLONE_INTO_CGROUP): it never runs outside it.
+	Cgroup string
+	Logger *slog.Logger
 }
 
 // Process is a VMM process, started by Start or attached to by Attach.
@@ -112,7 +117,18 @@ func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
 	// Its own process group: a terminal's ^C reaches the parent, which
 	// stops its sandboxes in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if cfg.Cgroup != "" {
+		fd, err := unix.Open(cfg.Cgroup, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("vmmproc: the VMM process's cgroup %s: %w", cfg.Cgroup, err)
+		}
+		defer unix.Close(fd) // the child is in it once started
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	if err := cmd.Start(); err != nil {
+		if cfg.Cgroup != "" {
+			return nil, fmt.Errorf("vmmproc: start %s in cgroup %s: %w", cfg.Command[0], cfg.Cgroup, err)
+		}
 		return nil, fmt.Errorf("vmmproc: start %s: %w", cfg.Command[0], err)
 	}
 	p := &Process{sock: sock, log: log, cmd: cmd, pid: cmd.Process.Pid, logPath: logPath, exited: make(chan struct{})}
