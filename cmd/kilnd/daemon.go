@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/sandbox"
@@ -59,6 +60,21 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		MaxMemoryMiB:    cfg.maxMemoryMiB,
 		DefaultLifetime: cfg.defaultLifetime,
 		Logger:          log,
+
+		VMMOverheadMiB:   cfg.vmmOverheadMiB,
+		PidsMax:          int(cfg.pidsMax),
+		MemoryOvercommit: cfg.memoryOvercommit,
+	}
+	if cfg.cgroupRoot != cgroupNone {
+		cg, err := cgroup.OpenOptions(cgroup.Options{Root: cfg.cgroupRoot, Logger: log})
+		if err != nil {
+			where := "kilnd's own cgroup"
+			if cfg.cgroupRoot != "" {
+				where = cfg.cgroupRoot
+			}
+			return nil, fmt.Errorf("per-sandbox cgroups under %s: %w (kilnd needs cgroup v2 with a delegated subtree: run it under systemd with Delegate=yes, give --cgroup-root, or --cgroup-root none to run without limits)", where, err)
+		}
+		dcfg.Cgroups = cg
 	}
 	svc := &kilndService{}
 	if cfg.netPool.IsValid() {

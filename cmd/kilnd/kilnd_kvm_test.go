@@ -233,9 +233,19 @@ func TestKVMKilnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// kilnd's delegated cgroup, as systemd's Delegate=yes would make it:
+	// every sandbox's VMM process gets a cgroup below it.
+	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+cpu +memory +pids +io"), 0); err != nil {
+		t.Fatalf("enabling L1's cgroup controllers: %v", err)
+	}
+	cgRoot, err := os.MkdirTemp("/sys/fs/cgroup", "kilnd-test-")
+	if err != nil {
+		t.Fatalf("a cgroup for kilnd (L1 mounts cgroup2 at /sys/fs/cgroup): %v", err)
+	}
+	t.Cleanup(func() { removeCgroupTree(t, cgRoot) })
 	k := &kilndProc{t: t, sock: filepath.Join(dir, "kilnd.sock"), logs: t.TempDir(), pids: map[int32]bool{},
 		args: []string{"--listen", "unix:" + filepath.Join(dir, "kilnd.sock"), "--state-dir", state,
-			"--images", images, "--agent", agent, "--kiln", self}}
+			"--images", images, "--agent", agent, "--kiln", self, "--cgroup-root", cgRoot}}
 	t.Cleanup(k.cleanup)
 
 	c := k.start(ctx)
@@ -259,6 +269,14 @@ func TestKVMKilnd(t *testing.T) {
 	}
 	for _, sb := range sbs {
 		t.Logf("sandbox %s ready in %d ms (VMM process %d)", sb.GetId(), sb.GetReadyMs(), sb.GetPid())
+		// Its VMM process was born in a cgroup of its own, under kilnd's.
+		cg := sb.GetCgroup()
+		if !strings.HasPrefix(cg, cgRoot+"/") {
+			t.Errorf("sandbox %s: cgroup %q, want one under %s", sb.GetId(), cg, cgRoot)
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb.GetPid())); err != nil || strings.TrimSpace(string(b)) != "0::"+strings.TrimPrefix(cg, "/sys/fs/cgroup") {
+			t.Errorf("sandbox %s: VMM process %d is in %q (%v), want %s", sb.GetId(), sb.GetPid(), b, err, cg)
+		}
 	}
 	t.Logf("3 sandboxes after %v", time.Since(began).Round(time.Millisecond))
 	paused, written, plain := sbs[0], sbs[1], sbs[2]
@@ -442,4 +460,32 @@ func TestKVMKilnd(t *testing.T) {
 		t.Errorf("kilnd's socket after SIGTERM: %v; want it removed", err)
 	}
 	t.Logf("TestKVMKilnd took %v", time.Since(began).Round(time.Millisecond))
+}
+
+// removeCgroupTree removes a cgroup folder and those below it, deepest
+// first, killing what still runs in them.
+func removeCgroupTree(t *testing.T, root string) {
+	var dirs []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	slices.Reverse(dirs)
+	for _, d := range dirs {
+		os.WriteFile(filepath.Join(d, "cgroup.kill"), []byte("1"), 0)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("removing cgroup %s: %v", d, err)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }

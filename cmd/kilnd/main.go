@@ -68,10 +68,10 @@ type config struct {
 	netUplink        string           // "" = the default route's
 	netDNS           []netip.AddrPort // nil = /etc/resolv.conf's
 	egressDefault    string           // egressAllowAll or egressDenyAll (with --net-pool)
-	cgroupRoot       string           // wired by the lead: "" = kilnd's own cgroup, cgroupNone = none
-	memoryOvercommit float64          // wired by the lead
-	vmmOverheadMiB   uint64           // wired by the lead
-	pidsMax          uint64           // wired by the lead
+	cgroupRoot       string           // "" = kilnd's own cgroup, cgroupNone = none
+	memoryOvercommit float64          // × host memory that admission lets sandboxes commit
+	vmmOverheadMiB   uint64           // each VMM process's share beyond guest memory
+	pidsMax          uint64           // each sandbox cgroup's pids.max
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.
