@@ -64,6 +64,7 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		VMMOverheadMiB:   cfg.vmmOverheadMiB,
 		PidsMax:          int(cfg.pidsMax),
 		MemoryOvercommit: cfg.memoryOvercommit,
+		SandboxIO:        cfg.sandboxIO,
 	}
 	if cfg.cgroupRoot != cgroupNone {
 		cg, err := cgroup.OpenOptions(cgroup.Options{Root: cfg.cgroupRoot, Logger: log})

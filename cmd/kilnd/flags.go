@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kilnvm/kiln/cgroup"
 )
 
 // Defaults of the host-integration flags.
@@ -75,7 +77,111 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	fs.Var(&boundedUintValue{p: &cfg.vmmOverheadMiB, min: 1, max: maxVMMOverheadMiB}, "vmm-overhead", "`MiB` a VMM process may use beyond its guest's memory (added to memory.max)")
 	cfg.pidsMax = defaultPidsMax
 	fs.Var(&boundedUintValue{p: &cfg.pidsMax, min: 1, max: math.MaxInt32}, "pids-max", "most processes and threads, `N`, in a sandbox's cgroup (pids.max)")
+	fs.Var(&ioLimitFlag{p: &cfg.sandboxIO}, "sandbox-io", "cap every sandbox's VMM process on a disk (io.max): `DEV,rbps=N,wbps=N,riops=N,wiops=N` (DEV a block device, a file on one, or MAJ:MIN; N with k/M/G; repeatable)")
 	return fs
+}
+
+// ioLimitFlag is --sandbox-io, repeatable: one io.max line per disk.
+type ioLimitFlag struct{ p *[]cgroup.IOLimit }
+
+func (f *ioLimitFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return strings.Join(f.strings(), " ")
+}
+
+func (f *ioLimitFlag) strings() []string {
+	out := make([]string, 0, len(*f.p))
+	for _, l := range *f.p {
+		s := l.Device
+		for _, kv := range []struct {
+			k string
+			v uint64
+		}{{"rbps", l.ReadBPS}, {"wbps", l.WriteBPS}, {"riops", l.ReadIOPS}, {"wiops", l.WriteIOPS}} {
+			if kv.v != 0 {
+				s += fmt.Sprintf(",%s=%d", kv.k, kv.v)
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Get returns the limits as strings; a config file gives them as an
+// array of strings.
+func (f *ioLimitFlag) Get() any { return f.strings() }
+
+func (f *ioLimitFlag) Set(v string) error {
+	l, err := parseIOLimit(v)
+	if err != nil {
+		return err
+	}
+	*f.p = append(*f.p, l)
+	return nil
+}
+
+// parseIOLimit parses DEV,key=N[,key=N...] with keys rbps, wbps, riops,
+// wiops; N is a count with an optional k, M or G (powers of 1024).
+func parseIOLimit(v string) (cgroup.IOLimit, error) {
+	parts := strings.Split(v, ",")
+	l := cgroup.IOLimit{Device: strings.TrimSpace(parts[0])}
+	if l.Device == "" {
+		return l, fmt.Errorf("%q: want DEV,rbps=N,wbps=N,riops=N,wiops=N with a device first", v)
+	}
+	if len(parts) == 1 {
+		return l, fmt.Errorf("%q: no limit given (rbps, wbps, riops or wiops)", v)
+	}
+	seen := map[string]bool{}
+	for _, kv := range parts[1:] {
+		k, n, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return l, fmt.Errorf("%q: %q is not KEY=N", v, kv)
+		}
+		if seen[k] {
+			return l, fmt.Errorf("%q: %s given twice", v, k)
+		}
+		seen[k] = true
+		num, err := parseCount(n)
+		if err != nil {
+			return l, fmt.Errorf("%q: %s: %w", v, k, err)
+		}
+		switch k {
+		case "rbps":
+			l.ReadBPS = num
+		case "wbps":
+			l.WriteBPS = num
+		case "riops":
+			l.ReadIOPS = num
+		case "wiops":
+			l.WriteIOPS = num
+		default:
+			return l, fmt.Errorf("%q: unknown key %q (want rbps, wbps, riops or wiops)", v, k)
+		}
+	}
+	return l, nil
+}
+
+// parseCount parses a positive count with an optional k, M or G suffix
+// (powers of 1024).
+func parseCount(s string) (uint64, error) {
+	mult := uint64(1)
+	switch {
+	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, s[:len(s)-1]
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, s[:len(s)-1]
+	case strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, s[:len(s)-1]
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%q is not a positive count (e.g. 2000, 100M)", s)
+	}
+	if n > math.MaxUint64/mult {
+		return 0, fmt.Errorf("%q%s is too large", s, "")
+	}
+	return n * mult, nil
 }
 
 // choiceValue is a string flag with a closed set of values.

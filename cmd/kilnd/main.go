@@ -36,6 +36,7 @@ import (
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	"github.com/kilnvm/kiln/cgroup"
 )
 
 // defaultSocket is where kilnd listens unless told otherwise.
@@ -72,6 +73,7 @@ type config struct {
 	memoryOvercommit float64          // × host memory that admission lets sandboxes commit
 	vmmOverheadMiB   uint64           // each VMM process's share beyond guest memory
 	pidsMax          uint64           // each sandbox cgroup's pids.max
+	sandboxIO        []cgroup.IOLimit // io.max lines of every sandbox's cgroup
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.
