@@ -10,7 +10,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the image tests' Debian root, tools/build-test-rootfs.sh). QEMU comes at
 # version 10 or newer (tools/install-qemu.sh: bookworm-backports on Debian
 # 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap
+# systemd brings systemd-analyze, which verifies packaging/'s units.
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd
 
 KILN := bin/kiln
 AGENT := bin/kiln-agent
