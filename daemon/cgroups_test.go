@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -327,9 +328,24 @@ func TestMemoryAdmissionPool(t *testing.T) {
 	}
 	_, err := e.c.CreateSandbox(ctxT(t), &kilnpb.CreateSandboxRequest{RequestId: nextReq(), Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}, Resources: res})
 	wantCode(t, err, codes.ResourceExhausted, "commit 960 MiB")
-	// Room made: the pool refills into it.
+	// Room made: the pool refills into it at once, not when its backoff
+	// (1 s, 2 s, 4 s: the next try 7 s after the first) next lets it.
+	time.Sleep(3500 * time.Millisecond)
 	e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id})
-	e.waitPool(tp.Id, 3)
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for {
+		got, err := e.c.GetTemplate(ctxT(t), &kilnpb.GetTemplateRequest{Id: tp.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.PoolReady == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not refill into the room a destroy made: %d ready (it waited out its backoff)", got.PoolReady)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func TestCgroupConfigInvalid(t *testing.T) {

@@ -194,6 +194,19 @@ func (p *pool) takeLocked() *warmSandbox {
 	return nil
 }
 
+// pokePools wakes every template's refiller: a sandbox ended, so a pool
+// that the host's limits held back may fit now, without waiting out its
+// backoff.
+func (s *Server) pokePools() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.templates {
+		if t.pool != nil {
+			t.pool.poke()
+		}
+	}
+}
+
 // poke wakes the refiller.
 func (p *pool) poke() {
 	select {

@@ -548,6 +548,7 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 		kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT: kilnpb.Event_KIND_TIMED_OUT,
 	}[state]
 	s.publish(kind, pb, reason)
+	s.pokePools()
 	s.metrics.sandboxEnded(state)
 	s.log.Info("sandbox ended", "sandbox", b.id, "state", stateName(state), "reason", reason)
 	s.gcCheckpoints(b.id)
