@@ -320,8 +320,14 @@ func TestTemplatePool(t *testing.T) {
 	if _, err := e.c.DeleteTemplate(ctxT(t), &kilnpb.DeleteTemplateRequest{Id: tp.Id}); err != nil {
 		t.Fatal(err)
 	}
+	// The handed-out sandbox's first instance, detached by the stopped
+	// server, learns of its process's end on its own watcher: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for e.be.Live() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if e.be.Live() != 0 {
-		t.Errorf("%d sandboxes left after the template's delete", e.be.Live())
+		t.Errorf("%d sandboxes left after the template's delete: %v", e.be.Live(), e.be.LiveDirs())
 	}
 	if left, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "pl-*")); len(left) != 0 {
 		t.Errorf("pool folders left: %v", left)

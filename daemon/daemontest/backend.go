@@ -1160,3 +1160,14 @@ func copyTree(src, dst string) error {
 	}
 	return nil
 }
+
+// LiveDirs is a debugging aid: the folders of the live sandboxes.
+func (b *Backend) LiveDirs() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for in := range b.live {
+		out = append(out, in.dir)
+	}
+	return out
+}
