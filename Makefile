@@ -10,8 +10,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the image tests' Debian root, tools/build-test-rootfs.sh). QEMU comes at
 # version 10 or newer (tools/install-qemu.sh: bookworm-backports on Debian
 # 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
-# systemd brings systemd-analyze, which verifies packaging/'s units.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd
+# systemd brings systemd-analyze, which verifies packaging/'s units;
+# iproute2 the ip the network tests make their namespaces with.
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2
 
 KILN := bin/kiln
 AGENT := bin/kiln-agent

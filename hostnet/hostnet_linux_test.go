@@ -601,6 +601,7 @@ func TestNewErrors(t *testing.T) {
 		{"not a netns", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: notNS}, "not a network namespace"},
 		{"bad dns", Config{Pool: testPool, Dir: t.TempDir(), DNS: []netip.AddrPort{{}}, HostNetns: bare.path, Uplink: "lo"}, "not an address and port"},
 		{"long uplink", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path, Uplink: strings.Repeat("u", 16)}, "at most 15"},
+		{"missing uplink", Config{Pool: testPool, Dir: t.TempDir(), DNS: upstream, HostNetns: bare.path, Uplink: "nosuch0"}, `uplink "nosuch0": no such interface`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -197,6 +197,17 @@ func (m *Manager) setupHost() error {
 	if len(m.uplink) >= unix.IFNAMSIZ {
 		return fmt.Errorf("hostnet: uplink %q: interface names are at most %d characters", m.uplink, unix.IFNAMSIZ-1)
 	}
+	// A named uplink must exist: NAT by an interface that is not there
+	// would leave every sandbox without a way out, silently.
+	h, err := m.hostHandle()
+	if err != nil {
+		return fmt.Errorf("hostnet: %w", err)
+	}
+	_, err = h.LinkByName(m.uplink)
+	h.Close()
+	if err != nil {
+		return fmt.Errorf("hostnet: uplink %q: no such interface in the host netns: %w", m.uplink, err)
+	}
 	if err := writeSysctl(m.hostFD, "/proc/sys/net/ipv4/ip_forward", "1"); err != nil {
 		return fmt.Errorf("hostnet: turning on IPv4 forwarding in the host netns: %w", err)
 	}
