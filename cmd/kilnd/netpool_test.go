@@ -81,13 +81,21 @@ func TestKilndNetPool(t *testing.T) {
 
 	// A missing uplink: kilnd does not start, and says why.
 	cmd, out := run("nosuch0")
-	err = cmd.Wait()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err = <-waited:
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		<-waited
+		t.Fatalf("kilnd with a missing uplink still runs after a minute: %s", out)
+	}
 	if err == nil || !strings.Contains(out.String(), "--net-pool") || !strings.Contains(out.String(), "nosuch0") {
 		t.Fatalf("kilnd with a missing uplink: %v: %s", err, out)
 	}
 
 	cmd, out = run("up0")
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
@@ -115,8 +123,14 @@ func TestKilndNetPool(t *testing.T) {
 		t.Error(err)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
-		t.Errorf("kilnd after SIGTERM: %v: %s", err, out)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Errorf("kilnd after SIGTERM: %v: %s", err, out)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("kilnd still runs a minute after SIGTERM: %s", out)
 	}
 	// The host table stays for the next kilnd (sandboxes run on).
 	if err := hasNftTable(ns, "kiln"); err != nil {
