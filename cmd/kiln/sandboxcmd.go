@@ -228,7 +228,7 @@ func (a *cli) sandboxCmd() *cobra.Command {
 	}
 	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(),
 		a.psCmd(), a.killCmd(), a.pauseCmd(true), a.pauseCmd(false), a.eventsCmd(),
-		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd())
+		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd(), a.policyCmd())
 	return cmd
 }
 
@@ -238,6 +238,8 @@ func (a *cli) createCmd() *cobra.Command {
 		cpus, mem, disk                        uint32
 		lifetime, idle                         time.Duration
 		env, labels                            []string
+		egress                                 egressFlags
+		secrets                                secretFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image REF | --template T | --checkpoint C) [flags]",
@@ -277,6 +279,12 @@ func (a *cli) createCmd() *cobra.Command {
 			if req.Labels, err = keyValues("--label", labels); err != nil {
 				return err
 			}
+			if req.Egress, err = egress.policy(); err != nil {
+				return err
+			}
+			if req.Secrets, err = secrets.secrets(); err != nil {
+				return err
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -301,6 +309,8 @@ func (a *cli) createCmd() *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "`K=V` added to every exec's environment (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "`k=v` label (repeatable)")
 	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same sandbox")
+	egress.register(f)
+	secrets.register(f)
 	cmd.RegisterFlagCompletionFunc("template", a.completeTemplates)
 	return cmd
 }
@@ -1050,6 +1060,8 @@ func (a *cli) templateCmd() *cobra.Command {
 	var (
 		image, setup, requestID string
 		cpus, mem, pool         uint32
+		egress                  egressFlags
+		secrets                 secretFlags
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --image REF [--setup 'SHELL COMMAND' | -- CMD [ARG...]]",
@@ -1072,6 +1084,13 @@ func (a *cli) templateCmd() *cobra.Command {
 				}
 				req.Setup = argv[1:]
 			}
+			var err error
+			if req.Egress, err = egress.policy(); err != nil {
+				return err
+			}
+			if req.Secrets, err = secrets.secrets(); err != nil {
+				return err
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -1091,6 +1110,8 @@ func (a *cli) templateCmd() *cobra.Command {
 	f.Uint32Var(&mem, "mem", 0, "memory of its sandboxes in `MiB`")
 	f.Uint32Var(&pool, "pool", 0, "sandboxes kept restored and ready")
 	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same template")
+	egress.register(f) // the setup's
+	secrets.register(f)
 
 	var asJSON bool
 	ls := &cobra.Command{

@@ -312,6 +312,16 @@ func TestSandboxCLIUsage(t *testing.T) {
 		{[]string{"sandbox", "rm"}, "requires at least 1 arg"},
 		{[]string{"sandbox", "kill", "id", "ex", "-s", "99"}, "1 to 64"},
 		{[]string{"sandbox", "pause"}, "requires at least 1 arg"},
+		{[]string{"sandbox", "create", "--image", "a", "--egress", "open"}, "want allow-all, deny-all"},
+		{[]string{"sandbox", "create", "--image", "a", "--allow", "10.0.0.0/8", "--deny", "x.test"}, "do not mix"},
+		{[]string{"sandbox", "create", "--image", "a", "--egress", "deny-all", "--allow", "x.test"}, "takes no --allow"},
+		{[]string{"sandbox", "create", "--image", "a", "--egress", "deny-list", "--allow", "x.test"}, "takes --deny"},
+		{[]string{"sandbox", "create", "--image", "a", "--allow", "10.0.0.0/33"}, "not a CIDR"},
+		{[]string{"sandbox", "create", "--image", "a", "--secret", "TOKEN=hunter2"}, "shows in ps"},
+		{[]string{"sandbox", "create", "--image", "a", "--secret", "KILN_CLI_TEST_UNSET"}, "is not set in this shell"},
+		{[]string{"sandbox", "create", "--image", "a", "--secret", "T=@/nonexistent/file"}, "no such file"},
+		{[]string{"sandbox", "create", "--image", "a", "--secret-file", "T=/etc/t"}, "NAME=GUESTPATH:HOSTFILE"},
+		{[]string{"sandbox", "policy", "id"}, "give --egress, --allow or --deny"},
 		{[]string{"template", "create", "name"}, "--image is required"},
 		{[]string{"template", "create", "name", "--image", "i", "--setup", "x", "--", "y"}, "not both"},
 	}
@@ -523,5 +533,36 @@ func TestTemplateCLI(t *testing.T) {
 	}
 	if code, out, errOut := kilnIn(t, "", "template", "rm", "--wait", "py"); code != 0 || out != "" {
 		t.Fatalf("template rm: exit %d, %q, %s", code, out, errOut)
+	}
+}
+
+// TestSandboxCLISecrets: --secret takes its value from the caller's
+// environment (never the command line), the sandbox's execs see it, its
+// output shows *** in its place, and inspect names it without the value;
+// policy without kilnd networks is refused naming the flag kilnd lacks.
+func TestSandboxCLISecrets(t *testing.T) {
+	startKilnd(t)
+	const value = "kiln-cli-secret-4711"
+	t.Setenv("KILN_CLI_TOKEN", value)
+	file := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(file, []byte("file-secret-0815"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := kilnIn(t, "", "sandbox", "create", "--image", "busybox", "--secret", "KILN_CLI_TOKEN", "--secret", "FROM_FILE=@"+file)
+	if code != 0 {
+		t.Fatalf("create: exit %d: %s", code, errOut)
+	}
+	id := oneID(t, "create", out)
+	code, out, errOut = kilnIn(t, "", "sandbox", "run", id, `echo "token=$KILN_CLI_TOKEN file=$FROM_FILE"`)
+	if code != 0 || out != "token=*** file=***\n" {
+		t.Errorf("run: exit %d, stdout %q, stderr %q; want the secrets masked", code, out, errOut)
+	}
+	code, out, _ = kilnIn(t, "", "sandbox", "inspect", id)
+	if code != 0 || strings.Contains(out, value) || !strings.Contains(out, "KILN_CLI_TOKEN") {
+		t.Errorf("inspect: exit %d: %s; want the secret's name, not its value", code, out)
+	}
+	code, _, errOut = kilnIn(t, "", "sandbox", "policy", id, "--egress", "deny-all")
+	if code == 0 || !strings.Contains(errOut, "--net-pool") {
+		t.Errorf("policy without kilnd networks: exit %d, %q; want a refusal naming --net-pool", code, errOut)
 	}
 }

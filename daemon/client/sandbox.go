@@ -83,6 +83,17 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*kilnpb.Sandbox,
 	return sb, nil
 }
 
+// UpdateNetworkPolicy replaces a running sandbox's egress policy; it holds
+// for new connections at once, and the daemon cuts the established ones
+// the new policy forbids.
+func (c *Client) UpdateNetworkPolicy(ctx context.Context, id string, egress *kilnpb.EgressPolicy) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.UpdateNetworkPolicy(ctx, &kilnpb.UpdateNetworkPolicyRequest{Id: id, Egress: egress})
+	if err != nil {
+		return nil, callErr(fmt.Sprintf("update the network policy of sandbox %s", id), err)
+	}
+	return sb, nil
+}
+
 // CheckpointOptions are Checkpoint's choices.
 type CheckpointOptions struct {
 	// Persist writes the checkpoint to the daemon's state folder, so that
