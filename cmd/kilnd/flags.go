@@ -21,7 +21,7 @@ import (
 // Defaults of the host-integration flags.
 const (
 	defaultMemoryOvercommit = 1.0
-	defaultVMMOverheadMiB   = 128
+	defaultVMMOverheadMiB   = 64
 	defaultPidsMax          = 1024
 	// maxVMMOverheadMiB bounds --vmm-overhead: it is added to every
 	// sandbox's memory.max, and a typo should not disable the limit.
