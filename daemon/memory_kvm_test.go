@@ -35,13 +35,22 @@ func (p smapsPart) String() string {
 }
 
 // memSplit is a VMM process's memory split by mapping: the guest's RAM
-// (the one mapping of guestMiB), the Go heap (the runtime's arenas from
-// 0xc000000000), the binary's own mappings, the rest.
+// (the mappings of its memfd or memory file and the anonymous ones of the
+// file's holes between them, guestMiB in all), the binary's own mappings,
+// the rest (Go's heap and stacks: anonymous).
 type memSplit struct {
-	Guest, Heap, Binary, Other smapsPart
-	// Big are the headers and RSS (KiB) of the other mappings of more
+	Guest, Binary, Other smapsPart
+	// Big are the headers and RSS (MiB) of the other mappings of more
 	// than 4 MiB resident.
 	Big []string
+}
+
+// mapping is one of /proc/PID/smaps's.
+type mapping struct {
+	start, end uint64
+	path       string
+	header     string
+	part       smapsPart
 }
 
 // readSmaps splits the mappings of process pid.
@@ -53,20 +62,7 @@ func readSmaps(t *testing.T, pid int32, guestMiB int64) memSplit {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var s memSplit
-	var cur *smapsPart
-	var part smapsPart
-	var header string
-	flush := func() {
-		if cur != nil {
-			part.File = part.RSS - part.Anon
-			cur.add(part)
-			if cur == &s.Other && part.RSS > 4<<10 {
-				s.Big = append(s.Big, fmt.Sprintf("%s rss %d anon %d", header, part.RSS>>10, part.Anon>>10))
-			}
-		}
-		cur, part = nil, smapsPart{}
-	}
+	var maps []*mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
@@ -74,49 +70,74 @@ func readSmaps(t *testing.T, pid int32, guestMiB int64) memSplit {
 			continue
 		}
 		if !strings.HasSuffix(fs[0], ":") { // a mapping's header
-			flush()
-			header = strings.Join(fs, " ")
 			lo, hi, _ := strings.Cut(fs[0], "-")
 			a, _ := strconv.ParseUint(lo, 16, 64)
 			b, _ := strconv.ParseUint(hi, 16, 64)
-			path := ""
+			mp := &mapping{start: a, end: b, header: strings.Join(fs, " ")}
 			if len(fs) >= 6 {
-				path = fs[5]
+				mp.path = fs[5]
 			}
-			switch {
-			case int64(b-a) == guestMiB<<20:
-				cur = &s.Guest
-			case path == "" && a >= 0xc000000000 && a < 0xc100000000:
-				cur = &s.Heap
-			case path == exe:
-				cur = &s.Binary
-			default:
-				cur = &s.Other
-			}
+			maps = append(maps, mp)
 			continue
 		}
-		if len(fs) < 2 {
+		if len(fs) < 2 || len(maps) == 0 {
 			continue
 		}
 		n, _ := strconv.ParseInt(fs[1], 10, 64)
+		p := &maps[len(maps)-1].part
 		switch fs[0] {
 		case "Size:":
-			part.Size = n
+			p.Size = n
 		case "Rss:":
-			part.RSS = n
+			p.RSS = n
 		case "Pss:":
-			part.PSS = n
+			p.PSS = n
 		case "Anonymous:":
-			part.Anon = n
+			p.Anon = n
 		}
 	}
-	flush()
+	guestFile := func(mp *mapping) bool {
+		return strings.Contains(mp.path, "kiln-guest-ram") || filepath.Base(mp.path) == "memory"
+	}
+	// The guest's RAM: a run of adjacent mappings, its file's and
+	// anonymous ones, of guestMiB in all.
+	guest := map[*mapping]bool{}
+	for i := 0; i < len(maps); {
+		j, file := i, false
+		for ; j < len(maps) && (guestFile(maps[j]) || maps[j].path == "") && (j == i || maps[j].start == maps[j-1].end); j++ {
+			file = file || guestFile(maps[j])
+		}
+		if j == i {
+			i++
+			continue
+		}
+		if file && int64(maps[j-1].end-maps[i].start) == guestMiB<<20 {
+			for _, mp := range maps[i:j] {
+				guest[mp] = true
+			}
+		}
+		i = j
+	}
+	var s memSplit
+	for _, mp := range maps {
+		mp.part.File = mp.part.RSS - mp.part.Anon
+		switch {
+		case guest[mp]:
+			s.Guest.add(mp.part)
+		case mp.path == exe:
+			s.Binary.add(mp.part)
+		default:
+			s.Other.add(mp.part)
+			if mp.part.RSS > 4<<10 {
+				s.Big = append(s.Big, fmt.Sprintf("%s rss %d anon %d", mp.header, mp.part.RSS>>10, mp.part.Anon>>10))
+			}
+		}
+	}
 	return s
 }
 
-// memStat picks a cgroup's memory.current and memory.stat's anon, file,
-// shmem and file_mapped, MiB.
-func memStat(t *testing.T, dir string) string {
+// memStatMiB is a cgroup's memory.stat, MiB.
+func memStatMiB(t *testing.T, dir string) map[string]uint64 {
 	t.Helper()
 	st := map[string]uint64{}
 	for _, line := range strings.Split(readTrim(t, filepath.Join(dir, "memory.stat")), "\n") {
@@ -124,6 +145,14 @@ func memStat(t *testing.T, dir string) string {
 		n, _ := strconv.ParseUint(v, 10, 64)
 		st[k] = n >> 20
 	}
+	return st
+}
+
+// memStat picks a cgroup's memory.current and memory.stat's anon, file,
+// shmem and file_mapped, MiB.
+func memStat(t *testing.T, dir string) string {
+	t.Helper()
+	st := memStatMiB(t, dir)
 	peak := "-"
 	if _, err := os.Stat(filepath.Join(dir, "memory.peak")); err == nil {
 		peak = strconv.FormatUint(readMiB(t, filepath.Join(dir, "memory.peak")), 10)
@@ -132,16 +161,21 @@ func memStat(t *testing.T, dir string) string {
 		readMiB(t, filepath.Join(dir, "memory.current")), peak, st["anon"], st["file"], st["shmem"], st["file_mapped"], st["kernel"])
 }
 
-// TestKVMDaemonMemory measures what a sandbox's cgroup is charged for:
-// image-booted, restored from a template (first and second), a fork
-// child; idle and after the guest writes 192 MiB.
+// TestKVMDaemonMemory measures (and logs, "MEM" lines) what a sandbox's
+// cgroup is charged for, split by the VMM process's mappings (smaps) and
+// memory.stat: booted from an image, restored from a template (first and
+// second: the template's pages are charged to neither), a fork child;
+// idle and after the guest writes most of its memory. Each stays within
+// memory.max = guest + the default VMM overhead, its memory.stat shows
+// no page of the template's file (nor its holes) charged to it, and an
+// image-booted VMM has freed its boot's kernel and initrd.
 func TestKVMDaemonMemory(t *testing.T) {
 	kvmtest.Require(t)
 	m := testCgroupRoot(t)
 	e := newKVMEnv(t)
 	e.stop()
 	e.cfg.Cgroups = m
-	e.cfg.VMMOverheadMiB = 512 // room: the figures, not the limit
+	e.cfg.VMMOverheadMiB = overheadMiB
 	e.cfg.MemoryOvercommit = 3
 	e.startKVM()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -151,33 +185,49 @@ func TestKVMDaemonMemory(t *testing.T) {
 	t.Logf("kilnd (this test) is in %s; kiln root %s", self, memStat(t, filepath.Dir(m.Path("x"))))
 
 	const guest = 512
-	report := func(label string, sb *kilnpb.Sandbox) {
+	report := func(label string, sb *kilnpb.Sandbox) memSplit {
 		s := readSmaps(t, sb.Pid, guest)
-		t.Logf("MEM %-22s guest[%v] heap[%v] binary[%v] other[%v] | cgroup %s", label, s.Guest, s.Heap, s.Binary, s.Other, memStat(t, m.Path(sb.Id)))
+		t.Logf("MEM %-22s guest[%v] binary[%v] other[%v] | cgroup %s", label, s.Guest, s.Binary, s.Other, memStat(t, m.Path(sb.Id)))
 		for _, b := range s.Big {
 			t.Logf("MEM   big other mapping: %s", b)
 		}
+		return s
 	}
 	const fill = "mkdir -p /mnt/f && mount -t tmpfs -o size=200m f /mnt/f && dd if=/dev/zero of=/mnt/f/f bs=1M count=192 2>/dev/null; sync; echo ok"
-	measure := func(label string, sb *kilnpb.Sandbox) {
-		report(label+" idle", sb)
-		e.shOut(sb.Id, fill)
-		report(label+" +192", sb)
+	// within checks that sandbox sb's cgroup stayed within memory.max,
+	// no OOM, and holds no more than fileMax MiB of page cache.
+	within := func(label string, sb *kilnpb.Sandbox, fileMax uint64) {
+		dir := m.Path(sb.Id)
+		st := memStatMiB(t, dir)
+		max, peak := readMiB(t, filepath.Join(dir, "memory.max")), readMiB(t, filepath.Join(dir, "memory.peak"))
+		ev, err := cgroup.ParseEvents(readTrim(t, filepath.Join(dir, "memory.events")))
+		if err != nil || peak > max || ev.OOM != 0 || ev.Max != 0 {
+			t.Errorf("%s: memory.peak %d MiB, memory.max %d, memory.events %+v (%v): want within the limit", label, peak, max, ev, err)
+		}
+		if st["file"] > fileMax {
+			t.Errorf("%s: memory.stat file %d MiB (shmem %d), want at most %d: pages of a file others share charged to the sandbox", label, st["file"], st["shmem"], fileMax)
+		}
 	}
 
 	img := e.createImage(0)
-	measure("a image", img)
+	if s := report("a image idle", img); s.Other.Anon > 40<<10 {
+		t.Errorf("an idle image-booted VMM process holds %d MiB of anonymous memory beyond the guest's: want its boot's kernel and initrd freed", s.Other.Anon>>10)
+	}
+	// The guest's RAM is its VMM's memfd: shmem, file in memory.stat.
+	within("a image idle", img, 160)
+	e.shOut(img.Id, fill)
+	report("a image +192", img)
+	within("a image +192", img, 340)
 	kids, err := e.forkCtx(ctx, &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: img.Id}, Count: 1})
 	if err != nil || len(kids) != 1 {
 		t.Fatalf("fork: %v, %v", kids, err)
 	}
 	report("a parent after fork", img)
-	e.shOut(img.Id, "rm /mnt/f/f; dd if=/dev/zero of=/mnt/f/f bs=1M count=192 2>/dev/null; echo ok")
-	report("a parent rewrite", img)
 	e.shOut(kids[0].Id, "rm /mnt/f/f; echo ok")
 	report("d child idle", kids[0])
-	e.shOut(kids[0].Id, "dd if=/dev/zero of=/mnt/f/g bs=1M count=160 2>/dev/null; echo ok")
-	report("d child +160", kids[0])
+	e.shOut(kids[0].Id, "dd if=/dev/zero of=/mnt/f/g bs=1M count=320 2>/dev/null; echo ok")
+	report("d child +320", kids[0])
+	within("d child +320", kids[0], 8)
 	for _, id := range []string{img.Id, kids[0].Id} {
 		if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: id}); err != nil {
 			t.Fatal(err)
@@ -204,13 +254,13 @@ func TestKVMDaemonMemory(t *testing.T) {
 		report(label+" read128", sb)
 		e.shOut(sb.Id, "rm /mnt/t/t; echo ok")
 		report(label+" rm128", sb)
-		e.shOut(sb.Id, fill)
-		report(label+" +192", sb)
+		e.shOut(sb.Id, "mkdir -p /mnt/f && mount -t tmpfs -o size=330m f /mnt/f && dd if=/dev/zero of=/mnt/f/f bs=1M count=320 2>/dev/null; sync; echo ok")
+		report(label+" +320", sb)
+		within(label+" +320", sb, 8)
 		if i == 1 {
 			report("b template 1st then", sbs[0])
 		}
 	}
 	t.Logf("kiln root at the end: %s", memStat(t, filepath.Dir(m.Path("x"))))
 	t.Logf("TestKVMDaemonMemory took %v", time.Since(began).Round(time.Millisecond))
-	_ = cgroup.DefaultMount
 }
