@@ -279,7 +279,7 @@ func TestMemoryAdmission(t *testing.T) {
 		wantInMsg string // the refusal of the one more
 	}{
 		{name: "default ratio and overhead", fit: 3,
-			wantInMsg: "commit 1920 MiB (guest memory plus 128 MiB of VMM overhead each); 640 more MiB would pass 2048 MiB, 1 × the host's 2048 MiB"},
+			wantInMsg: "commit 1728 MiB (guest memory plus 64 MiB of VMM overhead each); 576 more MiB would pass 2048 MiB, 1 × the host's 2048 MiB"},
 		{name: "overcommit 2", ratio: 2, overhead: 64, fit: 7,
 			wantInMsg: "commit 4032 MiB (guest memory plus 64 MiB of VMM overhead each); 576 more MiB would pass 4096 MiB, 2 × the host's 2048 MiB"},
 		{name: "small overhead", ratio: 1.5, overhead: 1, fit: 5,
@@ -297,7 +297,7 @@ func TestMemoryAdmission(t *testing.T) {
 			committed, limit := e.srv.MemoryCommit()
 			over := tc.overhead
 			if over == 0 {
-				over = 128
+				over = 64
 			}
 			if want := uint64(tc.fit) * (512 + over); committed != want || limit != uint64(2048*max(tc.ratio, 1)) {
 				t.Errorf("MemoryCommit = %d of %d, want %d of %v", committed, limit, want, 2048*max(tc.ratio, 1))

@@ -85,8 +85,14 @@ type Config struct {
 	// Host cgroups and memory admission (daemon/cgroups.go). Cgroups,
 	// when set, gives each sandbox's VMM process a cgroup of its own
 	// with cpu.max from its vCPUs, memory.max from its memory plus
-	// VMMOverheadMiB (0: 128) and pids.max PidsMax (0: 1024); nil: no
-	// cgroups. Whether or not they are on, a create, fork or pool fill
+	// VMMOverheadMiB (0: 64) and pids.max PidsMax (0: 1024); nil: no
+	// cgroups. The overhead is the VMM process's own memory beyond the
+	// guest's RAM (counted in the guest's MiB, copy-on-write copies
+	// included): its Go heap and stacks (~10 MiB in L1 once a boot's
+	// kernel and initrd are freed), page tables and KVM's kernel memory
+	// (~3 MiB), with slack; what sandboxes share (the kernel, initrd and
+	// templates' memory files) the server reads into the page cache
+	// first, charged to its own cgroup. Whether or not they are on, a create, fork or pool fill
 	// that would commit more than MemoryOvercommit (0: 1.0) × the host's
 	// memory, counting each sandbox's guest memory plus VMMOverheadMiB,
 	// is refused (pools wait). SandboxIO, when set, caps each sandbox's
@@ -229,6 +235,7 @@ func New(cfg Config) (*Server, error) {
 		templates:   map[string]*template{}, templateReqs: map[string]*template{},
 	}
 	s.metrics = newMetrics(s)
+	s.chargeRuntime()
 	s.loadTemplates()
 	if err := s.load(); err != nil {
 		cancel()

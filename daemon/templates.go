@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -11,12 +13,14 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/snapshot"
 )
 
 // Limits of a template's request.
@@ -280,6 +284,14 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		os.RemoveAll(r.Dir)
 		return status.Errorf(codes.Internal, "template %s: %v", r.ID, err)
 	}
+	if s.cfg.Cgroups != nil {
+		// The snapshot's pages, written by the builder (charged to its
+		// cgroup, gone with it), charged to kilnd before a sandbox maps
+		// them.
+		if _, err := chargePageCache(ctx, filepath.Join(r.Dir, snapshot.MemoryFile), true); err != nil {
+			s.log.Warn("template's memory not read into kilnd's page cache: the sandbox that maps a page first is charged for it", "template", r.ID, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -477,6 +489,7 @@ func (s *Server) loadTemplates() {
 		t := &template{rec: *r, ready: make(chan struct{})}
 		close(t.ready)
 		s.templates[r.ID] = t
+		s.chargeFiles(false, filepath.Join(r.Dir, snapshot.MemoryFile))
 		if r.RequestID != "" {
 			s.templateReqs[r.RequestID] = t
 		}
@@ -544,4 +557,90 @@ func (s *Server) startPools() {
 	for _, t := range ts {
 		s.startPool(t)
 	}
+}
+
+// chargeBuf is the read size of chargePageCache.
+const chargeBuf = 1 << 20
+
+// chargePageCache reads the data of the file at path (its holes skipped)
+// through the page cache from kilnd's own process, so that the pages a
+// sandbox's VMM process maps from it (a template's memory file, the
+// kernel and initrd every boot reads) are charged once, to kilnd's
+// cgroup: memcg charges a page to the cgroup of the process that first
+// brings it in, and a page stays charged there for as long as it is
+// cached, shared by every sandbox that maps it. With drop, the file's
+// cached pages are dropped first (POSIX_FADV_DONTNEED: clean ones no one
+// maps), so that those charged to the cgroup of the process that wrote
+// them (a template's builder, gone now) come back charged to kilnd. On
+// tmpfs the pages are the file itself and stay where they are charged.
+// It returns the bytes read.
+func chargePageCache(ctx context.Context, path string, drop bool) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	fd, size := int(f.Fd()), fi.Size()
+	if drop {
+		if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+			return 0, fmt.Errorf("drop %s's cached pages: %w", path, err)
+		}
+	}
+	buf := make([]byte, chargeBuf)
+	var read int64
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil { // a file system that cannot tell holes: all data
+			start = off
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil || end <= start {
+			end = size
+		}
+		for off = start; off < end; {
+			if err := ctx.Err(); err != nil {
+				return read, err
+			}
+			n, err := f.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+			read += int64(n)
+			off += int64(n)
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					return read, nil
+				}
+				return read, fmt.Errorf("read %s at %d: %w", path, off, err)
+			}
+		}
+	}
+	return read, nil
+}
+
+// chargeFiles runs chargePageCache over paths in the background (with
+// cgroups on), logging what it read.
+func (s *Server) chargeFiles(drop bool, paths ...string) {
+	if s.cfg.Cgroups == nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for _, p := range paths {
+			if p == "" {
+				continue
+			}
+			n, err := chargePageCache(s.ctx, p, drop)
+			if err != nil && s.ctx.Err() == nil {
+				s.log.Warn("file not read into the page cache: sandboxes that map it first are charged for it", "file", p, "err", err)
+				continue
+			}
+			s.log.Debug("file read into kilnd's page cache", "file", p, "bytes", n)
+		}
+	}()
 }

@@ -268,7 +268,7 @@ func TestHostFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.logFormat != logText || cfg.egressDefault != egressAllowAll || cfg.memoryOvercommit != 1 ||
-		cfg.vmmOverheadMiB != 128 || cfg.pidsMax != 1024 || cfg.cgroupRoot != "" || cfg.netPool.IsValid() || cfg.netDNS != nil {
+		cfg.vmmOverheadMiB != defaultVMMOverheadMiB || defaultVMMOverheadMiB != 64 || cfg.pidsMax != 1024 || cfg.cgroupRoot != "" || cfg.netPool.IsValid() || cfg.netDNS != nil {
 		t.Errorf("defaults: %+v", cfg)
 	}
 }
