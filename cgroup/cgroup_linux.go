@@ -262,6 +262,22 @@ func (m *Manager) Create(id string, l Limits) (_ *Group, err error) {
 	return g, nil
 }
 
+// SetMemoryMax sets sandbox id's memory.max to bytes (the limit a
+// sandbox's checkpoints grow: each in-memory base it holds is memory its
+// VMM process pays for).
+func (m *Manager) SetMemoryMax(id string, bytes uint64) error {
+	if err := CheckID(id); err != nil {
+		return err
+	}
+	if bytes == 0 {
+		return fmt.Errorf("cgroup: sandbox %s: memory.max 0", id)
+	}
+	if err := write(filepath.Join(m.Path(id), "memory.max"), strconv.FormatUint(bytes, 10)); err != nil {
+		return fmt.Errorf("cgroup: sandbox %s: memory.max: %w", id, err)
+	}
+	return nil
+}
+
 // Get returns sandbox id's cgroup, made by Create (in this process or a
 // previous kilnd).
 func (m *Manager) Get(id string) (*Group, error) {

@@ -33,6 +33,7 @@ type fakeCgroups struct {
 	ev   map[string]cgroup.Events
 	made []string
 	gone []string
+	max  map[string]uint64 // memory.max set by SetMemoryMax
 	// onRemove runs before a removal (with the lock not held).
 	onRemove func(id string)
 }
@@ -79,6 +80,32 @@ func (f *fakeCgroups) Remove(ctx context.Context, id string) error {
 		f.gone = append(f.gone, id)
 	}
 	return os.RemoveAll(filepath.Join(f.root, id))
+}
+
+func (f *fakeCgroups) SetMemoryMax(id string, bytes uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.live[id]
+	if !ok {
+		return fmt.Errorf("fake cgroup %s: %w", id, fs.ErrNotExist)
+	}
+	f.max = mapSet(f.max, id, bytes)
+	f.live[id] = l
+	return nil
+}
+
+func mapSet(m map[string]uint64, k string, v uint64) map[string]uint64 {
+	if m == nil {
+		m = map[string]uint64{}
+	}
+	m[k] = v
+	return m
+}
+
+func (f *fakeCgroups) memoryMax(id string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.max[id]
 }
 
 func (f *fakeCgroups) List() ([]string, error) {
@@ -365,5 +392,54 @@ func TestCgroupConfigInvalid(t *testing.T) {
 				t.Errorf("New: %v, want an error with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestCgroupGrowsWithCheckpoints: an in-memory checkpoint or a fork
+// freezes a sandbox's memory into a base its VMM process pays for, and
+// the guest's writes after it are copies on top: its memory.max grows by a
+// guest's worth per base it holds (before the hold, so the copies fit),
+// and never shrinks while it lives. A persisted checkpoint holds nothing.
+func TestCgroupGrowsWithCheckpoints(t *testing.T) {
+	cg := newFakeCgroups(t)
+	e := newEnv(t, func(c *daemon.Config) { c.Cgroups = cg; c.VMMOverheadMiB = 64; c.MemoryOvercommit = 8 })
+	res := &kilnpb.Resources{MemoryMib: 256}
+	mib := func(n uint64) uint64 { return n << 20 }
+
+	sb := e.create(&kilnpb.CreateSandboxRequest{Resources: res})
+	if got := cg.memoryMax(sb.Id); got != 0 {
+		t.Errorf("a fresh sandbox's memory.max was changed to %d: its Create limits hold", got)
+	}
+	e.checkpoint(sb.Id, false) // in memory
+	if got, want := cg.memoryMax(sb.Id), mib(2*256+64); got != want {
+		t.Errorf("after one in-memory checkpoint: memory.max %d MiB, want %d", got>>20, want>>20)
+	}
+	ck2 := e.checkpoint(sb.Id, false)
+	if got, want := cg.memoryMax(sb.Id), mib(3*256+64); got != want {
+		t.Errorf("after two: memory.max %d MiB, want %d", got>>20, want>>20)
+	}
+	if _, err := e.c.DeleteCheckpoint(ctxT(t), &kilnpb.DeleteCheckpointRequest{Id: ck2.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cg.memoryMax(sb.Id), mib(3*256+64); got != want {
+		t.Errorf("after a delete: memory.max %d MiB, want it kept at %d", got>>20, want>>20)
+	}
+
+	// A fork of a sandbox with no checkpoint: one base.
+	other := e.create(&kilnpb.CreateSandboxRequest{Resources: res})
+	if _, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: other.Id}, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cg.memoryMax(other.Id), mib(2*256+64); got != want {
+		t.Errorf("a forked parent: memory.max %d MiB, want %d", got>>20, want>>20)
+	}
+
+	// A persisted checkpoint holds no base in the VMM process.
+	third := e.create(&kilnpb.CreateSandboxRequest{Resources: res})
+	if _, err := e.c.Checkpoint(ctxT(t), &kilnpb.CheckpointRequest{SandboxId: third.Id, Persist: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cg.memoryMax(third.Id); got != 0 {
+		t.Errorf("after a persisted checkpoint: memory.max changed to %d MiB", got>>20)
 	}
 }

@@ -90,8 +90,13 @@ func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) 
 			os.RemoveAll(c.Dir)
 			return nil, callErr("checkpoint sandbox "+b.id, err)
 		}
-	} else if err := inst.Hold(ctx, c.ID); err != nil {
-		return nil, callErr("checkpoint sandbox "+b.id+" in memory", err)
+	} else {
+		// The hold's base is the VMM process's to pay for, and the
+		// guest's writes after it are copies on top: room for both first.
+		s.growCgroup(b, 1)
+		if err := inst.Hold(ctx, c.ID); err != nil {
+			return nil, callErr("checkpoint sandbox "+b.id+" in memory", err)
+		}
 	}
 	c.CreatedUnixMS = s.clock.Now().UnixMilli()
 	// An in-memory checkpoint's record needs no sync: a crash of the
@@ -501,6 +506,13 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		if _, err := s.sourceNet("sandbox "+b.id, egress != nil, false); err != nil {
 			return err
 		}
+		// The fork freezes the parent's memory into a base its VMM
+		// process keeps; its writes after it are copies on top.
+		b.mu.Lock()
+		b.rec.Frozen = true
+		s.persistLocked(b)
+		b.mu.Unlock()
+		s.growCgroup(b, 0)
 	case *kilnpb.ForkRequest_CheckpointId:
 		if ck, err = s.checkpoint(src.CheckpointId); err != nil {
 			return err

@@ -222,6 +222,15 @@ func TestKVMDaemonMemory(t *testing.T) {
 		t.Fatalf("fork: %v, %v", kids, err)
 	}
 	report("a parent after fork", img)
+	// Its memory is now a base its VMM process pays for, and what it
+	// writes next is copies on top: its limit grew by a guest's worth
+	// (growCgroup), so rewriting its memory does not get it OOM-killed.
+	if got, want := readMiB(t, filepath.Join(m.Path(img.Id), "memory.max")), uint64(2*guest+overheadMiB); got != want {
+		t.Errorf("the fork parent's memory.max: %d MiB, want %d (two guests' worth and the overhead)", got, want)
+	}
+	e.shOut(img.Id, "rm /mnt/f/f; dd if=/dev/zero of=/mnt/f/f bs=1M count=192 2>/dev/null; sync; echo ok")
+	report("a parent rewrote 192", img)
+	within("a parent rewrote 192", img, 340)
 	e.shOut(kids[0].Id, "rm /mnt/f/f; echo ok")
 	report("d child idle", kids[0])
 	e.shOut(kids[0].Id, "dd if=/dev/zero of=/mnt/f/g bs=1M count=320 2>/dev/null; echo ok")

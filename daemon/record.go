@@ -24,6 +24,9 @@ type record struct {
 	Reason string `json:"reason,omitempty"`
 	// Cgroup is its VMM process's cgroup folder, when kilnd made one.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Frozen says its memory has been frozen by a fork: it maps a base its
+	// VMM process pays for (resizeCgroup).
+	Frozen bool `json:"frozen,omitempty"`
 
 	// What it was created from and with.
 	Image      string            `json:"image,omitempty"` // manifest digest

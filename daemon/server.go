@@ -314,6 +314,12 @@ type box struct {
 	// ready is closed once the create that made it has finished.
 	ready     chan struct{}
 	createErr error
+	// cgroupMax is the memory.max growCgroup last set on the cgroup at
+	// path (a rollback's new machine has a cgroup of its own).
+	cgroupMax struct {
+		path  string
+		bytes uint64
+	}
 	// ending: a destroy, timeout or failure is under way.
 	ending bool
 	// lastActive and busy (calls in flight) drive the idle timeout.
