@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/virtio"
 )
 
@@ -81,10 +81,10 @@ type EgressPolicy struct {
 	Domains []string       `json:"domains,omitempty"`
 }
 
-// Bounds of an egress policy (hostnet's too).
+// Bounds of an egress policy: hostnet's, which enforces them.
 const (
-	maxEgressCIDRs   = 256
-	maxEgressDomains = 256
+	maxEgressCIDRs   = hostnet.MaxCIDRs
+	maxEgressDomains = hostnet.MaxDomains
 )
 
 // NetInfo is a sandbox's attachment as the host made it.
@@ -144,38 +144,8 @@ func checkEgress(field string, p EgressPolicy) error {
 		}
 	}
 	for i, d := range p.Domains {
-		if err := checkDomain(d); err != nil {
+		if err := hostnet.CheckDomain(d); err != nil {
 			return status.Errorf(codes.InvalidArgument, "%s.domains[%d] %q: %v", field, i, d, err)
-		}
-	}
-	return nil
-}
-
-// checkDomain checks a policy domain: an optional leading "*.", then a
-// name of letters, digits, '-' and '_' in labels of 1 to 63 bytes, 253 in
-// all, a trailing dot ignored.
-func checkDomain(d string) error {
-	name := strings.TrimSuffix(d, ".")
-	if rest, ok := strings.CutPrefix(name, "*."); ok {
-		name = rest
-	}
-	if name == "" {
-		return fmt.Errorf("empty name")
-	}
-	if len(name) > 253 {
-		return fmt.Errorf("%d bytes: at most 253", len(name))
-	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || len(label) > 63 {
-			return fmt.Errorf("label %q: want 1 to 63 bytes", label)
-		}
-		if label[0] == '-' || label[len(label)-1] == '-' {
-			return fmt.Errorf("label %q starts or ends with '-'", label)
-		}
-		for i := 0; i < len(label); i++ {
-			if c := label[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return fmt.Errorf("label %q: %q is not a letter, digit, '-' or '_'", label, c)
-			}
 		}
 	}
 	return nil

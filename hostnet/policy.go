@@ -90,7 +90,7 @@ func (p Policy) Validate() error {
 		}
 	}
 	for _, d := range p.Domains {
-		if err := checkDomain(d); err != nil {
+		if err := CheckDomain(d); err != nil {
 			return fmt.Errorf("%w: domain %q: %w", ErrPolicy, d, err)
 		}
 	}
@@ -115,10 +115,10 @@ func canonicalName(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, "."))
 }
 
-// checkDomain checks a policy domain's syntax: an optional leading "*."
+// CheckDomain checks a policy domain's syntax: an optional leading "*."
 // and then a name of letters, digits, '-' and '_' in labels of 1..63
 // characters, 253 at most in all.
-func checkDomain(d string) error {
+func CheckDomain(d string) error {
 	name := strings.TrimSuffix(d, ".")
 	if rest, ok := strings.CutPrefix(name, "*."); ok {
 		name = rest
