@@ -6,46 +6,13 @@ import (
 	"os"
 	"runtime"
 
+	"github.com/kilnvm/kiln/internal/netnsthread"
 	"golang.org/x/sys/unix"
 )
 
-// inNetns runs fn on a locked OS thread that has joined the network
-// namespace nsFD (-1: fn runs on a locked thread that stays where it is),
-// then moves the thread back. Sockets and tap fds fn opens stay bound to
-// that namespace. When the thread cannot move back it stays locked, so the
-// Go runtime ends it with the goroutine.
-func inNetns(nsFD int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if nsFD < 0 {
-			err := fn()
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Setns(nsFD, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering a network namespace: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leaving a network namespace: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+// inNetns runs fn on a thread in the network namespace nsFD (-1: this
+// one): netnsthread.Run.
+func inNetns(nsFD int, fn func() error) error { return netnsthread.Run(nsFD, fn) }
 
 // newPinnedNetns makes a new network namespace and bind-mounts it on path
 // (which must not exist), so that it outlives every process in it.

@@ -1,14 +1,13 @@
 package virtio
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"unicode"
 
+	"github.com/kilnvm/kiln/internal/netnsthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,42 +65,9 @@ func netnsPath(netns string) (string, error) {
 	return filepath.Join(netnsDir, netns), nil
 }
 
-// inNetns runs fn on a locked OS thread that has joined the network
-// namespace at path, then moves the thread back. Sockets and tap fds that fn
-// opens stay bound to that namespace. When the thread cannot move back it
-// stays locked, so the Go runtime ends it with the goroutine.
-func inNetns(path string, fn func() error) error {
-	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening network namespace %s: %w", path, err)
-	}
-	defer unix.Close(target)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: it dies with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leaving network namespace %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+// inNetns runs fn on a thread in the network namespace at path: taps it
+// opens stay there (netnsthread.RunAt).
+func inNetns(path string, fn func() error) error { return netnsthread.RunAt(path, fn) }
 
 // openTapHere opens the tap in the calling thread's network namespace.
 func openTapHere(name string) (*os.File, string, error) {
