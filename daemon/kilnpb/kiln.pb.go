@@ -92,6 +92,52 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_kiln_proto_rawDescGZIP(), []int{0}
 }
 
+type TimeoutAction int32
+
+const (
+	TimeoutAction_TIMEOUT_ACTION_DESTROY   TimeoutAction = 0
+	TimeoutAction_TIMEOUT_ACTION_HIBERNATE TimeoutAction = 1
+)
+
+// Enum value maps for TimeoutAction.
+var (
+	TimeoutAction_name = map[int32]string{
+		0: "TIMEOUT_ACTION_DESTROY",
+		1: "TIMEOUT_ACTION_HIBERNATE",
+	}
+	TimeoutAction_value = map[string]int32{
+		"TIMEOUT_ACTION_DESTROY":   0,
+		"TIMEOUT_ACTION_HIBERNATE": 1,
+	}
+)
+
+func (x TimeoutAction) Enum() *TimeoutAction {
+	p := new(TimeoutAction)
+	*p = x
+	return p
+}
+
+func (x TimeoutAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TimeoutAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_kiln_proto_enumTypes[1].Descriptor()
+}
+
+func (TimeoutAction) Type() protoreflect.EnumType {
+	return &file_kiln_proto_enumTypes[1]
+}
+
+func (x TimeoutAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TimeoutAction.Descriptor instead.
+func (TimeoutAction) EnumDescriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{1}
+}
+
 type EgressPolicy_Mode int32
 
 const (
@@ -132,11 +178,11 @@ func (x EgressPolicy_Mode) String() string {
 }
 
 func (EgressPolicy_Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_kiln_proto_enumTypes[1].Descriptor()
+	return file_kiln_proto_enumTypes[2].Descriptor()
 }
 
 func (EgressPolicy_Mode) Type() protoreflect.EnumType {
-	return &file_kiln_proto_enumTypes[1]
+	return &file_kiln_proto_enumTypes[2]
 }
 
 func (x EgressPolicy_Mode) Number() protoreflect.EnumNumber {
@@ -146,6 +192,64 @@ func (x EgressPolicy_Mode) Number() protoreflect.EnumNumber {
 // Deprecated: Use EgressPolicy_Mode.Descriptor instead.
 func (EgressPolicy_Mode) EnumDescriptor() ([]byte, []int) {
 	return file_kiln_proto_rawDescGZIP(), []int{2, 0}
+}
+
+type WatchEvent_Op int32
+
+const (
+	WatchEvent_OP_UNSPECIFIED WatchEvent_Op = 0
+	WatchEvent_OP_CREATE      WatchEvent_Op = 1
+	WatchEvent_OP_WRITE       WatchEvent_Op = 2
+	WatchEvent_OP_REMOVE      WatchEvent_Op = 3
+	WatchEvent_OP_RENAME      WatchEvent_Op = 4
+	WatchEvent_OP_CHMOD       WatchEvent_Op = 5
+)
+
+// Enum value maps for WatchEvent_Op.
+var (
+	WatchEvent_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "OP_CREATE",
+		2: "OP_WRITE",
+		3: "OP_REMOVE",
+		4: "OP_RENAME",
+		5: "OP_CHMOD",
+	}
+	WatchEvent_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"OP_CREATE":      1,
+		"OP_WRITE":       2,
+		"OP_REMOVE":      3,
+		"OP_RENAME":      4,
+		"OP_CHMOD":       5,
+	}
+)
+
+func (x WatchEvent_Op) Enum() *WatchEvent_Op {
+	p := new(WatchEvent_Op)
+	*p = x
+	return p
+}
+
+func (x WatchEvent_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchEvent_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_kiln_proto_enumTypes[3].Descriptor()
+}
+
+func (WatchEvent_Op) Type() protoreflect.EnumType {
+	return &file_kiln_proto_enumTypes[3]
+}
+
+func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchEvent_Op.Descriptor instead.
+func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{44, 0}
 }
 
 type Event_Kind int32
@@ -199,11 +303,11 @@ func (x Event_Kind) String() string {
 }
 
 func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_kiln_proto_enumTypes[2].Descriptor()
+	return file_kiln_proto_enumTypes[4].Descriptor()
 }
 
 func (Event_Kind) Type() protoreflect.EnumType {
-	return &file_kiln_proto_enumTypes[2]
+	return &file_kiln_proto_enumTypes[4]
 }
 
 func (x Event_Kind) Number() protoreflect.EnumNumber {
@@ -212,7 +316,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{52, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{61, 0}
 }
 
 type Resources struct {
@@ -307,7 +411,10 @@ type CreateSandboxRequest struct {
 	// Secrets reach the guest over the agent channel only: never in kilnd's
 	// logs, events, state files, snapshot metadata or replies (which name
 	// them), and masked as *** in exec output.
-	Secrets       []*Secret `protobuf:"bytes,11,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	Secrets []*Secret `protobuf:"bytes,11,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// What happens when its lifetime ends: destroyed (the default) or
+	// hibernated (its state kept on disk, resumable by ResumeSandbox).
+	TimeoutAction TimeoutAction `protobuf:"varint,12,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction" json:"timeout_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +537,13 @@ func (x *CreateSandboxRequest) GetSecrets() []*Secret {
 		return x.Secrets
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetTimeoutAction() TimeoutAction {
+	if x != nil {
+		return x.TimeoutAction
+	}
+	return TimeoutAction_TIMEOUT_ACTION_DESTROY
 }
 
 type isCreateSandboxRequest_Source interface {
@@ -703,7 +817,11 @@ type Sandbox struct {
 	// The names of its secrets (never their values).
 	SecretNames []string `protobuf:"bytes,17,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
 	// The host cgroup its VMM process runs in, when kilnd manages cgroups.
-	Cgroup        string `protobuf:"bytes,18,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Cgroup string `protobuf:"bytes,18,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// Paused with its state written to disk and its VM stopped (its
+	// memory freed); ResumeSandbox restores it.
+	Hibernated    bool          `protobuf:"varint,19,opt,name=hibernated,proto3" json:"hibernated,omitempty"`
+	TimeoutAction TimeoutAction `protobuf:"varint,20,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction" json:"timeout_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -862,6 +980,20 @@ func (x *Sandbox) GetCgroup() string {
 		return x.Cgroup
 	}
 	return ""
+}
+
+func (x *Sandbox) GetHibernated() bool {
+	if x != nil {
+		return x.Hibernated
+	}
+	return false
+}
+
+func (x *Sandbox) GetTimeoutAction() TimeoutAction {
+	if x != nil {
+		return x.TimeoutAction
+	}
+	return TimeoutAction_TIMEOUT_ACTION_DESTROY
 }
 
 type GetSandboxRequest struct {
@@ -1088,8 +1220,12 @@ func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
 }
 
 type PauseSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Write the sandbox's state to disk and stop its VM (freeing its
+	// memory) rather than only stopping its vCPUs. A hibernated sandbox's
+	// lifetime does not run; ResumeSandbox restores it.
+	Hibernate     bool `protobuf:"varint,2,opt,name=hibernate,proto3" json:"hibernate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1131,6 +1267,284 @@ func (x *PauseSandboxRequest) GetId() string {
 	return ""
 }
 
+func (x *PauseSandboxRequest) GetHibernate() bool {
+	if x != nil {
+		return x.Hibernate
+	}
+	return false
+}
+
+type UpdateSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The sandbox now ends this long from now (negative: never).
+	LifetimeMs    *int64         `protobuf:"varint,2,opt,name=lifetime_ms,json=lifetimeMs,proto3,oneof" json:"lifetime_ms,omitempty"`
+	TimeoutAction *TimeoutAction `protobuf:"varint,3,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction,oneof" json:"timeout_action,omitempty"`
+	// Replaces its labels when set (an empty map clears them).
+	SetLabels     bool              `protobuf:"varint,4,opt,name=set_labels,json=setLabels,proto3" json:"set_labels,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxRequest) Reset() {
+	*x = UpdateSandboxRequest{}
+	mi := &file_kiln_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxRequest) ProtoMessage() {}
+
+func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *UpdateSandboxRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateSandboxRequest) GetLifetimeMs() int64 {
+	if x != nil && x.LifetimeMs != nil {
+		return *x.LifetimeMs
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetTimeoutAction() TimeoutAction {
+	if x != nil && x.TimeoutAction != nil {
+		return *x.TimeoutAction
+	}
+	return TimeoutAction_TIMEOUT_ACTION_DESTROY
+}
+
+func (x *UpdateSandboxRequest) GetSetLabels() bool {
+	if x != nil {
+		return x.SetLabels
+	}
+	return false
+}
+
+func (x *UpdateSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type GetSandboxMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Only samples taken at or after this time (0: all kept).
+	SinceUnixMs   int64 `protobuf:"varint,2,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_kiln_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetSandboxMetricsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GetSandboxMetricsRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+type SandboxMetrics struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	UnixMs   int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	CpuCount uint32                 `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	// The VMM process's CPU use since the previous sample, in percent of
+	// one CPU times cpu_count (0 to 100).
+	CpuUsedPct float64 `protobuf:"fixed64,3,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	// The guest's memory in use (MemTotal - MemAvailable) and its total.
+	MemUsedBytes  uint64 `protobuf:"varint,4,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemTotalBytes uint64 `protobuf:"varint,5,opt,name=mem_total_bytes,json=memTotalBytes,proto3" json:"mem_total_bytes,omitempty"`
+	// The guest's root file system.
+	DiskUsedBytes  uint64 `protobuf:"varint,6,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes uint64 `protobuf:"varint,7,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SandboxMetrics) Reset() {
+	*x = SandboxMetrics{}
+	mi := &file_kiln_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetrics) ProtoMessage() {}
+
+func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
+func (*SandboxMetrics) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SandboxMetrics) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemUsedBytes() uint64 {
+	if x != nil {
+		return x.MemUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemTotalBytes() uint64 {
+	if x != nil {
+		return x.MemTotalBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskUsedBytes() uint64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskTotalBytes() uint64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Samples       []*SandboxMetrics      `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_kiln_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetSandboxMetricsResponse) GetSamples() []*SandboxMetrics {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
 type UpdateNetworkPolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1141,7 +1555,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1567,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1580,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{12}
+	return file_kiln_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetId() string {
@@ -1192,7 +1606,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1618,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1631,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{13}
+	return file_kiln_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -1240,14 +1654,20 @@ type ExecStart struct {
 	HasStdin  bool     `protobuf:"varint,8,opt,name=has_stdin,json=hasStdin,proto3" json:"has_stdin,omitempty"`
 	// Keep running when the call ends (the client disconnects, say); else
 	// the process group is killed then.
-	Background    bool `protobuf:"varint,9,opt,name=background,proto3" json:"background,omitempty"`
+	Background bool `protobuf:"varint,9,opt,name=background,proto3" json:"background,omitempty"`
+	// A user name in the guest (its /etc/passwd) to run as, with its uid,
+	// gid, groups and HOME; exclusive with uid/gid.
+	User string `protobuf:"bytes,10,opt,name=user,proto3" json:"user,omitempty"`
+	// Run on a terminal of this size: stdout carries the terminal's output
+	// (there is no stderr), stdin is typed into it.
+	Pty           *PtySize `protobuf:"bytes,11,opt,name=pty,proto3" json:"pty,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1679,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1692,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{14}
+	return file_kiln_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1338,6 +1758,72 @@ func (x *ExecStart) GetBackground() bool {
 	return false
 }
 
+func (x *ExecStart) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ExecStart) GetPty() *PtySize {
+	if x != nil {
+		return x.Pty
+	}
+	return nil
+}
+
+type PtySize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtySize) Reset() {
+	*x = PtySize{}
+	mi := &file_kiln_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtySize) ProtoMessage() {}
+
+func (x *PtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
+func (*PtySize) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *PtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
 type ExecSignal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Signal        int32                  `protobuf:"varint,1,opt,name=signal,proto3" json:"signal,omitempty"`
@@ -1348,7 +1834,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1846,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1859,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{15}
+	return file_kiln_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -1398,6 +1884,7 @@ type ExecRequest struct {
 	//	*ExecRequest_Stdin
 	//	*ExecRequest_CloseStdin
 	//	*ExecRequest_Signal
+	//	*ExecRequest_Resize
 	Kind          isExecRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1405,7 +1892,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1904,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1917,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{16}
+	return file_kiln_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -1476,6 +1963,15 @@ func (x *ExecRequest) GetSignal() *ExecSignal {
 	return nil
 }
 
+func (x *ExecRequest) GetResize() *PtySize {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
 type isExecRequest_Kind interface {
 	isExecRequest_Kind()
 }
@@ -1496,6 +1992,11 @@ type ExecRequest_Signal struct {
 	Signal *ExecSignal `protobuf:"bytes,4,opt,name=signal,proto3,oneof"`
 }
 
+type ExecRequest_Resize struct {
+	// A new terminal size for an exec with a pty.
+	Resize *PtySize `protobuf:"bytes,5,opt,name=resize,proto3,oneof"`
+}
+
 func (*ExecRequest_Start) isExecRequest_Kind() {}
 
 func (*ExecRequest_Stdin) isExecRequest_Kind() {}
@@ -1503,6 +2004,8 @@ func (*ExecRequest_Stdin) isExecRequest_Kind() {}
 func (*ExecRequest_CloseStdin) isExecRequest_Kind() {}
 
 func (*ExecRequest_Signal) isExecRequest_Kind() {}
+
+func (*ExecRequest_Resize) isExecRequest_Kind() {}
 
 type ExecStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1514,7 +2017,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +2029,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +2042,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{17}
+	return file_kiln_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -1568,7 +2071,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +2083,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +2096,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{18}
+	return file_kiln_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1639,7 +2142,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +2154,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +2167,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{19}
+	return file_kiln_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -1753,7 +2256,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +2268,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +2281,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{20}
+	return file_kiln_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -1832,7 +2335,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2347,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2360,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{21}
+	return file_kiln_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -1876,7 +2379,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +2391,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +2404,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{22}
+	return file_kiln_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -1922,7 +2425,7 @@ type KillExecRequest struct {
 
 func (x *KillExecRequest) Reset() {
 	*x = KillExecRequest{}
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2437,7 @@ func (x *KillExecRequest) String() string {
 func (*KillExecRequest) ProtoMessage() {}
 
 func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2450,7 @@ func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
 func (*KillExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{23}
+	return file_kiln_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *KillExecRequest) GetSandboxId() string {
@@ -1979,7 +2482,7 @@ type KillExecResponse struct {
 
 func (x *KillExecResponse) Reset() {
 	*x = KillExecResponse{}
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2494,7 @@ func (x *KillExecResponse) String() string {
 func (*KillExecResponse) ProtoMessage() {}
 
 func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,22 +2507,76 @@ func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
 func (*KillExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{24}
+	return file_kiln_proto_rawDescGZIP(), []int{29}
+}
+
+type AttachExecRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachExecRequest) Reset() {
+	*x = AttachExecRequest{}
+	mi := &file_kiln_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachExecRequest) ProtoMessage() {}
+
+func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
+func (*AttachExecRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *AttachExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *AttachExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
 }
 
 type WriteFileHeader struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // 0: 0644
-	MakeParents   bool                   `protobuf:"varint,4,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId   string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path        string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Mode        uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // 0: 0644
+	MakeParents bool                   `protobuf:"varint,4,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	// Owned by this guest user (and its group); empty: root.
+	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2588,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2601,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{25}
+	return file_kiln_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -2075,6 +2632,13 @@ func (x *WriteFileHeader) GetMakeParents() bool {
 	return false
 }
 
+func (x *WriteFileHeader) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type WriteFileRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -2088,7 +2652,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2664,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2677,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{26}
+	return file_kiln_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -2167,7 +2731,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2743,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2756,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{27}
+	return file_kiln_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2218,7 +2782,7 @@ type FileChunk struct {
 
 func (x *FileChunk) Reset() {
 	*x = FileChunk{}
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2794,7 @@ func (x *FileChunk) String() string {
 func (*FileChunk) ProtoMessage() {}
 
 func (x *FileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2807,7 @@ func (x *FileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileChunk.ProtoReflect.Descriptor instead.
 func (*FileChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{28}
+	return file_kiln_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileChunk) GetData() []byte {
@@ -2264,13 +2828,16 @@ type FileInfo struct {
 	Symlink        string                 `protobuf:"bytes,7,opt,name=symlink,proto3" json:"symlink,omitempty"`
 	Uid            uint32                 `protobuf:"varint,8,opt,name=uid,proto3" json:"uid,omitempty"`
 	Gid            uint32                 `protobuf:"varint,9,opt,name=gid,proto3" json:"gid,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The guest's names for uid and gid (the number when it has none).
+	Owner         string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group         string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2849,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2862,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{29}
+	return file_kiln_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -2361,17 +2928,34 @@ func (x *FileInfo) GetGid() uint32 {
 	return 0
 }
 
+func (x *FileInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileInfo) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
 type ListDirRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// How many levels to list: 0 or 1 the directory's own entries, 2 also
+	// its subdirectories', and so on (entries' paths are full paths).
+	Depth         uint32 `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2967,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2980,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{30}
+	return file_kiln_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2413,6 +2997,13 @@ func (x *ListDirRequest) GetPath() string {
 	return ""
 }
 
+func (x *ListDirRequest) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
 type ListDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entries       []*FileInfo            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -2422,7 +3013,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +3025,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +3038,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{31}
+	return file_kiln_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2468,7 +3059,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +3071,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +3084,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{32}
+	return file_kiln_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2528,7 +3119,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +3131,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +3144,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{33}
+	return file_kiln_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2585,7 +3176,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +3188,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,22 +3201,24 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{34}
+	return file_kiln_proto_rawDescGZIP(), []int{40}
 }
 
 type MakeDirRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // 0: 0755
-	Parents       bool                   `protobuf:"varint,4,opt,name=parents,proto3" json:"parents,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Mode      uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // 0: 0755
+	Parents   bool                   `protobuf:"varint,4,opt,name=parents,proto3" json:"parents,omitempty"`
+	// Owned by this guest user (and its group); empty: root.
+	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +3230,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +3243,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{35}
+	return file_kiln_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2681,6 +3274,204 @@ func (x *MakeDirRequest) GetParents() bool {
 	return false
 }
 
+func (x *MakeDirRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type MoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   string                 `protobuf:"bytes,3,opt,name=destination,proto3" json:"destination,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveRequest) Reset() {
+	*x = MoveRequest{}
+	mi := &file_kiln_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveRequest) ProtoMessage() {}
+
+func (x *MoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
+func (*MoveRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *MoveRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+type WatchDirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_kiln_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *WatchDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first event of a watch: it is in place.
+	Started bool          `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
+	Op      WatchEvent_Op `protobuf:"varint,2,opt,name=op,proto3,enum=kiln.v1.WatchEvent_Op" json:"op,omitempty"`
+	// The changed entry's path relative to the watched directory.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The entry as it is now (not for remove or rename-away).
+	Entry         *FileInfo `protobuf:"bytes,4,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_kiln_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *WatchEvent) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
+}
+
+func (x *WatchEvent) GetOp() WatchEvent_Op {
+	if x != nil {
+		return x.Op
+	}
+	return WatchEvent_OP_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetEntry() *FileInfo {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
 type CheckpointInfo struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2702,7 +3493,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +3505,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +3518,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{36}
+	return file_kiln_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CheckpointInfo) GetId() string {
@@ -2785,7 +3576,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3588,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3601,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{37}
+	return file_kiln_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CheckpointRequest) GetSandboxId() string {
@@ -2844,7 +3635,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3647,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3660,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{38}
+	return file_kiln_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RollbackRequest) GetSandboxId() string {
@@ -2895,7 +3686,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3698,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3711,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{39}
+	return file_kiln_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListCheckpointsRequest) GetSandboxId() string {
@@ -2939,7 +3730,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3742,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3755,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{40}
+	return file_kiln_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -2983,7 +3774,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3786,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3799,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{41}
+	return file_kiln_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteCheckpointRequest) GetId() string {
@@ -3026,7 +3817,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3038,7 +3829,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3051,7 +3842,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{42}
+	return file_kiln_proto_rawDescGZIP(), []int{51}
 }
 
 type ForkRequest struct {
@@ -3074,7 +3865,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3877,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3890,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{43}
+	return file_kiln_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ForkRequest) GetSource() isForkRequest_Source {
@@ -3196,7 +3987,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3999,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +4012,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{44}
+	return file_kiln_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Template) GetId() string {
@@ -3313,7 +4104,7 @@ type CreateTemplateRequest struct {
 
 func (x *CreateTemplateRequest) Reset() {
 	*x = CreateTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +4116,7 @@ func (x *CreateTemplateRequest) String() string {
 func (*CreateTemplateRequest) ProtoMessage() {}
 
 func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +4129,7 @@ func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTemplateRequest.ProtoReflect.Descriptor instead.
 func (*CreateTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{45}
+	return file_kiln_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTemplateRequest) GetName() string {
@@ -3406,7 +4197,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3418,7 +4209,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3431,7 +4222,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{46}
+	return file_kiln_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetTemplateRequest) GetId() string {
@@ -3449,7 +4240,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3461,7 +4252,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3474,7 +4265,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{47}
+	return file_kiln_proto_rawDescGZIP(), []int{56}
 }
 
 type ListTemplatesResponse struct {
@@ -3486,7 +4277,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +4289,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +4302,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{48}
+	return file_kiln_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -3533,7 +4324,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3545,7 +4336,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3558,7 +4349,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{49}
+	return file_kiln_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteTemplateRequest) GetId() string {
@@ -3583,7 +4374,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4386,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4399,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{50}
+	return file_kiln_proto_rawDescGZIP(), []int{59}
 }
 
 type WatchEventsRequest struct {
@@ -3621,7 +4412,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3633,7 +4424,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3646,7 +4437,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{51}
+	return file_kiln_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WatchEventsRequest) GetSandboxIds() []string {
@@ -3669,7 +4460,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3681,7 +4472,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3694,7 +4485,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{52}
+	return file_kiln_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -3742,7 +4533,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x04cpus\x18\x01 \x01(\rR\x04cpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
-	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xfc\x03\n" +
+	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xbb\x04\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x12\x1c\n" +
 	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12 \n" +
@@ -3759,7 +4550,8 @@ const file_kiln_proto_rawDesc = "" +
 	"request_id\x18\t \x01(\tR\trequestId\x12-\n" +
 	"\x06egress\x18\n" +
 	" \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
-	"\asecrets\x18\v \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x1a9\n" +
+	"\asecrets\x18\v \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x12=\n" +
+	"\x0etimeout_action\x18\f \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -3784,7 +4576,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x14\n" +
 	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x10\n" +
 	"\x03tap\x18\x05 \x01(\tR\x03tap\x12-\n" +
-	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xaf\x05\n" +
+	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\x8e\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kiln.v1.SandboxStateR\x05state\x12\x16\n" +
@@ -3806,7 +4598,11 @@ const file_kiln_proto_rawDesc = "" +
 	"\tfrom_pool\x18\x0f \x01(\bR\bfromPool\x12.\n" +
 	"\anetwork\x18\x10 \x01(\v2\x14.kiln.v1.NetworkInfoR\anetwork\x12!\n" +
 	"\fsecret_names\x18\x11 \x03(\tR\vsecretNames\x12\x16\n" +
-	"\x06cgroup\x18\x12 \x01(\tR\x06cgroup\x1a9\n" +
+	"\x06cgroup\x18\x12 \x01(\tR\x06cgroup\x12\x1e\n" +
+	"\n" +
+	"hibernated\x18\x13 \x01(\bR\n" +
+	"hibernated\x12=\n" +
+	"\x0etimeout_action\x18\x14 \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
@@ -3822,14 +4618,42 @@ const file_kiln_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.kiln.v1.SandboxR\tsandboxes\"'\n" +
 	"\x15DestroySandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
-	"\x16DestroySandboxResponse\"%\n" +
+	"\x16DestroySandboxResponse\"C\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"[\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\thibernate\x18\x02 \x01(\bR\thibernate\"\xd0\x02\n" +
+	"\x14UpdateSandboxRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
+	"\vlifetime_ms\x18\x02 \x01(\x03H\x00R\n" +
+	"lifetimeMs\x88\x01\x01\x12B\n" +
+	"\x0etimeout_action\x18\x03 \x01(\x0e2\x16.kiln.v1.TimeoutActionH\x01R\rtimeoutAction\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"set_labels\x18\x04 \x01(\bR\tsetLabels\x12A\n" +
+	"\x06labels\x18\x05 \x03(\v2).kiln.v1.UpdateSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
+	"\f_lifetime_msB\x11\n" +
+	"\x0f_timeout_action\"N\n" +
+	"\x18GetSandboxMetricsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\rsince_unix_ms\x18\x02 \x01(\x03R\vsinceUnixMs\"\x88\x02\n" +
+	"\x0eSandboxMetrics\x12\x17\n" +
+	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x1b\n" +
+	"\tcpu_count\x18\x02 \x01(\rR\bcpuCount\x12 \n" +
+	"\fcpu_used_pct\x18\x03 \x01(\x01R\n" +
+	"cpuUsedPct\x12$\n" +
+	"\x0emem_used_bytes\x18\x04 \x01(\x04R\fmemUsedBytes\x12&\n" +
+	"\x0fmem_total_bytes\x18\x05 \x01(\x04R\rmemTotalBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\x06 \x01(\x04R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\a \x01(\x04R\x0ediskTotalBytes\"N\n" +
+	"\x19GetSandboxMetricsResponse\x121\n" +
+	"\asamples\x18\x01 \x03(\v2\x17.kiln.v1.SandboxMetricsR\asamples\"[\n" +
 	"\x1aUpdateNetworkPolicyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
 	"\x06egress\x18\x02 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"&\n" +
 	"\x14ResumeSandboxRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xfc\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xb4\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -3843,19 +4667,26 @@ const file_kiln_proto_rawDesc = "" +
 	"\thas_stdin\x18\b \x01(\bR\bhasStdin\x12\x1e\n" +
 	"\n" +
 	"background\x18\t \x01(\bR\n" +
-	"backgroundB\x06\n" +
+	"background\x12\x12\n" +
+	"\x04user\x18\n" +
+	" \x01(\tR\x04user\x12\"\n" +
+	"\x03pty\x18\v \x01(\v2\x10.kiln.v1.PtySizeR\x03ptyB\x06\n" +
 	"\x04_uidB\x06\n" +
-	"\x04_gid\"I\n" +
+	"\x04_gid\"1\n" +
+	"\aPtySize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"I\n" +
 	"\n" +
 	"ExecSignal\x12\x16\n" +
 	"\x06signal\x18\x01 \x01(\x05R\x06signal\x12#\n" +
-	"\rprocess_group\x18\x02 \x01(\bR\fprocessGroup\"\xab\x01\n" +
+	"\rprocess_group\x18\x02 \x01(\bR\fprocessGroup\"\xd7\x01\n" +
 	"\vExecRequest\x12*\n" +
 	"\x05start\x18\x01 \x01(\v2\x12.kiln.v1.ExecStartH\x00R\x05start\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
 	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
 	"closeStdin\x12-\n" +
-	"\x06signal\x18\x04 \x01(\v2\x13.kiln.v1.ExecSignalH\x00R\x06signalB\x06\n" +
+	"\x06signal\x18\x04 \x01(\v2\x13.kiln.v1.ExecSignalH\x00R\x06signal\x12*\n" +
+	"\x06resize\x18\x05 \x01(\v2\x10.kiln.v1.PtySizeH\x00R\x06resizeB\x06\n" +
 	"\x04kind\"8\n" +
 	"\vExecStarted\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x10\n" +
@@ -3891,13 +4722,18 @@ const file_kiln_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\x05R\x06signal\"\x12\n" +
-	"\x10KillExecResponse\"{\n" +
+	"\x10KillExecResponse\"K\n" +
+	"\x11AttachExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\x8f\x01\n" +
 	"\x0fWriteFileHeader\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12!\n" +
-	"\fmake_parents\x18\x04 \x01(\bR\vmakeParents\"d\n" +
+	"\fmake_parents\x18\x04 \x01(\bR\vmakeParents\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"d\n" +
 	"\x10WriteFileRequest\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.kiln.v1.WriteFileHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
@@ -3907,7 +4743,7 @@ const file_kiln_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"\x1f\n" +
 	"\tFileChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xd9\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x85\x02\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3917,11 +4753,15 @@ const file_kiln_proto_rawDesc = "" +
 	"\x06is_dir\x18\x06 \x01(\bR\x05isDir\x12\x18\n" +
 	"\asymlink\x18\a \x01(\tR\asymlink\x12\x10\n" +
 	"\x03uid\x18\b \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\t \x01(\rR\x03gid\"C\n" +
+	"\x03gid\x18\t \x01(\rR\x03gid\x12\x14\n" +
+	"\x05owner\x18\n" +
+	" \x01(\tR\x05owner\x12\x14\n" +
+	"\x05group\x18\v \x01(\tR\x05group\"Y\n" +
 	"\x0eListDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\">\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05depth\x18\x03 \x01(\rR\x05depth\">\n" +
 	"\x0fListDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.kiln.v1.FileInfoR\aentries\"]\n" +
 	"\vStatRequest\x12\x1d\n" +
@@ -3934,13 +4774,37 @@ const file_kiln_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x10\n" +
-	"\x0eRemoveResponse\"q\n" +
+	"\x0eRemoveResponse\"\x85\x01\n" +
 	"\x0eMakeDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x18\n" +
-	"\aparents\x18\x04 \x01(\bR\aparents\"\xb6\x01\n" +
+	"\aparents\x18\x04 \x01(\bR\aparents\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"f\n" +
+	"\vMoveRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x03 \x01(\tR\vdestination\"b\n" +
+	"\x0fWatchDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"\xee\x01\n" +
+	"\n" +
+	"WatchEvent\x12\x18\n" +
+	"\astarted\x18\x01 \x01(\bR\astarted\x12&\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x16.kiln.v1.WatchEvent.OpR\x02op\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12'\n" +
+	"\x05entry\x18\x04 \x01(\v2\x11.kiln.v1.FileInfoR\x05entry\"a\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tOP_CREATE\x10\x01\x12\f\n" +
+	"\bOP_WRITE\x10\x02\x12\r\n" +
+	"\tOP_REMOVE\x10\x03\x12\r\n" +
+	"\tOP_RENAME\x10\x04\x12\f\n" +
+	"\bOP_CHMOD\x10\x05\"\xb6\x01\n" +
 	"\x0eCheckpointInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -4041,7 +4905,10 @@ const file_kiln_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\x05\x12\x1b\n" +
-	"\x17SANDBOX_STATE_TIMED_OUT\x10\x062\xd0\r\n" +
+	"\x17SANDBOX_STATE_TIMED_OUT\x10\x06*I\n" +
+	"\rTimeoutAction\x12\x1a\n" +
+	"\x16TIMEOUT_ACTION_DESTROY\x10\x00\x12\x1c\n" +
+	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x012\x9f\x10\n" +
 	"\x04Kiln\x12@\n" +
 	"\rCreateSandbox\x12\x1d.kiln.v1.CreateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12:\n" +
 	"\n" +
@@ -4049,17 +4916,23 @@ const file_kiln_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1d.kiln.v1.ListSandboxesRequest\x1a\x1e.kiln.v1.ListSandboxesResponse\x12Q\n" +
 	"\x0eDestroySandbox\x12\x1e.kiln.v1.DestroySandboxRequest\x1a\x1f.kiln.v1.DestroySandboxResponse\x12>\n" +
 	"\fPauseSandbox\x12\x1c.kiln.v1.PauseSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12@\n" +
-	"\rResumeSandbox\x12\x1d.kiln.v1.ResumeSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12L\n" +
+	"\rResumeSandbox\x12\x1d.kiln.v1.ResumeSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12@\n" +
+	"\rUpdateSandbox\x12\x1d.kiln.v1.UpdateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12Z\n" +
+	"\x11GetSandboxMetrics\x12!.kiln.v1.GetSandboxMetricsRequest\x1a\".kiln.v1.GetSandboxMetricsResponse\x12L\n" +
 	"\x13UpdateNetworkPolicy\x12#.kiln.v1.UpdateNetworkPolicyRequest\x1a\x10.kiln.v1.Sandbox\x127\n" +
 	"\x04Exec\x12\x14.kiln.v1.ExecRequest\x1a\x15.kiln.v1.ExecResponse(\x010\x01\x12B\n" +
 	"\tListExecs\x12\x19.kiln.v1.ListExecsRequest\x1a\x1a.kiln.v1.ListExecsResponse\x12?\n" +
-	"\bKillExec\x12\x18.kiln.v1.KillExecRequest\x1a\x19.kiln.v1.KillExecResponse\x12;\n" +
+	"\bKillExec\x12\x18.kiln.v1.KillExecRequest\x1a\x19.kiln.v1.KillExecResponse\x12A\n" +
+	"\n" +
+	"AttachExec\x12\x1a.kiln.v1.AttachExecRequest\x1a\x15.kiln.v1.ExecResponse0\x01\x12;\n" +
 	"\tWriteFile\x12\x19.kiln.v1.WriteFileRequest\x1a\x11.kiln.v1.FileInfo(\x01\x12:\n" +
 	"\bReadFile\x12\x18.kiln.v1.ReadFileRequest\x1a\x12.kiln.v1.FileChunk0\x01\x12<\n" +
 	"\aListDir\x12\x17.kiln.v1.ListDirRequest\x1a\x18.kiln.v1.ListDirResponse\x12/\n" +
 	"\x04Stat\x12\x14.kiln.v1.StatRequest\x1a\x11.kiln.v1.FileInfo\x129\n" +
 	"\x06Remove\x12\x16.kiln.v1.RemoveRequest\x1a\x17.kiln.v1.RemoveResponse\x125\n" +
-	"\aMakeDir\x12\x17.kiln.v1.MakeDirRequest\x1a\x11.kiln.v1.FileInfo\x12A\n" +
+	"\aMakeDir\x12\x17.kiln.v1.MakeDirRequest\x1a\x11.kiln.v1.FileInfo\x12/\n" +
+	"\x04Move\x12\x14.kiln.v1.MoveRequest\x1a\x11.kiln.v1.FileInfo\x12;\n" +
+	"\bWatchDir\x12\x18.kiln.v1.WatchDirRequest\x1a\x13.kiln.v1.WatchEvent0\x01\x12A\n" +
 	"\n" +
 	"Checkpoint\x12\x1a.kiln.v1.CheckpointRequest\x1a\x17.kiln.v1.CheckpointInfo\x126\n" +
 	"\bRollback\x12\x18.kiln.v1.RollbackRequest\x1a\x10.kiln.v1.Sandbox\x12T\n" +
@@ -4084,159 +4957,190 @@ func file_kiln_proto_rawDescGZIP() []byte {
 	return file_kiln_proto_rawDescData
 }
 
-var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_kiln_proto_goTypes = []any{
 	(SandboxState)(0),                  // 0: kiln.v1.SandboxState
-	(EgressPolicy_Mode)(0),             // 1: kiln.v1.EgressPolicy.Mode
-	(Event_Kind)(0),                    // 2: kiln.v1.Event.Kind
-	(*Resources)(nil),                  // 3: kiln.v1.Resources
-	(*CreateSandboxRequest)(nil),       // 4: kiln.v1.CreateSandboxRequest
-	(*EgressPolicy)(nil),               // 5: kiln.v1.EgressPolicy
-	(*Secret)(nil),                     // 6: kiln.v1.Secret
-	(*NetworkInfo)(nil),                // 7: kiln.v1.NetworkInfo
-	(*Sandbox)(nil),                    // 8: kiln.v1.Sandbox
-	(*GetSandboxRequest)(nil),          // 9: kiln.v1.GetSandboxRequest
-	(*ListSandboxesRequest)(nil),       // 10: kiln.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 11: kiln.v1.ListSandboxesResponse
-	(*DestroySandboxRequest)(nil),      // 12: kiln.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),     // 13: kiln.v1.DestroySandboxResponse
-	(*PauseSandboxRequest)(nil),        // 14: kiln.v1.PauseSandboxRequest
-	(*UpdateNetworkPolicyRequest)(nil), // 15: kiln.v1.UpdateNetworkPolicyRequest
-	(*ResumeSandboxRequest)(nil),       // 16: kiln.v1.ResumeSandboxRequest
-	(*ExecStart)(nil),                  // 17: kiln.v1.ExecStart
-	(*ExecSignal)(nil),                 // 18: kiln.v1.ExecSignal
-	(*ExecRequest)(nil),                // 19: kiln.v1.ExecRequest
-	(*ExecStarted)(nil),                // 20: kiln.v1.ExecStarted
-	(*ExecExit)(nil),                   // 21: kiln.v1.ExecExit
-	(*ExecResponse)(nil),               // 22: kiln.v1.ExecResponse
-	(*ExecInfo)(nil),                   // 23: kiln.v1.ExecInfo
-	(*ListExecsRequest)(nil),           // 24: kiln.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),          // 25: kiln.v1.ListExecsResponse
-	(*KillExecRequest)(nil),            // 26: kiln.v1.KillExecRequest
-	(*KillExecResponse)(nil),           // 27: kiln.v1.KillExecResponse
-	(*WriteFileHeader)(nil),            // 28: kiln.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),           // 29: kiln.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),            // 30: kiln.v1.ReadFileRequest
-	(*FileChunk)(nil),                  // 31: kiln.v1.FileChunk
-	(*FileInfo)(nil),                   // 32: kiln.v1.FileInfo
-	(*ListDirRequest)(nil),             // 33: kiln.v1.ListDirRequest
-	(*ListDirResponse)(nil),            // 34: kiln.v1.ListDirResponse
-	(*StatRequest)(nil),                // 35: kiln.v1.StatRequest
-	(*RemoveRequest)(nil),              // 36: kiln.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 37: kiln.v1.RemoveResponse
-	(*MakeDirRequest)(nil),             // 38: kiln.v1.MakeDirRequest
-	(*CheckpointInfo)(nil),             // 39: kiln.v1.CheckpointInfo
-	(*CheckpointRequest)(nil),          // 40: kiln.v1.CheckpointRequest
-	(*RollbackRequest)(nil),            // 41: kiln.v1.RollbackRequest
-	(*ListCheckpointsRequest)(nil),     // 42: kiln.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 43: kiln.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 44: kiln.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 45: kiln.v1.DeleteCheckpointResponse
-	(*ForkRequest)(nil),                // 46: kiln.v1.ForkRequest
-	(*Template)(nil),                   // 47: kiln.v1.Template
-	(*CreateTemplateRequest)(nil),      // 48: kiln.v1.CreateTemplateRequest
-	(*GetTemplateRequest)(nil),         // 49: kiln.v1.GetTemplateRequest
-	(*ListTemplatesRequest)(nil),       // 50: kiln.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 51: kiln.v1.ListTemplatesResponse
-	(*DeleteTemplateRequest)(nil),      // 52: kiln.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 53: kiln.v1.DeleteTemplateResponse
-	(*WatchEventsRequest)(nil),         // 54: kiln.v1.WatchEventsRequest
-	(*Event)(nil),                      // 55: kiln.v1.Event
-	nil,                                // 56: kiln.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                // 57: kiln.v1.Sandbox.LabelsEntry
-	nil,                                // 58: kiln.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                // 59: kiln.v1.ForkRequest.LabelsEntry
+	(TimeoutAction)(0),                 // 1: kiln.v1.TimeoutAction
+	(EgressPolicy_Mode)(0),             // 2: kiln.v1.EgressPolicy.Mode
+	(WatchEvent_Op)(0),                 // 3: kiln.v1.WatchEvent.Op
+	(Event_Kind)(0),                    // 4: kiln.v1.Event.Kind
+	(*Resources)(nil),                  // 5: kiln.v1.Resources
+	(*CreateSandboxRequest)(nil),       // 6: kiln.v1.CreateSandboxRequest
+	(*EgressPolicy)(nil),               // 7: kiln.v1.EgressPolicy
+	(*Secret)(nil),                     // 8: kiln.v1.Secret
+	(*NetworkInfo)(nil),                // 9: kiln.v1.NetworkInfo
+	(*Sandbox)(nil),                    // 10: kiln.v1.Sandbox
+	(*GetSandboxRequest)(nil),          // 11: kiln.v1.GetSandboxRequest
+	(*ListSandboxesRequest)(nil),       // 12: kiln.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 13: kiln.v1.ListSandboxesResponse
+	(*DestroySandboxRequest)(nil),      // 14: kiln.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),     // 15: kiln.v1.DestroySandboxResponse
+	(*PauseSandboxRequest)(nil),        // 16: kiln.v1.PauseSandboxRequest
+	(*UpdateSandboxRequest)(nil),       // 17: kiln.v1.UpdateSandboxRequest
+	(*GetSandboxMetricsRequest)(nil),   // 18: kiln.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 19: kiln.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 20: kiln.v1.GetSandboxMetricsResponse
+	(*UpdateNetworkPolicyRequest)(nil), // 21: kiln.v1.UpdateNetworkPolicyRequest
+	(*ResumeSandboxRequest)(nil),       // 22: kiln.v1.ResumeSandboxRequest
+	(*ExecStart)(nil),                  // 23: kiln.v1.ExecStart
+	(*PtySize)(nil),                    // 24: kiln.v1.PtySize
+	(*ExecSignal)(nil),                 // 25: kiln.v1.ExecSignal
+	(*ExecRequest)(nil),                // 26: kiln.v1.ExecRequest
+	(*ExecStarted)(nil),                // 27: kiln.v1.ExecStarted
+	(*ExecExit)(nil),                   // 28: kiln.v1.ExecExit
+	(*ExecResponse)(nil),               // 29: kiln.v1.ExecResponse
+	(*ExecInfo)(nil),                   // 30: kiln.v1.ExecInfo
+	(*ListExecsRequest)(nil),           // 31: kiln.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),          // 32: kiln.v1.ListExecsResponse
+	(*KillExecRequest)(nil),            // 33: kiln.v1.KillExecRequest
+	(*KillExecResponse)(nil),           // 34: kiln.v1.KillExecResponse
+	(*AttachExecRequest)(nil),          // 35: kiln.v1.AttachExecRequest
+	(*WriteFileHeader)(nil),            // 36: kiln.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),           // 37: kiln.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),            // 38: kiln.v1.ReadFileRequest
+	(*FileChunk)(nil),                  // 39: kiln.v1.FileChunk
+	(*FileInfo)(nil),                   // 40: kiln.v1.FileInfo
+	(*ListDirRequest)(nil),             // 41: kiln.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 42: kiln.v1.ListDirResponse
+	(*StatRequest)(nil),                // 43: kiln.v1.StatRequest
+	(*RemoveRequest)(nil),              // 44: kiln.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 45: kiln.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 46: kiln.v1.MakeDirRequest
+	(*MoveRequest)(nil),                // 47: kiln.v1.MoveRequest
+	(*WatchDirRequest)(nil),            // 48: kiln.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 49: kiln.v1.WatchEvent
+	(*CheckpointInfo)(nil),             // 50: kiln.v1.CheckpointInfo
+	(*CheckpointRequest)(nil),          // 51: kiln.v1.CheckpointRequest
+	(*RollbackRequest)(nil),            // 52: kiln.v1.RollbackRequest
+	(*ListCheckpointsRequest)(nil),     // 53: kiln.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 54: kiln.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 55: kiln.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 56: kiln.v1.DeleteCheckpointResponse
+	(*ForkRequest)(nil),                // 57: kiln.v1.ForkRequest
+	(*Template)(nil),                   // 58: kiln.v1.Template
+	(*CreateTemplateRequest)(nil),      // 59: kiln.v1.CreateTemplateRequest
+	(*GetTemplateRequest)(nil),         // 60: kiln.v1.GetTemplateRequest
+	(*ListTemplatesRequest)(nil),       // 61: kiln.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 62: kiln.v1.ListTemplatesResponse
+	(*DeleteTemplateRequest)(nil),      // 63: kiln.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 64: kiln.v1.DeleteTemplateResponse
+	(*WatchEventsRequest)(nil),         // 65: kiln.v1.WatchEventsRequest
+	(*Event)(nil),                      // 66: kiln.v1.Event
+	nil,                                // 67: kiln.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                // 68: kiln.v1.Sandbox.LabelsEntry
+	nil,                                // 69: kiln.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                // 70: kiln.v1.UpdateSandboxRequest.LabelsEntry
+	nil,                                // 71: kiln.v1.ForkRequest.LabelsEntry
 }
 var file_kiln_proto_depIdxs = []int32{
-	3,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
-	56, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
-	5,  // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
-	6,  // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
-	1,  // 4: kiln.v1.EgressPolicy.mode:type_name -> kiln.v1.EgressPolicy.Mode
-	5,  // 5: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
-	0,  // 6: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
-	3,  // 7: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
-	57, // 8: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
-	7,  // 9: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
-	58, // 10: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
-	0,  // 11: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
-	8,  // 12: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
-	5,  // 13: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
-	17, // 14: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
-	18, // 15: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
-	20, // 16: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
-	21, // 17: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
-	21, // 18: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
-	23, // 19: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
-	28, // 20: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
-	32, // 21: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
-	39, // 22: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
-	59, // 23: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
-	3,  // 24: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
-	3,  // 25: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
-	5,  // 26: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
-	6,  // 27: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
-	47, // 28: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
-	2,  // 29: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
-	8,  // 30: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
-	4,  // 31: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
-	9,  // 32: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
-	10, // 33: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
-	12, // 34: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
-	14, // 35: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
-	16, // 36: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
-	15, // 37: kiln.v1.Kiln.UpdateNetworkPolicy:input_type -> kiln.v1.UpdateNetworkPolicyRequest
-	19, // 38: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
-	24, // 39: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
-	26, // 40: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
-	29, // 41: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
-	30, // 42: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
-	33, // 43: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
-	35, // 44: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
-	36, // 45: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
-	38, // 46: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
-	40, // 47: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
-	41, // 48: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
-	42, // 49: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
-	44, // 50: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
-	46, // 51: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
-	48, // 52: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
-	49, // 53: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
-	50, // 54: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
-	52, // 55: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
-	54, // 56: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
-	8,  // 57: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
-	8,  // 58: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
-	11, // 59: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
-	13, // 60: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
-	8,  // 61: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
-	8,  // 62: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
-	8,  // 63: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
-	22, // 64: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
-	25, // 65: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
-	27, // 66: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
-	32, // 67: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
-	31, // 68: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
-	34, // 69: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
-	32, // 70: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
-	37, // 71: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
-	32, // 72: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
-	39, // 73: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
-	8,  // 74: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
-	43, // 75: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
-	45, // 76: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
-	8,  // 77: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
-	47, // 78: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
-	47, // 79: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
-	51, // 80: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
-	53, // 81: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
-	55, // 82: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
-	57, // [57:83] is the sub-list for method output_type
-	31, // [31:57] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	5,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
+	67, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
+	7,  // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
+	8,  // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
+	1,  // 4: kiln.v1.CreateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
+	2,  // 5: kiln.v1.EgressPolicy.mode:type_name -> kiln.v1.EgressPolicy.Mode
+	7,  // 6: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
+	0,  // 7: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
+	5,  // 8: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
+	68, // 9: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
+	9,  // 10: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
+	1,  // 11: kiln.v1.Sandbox.timeout_action:type_name -> kiln.v1.TimeoutAction
+	69, // 12: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
+	0,  // 13: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
+	10, // 14: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
+	1,  // 15: kiln.v1.UpdateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
+	70, // 16: kiln.v1.UpdateSandboxRequest.labels:type_name -> kiln.v1.UpdateSandboxRequest.LabelsEntry
+	19, // 17: kiln.v1.GetSandboxMetricsResponse.samples:type_name -> kiln.v1.SandboxMetrics
+	7,  // 18: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
+	24, // 19: kiln.v1.ExecStart.pty:type_name -> kiln.v1.PtySize
+	23, // 20: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
+	25, // 21: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
+	24, // 22: kiln.v1.ExecRequest.resize:type_name -> kiln.v1.PtySize
+	27, // 23: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
+	28, // 24: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
+	28, // 25: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
+	30, // 26: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
+	36, // 27: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
+	40, // 28: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
+	3,  // 29: kiln.v1.WatchEvent.op:type_name -> kiln.v1.WatchEvent.Op
+	40, // 30: kiln.v1.WatchEvent.entry:type_name -> kiln.v1.FileInfo
+	50, // 31: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
+	71, // 32: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
+	5,  // 33: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
+	5,  // 34: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
+	7,  // 35: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
+	8,  // 36: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
+	58, // 37: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
+	4,  // 38: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
+	10, // 39: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
+	6,  // 40: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
+	11, // 41: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
+	12, // 42: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
+	14, // 43: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
+	16, // 44: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
+	22, // 45: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
+	17, // 46: kiln.v1.Kiln.UpdateSandbox:input_type -> kiln.v1.UpdateSandboxRequest
+	18, // 47: kiln.v1.Kiln.GetSandboxMetrics:input_type -> kiln.v1.GetSandboxMetricsRequest
+	21, // 48: kiln.v1.Kiln.UpdateNetworkPolicy:input_type -> kiln.v1.UpdateNetworkPolicyRequest
+	26, // 49: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
+	31, // 50: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
+	33, // 51: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
+	35, // 52: kiln.v1.Kiln.AttachExec:input_type -> kiln.v1.AttachExecRequest
+	37, // 53: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
+	38, // 54: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
+	41, // 55: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
+	43, // 56: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
+	44, // 57: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
+	46, // 58: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
+	47, // 59: kiln.v1.Kiln.Move:input_type -> kiln.v1.MoveRequest
+	48, // 60: kiln.v1.Kiln.WatchDir:input_type -> kiln.v1.WatchDirRequest
+	51, // 61: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
+	52, // 62: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
+	53, // 63: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
+	55, // 64: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
+	57, // 65: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
+	59, // 66: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
+	60, // 67: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
+	61, // 68: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
+	63, // 69: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
+	65, // 70: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
+	10, // 71: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
+	10, // 72: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
+	13, // 73: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
+	15, // 74: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
+	10, // 75: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
+	10, // 76: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
+	10, // 77: kiln.v1.Kiln.UpdateSandbox:output_type -> kiln.v1.Sandbox
+	20, // 78: kiln.v1.Kiln.GetSandboxMetrics:output_type -> kiln.v1.GetSandboxMetricsResponse
+	10, // 79: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
+	29, // 80: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
+	32, // 81: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
+	34, // 82: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
+	29, // 83: kiln.v1.Kiln.AttachExec:output_type -> kiln.v1.ExecResponse
+	40, // 84: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
+	39, // 85: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
+	42, // 86: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
+	40, // 87: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
+	45, // 88: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
+	40, // 89: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
+	40, // 90: kiln.v1.Kiln.Move:output_type -> kiln.v1.FileInfo
+	49, // 91: kiln.v1.Kiln.WatchDir:output_type -> kiln.v1.WatchEvent
+	50, // 92: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
+	10, // 93: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
+	54, // 94: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
+	56, // 95: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
+	10, // 96: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
+	58, // 97: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
+	58, // 98: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
+	62, // 99: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
+	64, // 100: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
+	66, // 101: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
+	71, // [71:102] is the sub-list for method output_type
+	40, // [40:71] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_kiln_proto_init() }
@@ -4249,24 +5153,26 @@ func file_kiln_proto_init() {
 		(*CreateSandboxRequest_Template)(nil),
 		(*CreateSandboxRequest_Checkpoint)(nil),
 	}
-	file_kiln_proto_msgTypes[14].OneofWrappers = []any{}
-	file_kiln_proto_msgTypes[16].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[12].OneofWrappers = []any{}
+	file_kiln_proto_msgTypes[18].OneofWrappers = []any{}
+	file_kiln_proto_msgTypes[21].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
+		(*ExecRequest_Resize)(nil),
 	}
-	file_kiln_proto_msgTypes[19].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[24].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_kiln_proto_msgTypes[26].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[32].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_kiln_proto_msgTypes[43].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[52].OneofWrappers = []any{
 		(*ForkRequest_SandboxId)(nil),
 		(*ForkRequest_CheckpointId)(nil),
 	}
@@ -4275,8 +5181,8 @@ func file_kiln_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_proto_rawDesc), len(file_kiln_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   57,
+			NumEnums:      5,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

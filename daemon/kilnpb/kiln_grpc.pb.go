@@ -32,16 +32,21 @@ const (
 	Kiln_DestroySandbox_FullMethodName      = "/kiln.v1.Kiln/DestroySandbox"
 	Kiln_PauseSandbox_FullMethodName        = "/kiln.v1.Kiln/PauseSandbox"
 	Kiln_ResumeSandbox_FullMethodName       = "/kiln.v1.Kiln/ResumeSandbox"
+	Kiln_UpdateSandbox_FullMethodName       = "/kiln.v1.Kiln/UpdateSandbox"
+	Kiln_GetSandboxMetrics_FullMethodName   = "/kiln.v1.Kiln/GetSandboxMetrics"
 	Kiln_UpdateNetworkPolicy_FullMethodName = "/kiln.v1.Kiln/UpdateNetworkPolicy"
 	Kiln_Exec_FullMethodName                = "/kiln.v1.Kiln/Exec"
 	Kiln_ListExecs_FullMethodName           = "/kiln.v1.Kiln/ListExecs"
 	Kiln_KillExec_FullMethodName            = "/kiln.v1.Kiln/KillExec"
+	Kiln_AttachExec_FullMethodName          = "/kiln.v1.Kiln/AttachExec"
 	Kiln_WriteFile_FullMethodName           = "/kiln.v1.Kiln/WriteFile"
 	Kiln_ReadFile_FullMethodName            = "/kiln.v1.Kiln/ReadFile"
 	Kiln_ListDir_FullMethodName             = "/kiln.v1.Kiln/ListDir"
 	Kiln_Stat_FullMethodName                = "/kiln.v1.Kiln/Stat"
 	Kiln_Remove_FullMethodName              = "/kiln.v1.Kiln/Remove"
 	Kiln_MakeDir_FullMethodName             = "/kiln.v1.Kiln/MakeDir"
+	Kiln_Move_FullMethodName                = "/kiln.v1.Kiln/Move"
+	Kiln_WatchDir_FullMethodName            = "/kiln.v1.Kiln/WatchDir"
 	Kiln_Checkpoint_FullMethodName          = "/kiln.v1.Kiln/Checkpoint"
 	Kiln_Rollback_FullMethodName            = "/kiln.v1.Kiln/Rollback"
 	Kiln_ListCheckpoints_FullMethodName     = "/kiln.v1.Kiln/ListCheckpoints"
@@ -63,8 +68,18 @@ type KilnClient interface {
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	DestroySandbox(ctx context.Context, in *DestroySandboxRequest, opts ...grpc.CallOption) (*DestroySandboxResponse, error)
+	// PauseSandbox stops a sandbox's vCPUs (its memory stays held) or,
+	// with hibernate, writes its whole state to the state folder and stops
+	// its VM, freeing its memory; ResumeSandbox restores a hibernated
+	// sandbox under the same ID, its processes and files as they were.
 	PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
+	// UpdateSandbox changes a live sandbox's lifetime (counted from now),
+	// its timeout action, or its labels.
+	UpdateSandbox(ctx context.Context, in *UpdateSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error)
+	// GetSandboxMetrics returns a running sandbox's resource samples: one
+	// taken now, after those kilnd took every few seconds (a bounded ring).
+	GetSandboxMetrics(ctx context.Context, in *GetSandboxMetricsRequest, opts ...grpc.CallOption) (*GetSandboxMetricsResponse, error)
 	// Replaces a running sandbox's egress policy; it holds for new
 	// connections at once, without a restart.
 	UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*Sandbox, error)
@@ -74,6 +89,10 @@ type KilnClient interface {
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
 	KillExec(ctx context.Context, in *KillExecRequest, opts ...grpc.CallOption) (*KillExecResponse, error)
+	// AttachExec streams a background exec's output from now on (not what
+	// it wrote before) and its exit; an exec that has already exited
+	// answers with its exit at once.
+	AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
 	// Files, streamed. Paths are absolute in the sandbox.
 	WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, FileInfo], error)
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FileChunk], error)
@@ -81,6 +100,13 @@ type KilnClient interface {
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*FileInfo, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	MakeDir(ctx context.Context, in *MakeDirRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// Move renames a file or directory (rename(2); across file systems it
+	// is refused, as rename is).
+	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// WatchDir streams changes below a directory (inotify in the guest):
+	// first a started event, then one event per change, until the call
+	// ends or the directory goes.
+	WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 	// Checkpoints form a tree per sandbox.
 	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointInfo, error)
 	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*Sandbox, error)
@@ -165,6 +191,26 @@ func (c *kilnClient) ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest
 	return out, nil
 }
 
+func (c *kilnClient) UpdateSandbox(ctx context.Context, in *UpdateSandboxRequest, opts ...grpc.CallOption) (*Sandbox, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Sandbox)
+	err := c.cc.Invoke(ctx, Kiln_UpdateSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kilnClient) GetSandboxMetrics(ctx context.Context, in *GetSandboxMetricsRequest, opts ...grpc.CallOption) (*GetSandboxMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSandboxMetricsResponse)
+	err := c.cc.Invoke(ctx, Kiln_GetSandboxMetrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *kilnClient) UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*Sandbox, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Sandbox)
@@ -208,9 +254,28 @@ func (c *kilnClient) KillExec(ctx context.Context, in *KillExecRequest, opts ...
 	return out, nil
 }
 
+func (c *kilnClient) AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[1], Kiln_AttachExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttachExecRequest, ExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_AttachExecClient = grpc.ServerStreamingClient[ExecResponse]
+
 func (c *kilnClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, FileInfo], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[1], Kiln_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[2], Kiln_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +288,7 @@ type Kiln_WriteFileClient = grpc.ClientStreamingClient[WriteFileRequest, FileInf
 
 func (c *kilnClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FileChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[2], Kiln_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[3], Kiln_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -280,6 +345,35 @@ func (c *kilnClient) MakeDir(ctx context.Context, in *MakeDirRequest, opts ...gr
 	return out, nil
 }
 
+func (c *kilnClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*FileInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FileInfo)
+	err := c.cc.Invoke(ctx, Kiln_Move_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kilnClient) WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[4], Kiln_WatchDir_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDirRequest, WatchEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_WatchDirClient = grpc.ServerStreamingClient[WatchEvent]
+
 func (c *kilnClient) Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointInfo, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckpointInfo)
@@ -322,7 +416,7 @@ func (c *kilnClient) DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointR
 
 func (c *kilnClient) Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Sandbox], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[3], Kiln_Fork_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[5], Kiln_Fork_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -381,7 +475,7 @@ func (c *kilnClient) DeleteTemplate(ctx context.Context, in *DeleteTemplateReque
 
 func (c *kilnClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[4], Kiln_WatchEvents_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[6], Kiln_WatchEvents_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -407,8 +501,18 @@ type KilnServer interface {
 	GetSandbox(context.Context, *GetSandboxRequest) (*Sandbox, error)
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	DestroySandbox(context.Context, *DestroySandboxRequest) (*DestroySandboxResponse, error)
+	// PauseSandbox stops a sandbox's vCPUs (its memory stays held) or,
+	// with hibernate, writes its whole state to the state folder and stops
+	// its VM, freeing its memory; ResumeSandbox restores a hibernated
+	// sandbox under the same ID, its processes and files as they were.
 	PauseSandbox(context.Context, *PauseSandboxRequest) (*Sandbox, error)
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*Sandbox, error)
+	// UpdateSandbox changes a live sandbox's lifetime (counted from now),
+	// its timeout action, or its labels.
+	UpdateSandbox(context.Context, *UpdateSandboxRequest) (*Sandbox, error)
+	// GetSandboxMetrics returns a running sandbox's resource samples: one
+	// taken now, after those kilnd took every few seconds (a bounded ring).
+	GetSandboxMetrics(context.Context, *GetSandboxMetricsRequest) (*GetSandboxMetricsResponse, error)
 	// Replaces a running sandbox's egress policy; it holds for new
 	// connections at once, without a restart.
 	UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*Sandbox, error)
@@ -418,6 +522,10 @@ type KilnServer interface {
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
 	KillExec(context.Context, *KillExecRequest) (*KillExecResponse, error)
+	// AttachExec streams a background exec's output from now on (not what
+	// it wrote before) and its exit; an exec that has already exited
+	// answers with its exit at once.
+	AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
 	// Files, streamed. Paths are absolute in the sandbox.
 	WriteFile(grpc.ClientStreamingServer[WriteFileRequest, FileInfo]) error
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[FileChunk]) error
@@ -425,6 +533,13 @@ type KilnServer interface {
 	Stat(context.Context, *StatRequest) (*FileInfo, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	MakeDir(context.Context, *MakeDirRequest) (*FileInfo, error)
+	// Move renames a file or directory (rename(2); across file systems it
+	// is refused, as rename is).
+	Move(context.Context, *MoveRequest) (*FileInfo, error)
+	// WatchDir streams changes below a directory (inotify in the guest):
+	// first a started event, then one event per change, until the call
+	// ends or the directory goes.
+	WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	// Checkpoints form a tree per sandbox.
 	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointInfo, error)
 	Rollback(context.Context, *RollbackRequest) (*Sandbox, error)
@@ -467,6 +582,12 @@ func (UnimplementedKilnServer) PauseSandbox(context.Context, *PauseSandboxReques
 func (UnimplementedKilnServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*Sandbox, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ResumeSandbox not implemented")
 }
+func (UnimplementedKilnServer) UpdateSandbox(context.Context, *UpdateSandboxRequest) (*Sandbox, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateSandbox not implemented")
+}
+func (UnimplementedKilnServer) GetSandboxMetrics(context.Context, *GetSandboxMetricsRequest) (*GetSandboxMetricsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetSandboxMetrics not implemented")
+}
 func (UnimplementedKilnServer) UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*Sandbox, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method UpdateNetworkPolicy not implemented")
 }
@@ -478,6 +599,9 @@ func (UnimplementedKilnServer) ListExecs(context.Context, *ListExecsRequest) (*L
 }
 func (UnimplementedKilnServer) KillExec(context.Context, *KillExecRequest) (*KillExecResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method KillExec not implemented")
+}
+func (UnimplementedKilnServer) AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[ExecResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method AttachExec not implemented")
 }
 func (UnimplementedKilnServer) WriteFile(grpc.ClientStreamingServer[WriteFileRequest, FileInfo]) error {
 	return status.Errorf(codes.Unimplemented, "method WriteFile not implemented")
@@ -496,6 +620,12 @@ func (UnimplementedKilnServer) Remove(context.Context, *RemoveRequest) (*RemoveR
 }
 func (UnimplementedKilnServer) MakeDir(context.Context, *MakeDirRequest) (*FileInfo, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MakeDir not implemented")
+}
+func (UnimplementedKilnServer) Move(context.Context, *MoveRequest) (*FileInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedKilnServer) WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method WatchDir not implemented")
 }
 func (UnimplementedKilnServer) Checkpoint(context.Context, *CheckpointRequest) (*CheckpointInfo, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Checkpoint not implemented")
@@ -656,6 +786,42 @@ func _Kiln_ResumeSandbox_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Kiln_UpdateSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KilnServer).UpdateSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Kiln_UpdateSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KilnServer).UpdateSandbox(ctx, req.(*UpdateSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Kiln_GetSandboxMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSandboxMetricsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KilnServer).GetSandboxMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Kiln_GetSandboxMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KilnServer).GetSandboxMetrics(ctx, req.(*GetSandboxMetricsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Kiln_UpdateNetworkPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UpdateNetworkPolicyRequest)
 	if err := dec(in); err != nil {
@@ -716,6 +882,17 @@ func _Kiln_KillExec_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Kiln_AttachExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AttachExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KilnServer).AttachExec(m, &grpc.GenericServerStream[AttachExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_AttachExecServer = grpc.ServerStreamingServer[ExecResponse]
 
 func _Kiln_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(KilnServer).WriteFile(&grpc.GenericServerStream[WriteFileRequest, FileInfo]{ServerStream: stream})
@@ -806,6 +983,35 @@ func _Kiln_MakeDir_Handler(srv interface{}, ctx context.Context, dec func(interf
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Kiln_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KilnServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Kiln_Move_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KilnServer).Move(ctx, req.(*MoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Kiln_WatchDir_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDirRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KilnServer).WatchDir(m, &grpc.GenericServerStream[WatchDirRequest, WatchEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_WatchDirServer = grpc.ServerStreamingServer[WatchEvent]
 
 func _Kiln_Checkpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CheckpointRequest)
@@ -1005,6 +1211,14 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Kiln_ResumeSandbox_Handler,
 		},
 		{
+			MethodName: "UpdateSandbox",
+			Handler:    _Kiln_UpdateSandbox_Handler,
+		},
+		{
+			MethodName: "GetSandboxMetrics",
+			Handler:    _Kiln_GetSandboxMetrics_Handler,
+		},
+		{
 			MethodName: "UpdateNetworkPolicy",
 			Handler:    _Kiln_UpdateNetworkPolicy_Handler,
 		},
@@ -1031,6 +1245,10 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MakeDir",
 			Handler:    _Kiln_MakeDir_Handler,
+		},
+		{
+			MethodName: "Move",
+			Handler:    _Kiln_Move_Handler,
 		},
 		{
 			MethodName: "Checkpoint",
@@ -1073,6 +1291,11 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 			ClientStreams: true,
 		},
 		{
+			StreamName:    "AttachExec",
+			Handler:       _Kiln_AttachExec_Handler,
+			ServerStreams: true,
+		},
+		{
 			StreamName:    "WriteFile",
 			Handler:       _Kiln_WriteFile_Handler,
 			ClientStreams: true,
@@ -1080,6 +1303,11 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadFile",
 			Handler:       _Kiln_ReadFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchDir",
+			Handler:       _Kiln_WatchDir_Handler,
 			ServerStreams: true,
 		},
 		{
