@@ -335,6 +335,14 @@ func (s *Server) Info(context.Context, *agentpb.InfoRequest) (*agentpb.InfoRespo
 		resp.MemTotalBytes = m["MemTotal"]
 		resp.MemAvailableBytes = m["MemAvailable"]
 	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/", &st); err != nil {
+		s.log.Warn("info: statfs /", "err", err)
+	} else {
+		bs := uint64(st.Bsize)
+		resp.DiskTotalBytes = st.Blocks * bs
+		resp.DiskUsedBytes = (st.Blocks - min(st.Bfree, st.Blocks)) * bs
+	}
 	return resp, nil
 }
 

@@ -1726,8 +1726,11 @@ type InfoResponse struct {
 	MemAvailableBytes uint64                 `protobuf:"varint,5,opt,name=mem_available_bytes,json=memAvailableBytes,proto3" json:"mem_available_bytes,omitempty"`
 	NumCpu            uint32                 `protobuf:"varint,6,opt,name=num_cpu,json=numCpu,proto3" json:"num_cpu,omitempty"`
 	AgentVersion      string                 `protobuf:"bytes,7,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The root file system's size and use (statfs of /).
+	DiskTotalBytes uint64 `protobuf:"varint,8,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	DiskUsedBytes  uint64 `protobuf:"varint,9,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -1807,6 +1810,20 @@ func (x *InfoResponse) GetAgentVersion() string {
 		return x.AgentVersion
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetDiskTotalBytes() uint64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetDiskUsedBytes() uint64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
 }
 
 type QuiesceRequest struct {
@@ -2459,7 +2476,7 @@ const file_agent_proto_rawDesc = "" +
 	"\rHealthRequest\" \n" +
 	"\x0eHealthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\"\r\n" +
-	"\vInfoRequest\"\x84\x02\n" +
+	"\vInfoRequest\"\xd6\x02\n" +
 	"\fInfoResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x1b\n" +
@@ -2467,7 +2484,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fmem_total_bytes\x18\x04 \x01(\x04R\rmemTotalBytes\x12.\n" +
 	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12\x17\n" +
 	"\anum_cpu\x18\x06 \x01(\rR\x06numCpu\x12#\n" +
-	"\ragent_version\x18\a \x01(\tR\fagentVersion\"1\n" +
+	"\ragent_version\x18\a \x01(\tR\fagentVersion\x12(\n" +
+	"\x10disk_total_bytes\x18\b \x01(\x04R\x0ediskTotalBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\t \x01(\x04R\rdiskUsedBytes\"1\n" +
 	"\x0eQuiesceRequest\x12\x1f\n" +
 	"\vdrop_caches\x18\x01 \x01(\bR\n" +
 	"dropCaches\"\x11\n" +

@@ -218,6 +218,8 @@ type Info struct {
 	MemAvailable  uint64 // bytes
 	NumCPU        int
 	AgentVersion  string
+	DiskTotal     uint64 // bytes: the root file system's size
+	DiskUsed      uint64 // bytes
 }
 
 // Info asks the agent about the guest.
@@ -234,6 +236,8 @@ func (c *Client) Info(ctx context.Context) (Info, error) {
 		MemAvailable:  r.GetMemAvailableBytes(),
 		NumCPU:        int(r.GetNumCpu()),
 		AgentVersion:  r.GetAgentVersion(),
+		DiskTotal:     r.GetDiskTotalBytes(),
+		DiskUsed:      r.GetDiskUsedBytes(),
 	}, nil
 }
 
