@@ -121,6 +121,11 @@ type Instance interface {
 	Keep(ctx context.Context, key string, value []byte) error
 	Kept(ctx context.Context, key string) ([]byte, error)
 
+	// Info asks the guest's agent about the guest: its memory (MemTotal,
+	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
+	// the server samples for GetSandboxMetrics.
+	Info(ctx context.Context) (client.Info, error)
+
 	// Close stops the sandbox and removes everything it holds on the host
 	// (its VMM process, folder and sockets).
 	Close(ctx context.Context) error

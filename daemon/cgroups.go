@@ -288,7 +288,8 @@ func (s *Server) commitLocked() (live int, guestMiB, committedMiB uint64) {
 	guestMiB = s.buildingMiB + s.pooledMiB
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.live() {
+		// A hibernated sandbox holds no memory, until a resume wakes it.
+		if b.rec.live() && (!b.rec.Hibernated || b.waking) {
 			live++
 			guestMiB += uint64(b.rec.MemoryMiB)
 		}

@@ -58,6 +58,20 @@ type record struct {
 	LastCheckpoint string `json:"last_checkpoint,omitempty"`
 	// Net is its network (Config.Network), nil without one.
 	Net *netRecord `json:"net,omitempty"`
+
+	// LifetimeMS is the lifetime last asked for (at create or by
+	// UpdateSandbox; 0: none, or a record older than it), which a
+	// sandbox hibernated by its timeout gets again when resumed.
+	LifetimeMS int64 `json:"lifetime_ms,omitempty"`
+	// TimeoutAction is what its lifetime's end does: destroy (0) or
+	// hibernate (kilnpb.TimeoutAction).
+	TimeoutAction kilnpb.TimeoutAction `json:"timeout_action,omitempty"`
+	// Hibernated: paused with its state in HibernateDir (a snapshot
+	// Instance.Save wrote) and no VMM process; its lifetime stands
+	// still, ResumeLifeMS left of it (0: none) once resumed.
+	Hibernated   bool   `json:"hibernated,omitempty"`
+	HibernateDir string `json:"hibernate_dir,omitempty"`
+	ResumeLifeMS int64  `json:"resume_life_ms,omitempty"`
 }
 
 func (r *record) state() kilnpb.SandboxState {

@@ -432,6 +432,10 @@ func (in *sandboxInstance) Kept(ctx context.Context, key string) ([]byte, error)
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
 
+func (in *sandboxInstance) Info(ctx context.Context) (client.Info, error) {
+	return in.s.Client().Info(ctx)
+}
+
 func (in *sandboxInstance) Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error) {
 	var opts sandbox.ForkOptions
 	if len(hosts) > 0 && hosts[0].Net != nil {

@@ -191,6 +191,11 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	spec.CPUs, spec.MemoryMiB, spec.WritableMiB = int(cpus), int(mem), int(res.GetDiskMib())
 	r.CPUs, r.MemoryMiB, r.DiskMiB = cpus, mem, res.GetDiskMib()
 	r.IdleTimeoutMS = idle.Milliseconds()
+	r.LifetimeMS = life.Milliseconds()
+	if err := checkTimeoutAction(req.GetTimeoutAction()); err != nil {
+		return nil, err
+	}
+	r.TimeoutAction = req.GetTimeoutAction()
 	keyReq := proto.Clone(req).(*kilnpb.CreateSandboxRequest)
 	keyReq.RequestId = ""
 	keyReq.Secrets = withoutValues(keyReq.Secrets) // no digest of a value on disk
@@ -442,6 +447,7 @@ func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kiln
 	pb := s.protoLocked(b)
 	b.mu.Unlock()
 	s.watch(b, inst)
+	s.sample(b, inst)
 	s.publish(kind, pb, "")
 	s.log.Info("sandbox running", "sandbox", b.id, "event", strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_")), "ready_ms", pb.ReadyMs, "pid", pb.Pid)
 }
@@ -514,13 +520,27 @@ func (s *Server) DestroySandbox(ctx context.Context, req *kilnpb.DestroySandboxR
 	return &kilnpb.DestroySandboxResponse{}, nil
 }
 
-// PauseSandbox pauses a running sandbox's vCPUs.
+// PauseSandbox pauses a running sandbox's vCPUs or, with hibernate,
+// hibernates it (hibernate.go).
 func (s *Server) PauseSandbox(ctx context.Context, req *kilnpb.PauseSandboxRequest) (*kilnpb.Sandbox, error) {
+	if req.GetHibernate() {
+		return s.hibernateCall(ctx, req.GetId())
+	}
 	return s.pauseResume(ctx, req.GetId(), true)
 }
 
-// ResumeSandbox resumes a paused sandbox.
+// ResumeSandbox resumes a paused sandbox, or restores a hibernated one.
 func (s *Server) ResumeSandbox(ctx context.Context, req *kilnpb.ResumeSandboxRequest) (*kilnpb.Sandbox, error) {
+	b, err := s.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	hib := b.rec.Hibernated
+	b.mu.Unlock()
+	if hib {
+		return s.wake(ctx, b)
+	}
 	return s.pauseResume(ctx, req.GetId(), false)
 }
 
@@ -536,10 +556,10 @@ func (s *Server) pauseResume(ctx context.Context, id string, pause bool) (*kilnp
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := b.rec.state()
-	if st == to {
-		return s.protoLocked(b), nil // already so
+	if st == to && !b.moving {
+		return s.protoLocked(b), nil // already so (a hibernated one too)
 	}
-	if st != from || b.ending || b.inst == nil {
+	if st != from || b.ending || b.inst == nil || b.moving {
 		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot %s it", id, stateName(st), verb)
 	}
 	if b.busy > 0 && pause {
@@ -567,6 +587,9 @@ func (s *Server) scheduleLocked(b *box) {
 		b.timer.Stop()
 		b.timer = nil
 	}
+	if b.rec.Hibernated || b.moving {
+		return // its lifetime stands still; a resume arms it again
+	}
 	var next time.Time
 	if b.rec.ExpiresUnixMS > 0 {
 		next = time.UnixMilli(b.rec.ExpiresUnixMS)
@@ -593,7 +616,7 @@ func (s *Server) checkTimeouts(b *box) {
 		return
 	}
 	b.mu.Lock()
-	if b.ending || !b.rec.live() {
+	if b.ending || !b.rec.live() || b.rec.Hibernated || b.moving {
 		b.mu.Unlock()
 		return
 	}
@@ -602,7 +625,16 @@ func (s *Server) checkTimeouts(b *box) {
 	idle := time.Duration(b.rec.IdleTimeoutMS) * time.Millisecond
 	switch {
 	case b.rec.ExpiresUnixMS > 0 && now.UnixMilli() >= b.rec.ExpiresUnixMS:
-		reason = fmt.Sprintf("its lifetime of %v ended", time.Duration(b.rec.ExpiresUnixMS-b.rec.CreatedUnixMS)*time.Millisecond)
+		life := time.Duration(b.rec.LifetimeMS) * time.Millisecond
+		if life <= 0 {
+			life = time.Duration(b.rec.ExpiresUnixMS-b.rec.CreatedUnixMS) * time.Millisecond
+		}
+		reason = fmt.Sprintf("its lifetime of %v ended", life)
+		if b.rec.TimeoutAction == kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE {
+			b.mu.Unlock()
+			s.timeoutHibernate(b, reason)
+			return
+		}
 	case idle > 0 && b.busy == 0 && now.Sub(b.lastActive) >= idle:
 		reason = fmt.Sprintf("no exec or file call for %v (its idle timeout)", idle)
 	}

@@ -104,6 +104,11 @@ type Config struct {
 	MemoryOvercommit float64
 	SandboxIO        []cgroup.IOLimit
 
+	// SampleInterval is how often each running sandbox's CPU, memory
+	// and disk are sampled for GetSandboxMetrics (0: 5 s; negative:
+	// never, only at the call).
+	SampleInterval time.Duration
+
 	Logger *slog.Logger
 	// Clock is the server's time; nil: the real one.
 	Clock Clock
@@ -149,6 +154,7 @@ const (
 	sandboxesDir   = "sandboxes"
 	checkpointsDir = "checkpoints"
 	templatesDir   = "templates"
+	hibernatedDir  = "hibernated" // ID/ per hibernated sandbox: its snapshot
 )
 
 // New makes a server over cfg.StateDir, taking over every sandbox its
@@ -196,6 +202,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 5 * time.Minute
 	}
+	if cfg.SampleInterval == 0 {
+		cfg.SampleInterval = defaultSampleInterval
+	}
 	if cfg.KeepEnded == 0 {
 		cfg.KeepEnded = 4096
 	}
@@ -220,7 +229,7 @@ func New(cfg Config) (*Server, error) {
 	if err := checkEgress("default egress policy", cfg.DefaultEgress); err != nil {
 		return nil, fmt.Errorf("daemon: %s", status.Convert(err).Message())
 	}
-	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir} {
+	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir, hibernatedDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("daemon: state folder: %w", err)
 		}
@@ -244,6 +253,7 @@ func New(cfg Config) (*Server, error) {
 	s.cleanLeftovers()
 	s.pruneNets()
 	s.pruneCgroups()
+	s.pruneHibernated()
 	s.startPools()
 	return s, nil
 }
@@ -330,6 +340,12 @@ type box struct {
 	// secrets are the sandbox's secrets, in this process's memory only
 	// (its VMM process keeps them too: see secrets.go); rec names them.
 	secrets []secret
+	// moving: a hibernate or a resume from hibernation is under way
+	// (inst is nil meanwhile); waking: a resume counts against the
+	// host's limits again (hibernate.go).
+	moving, waking bool
+	// samples are its metrics (sandboxmetrics.go).
+	samples sampleRing
 }
 
 func newBox(id string) *box {
@@ -445,6 +461,13 @@ func (s *Server) indexRequest(b *box) {
 
 // adopt takes over a live sandbox of a previous server.
 func (s *Server) adopt(b *box) {
+	if b.rec.Hibernated {
+		// No VMM process to take over: its state is on disk. Its
+		// network stays, for the resume.
+		s.adoptNet(b)
+		s.log.Info("hibernated sandbox taken over", "sandbox", b.id)
+		return
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 	defer cancel()
 	paused := b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
@@ -480,6 +503,7 @@ func (s *Server) adopt(b *box) {
 	b.mu.Unlock()
 	s.adoptNet(b)
 	s.watch(b, inst)
+	s.sample(b, inst)
 	s.log.Info("sandbox taken over", "sandbox", b.id, "pid", inst.PID())
 }
 
@@ -521,9 +545,12 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	inst, cancel := b.inst, b.cancel
+	inst, cancel, hib := b.inst, b.cancel, b.rec.HibernateDir
 	b.mu.Unlock()
 	cancel()
+	if hib != "" {
+		os.RemoveAll(hib) // a hibernated sandbox's state
+	}
 	if inst != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if err := inst.Close(ctx); err != nil {
@@ -627,6 +654,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		SecretNames: r.SecretNames,
 		Network:     netProto(r.Net),
 		Cgroup:      r.Cgroup,
+		Hibernated:  r.Hibernated && r.live(), TimeoutAction: r.TimeoutAction,
 	}
 	if !r.live() {
 		pb.Pid, pb.Cgroup = 0, ""
@@ -679,8 +707,12 @@ func (s *Server) use(id string) (_ *box, _ Instance, done func(), _ error) {
 	switch {
 	case b.ending || !b.rec.live():
 		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", id, stateName(st))
+	case st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED && b.rec.Hibernated:
+		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is hibernated: resume it first", id)
 	case st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
 		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is paused: resume it first", id)
+	case b.moving:
+		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed: try again once it is done", id)
 	case b.inst == nil:
 		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s", id, stateName(st))
 	}

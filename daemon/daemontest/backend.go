@@ -154,6 +154,10 @@ type meta struct {
 	// with (a checkpoint keeps it, as a guest's memory does).
 	Net     *virtio.NetSpec       `json:"net,omitempty"`
 	Network *client.NetworkConfig `json:"network,omitempty"`
+	// CPUs and MemoryMiB are the machine's (CreateSpec's, or its
+	// checkpoint's when the spec gives none), which Info reports.
+	CPUs      int `json:"cpus,omitempty"`
+	MemoryMiB int `json:"memory_mib,omitempty"`
 }
 
 // Create implements daemon.Backend: a root folder (from the image's
@@ -205,6 +209,12 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 		return nil, errors.New("daemontest: no image and no checkpoint")
 	}
 	m.Hostname, m.Refreshes = spec.Hostname, 0
+	if spec.CPUs > 0 {
+		m.CPUs = spec.CPUs
+	}
+	if spec.MemoryMiB > 0 {
+		m.MemoryMiB = spec.MemoryMiB
+	}
 	if err := checkNIC(spec, m.Net != nil); err != nil {
 		return nil, err
 	}
@@ -913,6 +923,51 @@ func (in *Instance) signal(sig syscall.Signal) error {
 		return fmt.Errorf("daemontest: signal VMM process %d: %w", in.pid, err)
 	}
 	return nil
+}
+
+// Info reports the machine's memory (MemoryMiB; 512 when unknown) with
+// the root's files counted as used, as a guest's tmpfs upper layer is,
+// and the root as its disk: DiskUsed the size of its files, DiskTotal
+// the host file system's size under it.
+func (in *Instance) Info(ctx context.Context) (client.Info, error) {
+	in.mu.Lock()
+	m, closed := in.meta, in.closed
+	in.mu.Unlock()
+	select {
+	case <-in.done:
+		closed = true
+	default:
+	}
+	if closed {
+		return client.Info{}, status.Error(codes.Unavailable, "daemontest: info: the sandbox has stopped")
+	}
+	var used uint64
+	err := filepath.WalkDir(in.Root(), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
+			used += uint64(fi.Size())
+		}
+		return nil
+	})
+	if err != nil {
+		return client.Info{}, fmt.Errorf("daemontest: info: %w", err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(in.Root(), &st); err != nil {
+		return client.Info{}, fmt.Errorf("daemontest: info: %w", err)
+	}
+	mem := uint64(m.MemoryMiB) << 20
+	if mem == 0 {
+		mem = 512 << 20
+	}
+	avail := uint64(0)
+	if used < mem {
+		avail = mem - used
+	}
+	return client.Info{Hostname: m.Hostname, MemTotal: mem, MemAvailable: avail, NumCPU: max(m.CPUs, 1),
+		DiskTotal: st.Blocks * uint64(st.Bsize), DiskUsed: used}, nil
 }
 
 // Save copies the root into dir/root.

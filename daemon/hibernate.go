@@ -1,0 +1,395 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// Hibernation: a sandbox's whole state written to the state folder
+// (Instance.Save into StateDir/hibernated/ID/), its VMM process stopped
+// and its cgroup removed, so that it holds no memory and admission no
+// longer counts it; its network attachment stays (the same netns, tap,
+// address and MAC come back) and its record says PAUSED, hibernated,
+// which a restarted server takes over as it is. Its lifetime stands
+// still meanwhile. Its in-memory checkpoints, which the stopped VMM
+// process held, are written to the state folder first (persisted). A
+// resume restores it from that snapshot under the same ID in a new VMM
+// process and cgroup, on its network, with its secrets kept again: the
+// guest's processes (background execs included) and files are as they
+// were.
+
+// hibernateCall is PauseSandbox with hibernate.
+func (s *Server) hibernateCall(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.hibernate(ctx, b, false, ""); err != nil {
+		return nil, err
+	}
+	return s.describe(b), nil
+}
+
+// hibernate hibernates b, running or vCPU-paused; one hibernated already
+// is left so. byTimeout says its lifetime ended (its timeout action): it
+// then gets its whole lifetime again when resumed, and calls in flight
+// do not stop it. why is the PAUSED event's reason.
+func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why string) error {
+	select {
+	case <-b.ready:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	b.mu.Lock()
+	st := b.rec.state()
+	switch {
+	case b.ending || !b.rec.live():
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(st))
+	case b.moving:
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed already", b.id)
+	case b.rec.Hibernated:
+		b.mu.Unlock()
+		return nil
+	case b.inst == nil || st != kilnpb.SandboxState_SANDBOX_STATE_RUNNING && st != kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot hibernate it", b.id, stateName(st))
+	case b.busy > 0 && !byTimeout:
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot hibernate it", b.id, b.busy)
+	}
+	old, wasPaused := b.inst, st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+	n := b.rec.Net.clone()
+	b.moving = true
+	b.inst = nil // calls now fail: it is hibernating
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.mu.Unlock()
+	log := s.log.With("sandbox", b.id)
+
+	// Until its VM stops, a failure leaves the sandbox as it was.
+	var frozen []Frozen
+	undo := func(err error) error {
+		for _, f := range frozen {
+			f.Close()
+		}
+		b.mu.Lock()
+		b.moving = false
+		ending := b.ending
+		if !ending {
+			b.inst = old
+			s.scheduleLocked(b)
+		}
+		b.mu.Unlock()
+		if ending {
+			// Destroyed meanwhile, while its machine was out of the
+			// box's hands: it goes here.
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			old.Close(cctx)
+			cancel()
+		} else if wasPaused {
+			pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if perr := old.Pause(pctx); perr != nil {
+				log.Warn("hibernate failed, and the sandbox could not be paused again", "err", perr)
+			}
+			cancel()
+		}
+		return err
+	}
+	if wasPaused {
+		// Save needs the agent: the guest runs while it is written.
+		if err := old.Resume(ctx); err != nil {
+			return undo(callErr("hibernate sandbox "+b.id+": resume its vCPUs for the save", err))
+		}
+	}
+	// Its in-memory checkpoints go with its VMM process: hand them out
+	// first (their bases stay in this process's descriptors) and write
+	// them to disk once the VM is stopped (its tap is free then).
+	for _, id := range s.heldCheckpoints(b.id) {
+		f, err := old.Frozen(ctx, id)
+		if errors.Is(err, sandbox.ErrNotHeld) {
+			s.forgetCheckpoint(id)
+			continue
+		}
+		if err != nil {
+			return undo(callErr("hibernate sandbox "+b.id+": hand out its checkpoint "+id, err))
+		}
+		frozen = append(frozen, f)
+	}
+	dir := filepath.Join(s.cfg.StateDir, hibernatedDir, b.id)
+	os.RemoveAll(dir) // an earlier attempt's
+	if err := old.Save(ctx, dir); err != nil {
+		os.RemoveAll(dir)
+		return undo(callErr("hibernate sandbox "+b.id+": save its state", err))
+	}
+
+	// From here on the sandbox is its snapshot.
+	b.mu.Lock()
+	b.cancel()
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.mu.Unlock()
+	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := old.Close(cctx); err != nil {
+		log.Warn("hibernate: closing the VMM process", "err", err)
+	}
+	cancel()
+	pctx := context.WithoutCancel(ctx)
+	for _, f := range frozen {
+		if err := s.persistFrozen(pctx, b, f, n); err != nil {
+			log.Error("hibernate: an in-memory checkpoint could not be written to disk: it is lost", "checkpoint", f.ID(), "err", err)
+			s.forgetCheckpoint(f.ID())
+		}
+		f.Close()
+	}
+
+	b.mu.Lock()
+	if b.ending {
+		b.moving = false
+		b.mu.Unlock()
+		os.RemoveAll(dir)
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its hibernation", b.id)
+	}
+	now := s.clock.Now()
+	b.rec.ResumeLifeMS = 0
+	if exp := b.rec.ExpiresUnixMS; exp > 0 {
+		if byTimeout {
+			b.rec.ResumeLifeMS = b.rec.LifetimeMS
+			if b.rec.ResumeLifeMS <= 0 {
+				b.rec.ResumeLifeMS = exp - b.rec.CreatedUnixMS
+			}
+		} else {
+			b.rec.ResumeLifeMS = max(exp-now.UnixMilli(), 1)
+		}
+	}
+	b.rec.ExpiresUnixMS = 0
+	b.rec.Hibernated, b.rec.HibernateDir = true, dir
+	b.rec.PID, b.rec.Cgroup = 0, ""
+	b.cgroupMax.path, b.cgroupMax.bytes = "", 0
+	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_PAUSED)
+	b.moving = false
+	b.lastActive = now
+	s.persistLocked(b)
+	pb := s.protoLocked(b)
+	b.mu.Unlock()
+	s.publish(kilnpb.Event_KIND_PAUSED, pb, why)
+	log.Info("sandbox hibernated", "dir", dir, "checkpoints_persisted", len(frozen), "by_timeout", byTimeout)
+	return nil
+}
+
+// heldCheckpoints lists the in-memory checkpoints of sandbox id.
+func (s *Server) heldCheckpoints(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, c := range s.checkpoints {
+		if c.SandboxID == id && !c.Persisted {
+			out = append(out, c.ID)
+		}
+	}
+	return out
+}
+
+// persistFrozen writes the in-memory checkpoint f of b (whose VMM process
+// is gone) to the state folder: a machine restored from it (on b's tap
+// n, free now, when it has a card) saves it, and its record says it is
+// persisted from then on.
+func (s *Server) persistFrozen(ctx context.Context, b *box, f Frozen, n *netRecord) error {
+	c, err := s.checkpoint(f.ID())
+	if err != nil {
+		return nil // deleted meanwhile
+	}
+	tmp := filepath.Join(s.cfg.StateDir, sandboxesDir, builderPrefix+"hb-"+c.ID) // a leftover goes at the next start
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	b.mu.Lock()
+	spec := CreateSpec{Dir: tmp, Frozen: f, Hostname: hostname(b.id), CPUs: int(b.rec.CPUs), MemoryMiB: int(b.rec.MemoryMiB)}
+	b.mu.Unlock()
+	if c.Net {
+		spec.Host.Net = hostSpec(n).Net
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	defer cancel()
+	inst, err := s.create(rctx, spec)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.cfg.StateDir, checkpointsDir, c.ID)
+	os.RemoveAll(dir)
+	err = inst.Save(rctx, dir)
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+	inst.Close(cctx)
+	ccancel()
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	s.mu.Lock()
+	cur := s.checkpoints[c.ID]
+	var rec checkpointRecord
+	if cur != nil {
+		rec = *cur
+		rec.Persisted, rec.Dir = true, dir
+		s.checkpoints[c.ID] = &rec
+	}
+	s.mu.Unlock()
+	if cur == nil {
+		os.RemoveAll(dir) // deleted meanwhile
+		return nil
+	}
+	return writeJSON(s.checkpointPath(c.ID), &rec)
+}
+
+// wake resumes the hibernated sandbox b: restored from its snapshot in
+// a new VMM process (and cgroup) under its ID, on its network, its
+// secrets kept again, its exec table synced with the guest's background
+// processes, its lifetime armed with what was left of it. A failure
+// leaves it hibernated.
+func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
+	<-b.ready
+	b.mu.Lock()
+	switch {
+	case b.ending || !b.rec.live():
+		b.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(b.rec.state()))
+	case b.moving:
+		b.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed already", b.id)
+	case !b.rec.Hibernated:
+		b.mu.Unlock()
+		return s.pauseResume(ctx, b.id, false)
+	}
+	b.moving = true
+	hib, n := b.rec.HibernateDir, b.rec.Net.clone()
+	cpus, mem := b.rec.CPUs, b.rec.MemoryMiB
+	b.mu.Unlock()
+	fail := func(err error) (*kilnpb.Sandbox, error) {
+		b.mu.Lock()
+		b.moving, b.waking = false, false
+		b.mu.Unlock()
+		return nil, err
+	}
+	stays := "resume sandbox " + b.id + " (it stays hibernated)"
+	s.mu.Lock()
+	err := s.admitLocked(1, uint64(mem))
+	if s.closed {
+		err = status.Error(codes.Unavailable, "kilnd is shutting down")
+	}
+	if err == nil {
+		b.mu.Lock()
+		b.waking = true // counted from now on
+		b.mu.Unlock()
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return fail(status.Errorf(status.Code(err), "%s: %s", stays, status.Convert(err).Message()))
+	}
+	if n != nil && s.cfg.Network == nil {
+		return fail(status.Errorf(codes.FailedPrecondition, "%s: it has a network, and kilnd runs without sandbox networks now (start it with %s)", stays, netFlag))
+	}
+	if _, err := os.Stat(hib); err != nil {
+		return fail(status.Errorf(codes.Internal, "%s: its state: %v", stays, err))
+	}
+	dir := filepath.Join(s.cfg.StateDir, sandboxesDir, b.id)
+	os.RemoveAll(dir) // its last machine's, gone
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(status.Errorf(codes.Internal, "%s: sandbox folder: %v", stays, err))
+	}
+	b.mu.Lock()
+	bctx := b.ctx
+	b.mu.Unlock()
+	began := time.Now()
+	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
+	spec := CreateSpec{Dir: dir, Checkpoint: hib, Hostname: hostname(b.id), CPUs: int(cpus), MemoryMiB: int(mem)}
+	inst, err := s.createNet(rctx, spec, n)
+	if err == nil {
+		// Its memory has its secret files; its new VMM process keeps
+		// the secrets again.
+		if err = s.installSecrets(rctx, b, inst, false); err != nil {
+			inst.Close(context.Background())
+		}
+	}
+	cancel()
+	if err != nil {
+		os.RemoveAll(dir)
+		return fail(callErr(stays, err))
+	}
+	b.mu.Lock()
+	if b.ending {
+		b.moving, b.waking = false, false
+		b.mu.Unlock()
+		inst.Close(context.Background())
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its resume", b.id)
+	}
+	if len(b.rec.SecretNames) > 0 && len(b.secrets) == 0 {
+		s.log.Warn("the secrets of a sandbox hibernated before a kilnd restart are lost: its execs run without them", "sandbox", b.id, "secrets", b.rec.SecretNames)
+	}
+	if life := b.rec.ResumeLifeMS; life > 0 {
+		b.rec.ExpiresUnixMS = s.clock.Now().Add(time.Duration(life) * time.Millisecond).UnixMilli()
+	}
+	b.rec.ResumeLifeMS = 0
+	b.rec.Hibernated, b.rec.HibernateDir = false, ""
+	b.moving, b.waking = false, false
+	b.mu.Unlock()
+	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_RESUMED)
+	os.RemoveAll(hib)
+	sctx, scancel := context.WithTimeout(ctx, time.Minute)
+	s.syncExecs(sctx, b) // its background execs, still running in the guest
+	scancel()
+	return s.describe(b), nil
+}
+
+// timeoutHibernate hibernates b, whose lifetime ended (reason) and whose
+// timeout action is to hibernate; when that fails it is destroyed,
+// with a reason that says why.
+func (s *Server) timeoutHibernate(b *box, reason string) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BootTimeout)
+	defer cancel()
+	err := s.hibernate(ctx, b, true, reason+": hibernated (its timeout action)")
+	if err == nil || s.ctx.Err() != nil {
+		return
+	}
+	b.mu.Lock()
+	skip := b.moving || b.rec.Hibernated || b.ending
+	b.mu.Unlock()
+	if skip {
+		return
+	}
+	s.log.Warn("a sandbox whose lifetime ended could not be hibernated: destroying it", "sandbox", b.id, "err", err)
+	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT, reason+"; hibernating it (its timeout action) failed, so it was destroyed: "+status.Convert(err).Message())
+}
+
+// pruneHibernated removes the hibernated states no live sandbox's
+// record names (a sandbox destroyed while kilnd was down, a hibernation
+// cut short).
+func (s *Server) pruneHibernated() {
+	keep := map[string]bool{}
+	s.mu.Lock()
+	for _, b := range s.boxes {
+		b.mu.Lock()
+		if b.rec.live() && b.rec.Hibernated {
+			keep[b.rec.HibernateDir] = true
+		}
+		b.mu.Unlock()
+	}
+	s.mu.Unlock()
+	for _, d := range globDirs(filepath.Join(s.cfg.StateDir, hibernatedDir, "*")) {
+		if !keep[d] {
+			s.log.Info("removing the state of a hibernated sandbox that is gone", "dir", d)
+			os.RemoveAll(d)
+		}
+	}
+}
