@@ -229,6 +229,7 @@ func (a *cli) sandboxCmd() *cobra.Command {
 	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(),
 		a.psCmd(), a.killCmd(), a.pauseCmd(true), a.pauseCmd(false), a.eventsCmd(),
 		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd(), a.policyCmd())
+	cmd.AddCommand(a.updateCmd())
 	return cmd
 }
 
@@ -805,13 +806,14 @@ func (a *cli) killCmd() *cobra.Command {
 	return cmd
 }
 
-// pauseCmd is pause (stop the vCPUs) or resume.
+// pauseCmd is pause (stop the vCPUs, or hibernate) or resume.
 func (a *cli) pauseCmd(pause bool) *cobra.Command {
-	use, short := "resume ID...", "start paused sandboxes' vCPUs again"
+	use, short := "resume ID...", "start paused sandboxes' vCPUs again, or restore hibernated ones"
 	if pause {
-		use, short = "pause ID...", "stop sandboxes' vCPUs (memory and state stay)"
+		use, short = "pause ID...", "stop sandboxes' vCPUs (memory and state stay), or hibernate them (--hibernate)"
 	}
-	return &cobra.Command{
+	var hibernate bool
+	cmd := &cobra.Command{
 		Use:               use,
 		Short:             short,
 		Args:              args(cobra.MinimumNArgs(1)),
@@ -824,9 +826,12 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 			failed := false
 			for _, id := range ids {
 				var err error
-				if pause {
+				switch {
+				case hibernate:
+					_, err = c.HibernateSandbox(cmd.Context(), id)
+				case pause:
 					_, err = c.PauseSandbox(cmd.Context(), id)
-				} else {
+				default:
 					_, err = c.ResumeSandbox(cmd.Context(), id)
 				}
 				if err != nil {
@@ -840,6 +845,10 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 			return nil
 		},
 	}
+	if pause {
+		cmd.Flags().BoolVar(&hibernate, "hibernate", false, "write each sandbox's state to kilnd's disk and stop its VM, freeing its memory (resume restores it)")
+	}
+	return cmd
 }
 
 func (a *cli) eventsCmd() *cobra.Command {
