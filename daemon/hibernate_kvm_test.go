@@ -95,6 +95,13 @@ func TestKVMDaemonHibernate(t *testing.T) {
 	cancelBg() // a background exec outlives its call
 	e.shOut(sb.Id, "echo kept > /root/f")
 	n := counting(0)
+	// An in-memory checkpoint, which its VMM process holds: the
+	// hibernation writes it to disk first.
+	ck, err := e.c.Checkpoint(ctx, &kilnpb.CheckpointRequest{SandboxId: sb.Id})
+	if err != nil || ck.Persisted {
+		t.Fatalf("checkpoint: %v, %v", ck, err)
+	}
+	e.shOut(sb.Id, "echo later > /root/f")
 
 	// hibernate checks that sandbox s hibernates, and what it freed.
 	hibernate := func(s *kilnpb.Sandbox) {
@@ -157,10 +164,14 @@ func TestKVMDaemonHibernate(t *testing.T) {
 		t.Errorf("the background exec after the resume: %v", x)
 	}
 	n = counting(n)
-	if got := e.shOut(sb.Id, "cat /root/f"); got != "kept" {
+	if got := e.shOut(sb.Id, "cat /root/f"); got != "later" {
 		t.Errorf("file after the resume: %q", got)
 	}
 	reach(sb.Id)
+	cks, err := e.c.ListCheckpoints(ctx, &kilnpb.ListCheckpointsRequest{SandboxId: sb.Id})
+	if err != nil || len(cks.Checkpoints) != 1 || cks.Checkpoints[0].Id != ck.Id || !cks.Checkpoints[0].Persisted {
+		t.Fatalf("checkpoints after the hibernation: %v, %v", cks, err)
+	}
 
 	// Hibernated across a restart of the daemon.
 	hibernate(sb2)
@@ -171,7 +182,7 @@ func TestKVMDaemonHibernate(t *testing.T) {
 	}
 	resume(sb)
 	n = counting(n)
-	if got := e.shOut(sb.Id, "cat /root/f"); got != "kept" {
+	if got := e.shOut(sb.Id, "cat /root/f"); got != "later" {
 		t.Errorf("file after the restart and resume: %q", got)
 	}
 	reach(sb.Id)
@@ -185,8 +196,22 @@ func TestKVMDaemonHibernate(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The checkpoint that was in memory before the hibernation, written
+	// to disk by it, rolls the sandbox back.
+	at := time.Now()
+	if _, err := e.c.Rollback(ctx, &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck.Id}); err != nil {
+		t.Fatalf("rollback to the persisted checkpoint: %v", err)
+	}
+	t.Logf("rolled back in %v", time.Since(at).Round(time.Millisecond))
+	if got := e.shOut(sb.Id, "cat /root/f"); got != "kept" {
+		t.Errorf("file after the rollback: %q", got)
+	}
+	reach(sb.Id)
 	if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.state, "hibernated", sb.Id)); !os.IsNotExist(err) {
+		t.Errorf("hibernated state after the destroy: %v", err)
 	}
 	t.Logf("done in %v", time.Since(began).Round(time.Millisecond))
 }
