@@ -2,7 +2,9 @@ package e2b
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"math"
@@ -136,6 +138,14 @@ type sandboxMetric struct {
 	MemCache      uint64  `json:"memCache"`
 	DiskUsed      uint64  `json:"diskUsed"`
 	DiskTotal     uint64  `json:"diskTotal"`
+}
+
+// requestID is a new kiln.v1 request ID: the SDK does not retry a
+// create, so each is its own.
+func requestID() string {
+	b := make([]byte, 12)
+	rand.Read(b) // never fails (crypto/rand)
+	return "e2b-" + hex.EncodeToString(b)
 }
 
 // set reports whether an optional JSON value was given (and not null).
@@ -380,7 +390,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 	if err != nil {
 		return err
 	}
-	creq := &kilnpb.CreateSandboxRequest{LifetimeMs: life, Egress: egress}
+	creq := &kilnpb.CreateSandboxRequest{LifetimeMs: life, Egress: egress, RequestId: requestID()}
 	if snap, ok := s.snaps.find(tenant, req.TemplateID); ok {
 		creq.Source = &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: snap.ID}
 	} else {
@@ -730,7 +740,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 	defer cancel()
 	stream, err := s.kiln.Fork(ctx, &kilnpb.ForkRequest{
 		Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.GetId()},
-		Count:  uint32(count), Labels: parent.GetLabels(), LifetimeMs: life,
+		Count:  uint32(count), Labels: parent.GetLabels(), LifetimeMs: life, RequestId: requestID(),
 	})
 	if err != nil {
 		return err
