@@ -809,7 +809,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request, tenant s
 		return err
 	}
 	for _, m := range resp.GetSamples() {
-		if end > 0 && m.GetUnixMs() > end*1000+999 {
+		if m.GetUnixMs() < start*1000 || end > 0 && m.GetUnixMs() > end*1000+999 {
 			continue
 		}
 		out = append(out, sandboxMetric{
