@@ -52,30 +52,7 @@ func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
-	ds.Register(gs)
-	go gs.Serve(lis)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.kiln = kilnpb.NewKilnClient(conn)
-	t.Cleanup(func() {
-		// The double's sandboxes are host processes: end them all.
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if l, err := e.kiln.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{}); err == nil {
-			for _, sb := range l.Sandboxes {
-				e.kiln.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sb.Id})
-			}
-		}
-		conn.Close()
-		gs.Stop()
-		ds.Close(ctx)
-	})
+	e.kiln = serveDaemon(t, ds)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	e.base, err = e.kiln.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "base", Image: "busybox", RequestId: "base-template"})
@@ -99,6 +76,36 @@ func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	t.Cleanup(hs.Close)
 	e.url = hs.URL
 	return e
+}
+
+// serveDaemon serves ds over an in-memory connection and returns its
+// client; at the test's end every sandbox is destroyed (the double's are
+// host processes, the real ones VMM processes) and ds closed.
+func serveDaemon(t *testing.T, ds *daemon.Server) kilnpb.KilnClient {
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	ds.Register(gs)
+	go gs.Serve(lis)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := kilnpb.NewKilnClient(conn)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if l, err := kc.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{}); err == nil {
+			for _, sb := range l.Sandboxes {
+				kc.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sb.Id})
+			}
+		}
+		conn.Close()
+		gs.Stop()
+		ds.Close(ctx)
+	})
+	return kc
 }
 
 // reply is one HTTP answer.
