@@ -47,6 +47,13 @@ deps:
 	fi
 	@tools/install-qemu.sh
 	@command -v $(GO) >/dev/null || { echo "deps: no Go: install Go 1.26 in /usr/local/go"; exit 1; }
+	@# The E2B SDK the suite drives kilnd with (daemon/e2b/sdktest), pinned
+	@# by its lockfile; Node and npm from Debian's packages when missing.
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+	  echo "deps: installing nodejs npm"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
+	cd daemon/e2b/sdktest && npm ci --no-audit --no-fund
 
 build: harness
 	$(GO) build -o $(KILN) ./cmd/kiln

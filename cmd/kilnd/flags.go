@@ -77,6 +77,7 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	fs.Var(&boundedUintValue{p: &cfg.vmmOverheadMiB, min: 1, max: maxVMMOverheadMiB}, "vmm-overhead", "`MiB` a VMM process may use beyond its guest's memory (added to memory.max)")
 	cfg.pidsMax = defaultPidsMax
 	fs.Var(&boundedUintValue{p: &cfg.pidsMax, min: 1, max: math.MaxInt32}, "pids-max", "most processes and threads, `N`, in a sandbox's cgroup (pids.max)")
+	addE2BFlags(fs, cfg)
 	fs.Var(&ioLimitFlag{p: &cfg.sandboxIO}, "sandbox-io", "cap every sandbox's VMM process on a disk (io.max): `DEV,rbps=N,wbps=N,riops=N,wiops=N` (DEV a block device, a file on one, or MAJ:MIN; N with k/M/G; repeatable)")
 	return fs
 }

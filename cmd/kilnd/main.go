@@ -74,6 +74,12 @@ type config struct {
 	vmmOverheadMiB   uint64           // each VMM process's share beyond guest memory
 	pidsMax          uint64           // each sandbox cgroup's pids.max
 	sandboxIO        []cgroup.IOLimit // io.max lines of every sandbox's cgroup
+
+	// The E2B API (issue 13): off unless e2bListen is set.
+	e2bListen   string   // HOST:PORT
+	e2bKeysFile string   // "KEY TENANT" lines
+	e2bKeys     []string // "KEY TENANT" values
+	e2bDomain   string
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.
@@ -152,6 +158,9 @@ func parseFlagsWith(args []string, stderr io.Writer, defaultConfig string) (conf
 	}
 	if cfg.defaultLifetime < 0 {
 		return config{}, fmt.Errorf("--default-lifetime %v is negative (0 means unlimited)", cfg.defaultLifetime)
+	}
+	if err := checkE2BConfig(cfg); err != nil {
+		return config{}, err
 	}
 	if cfg.kiln == "" {
 		self, err := os.Executable()
@@ -238,6 +247,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 		}
 		lns = append(lns, ln)
 	}
+	var e2bl *e2bListener
+	if cfg.e2bListen != "" {
+		if e2bl, err = listenE2B(cfg, log); err != nil {
+			closeAll()
+			fmt.Fprintln(stderr, "kilnd:", err)
+			return 1
+		}
+		defer e2bl.ln.Close()
+	}
 	var metrics *metricsServer
 	if cfg.metricsListen != "" {
 		if metrics, err = listenMetrics(cfg.metricsListen, log); err != nil {
@@ -262,7 +280,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, newService newSer
 			return 1
 		}
 	}
-	if err := serve(ctx, lns, a, svc, log, serveOptions{watchdog: watchdog}); err != nil {
+	opts := serveOptions{watchdog: watchdog}
+	if e2bl != nil {
+		stop, err := e2bl.start(cfg, log)
+		if err != nil {
+			closeAll()
+			svc.Close(context.Background())
+			fmt.Fprintln(stderr, "kilnd:", err)
+			return 1
+		}
+		lns = append(lns, e2bl.mem)
+		opts.beforeStop = stop
+	}
+	if err := serve(ctx, lns, a, svc, log, opts); err != nil {
 		fmt.Fprintln(stderr, "kilnd:", err)
 		return 1
 	}

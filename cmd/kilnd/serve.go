@@ -31,6 +31,9 @@ type serveOptions struct {
 	// watchdog is systemd's watchdog interval (WATCHDOG_USEC), 0 for none:
 	// kilnd pings every half of it while its self-check passes.
 	watchdog time.Duration
+	// beforeStop, when set, is called once serving is to stop, before
+	// the gRPC server stops (the E2B API, a client of it, stops first).
+	beforeStop func(context.Context)
 }
 
 // serve serves svc, with the health and reflection services, on every
@@ -95,6 +98,11 @@ func serve(ctx context.Context, lns []net.Listener, a auth, svc service, log *sl
 	stopRun()
 	bg.Wait()
 	notify(log, sddaemon.SdNotifyStopping+"\nSTATUS=stopping; sandboxes keep running")
+	if opts.beforeStop != nil {
+		bctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		opts.beforeStop(bctx)
+		cancel()
+	}
 	hs.Shutdown()
 	stopped := make(chan struct{})
 	go func() {

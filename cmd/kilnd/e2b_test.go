@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/client"
+	"github.com/kilnvm/kiln/daemon/daemontest"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// TestE2BFlags: the E2B flags from the command line and the config file,
+// and what is refused.
+func TestE2BFlags(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "kilnd.toml")
+	os.WriteFile(conf, []byte("e2b-listen = \"127.0.0.1:3000\"\ne2b-api-key = [\"key-conf-0001 alpha\", \"key-conf-0002 beta\"]\ne2b-domain = \"kiln.test\"\n"), 0o644)
+	cfg, err := parseFlagsWith([]string{"--config", conf, "--kiln", "/bin/true"}, io.Discard, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.e2bListen != "127.0.0.1:3000" || len(cfg.e2bKeys) != 2 || cfg.e2bKeys[1] != "key-conf-0002 beta" || cfg.e2bDomain != "kiln.test" {
+		t.Errorf("from the config file: %+v", cfg)
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--e2b-listen", "127.0.0.1:3000"}, "needs API keys"},
+		{[]string{"--e2b-listen", "nowhere"}, "e2b-listen"},
+		{[]string{"--e2b-listen", "127.0.0.1:3000", "--e2b-api-key", "key-0000001 a", "--e2b-domain", "a/b"}, "--e2b-domain"},
+	} {
+		if _, err := parseFlagsWith(append(tc.args, "--kiln", "/bin/true"), io.Discard, ""); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%v: %v; want %q", tc.args, err, tc.msg)
+		}
+	}
+	// A bad keys file stops kilnd before it serves, naming the line.
+	keys := filepath.Join(dir, "keys")
+	os.WriteFile(keys, []byte("# k\nkey-file-0001\n"), 0o600)
+	var stderr bytes.Buffer
+	args := []string{"--config=", "--listen", "unix:" + filepath.Join(dir, "s.sock"), "--state-dir", filepath.Join(dir, "state"),
+		"--kiln", "/bin/true", "--e2b-listen", "127.0.0.1:0", "--e2b-api-keys", keys}
+	if code := run(context.Background(), args, &stderr, func(config, *slog.Logger) (service, error) {
+		t.Error("kilnd made its service with a bad keys file")
+		return &listOnly{}, nil
+	}); code != 1 || !strings.Contains(stderr.String(), keys+":2") {
+		t.Errorf("a bad keys file: exit %d, %q", code, stderr.String())
+	}
+}
+
+// TestE2BListen runs kilnd over package daemon and its test backend with
+// the E2B listener: the API answers with a key from the keys file or the
+// command line, reaches the daemon in-process (a sandbox it creates is
+// kilnd's), reports kilnd's health, and stops with kilnd.
+func TestE2BListen(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "kilnd.sock")
+	state := filepath.Join(dir, "state")
+	keys := filepath.Join(dir, "keys")
+	os.WriteFile(keys, []byte("key-file-0001 alpha\n"), 0o600)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	be := &daemontest.Backend{}
+	newSvc := func(cfg config, log *slog.Logger) (service, error) {
+		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
+	}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true",
+		"--e2b-listen", addr, "--e2b-api-keys", keys, "--e2b-api-key", "key-flag-0002 beta"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() { done <- run(ctx, args, &stderr, newSvc) }()
+
+	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer dcancel()
+	var c *client.Client
+	for {
+		if c, err = client.Dial(dctx, "unix:"+sock); err == nil {
+			break
+		}
+		if dctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer c.Close()
+	if _, err := c.CreateTemplate(dctx, &kilnpb.CreateTemplateRequest{Name: "base", Image: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, path, key, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(dctx, method, "http://"+addr+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("X-API-KEY", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if code, b := do("GET", "/health", "", ""); code != 200 {
+		t.Errorf("health: %d %s", code, b)
+	}
+	code, b := do("POST", "/v2/sandboxes", "key-file-0001", `{"templateID":"base","timeout":60}`)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.Unmarshal(b, &sb)
+	got, err := c.GetSandbox(dctx, sb.SandboxID)
+	if err != nil || got.GetLabels()["e2b.kiln.dev/tenant"] != "alpha" {
+		t.Errorf("kilnd's sandbox: %v %v", got, err)
+	}
+	if code, _ := do("GET", "/sandboxes/"+sb.SandboxID, "key-flag-0002", ""); code != 404 {
+		t.Errorf("beta gets alpha's sandbox: %d", code)
+	}
+	if code, _ := do("GET", "/v2/sandboxes", "key-wrong-0003", ""); code != 401 {
+		t.Errorf("a wrong key: %d", code)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "e2b", "access-token.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the access-token key: %v %v", fi, err)
+	}
+	if code, _ := do("DELETE", "/sandboxes/"+sb.SandboxID, "key-file-0001", ""); code != 204 {
+		t.Errorf("kill: %d", code)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("kilnd exited %d: %s", code, stderr.String())
+	}
+	for _, secret := range []string{"key-file-0001", "key-flag-0002", sb.EnvdAccessToken} {
+		if strings.Contains(stderr.String(), secret) {
+			t.Errorf("kilnd's log shows a key or token: %s", stderr.String())
+		}
+	}
+	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		t.Error("the E2B listener still answers after kilnd stopped")
+	}
+}

@@ -1,0 +1,86 @@
+package e2b_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/e2b"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/imagetest"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
+)
+
+// TestMain lets the test binary serve as a VMM process (the real
+// backend's ProcessCommand in TestKVME2B).
+func TestMain(m *testing.M) {
+	if os.Getenv(vmmproc.SocketEnv) != "" {
+		os.Exit(vmmproc.ServeMain(context.Background(), "", sandbox.OpenImageFS(image.NewRoots(image.Options{}))))
+	}
+	os.Exit(m.Run())
+}
+
+// TestKVME2B runs every file of the SDK's suite (KILN_E2B_MODE=kvm)
+// against the E2B server over a daemon.Server with real sandboxes: a
+// template named base from the Debian test image (the SDK runs commands
+// with /bin/bash), sandboxes restored from it.
+func TestKVME2B(t *testing.T) {
+	kvmtest.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	_, refs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
+	images := t.TempDir()
+	im, err := image.NewRoots(image.Options{}).Images(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.Pull(ctx, refs["debian"], image.PullOptions{}); err != nil {
+		t.Fatalf("pull debian: %v", err)
+	}
+	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short state folder: the sandboxes' Unix sockets live in it.
+	state, err := os.MkdirTemp("", "ke-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(state, "k"), Runtime: rt, Images: images,
+		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute, MemoryOvercommit: 2,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := serveDaemon(t, ds)
+	start := time.Now()
+	tp, err := kc.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "base", Image: refs["debian"], RequestId: "kvm-e2b-base",
+		Resources: &kilnpb.Resources{MemoryMib: 256}})
+	if err != nil {
+		t.Fatalf("template base: %v", err)
+	}
+	t.Logf("template %s (base) in %v", tp.Id, time.Since(start).Round(time.Millisecond))
+	keys := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, keys, keyA+" alpha\n"+keyB+" beta\n", 0o600)
+	k, err := e2b.LoadKeys(keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := e2b.New(e2b.Config{Kiln: kc, Keys: k, StateDir: filepath.Join(state, "e2b"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	runSDK(t, ctx, hs.URL, keyA, keyB, "kvm")
+}

@@ -1,0 +1,335 @@
+// Package e2b serves E2B's API for kilnd, so that the unmodified E2B SDKs
+// drive Kiln sandboxes: the control plane (REST: sandboxes, their
+// timeouts, pause and resume, fork, snapshots, metrics), with API keys and
+// tenants, and envd (the in-sandbox API, package envd) on the same
+// listener, routed by the E2b-Sandbox-Id header or by a PORT-ID.DOMAIN
+// host name. It is a translator: everything goes through kiln.v1 (a
+// kilnpb.KilnClient), kilnd's own API.
+package e2b
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kilnvm/kiln/daemon/e2b/envd"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
+)
+
+// Reserved labels: the E2B layer's own, on every sandbox it makes. User
+// metadata may not use the prefix.
+const (
+	LabelPrefix   = "e2b.kiln.dev/"
+	TenantLabel   = LabelPrefix + "tenant"
+	TemplateLabel = LabelPrefix + "template" // the templateID as the create named it
+)
+
+// EnvdPort is envd's port in E2B's sandbox host names.
+const EnvdPort = 49983
+
+// ClientID is what the API reports as a sandbox's clientID.
+const ClientID = "kiln"
+
+// EnvdHandler serves envd requests for an authorized sandbox
+// (*envd.Handler).
+type EnvdHandler interface {
+	Serve(w http.ResponseWriter, r *http.Request, id string)
+}
+
+// Config is a Server's.
+type Config struct {
+	// Kiln is kilnd's API.
+	Kiln kilnpb.KilnClient
+	// Keys are the API keys and their tenants.
+	Keys *Keys
+	// StateDir holds the access-token key and the snapshot index
+	// (made 0700 when missing).
+	StateDir string
+	// Domain, when set, is returned to SDKs as each sandbox's domain and
+	// is the domain of PORT-ID.DOMAIN host names.
+	Domain string
+	// Envd serves envd; nil: envd.New(Kiln, Logger).
+	Envd EnvdHandler
+	// Health, when set, is what GET /health reports (an error: 503).
+	Health func(context.Context) error
+	// DefaultTimeout is a sandbox's lifetime when a create names none;
+	// 0: 15 seconds, the E2B API's default.
+	DefaultTimeout time.Duration
+	Logger         *slog.Logger
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// defaultTimeout is the E2B API's lifetime of a sandbox created without
+// a timeout.
+const defaultTimeout = 15 * time.Second
+
+// Server is the E2B API over one kilnd.
+type Server struct {
+	kiln       kilnpb.KilnClient
+	keys       *Keys
+	tokens     *tokens
+	snaps      *snapshotIndex
+	domain     string
+	envd       EnvdHandler
+	health     func(context.Context) error
+	defTimeout time.Duration
+	log        *slog.Logger
+	now        func() time.Time
+	mux        *http.ServeMux
+
+	authLog limiter // of failed authentications' log lines
+}
+
+// New makes a Server. It needs kiln, at least one key, and a state folder.
+func New(cfg Config) (*Server, error) {
+	if cfg.Kiln == nil {
+		return nil, errors.New("e2b: no kiln.v1 client")
+	}
+	if cfg.Keys == nil || cfg.Keys.Len() == 0 {
+		return nil, errors.New("e2b: no API keys: give --e2b-api-keys FILE or --e2b-api-key 'KEY TENANT'")
+	}
+	if strings.ContainsAny(cfg.Domain, "/ \t\r\n") {
+		return nil, fmt.Errorf("e2b: domain %q is not a host name", cfg.Domain)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	tok, err := loadTokens(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("e2b: %w", err)
+	}
+	snaps, err := openSnapshotIndex(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("e2b: %w", err)
+	}
+	s := &Server{
+		kiln: cfg.Kiln, keys: cfg.Keys, tokens: tok, snaps: snaps, domain: cfg.Domain,
+		envd: cfg.Envd, health: cfg.Health, defTimeout: cfg.DefaultTimeout, log: log, now: cfg.Now,
+		authLog: limiter{every: 10 * time.Second},
+	}
+	if s.envd == nil {
+		s.envd = envd.New(cfg.Kiln, log)
+	}
+	if s.defTimeout <= 0 {
+		s.defTimeout = defaultTimeout
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.routes()
+	return s, nil
+}
+
+// Handler is the whole API: envd's requests go to envd, the rest to the
+// control plane.
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// ReloadKeys re-reads the API keys file (kilnd calls it on SIGHUP).
+func (s *Server) ReloadKeys() error { return s.keys.Reload() }
+
+// AccessToken is sandbox id's envd access token.
+func (s *Server) AccessToken(id string) string { return s.tokens.token(id) }
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, port, ok := s.envdTarget(r); ok {
+		s.serveEnvd(w, r, id, port)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// envdTarget finds the sandbox and port an envd request is for: its
+// E2b-Sandbox-Id (and E2b-Sandbox-Port) headers, else a host name
+// PORT-ID.DOMAIN (DOMAIN the configured one, any when none is).
+func (s *Server) envdTarget(r *http.Request) (id string, port int, ok bool) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		port := EnvdPort
+		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 1 || n > 65535 {
+				port = -1
+			} else {
+				port = n
+			}
+		}
+		return id, port, true
+	}
+	return parseSandboxHost(r.Host, s.domain)
+}
+
+// parseSandboxHost parses PORT-ID.DOMAIN[:P].
+func parseSandboxHost(host, domain string) (id string, port int, ok bool) {
+	if h, _, found := strings.Cut(host, ":"); found && !strings.Contains(h, "]") {
+		host = h
+	}
+	label, rest, found := strings.Cut(host, ".")
+	if !found || rest == "" {
+		return "", 0, false
+	}
+	if domain != "" {
+		d, _, _ := strings.Cut(domain, ":")
+		if !strings.EqualFold(rest, d) {
+			return "", 0, false
+		}
+	}
+	p, id, found := strings.Cut(label, "-")
+	if !found || id == "" || p == "" || len(p) > 5 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != p {
+		return "", 0, false
+	}
+	return id, n, true
+}
+
+// serveEnvd checks an envd request's access token and sandbox, then
+// hands it to envd.
+func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if port != EnvdPort {
+		writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway,
+			Message: fmt.Sprintf("port %d of sandbox %s: Kiln serves only envd (port %d) of a sandbox; its other ports are not reachable through this API", port, id, EnvdPort)})
+		return
+	}
+	if len(id) > 128 {
+		writeConnectError(w, http.StatusUnauthorized, "unauthenticated", "bad sandbox ID")
+		return
+	}
+	tok := r.Header.Get("X-Access-Token")
+	if tok == "" {
+		s.authFailed(r, "envd: no access token", id)
+		writeConnectError(w, http.StatusUnauthorized, "unauthenticated", "missing X-Access-Token header: send the envdAccessToken the sandbox's create or connect returned")
+		return
+	}
+	if !s.tokens.check(id, tok) {
+		s.authFailed(r, "envd: wrong access token", id)
+		writeConnectError(w, http.StatusUnauthorized, "unauthenticated", "invalid access token for sandbox "+id)
+		return
+	}
+	sb, err := s.kiln.GetSandbox(r.Context(), &kilnpb.GetSandboxRequest{Id: id})
+	if err != nil || !isLive(sb.GetState()) {
+		writeConnectError(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("sandbox %s is not running", id))
+		return
+	}
+	if sb.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+		writeConnectError(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("sandbox %s is %s: connect to it to resume it first", id, stateName(sb)))
+		return
+	}
+	s.envd.Serve(w, r, id)
+}
+
+// apiHandler is a control-plane handler, called with the caller's
+// tenant.
+type apiHandler func(w http.ResponseWriter, r *http.Request, tenant string) error
+
+// api wraps h with the API-key check and error replies.
+func (s *Server) api(h apiHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-KEY")
+		if key == "" {
+			s.authFailed(r, "no API key", "")
+			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "missing X-API-KEY header"})
+			return
+		}
+		tenant, ok, reloadErr := s.keys.Tenant(key)
+		if reloadErr != nil {
+			s.log.Error("e2b: the API keys file changed and is unusable; the keys read before still hold", "err", reloadErr)
+		}
+		if !ok {
+			s.authFailed(r, "unknown API key", "")
+			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "invalid API key"})
+			return
+		}
+		if err := h(w, r, tenant); err != nil {
+			code, msg := statusOf(err)
+			lvl := slog.LevelDebug
+			if code >= 500 {
+				lvl = slog.LevelWarn
+			}
+			s.log.Log(r.Context(), lvl, "e2b: request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenant, "status", code, "err", msg)
+			writeError(w, err)
+		}
+	}
+}
+
+// authFailed logs a refused caller, at most every few seconds (a caller
+// may try many keys).
+func (s *Server) authFailed(r *http.Request, why, sandbox string) {
+	if n, ok := s.authLog.allow(s.now()); ok {
+		args := []any{"why", why, "remote", r.RemoteAddr, "path", r.URL.Path}
+		if sandbox != "" {
+			args = append(args, "sandbox", sandbox)
+		}
+		if n > 0 {
+			args = append(args, "suppressed", n)
+		}
+		s.log.Warn("e2b: refused a caller", args...)
+	}
+}
+
+// limiter lets one event through every so often and counts the others.
+type limiter struct {
+	every time.Duration
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether to log now, with how many were suppressed since
+// the last one logged.
+func (l *limiter) allow(now time.Time) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		return 0, false
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	return n, true
+}
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /health", s.serveHealth)
+	m.HandleFunc("POST /v2/sandboxes", s.api(s.createSandbox))
+	m.HandleFunc("POST /sandboxes", s.api(s.createSandbox))
+	m.HandleFunc("GET /v2/sandboxes", s.api(s.listSandboxes))
+	m.HandleFunc("GET /sandboxes", s.api(s.listSandboxes))
+	m.HandleFunc("GET /sandboxes/{id}", s.api(s.getSandbox))
+	m.HandleFunc("DELETE /sandboxes/{id}", s.api(s.killSandbox))
+	m.HandleFunc("POST /sandboxes/{id}/timeout", s.api(s.setTimeout))
+	m.HandleFunc("POST /sandboxes/{id}/pause", s.api(s.pauseSandbox))
+	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.api(s.connectSandbox))
+	m.HandleFunc("POST /sandboxes/{id}/connect", s.api(s.connectSandbox))
+	m.HandleFunc("POST /sandboxes/{id}/resume", s.api(s.connectSandbox))
+	m.HandleFunc("POST /sandboxes/{id}/fork", s.api(s.forkSandbox))
+	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.api(s.createSnapshot))
+	m.HandleFunc("GET /snapshots", s.api(s.listSnapshots))
+	m.HandleFunc("DELETE /templates/{id}", s.api(s.deleteSnapshot))
+	m.HandleFunc("GET /sandboxes/{id}/metrics", s.api(s.sandboxMetrics))
+	m.HandleFunc("PUT /sandboxes/{id}/network", s.api(s.updateNetwork))
+	m.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request, _ string) error {
+		return errorf(http.StatusNotFound, "%s %s is not part of the API Kiln serves", r.Method, r.URL.Path)
+	}))
+	s.mux = m
+}
+
+func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if s.health != nil {
+		if err := s.health(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Code: http.StatusServiceUnavailable, Message: "kilnd is not serving: " + err.Error()})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
