@@ -198,7 +198,9 @@ test('metrics', async () => {
     assert.ok(last.timestamp instanceof Date && Math.abs(last.timestamp - Date.now()) < 60_000, String(last.timestamp))
     assert.ok(last.cpuCount >= 1)
     assert.ok(last.cpuUsedPct >= 0 && last.cpuUsedPct <= 100)
-    assert.ok(last.memTotal > 0 && last.memUsed > 0 && last.memUsed <= last.memTotal)
+    // The test double's "guest memory" is its files: an empty one uses none.
+    assert.ok(last.memTotal > 0 && last.memUsed <= last.memTotal, `memUsed ${last.memUsed} of ${last.memTotal}`)
+    if (kvm) assert.ok(last.memUsed > 0, 'a real guest uses some memory')
     assert.ok(last.diskTotal > 0 && last.diskUsed <= last.diskTotal)
     const none = await sbx.getMetrics({ start: new Date(Date.now() + 3_600_000) })
     assert.equal(none.length, 0)
