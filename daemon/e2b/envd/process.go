@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	processpb "github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/process"
 	"github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/process/processpbconnect"
@@ -255,18 +256,26 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	if err == nil {
 		err = ex.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Start{Start: st}})
 	}
-	var first *kilnpb.ExecResponse
-	if err == nil {
-		first, err = ex.Recv()
+	// Output may come before the started response (kilnd sends both as
+	// they come): it is kept, bounded, for the Start call.
+	var started *kilnpb.ExecStarted
+	var early []*kilnpb.ExecResponse
+	for err == nil && started == nil {
+		var r *kilnpb.ExecResponse
+		if r, err = ex.Recv(); err != nil {
+			break
+		}
+		if started = r.GetStarted(); started == nil {
+			if len(early) >= h.limits.EventBuffer {
+				err = status.Errorf(codes.Internal, "kilnd sent %d responses before the process started", len(early))
+				break
+			}
+			early = append(early, r)
+		}
 	}
 	if err != nil {
 		cancel()
 		return connectErr("start "+cfg.GetCmd(), err)
-	}
-	started := first.GetStarted()
-	if started == nil {
-		cancel()
-		return connect.NewError(connect.CodeInternal, fmt.Errorf("start %s: kilnd answered %T before the process started", cfg.GetCmd(), first.GetKind()))
 	}
 	p := &proc{sandbox: id, pid: uint32(started.GetPid()), execID: started.GetExecId(), tag: req.Msg.GetTag(),
 		cfg: cfg, pty: st.Pty != nil, stdin: st.HasStdin, exec: ex, cancel: cancel, subs: map[*subscriber]struct{}{}}
@@ -274,7 +283,15 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	h.mu.Lock()
 	h.stateLocked(id).procs[p.pid] = p
 	h.mu.Unlock()
-	go h.pump(p, ex.Recv)
+	recv := func() (*kilnpb.ExecResponse, error) {
+		if len(early) > 0 {
+			r := early[0]
+			early = early[1:]
+			return r, nil
+		}
+		return ex.Recv()
+	}
+	go h.pump(p, recv)
 	return h.follow(ctx, func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
 	}, p, sub, keepaliveInterval(req.Header()))
