@@ -180,7 +180,8 @@ type bodyReader struct{ r io.Reader }
 
 func (b bodyReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
-	if err != nil && err != io.EOF {
+	var ue *uploadError
+	if err != nil && err != io.EOF && !errors.As(err, &ue) {
 		code := http.StatusBadRequest
 		if errors.Is(err, errTooLarge) {
 			code = http.StatusRequestEntityTooLarge
@@ -265,7 +266,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			if !h.writeUpload(w, ctx, id, user, p, part) {
+			if !h.writeUpload(w, ctx, id, user, p, bodyReader{part}) {
 				return
 			}
 			done = append(done, uploaded{Name: path.Base(p), Type: "file", Path: p})
