@@ -18,6 +18,7 @@ package envd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -145,6 +146,7 @@ func New(kiln kilnpb.KilnClient, log *slog.Logger, opts ...Option) *Handler {
 	}
 	h.base, h.cancel = context.WithCancel(context.Background())
 	h.homes = homeCache{m: map[homeKey]string{}}
+	go h.watchEvents()
 	copts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRequest)}
 	h.mux = http.NewServeMux()
 	h.mux.Handle(processpbconnect.NewProcessHandler(&processService{h}, copts...))
@@ -244,4 +246,56 @@ func keepaliveInterval(hdr http.Header) time.Duration {
 		return 50 * time.Second
 	}
 	return time.Duration(min(n, 300)) * time.Second
+}
+
+// watchEvents drops what the Handler holds for a sandbox once it ends
+// (destroyed, failed, timed out): its processes' streams (their
+// followers learn the sandbox is gone) and its watchers. It follows
+// kilnd's events until Close, watching again after a broken stream.
+func (h *Handler) watchEvents() {
+	for h.base.Err() == nil {
+		ev, err := h.kiln.WatchEvents(h.base, &kilnpb.WatchEventsRequest{})
+		for err == nil {
+			var e *kilnpb.Event
+			if e, err = ev.Recv(); err != nil {
+				break
+			}
+			switch e.GetKind() {
+			case kilnpb.Event_KIND_EXITED, kilnpb.Event_KIND_FAILED, kilnpb.Event_KIND_TIMED_OUT:
+				h.dropSandbox(e.GetSandboxId(), fmt.Errorf("sandbox %s has ended", e.GetSandboxId()))
+			}
+		}
+		if h.base.Err() == nil {
+			h.log.Debug("watching kilnd's events again", "err", err)
+			select {
+			case <-h.base.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// dropSandbox lets go of everything held for sandbox id.
+func (h *Handler) dropSandbox(id string, why error) {
+	h.mu.Lock()
+	st := h.sandboxes[id]
+	delete(h.sandboxes, id)
+	for k := range h.homes.m {
+		if k.sandbox == id {
+			delete(h.homes.m, k)
+		}
+	}
+	h.mu.Unlock()
+	if st == nil {
+		return
+	}
+	for _, p := range st.procs {
+		p.mu.Lock()
+		p.gone = why
+		p.mu.Unlock()
+		p.cancel()
+	}
+	for _, w := range st.watchers {
+		w.cancel()
+	}
 }

@@ -45,6 +45,7 @@ type proc struct {
 	mu    sync.Mutex
 	subs  map[*subscriber]struct{}
 	ended bool
+	gone  error // why its stream was cut: its sandbox ended
 }
 
 // subscriber is one call following a proc. Only the pump sends on ch
@@ -128,6 +129,9 @@ func (h *Handler) pump(p *proc, recv func() (*kilnpb.ExecResponse, error)) {
 	h.mu.Unlock()
 	p.mu.Lock()
 	p.ended = true
+	if p.gone != nil {
+		broke = connect.NewError(connect.CodeUnavailable, p.gone)
+	}
 	for s := range p.subs {
 		s.err = broke
 		close(s.ch)

@@ -332,9 +332,10 @@ func TestProcessTable(t *testing.T) {
 	e := newEnv(t, WithLimits(Limits{ProcessesPerSandbox: 2}))
 	id := e.sandbox()
 	c := e.process(id, nil)
-	var streams []interface{ Close() error }
+	var streams []*connect.ServerStreamForClient[processpb.StartResponse]
 	for range 2 {
-		s, err := c.Start(ctxT(t), startReq("exec sleep 60"))
+		yes := true // the double's process then waits for its stdin too
+		s, err := c.Start(ctxT(t), startReq("exec sleep 60", func(r *processpb.StartRequest) { r.Stdin = &yes }))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,11 +346,16 @@ func TestProcessTable(t *testing.T) {
 	}
 	r := run(t, c, startReq("true"))
 	wantCode(t, r.err, connect.CodeResourceExhausted)
-	for _, s := range streams {
-		s.Close()
-	}
+	streams[1].Close()
 	if _, err := e.kiln.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: id}); err != nil {
 		t.Fatal(err)
+	}
+	// A follower learns the sandbox went: its process's end, or
+	// Unavailable.
+	s := streams[0]
+	r = drain(s, func() *processpb.ProcessEvent { return s.Msg().GetEvent() })
+	if r.end == nil && connect.CodeOf(r.err) != connect.CodeUnavailable {
+		t.Fatalf("after the sandbox ended: %+v (%v)", r, r.err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
