@@ -120,9 +120,6 @@ func TestFilesystemAgent(t *testing.T) {
 		for _, e := range ls.Msg.GetEntries() {
 			paths = append(paths, e.GetPath())
 		}
-		if len(paths) == 1 {
-			t.Skipf("kilnd does not list to a depth yet: %v", paths)
-		}
 		if got := strings.Join(paths, ","); got != "/m/d/e,/m/d/e/deep.txt" {
 			t.Errorf("depth 3: %s", got)
 		}
@@ -133,7 +130,7 @@ func TestFilesystemAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		if fi.GetOwner() == "" {
-			t.Skip("kilnd does not name owners yet")
+			t.Fatal("kilnd names no owner")
 		}
 		st, err := c.Stat(ctxT(t), connect.NewRequest(&filesystempb.StatRequest{Path: "/m/d"}))
 		if err != nil {
