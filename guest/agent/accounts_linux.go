@@ -124,20 +124,23 @@ func lookupUser(root, name string) (*guestUser, error) {
 	return u, nil
 }
 
-// idNames names uids and gids from the account files under root, read
-// once on first use (one per call that describes files).
-type idNames struct {
+// AccountNames names uids and gids from the account files under root,
+// read once on first use (one per call that describes files). It is not
+// safe for concurrent use.
+type AccountNames struct {
 	root          string
 	loaded        bool
 	users, groups map[uint32]string
 }
 
-func newIDNames(root string) *idNames { return &idNames{root: root} }
+// NewAccountNames names ids from root's etc/passwd and etc/group (root
+// ends in a slash: "/" in the guest).
+func NewAccountNames(root string) *AccountNames { return &AccountNames{root: root} }
 
-// maxNames bounds how many names idNames keeps of each file.
+// maxNames bounds how many names AccountNames keeps of each file.
 const maxNames = 1 << 16
 
-func (n *idNames) load() {
+func (n *AccountNames) load() {
 	if n.loaded {
 		return
 	}
@@ -161,8 +164,8 @@ func (n *idNames) load() {
 	})
 }
 
-// user is uid's name, or the number when it has none.
-func (n *idNames) user(uid uint32) string {
+// User is uid's name, or the number when it has none.
+func (n *AccountNames) User(uid uint32) string {
 	n.load()
 	if s, ok := n.users[uid]; ok {
 		return s
@@ -170,11 +173,32 @@ func (n *idNames) user(uid uint32) string {
 	return strconv.FormatUint(uint64(uid), 10)
 }
 
-// group is gid's name, or the number when it has none.
-func (n *idNames) group(gid uint32) string {
+// Group is gid's name, or the number when it has none.
+func (n *AccountNames) Group(gid uint32) string {
 	n.load()
 	if s, ok := n.groups[gid]; ok {
 		return s
 	}
 	return strconv.FormatUint(uint64(gid), 10)
+}
+
+// User is a user of an account file.
+type User struct {
+	Name     string
+	UID, GID uint32
+	Home     string
+	// Groups are the supplementary groups /etc/group lists it in.
+	Groups []uint32
+}
+
+// LookupUser resolves the user name in root's etc/passwd and etc/group as
+// an Exec's user is (root ends in a slash); an unknown user is a gRPC
+// InvalidArgument naming it. kilnd's test double runs host processes as
+// users of the host's files with it.
+func LookupUser(root, name string) (User, error) {
+	u, err := lookupUser(root, name)
+	if err != nil {
+		return User{}, err
+	}
+	return User{Name: u.name, UID: u.uid, GID: u.gid, Home: u.home, Groups: u.groups}, nil
 }

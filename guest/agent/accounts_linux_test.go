@@ -104,13 +104,13 @@ func TestLookupUser(t *testing.T) {
 		}
 	}
 	// No account files: no users, and names are numbers.
-	n := newIDNames(t.TempDir() + "/")
-	if n.user(1000) != "1000" || n.group(7) != "7" {
-		t.Errorf("names without files: %q %q", n.user(1000), n.group(7))
+	n := NewAccountNames(t.TempDir() + "/")
+	if n.User(1000) != "1000" || n.Group(7) != "7" {
+		t.Errorf("names without files: %q %q", n.User(1000), n.Group(7))
 	}
-	n = newIDNames(root)
-	if n.user(1000) != "app" || n.user(2000) != "app" || n.user(3000) != "3000" || n.group(10) != "wheel" || n.group(99) != "99" {
-		t.Errorf("names: %q %q %q %q", n.user(1000), n.user(2000), n.group(10), n.group(99))
+	n = NewAccountNames(root)
+	if n.User(1000) != "app" || n.User(2000) != "app" || n.User(3000) != "3000" || n.Group(10) != "wheel" || n.Group(99) != "99" {
+		t.Errorf("names: %q %q %q %q", n.User(1000), n.User(2000), n.Group(10), n.Group(99))
 	}
 }
 

@@ -67,7 +67,7 @@ func checkPerm(perm, def uint32) (uint32, error) {
 
 // fileInfo describes path (whose lstat or stat is fi), its owner and
 // group named by names.
-func fileInfo(path string, fi fs.FileInfo, names *idNames) *agentpb.FileInfo {
+func fileInfo(path string, fi fs.FileInfo, names *AccountNames) *agentpb.FileInfo {
 	out := &agentpb.FileInfo{
 		Path:           path,
 		Name:           fi.Name(),
@@ -77,7 +77,7 @@ func fileInfo(path string, fi fs.FileInfo, names *idNames) *agentpb.FileInfo {
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		out.Mode, out.Uid, out.Gid = st.Mode, st.Uid, st.Gid
-		out.Owner, out.Group = names.user(st.Uid), names.group(st.Gid)
+		out.Owner, out.Group = names.User(st.Uid), names.Group(st.Gid)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		if target, err := os.Readlink(path); err == nil {
@@ -178,7 +178,7 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 	if err != nil {
 		return fsStatus("writing", path, err)
 	}
-	return stream.SendAndClose(fileInfo(path, fi, newIDNames("/")))
+	return stream.SendAndClose(fileInfo(path, fi, NewAccountNames("/")))
 }
 
 // ReadFile streams a file.
@@ -235,7 +235,7 @@ func (s *Server) Stat(_ context.Context, req *agentpb.StatRequest) (*agentpb.Fil
 	if err != nil {
 		return nil, fsStatus("stat", path, err)
 	}
-	return fileInfo(path, fi, newIDNames("/")), nil
+	return fileInfo(path, fi, NewAccountNames("/")), nil
 }
 
 // List describes a directory's entries, sorted by name, and with a depth
@@ -246,7 +246,7 @@ func (s *Server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.L
 		return nil, err
 	}
 	depth := max(req.GetDepth(), 1)
-	names := newIDNames("/")
+	names := NewAccountNames("/")
 	resp := &agentpb.ListResponse{}
 	var walk func(dir string, level uint32) error
 	walk = func(dir string, level uint32) error {
@@ -400,7 +400,7 @@ func (s *Server) Move(_ context.Context, req *agentpb.MoveRequest) (*agentpb.Fil
 	if err != nil {
 		return nil, fsStatus("moving "+src+" to", dst, err)
 	}
-	return fileInfo(dst, fi, newIDNames("/")), nil
+	return fileInfo(dst, fi, NewAccountNames("/")), nil
 }
 
 // Remove removes a file, an empty directory, or with recursive a tree.

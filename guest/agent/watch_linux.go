@@ -79,7 +79,7 @@ func WatchDir(ctx context.Context, dir string, recursive bool, fn WatchEventFunc
 	defer f.Close()
 	stop := context.AfterFunc(ctx, func() { f.Close() })
 	defer stop()
-	w := &watcher{f: f, root: dir, recursive: recursive, dirs: map[int32]string{}, wds: map[string]int32{}, names: newIDNames("/")}
+	w := &watcher{f: f, root: dir, recursive: recursive, dirs: map[int32]string{}, wds: map[string]int32{}, names: NewAccountNames("/")}
 	if err := w.add(""); err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ type watcher struct {
 	recursive bool
 	dirs      map[int32]string
 	wds       map[string]int32
-	names     *idNames
+	names     *AccountNames
 }
 
 // add watches the directory rel.
