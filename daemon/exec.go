@@ -426,7 +426,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	opts.Stdout, opts.Stderr = stdout, stderr
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
-	if st.GetHasStdin() {
+	if st.GetHasStdin() || st.GetPty() != nil { // a terminal takes input
 		stdinR, stdinW = io.Pipe()
 		opts.Stdin = stdinR
 	}

@@ -475,6 +475,11 @@ func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.
 		if cmd.Env, err = asUser(cmd, opts.User, cmd.Env); err != nil {
 			return nil, err
 		}
+		if opts.Dir == "" {
+			// The root is in the test's folders, which only root may
+			// enter: a user's exec starts in the host's /.
+			cmd.Dir = "/"
+		}
 	}
 	var tty *os.File
 	if opts.Pty != nil {
