@@ -395,7 +395,15 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	var sendMu sync.Mutex
 	attached := true
 	fan := &fanOut{}
+	// Output waits for ExecStarted to have gone first.
+	startedSent := make(chan struct{})
+	var startedOnce sync.Once
+	markStarted := func() { startedOnce.Do(func() { close(startedSent) }) }
+	defer markStarted()
 	send := func(r *kilnpb.ExecResponse) error {
+		if r.GetStarted() == nil {
+			<-startedSent
+		}
 		sendMu.Lock()
 		defer sendMu.Unlock()
 		if r.GetStarted() == nil && r.GetExit() == nil && !st.GetBackground() {
@@ -477,7 +485,9 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		log.Debug("exec exited", "exit_code", exit.ExitCode, "signal", exit.Signal, "timed_out", exit.TimedOut, "oom_killed", exit.OomKilled)
 		b.execs.exited(e, exit)
 	}()
-	if err := send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}}); err != nil {
+	err = send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}})
+	markStarted()
+	if err != nil {
 		// The call is gone: a foreground process dies with its context.
 		if !st.GetBackground() {
 			<-waited
