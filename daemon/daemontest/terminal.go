@@ -224,8 +224,15 @@ func owner(name string) (*agent.User, error) {
 func (in *Instance) mkdirs(r string, perm fs.FileMode, u *agent.User) error {
 	var missing []string
 	for p := r; p != "."; p = path.Dir(p) {
-		if _, err := in.root.Stat(p); err == nil {
+		fi, err := in.root.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+			}
 			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
 		missing = append(missing, p)
 	}
