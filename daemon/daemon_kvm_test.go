@@ -507,7 +507,7 @@ func kvmTerminalsAndFiles(t *testing.T, e *kvmEnv, id string) {
 	if err != nil || mv.Path != "/home/kuser/g" || mv.Size != 1 {
 		t.Errorf("move: %v %v", mv, err)
 	}
-	if got := e.shOut(id, "cat /home/kuser/g; test -e /home/kuser/d/f || echo gone"); got != "k\ngone" {
+	if got := e.shOut(id, "cat /home/kuser/g; echo; test -e /home/kuser/d/f || echo gone"); got != "k\ngone" {
 		t.Errorf("after the move: %q", got)
 	}
 
