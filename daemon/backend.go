@@ -80,6 +80,11 @@ type Instance interface {
 	Detached(ctx context.Context) ([]DetachedExec, error)
 	// ForgetDetached drops the exited detached process id.
 	ForgetDetached(ctx context.Context, id string) error
+	// AttachDetached copies the output the detached process id writes
+	// from now on to stdout and stderr and returns its exit status once
+	// it has exited (at once for one that has); several may attach at
+	// once. An ID the sandbox lacks is NotFound.
+	AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (client.ExitStatus, error)
 	Files
 
 	Pause(ctx context.Context) error
@@ -159,6 +164,9 @@ type Process interface {
 	Pid() int
 	Signal(sig syscall.Signal) error
 	SignalGroup(sig syscall.Signal) error
+	// Resize sets the size of the process's terminal (one started with
+	// client.ExecOptions.Pty); FailedPrecondition without one.
+	Resize(size client.PtySize) error
 	// Wait waits for the process to exit and its output to be delivered.
 	Wait() (client.ExitStatus, error)
 }
@@ -166,11 +174,23 @@ type Process interface {
 // Files are a sandbox's file calls, on absolute clean paths. Their errors
 // carry the agent's gRPC status codes (NotFound for a missing file,
 // InvalidArgument, FailedPrecondition, ...), which the server passes on.
+// An owner is a user name of the guest's /etc/passwd ("": root); the
+// files and directories a call creates are then its and its group's.
 type Files interface {
-	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (client.FileInfo, error)
 	ReadFile(ctx context.Context, path string, w io.Writer) (int64, error)
 	Stat(ctx context.Context, path string, noFollow bool) (client.FileInfo, error)
-	List(ctx context.Context, path string) ([]client.FileInfo, error)
-	Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error
+	// List lists a directory, and depth levels (0 as 1) down its
+	// subdirectories', with full paths, not following symlinks.
+	List(ctx context.Context, path string, depth int) ([]client.FileInfo, error)
+	Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool, owner string) error
 	Remove(ctx context.Context, path string, recursive bool) error
+	// Move renames source to destination (rename(2); FailedPrecondition
+	// across file systems) and describes the destination.
+	Move(ctx context.Context, source, destination string) (client.FileInfo, error)
+	// Watch calls fn with the changes below directory path (recursive:
+	// in its subdirectories too), a started event first, until ctx ends
+	// or the directory goes (nil), fn fails (its error) or the watch
+	// does (ResourceExhausted when events were lost).
+	Watch(ctx context.Context, path string, recursive bool, fn func(client.WatchEvent) error) error
 }

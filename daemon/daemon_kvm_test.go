@@ -231,6 +231,8 @@ func TestKVMDaemon(t *testing.T) {
 			t.Errorf("%s: %v, want %v naming %q", bad.name, bad.err, bad.code, bad.msg)
 		}
 	}
+	t.Run("terminals users files watch attach", func(t *testing.T) { kvmTerminalsAndFiles(t, e, sb.Id) })
+
 	// A client that disconnects mid-exec: a foreground exec is killed, a
 	// background one runs on, listed, until killed.
 	fg, cancelFg := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}})
@@ -459,4 +461,103 @@ func TestKVMDaemonTemplates(t *testing.T) {
 func globAll(dir, pattern string) []string {
 	m, _ := filepath.Glob(filepath.Join(dir, pattern))
 	return m
+}
+
+// kvmTerminalsAndFiles checks in a running sandbox: an exec on a pty
+// (tty, stty size, a resize), an exec and a file as a user added to the
+// guest's /etc/passwd, a move, a watch seeing what a command does, and an
+// attach to a background exec.
+func kvmTerminalsAndFiles(t *testing.T, e *kvmEnv, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const slow = 2 * time.Minute // TCG
+
+	// A pty: tty names /dev/pts/N, stty sees the size and the resize.
+	x := e.liveExec(ctx, &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", `tty; stty size; echo ready; read l; stty size; echo "got $l"`},
+		Pty: &kilnpb.PtySize{Rows: 24, Cols: 80}})
+	waitUntilFor(t, "ready", slow, func() bool { return strings.Contains(x.output(), "ready\n") })
+	x.stream.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Resize{Resize: &kilnpb.PtySize{Rows: 50, Cols: 132}}})
+	x.stream.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Stdin{Stdin: []byte("hi\n")}})
+	if exit := <-x.exit; exit.GetExitCode() != 0 {
+		t.Errorf("pty exec: %v: %q", exit, x.output())
+	}
+	for _, want := range []string{"/dev/pts/", "\n24 80\n", "\n50 132\n", "got hi\n"} {
+		if !strings.Contains(x.output(), want) {
+			t.Errorf("pty output %q lacks %q", x.output(), want)
+		}
+	}
+
+	// A user the image lacks, added by hand (no useradd in busybox).
+	e.shOut(id, `echo 'kuser:x:1234:1234::/home/kuser:/bin/sh' >> /etc/passwd; echo 'kgroup:x:1234:' >> /etc/group; echo 'kextra:x:2345:kuser' >> /etc/group; mkdir -p /home/kuser`)
+	r := e.exec(ctx, &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", `echo "$(id -u) $(id -g) $(id -G) $HOME $USER"`}, User: "kuser"})
+	if r.err != nil || r.stdout != "1234 1234 1234 2345 /home/kuser kuser\n" {
+		t.Errorf("exec as kuser: %+v (%v)", r, r.err)
+	}
+	fi, err := e.writeFile(ctx, &kilnpb.WriteFileHeader{SandboxId: id, Path: "/home/kuser/d/f", MakeParents: true, User: "kuser"}, []byte("k"))
+	if err != nil || fi.Owner != "kuser" || fi.Group != "kgroup" || fi.Uid != 1234 {
+		t.Errorf("write as kuser: %v %v", fi, err)
+	}
+	l, err := e.c.ListDir(ctx, &kilnpb.ListDirRequest{SandboxId: id, Path: "/home/kuser", Depth: 2})
+	if err != nil || len(l.Entries) != 2 || l.Entries[1].Path != "/home/kuser/d/f" || l.Entries[0].Owner != "kuser" {
+		t.Errorf("list to depth 2: %v %v", l, err)
+	}
+
+	// Move.
+	mv, err := e.c.Move(ctx, &kilnpb.MoveRequest{SandboxId: id, Source: "/home/kuser/d/f", Destination: "/home/kuser/g"})
+	if err != nil || mv.Path != "/home/kuser/g" || mv.Size != 1 {
+		t.Errorf("move: %v %v", mv, err)
+	}
+	if got := e.shOut(id, "cat /home/kuser/g; echo; test -e /home/kuser/d/f || echo gone"); got != "k\ngone" {
+		t.Errorf("after the move: %q", got)
+	}
+
+	// A watch sees a file a command creates.
+	e.shOut(id, "mkdir -p /tmp/watched")
+	wctx, wcancel := context.WithCancel(ctx)
+	w, err := e.c.WatchDir(wctx, &kilnpb.WatchDirRequest{SandboxId: id, Path: "/tmp/watched", Recursive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w.Recv(); err != nil || !ev.Started {
+		t.Fatalf("watch: first event %v %v", ev, err)
+	}
+	e.shOut(id, "echo x > /tmp/watched/by-cmd")
+	for {
+		ev, err := w.Recv()
+		if err != nil {
+			t.Fatalf("watch: %v before the command's file", err)
+		}
+		if ev.Op == kilnpb.WatchEvent_OP_CREATE && ev.Name == "by-cmd" {
+			break
+		}
+	}
+	wcancel()
+
+	// Attach to a background exec: its output from now on, then its exit.
+	bg := e.liveExec(ctx, &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", "while :; do echo tick; sleep 0.2; done"}, Background: true})
+	at, err := e.c.AttachExec(ctx, &kilnpb.AttachExecRequest{SandboxId: id, ExecId: bg.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen strings.Builder
+	killed := false
+	for {
+		r, err := at.Recv()
+		if err != nil {
+			t.Fatalf("attach: %v after %q", err, seen.String())
+		}
+		seen.Write(r.GetStdout())
+		if !killed && strings.Contains(seen.String(), "tick") {
+			killed = true
+			if _, err := e.c.KillExec(ctx, &kilnpb.KillExecRequest{SandboxId: id, ExecId: bg.id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if x := r.GetExit(); x != nil {
+			if !killed || x.Signal != int32(syscall.SIGKILL) {
+				t.Errorf("attach: exit %v after %q", x, seen.String())
+			}
+			break
+		}
+	}
 }

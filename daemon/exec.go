@@ -50,6 +50,65 @@ type execEntry struct {
 	proc Process
 	inst Instance      // the instance it runs in
 	done chan struct{} // closed once exited
+	// fan passes the output of an exec this server streams to its
+	// AttachExec calls (nil for one taken back from a sandbox).
+	fan *fanOut
+}
+
+// attachQueue is how many output messages an AttachExec call of an exec
+// this server streams may fall behind before it is ended.
+const attachQueue = 64
+
+// maxAttachers bounds the AttachExec calls of one exec at once.
+const maxAttachers = 16
+
+// fanOut copies an exec's output to its attachers, never waiting for
+// them: one whose queue is full is dropped.
+type fanOut struct {
+	mu   sync.Mutex
+	subs map[*attachSub]struct{}
+}
+
+type attachSub struct {
+	ch      chan *kilnpb.ExecResponse
+	dropped chan struct{}
+}
+
+func (f *fanOut) send(r *kilnpb.ExecResponse) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.subs) == 0 {
+		return
+	}
+	r = proto.Clone(r).(*kilnpb.ExecResponse) // its bytes are the writer's
+	for sub := range f.subs {
+		select {
+		case sub.ch <- r:
+		default:
+			close(sub.dropped)
+			delete(f.subs, sub)
+		}
+	}
+}
+
+func (f *fanOut) add() (*attachSub, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.subs) >= maxAttachers {
+		return nil, status.Errorf(codes.ResourceExhausted, "%d calls are attached to this exec already, the most", len(f.subs))
+	}
+	if f.subs == nil {
+		f.subs = map[*attachSub]struct{}{}
+	}
+	sub := &attachSub{ch: make(chan *kilnpb.ExecResponse, attachQueue), dropped: make(chan struct{})}
+	f.subs[sub] = struct{}{}
+	return sub, nil
+}
+
+func (f *fanOut) remove(sub *attachSub) {
+	f.mu.Lock()
+	delete(f.subs, sub)
+	f.mu.Unlock()
 }
 
 func newExecTable() *execTable { return &execTable{execs: map[string]*execEntry{}} }
@@ -234,6 +293,21 @@ func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions,
 	if st.GetTimeoutMs() < 0 {
 		return o, status.Errorf(codes.InvalidArgument, "exec: timeout_ms %d is negative: 0 means none", st.GetTimeoutMs())
 	}
+	if u := st.GetUser(); u != "" {
+		if err := checkUser("exec: user", u); err != nil {
+			return o, err
+		}
+		if st.Uid != nil || st.Gid != nil {
+			return o, status.Errorf(codes.InvalidArgument, "exec: user %q and uid/gid both given: name one or the other", u)
+		}
+		o.User = u
+	}
+	if p := st.GetPty(); p != nil {
+		if err := checkPtySize("exec: pty", p); err != nil {
+			return o, err
+		}
+		o.Pty = &client.PtySize{Rows: p.GetRows(), Cols: p.GetCols()}
+	}
 	o.Argv = st.GetArgv()
 	if len(sandboxEnv)+len(st.GetEnv()) > 0 {
 		o.Env = append(append([]string{}, sandboxEnv...), st.GetEnv()...)
@@ -250,6 +324,33 @@ func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions,
 		o.GID = st.GetGid()
 	}
 	return o, nil
+}
+
+// maxPtyDimension is the most rows or columns a terminal has (the kernel
+// keeps them in 16 bits).
+const maxPtyDimension = 65535
+
+// checkPtySize checks a terminal size of a request.
+func checkPtySize(field string, p *kilnpb.PtySize) error {
+	if p.GetRows() < 1 || p.GetRows() > maxPtyDimension || p.GetCols() < 1 || p.GetCols() > maxPtyDimension {
+		return status.Errorf(codes.InvalidArgument, "%s %dx%d: want 1 to %d rows and columns", field, p.GetRows(), p.GetCols(), maxPtyDimension)
+	}
+	return nil
+}
+
+// maxUserName bounds a guest user's name in a request.
+const maxUserName = 256
+
+// checkUser checks a guest user's name of a request (the guest looks it
+// up).
+func checkUser(field, u string) error {
+	if len(u) > maxUserName {
+		return status.Errorf(codes.InvalidArgument, "%s is %d bytes: at most %d", field, len(u), maxUserName)
+	}
+	if strings.ContainsAny(u, ":/\n\x00") {
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a user name", field, u)
+	}
+	return nil
 }
 
 // Exec runs a process in a sandbox: the first request is its ExecStart,
@@ -289,12 +390,25 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		opts.Env = secretEnv(opts.Env, secs) // the secrets win
 	}
 
-	// Output goes to the call while it lasts, then nowhere.
+	// Output goes to the call while it lasts, then nowhere, and to the
+	// AttachExec calls of a foreground exec.
 	var sendMu sync.Mutex
 	attached := true
+	fan := &fanOut{}
+	// Output waits for ExecStarted to have gone first.
+	startedSent := make(chan struct{})
+	var startedOnce sync.Once
+	markStarted := func() { startedOnce.Do(func() { close(startedSent) }) }
+	defer markStarted()
 	send := func(r *kilnpb.ExecResponse) error {
+		if r.GetStarted() == nil {
+			<-startedSent
+		}
 		sendMu.Lock()
 		defer sendMu.Unlock()
+		if r.GetStarted() == nil && r.GetExit() == nil && !st.GetBackground() {
+			fan.send(r)
+		}
 		if !attached {
 			return nil
 		}
@@ -320,7 +434,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	opts.Stdout, opts.Stderr = stdout, stderr
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
-	if st.GetHasStdin() {
+	if st.GetHasStdin() || st.GetPty() != nil { // a terminal takes input
 		stdinR, stdinW = io.Pipe()
 		opts.Stdin = stdinR
 	}
@@ -351,7 +465,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	e := &execEntry{
 		info: &kilnpb.ExecInfo{ExecId: execID, Pid: int32(proc.Pid()), Argv: opts.Argv,
 			Background: st.GetBackground(), StartedUnixMs: s.clock.Now().UnixMilli()},
-		proc: proc, inst: inst, done: make(chan struct{}),
+		proc: proc, inst: inst, done: make(chan struct{}), fan: fan,
 	}
 	b.execs.add(e)
 	var exit *kilnpb.ExecExit
@@ -371,14 +485,16 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		log.Debug("exec exited", "exit_code", exit.ExitCode, "signal", exit.Signal, "timed_out", exit.TimedOut, "oom_killed", exit.OomKilled)
 		b.execs.exited(e, exit)
 	}()
-	if err := send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}}); err != nil {
+	err = send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}})
+	markStarted()
+	if err != nil {
 		// The call is gone: a foreground process dies with its context.
 		if !st.GetBackground() {
 			<-waited
 		}
 		return err
 	}
-	go s.execInput(stream, proc, stdinW)
+	go s.execInput(stream, proc, stdinW, opts.Pty != nil)
 	select {
 	case <-waited:
 	case <-stream.Context().Done():
@@ -393,7 +509,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 
 // execInput copies an exec call's stdin and signals to its process until
 // the call's input ends.
-func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *io.PipeWriter) {
+func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *io.PipeWriter, pty bool) {
 	defer func() {
 		if stdin != nil {
 			stdin.Close()
@@ -425,6 +541,13 @@ func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *i
 				proc.SignalGroup(sig)
 			} else {
 				proc.Signal(sig)
+			}
+		case *kilnpb.ExecRequest_Resize:
+			if !pty || checkPtySize("resize", k.Resize) != nil {
+				continue // nothing to resize, or a size no terminal has
+			}
+			if err := proc.Resize(client.PtySize{Rows: k.Resize.GetRows(), Cols: k.Resize.GetCols()}); err != nil {
+				s.log.Debug("exec: resize", "pid", proc.Pid(), "err", err)
 			}
 		}
 	}
@@ -485,4 +608,108 @@ func (s *Server) KillExec(ctx context.Context, req *kilnpb.KillExecRequest) (*ki
 		return nil, callErr("kill exec "+req.GetExecId(), err)
 	}
 	return &kilnpb.KillExecResponse{}, nil
+}
+
+// AttachExec streams an exec's output from now on, then its exit: first
+// an ExecStarted naming it (the attach is in place), then its stdout and
+// stderr (masked as the exec's own), then ExecExit. A background exec is
+// attached through its sandbox (the agent keeps it, so this works after a
+// restart of the server too); a foreground one through the call that
+// streams it. An exited exec answers with its exit at once.
+func (s *Server) AttachExec(req *kilnpb.AttachExecRequest, stream kilnpb.Kiln_AttachExecServer) error {
+	if err := checkID("exec_id", req.GetExecId()); err != nil {
+		return err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx := stream.Context()
+	s.syncExecs(ctx, b)
+	e := b.execs.get(req.GetExecId())
+	if e == nil {
+		return status.Errorf(codes.NotFound, "sandbox %s has no exec %q", b.id, req.GetExecId())
+	}
+	b.mu.Lock()
+	secs := b.secrets
+	b.mu.Unlock()
+	exit := func() error {
+		b.execs.mu.Lock()
+		x := proto.Clone(e.info.Exit).(*kilnpb.ExecExit)
+		b.execs.mu.Unlock()
+		return stream.Send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Exit{Exit: x}})
+	}
+	started := &kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Started{Started: &kilnpb.ExecStarted{ExecId: e.info.ExecId, Pid: e.info.Pid}}}
+	select {
+	case <-e.done:
+		if err := stream.Send(started); err != nil {
+			return err
+		}
+		return exit()
+	default:
+	}
+
+	if !e.info.Background {
+		if e.fan == nil {
+			return status.Errorf(codes.FailedPrecondition, "exec %s: not streamed by this server", e.info.ExecId)
+		}
+		sub, err := e.fan.add()
+		if err != nil {
+			return status.Errorf(codes.ResourceExhausted, "attach to exec %s: %v", e.info.ExecId, status.Convert(err).Message())
+		}
+		defer e.fan.remove(sub)
+		if err := stream.Send(started); err != nil {
+			return err
+		}
+		for {
+			select {
+			case r := <-sub.ch:
+				if err := stream.Send(r); err != nil {
+					return err
+				}
+			case <-sub.dropped:
+				return status.Errorf(codes.ResourceExhausted, "attach to exec %s: the call fell %d messages behind its output", e.info.ExecId, attachQueue)
+			case <-e.done:
+				for { // its output was all queued before it was done
+					select {
+					case r := <-sub.ch:
+						if err := stream.Send(r); err != nil {
+							return err
+						}
+					default:
+						return exit()
+					}
+				}
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
+		}
+	}
+
+	// A background exec: the sandbox's detached process.
+	if e.inst != inst {
+		return status.Errorf(codes.FailedPrecondition, "exec %s ran in an earlier machine of sandbox %s", e.info.ExecId, b.id)
+	}
+	if err := stream.Send(started); err != nil {
+		return err
+	}
+	values := secretValues(secs)
+	out := newMasker(writerFunc(func(p []byte) (int, error) {
+		return len(p), stream.Send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stdout{Stdout: p}})
+	}), values)
+	errOut := newMasker(writerFunc(func(p []byte) (int, error) {
+		return len(p), stream.Send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Stderr{Stderr: p}})
+	}), values)
+	st, err := inst.AttachDetached(ctx, e.info.ExecId, out, errOut)
+	if err != nil {
+		return callErr("attach to exec "+e.info.ExecId+" in sandbox "+b.id, err)
+	}
+	if err := flushMasked(out); err != nil {
+		return err
+	}
+	if err := flushMasked(errOut); err != nil {
+		return err
+	}
+	return stream.Send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Exit{Exit: exitOf(st, nil)}})
 }

@@ -27,6 +27,7 @@ type runningProcess struct{ done chan struct{} }
 func (p runningProcess) Pid() int                         { return 1 }
 func (p runningProcess) Signal(syscall.Signal) error      { return nil }
 func (p runningProcess) SignalGroup(syscall.Signal) error { return nil }
+func (p runningProcess) Resize(client.PtySize) error      { return nil }
 func (p runningProcess) Wait() (client.ExitStatus, error) {
 	<-p.done
 	return client.ExitStatus{Code: 0}, nil

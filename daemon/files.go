@@ -78,7 +78,7 @@ func fileInfo(fi client.FileInfo) *kilnpb.FileInfo {
 	return &kilnpb.FileInfo{
 		Path: fi.Path, Name: fi.Name, Size: fi.Size, Mode: stMode(fi.Mode),
 		MtimeUnixNanos: fi.ModTime.UnixNano(), IsDir: fi.IsDir, Symlink: fi.Symlink,
-		Uid: fi.UID, Gid: fi.GID,
+		Uid: fi.UID, Gid: fi.GID, Owner: fi.Owner, Group: fi.Group,
 	}
 }
 
@@ -122,6 +122,9 @@ func (s *Server) WriteFile(stream kilnpb.Kiln_WriteFileServer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkUser("user", h.GetUser()); err != nil {
+		return err
+	}
 	b, inst, done, err := s.use(h.GetSandboxId())
 	if err != nil {
 		return err
@@ -149,7 +152,7 @@ func (s *Server) WriteFile(stream kilnpb.Kiln_WriteFileServer) error {
 			}
 		}
 	}()
-	fi, err := inst.WriteFile(stream.Context(), h.GetPath(), pr, mode, h.GetMakeParents())
+	fi, err := inst.WriteFile(stream.Context(), h.GetPath(), pr, mode, h.GetMakeParents(), h.GetUser())
 	pr.CloseWithError(errors.New("the write is over"))
 	if err != nil {
 		return callErr("write "+h.GetPath()+" in sandbox "+b.id, err)
@@ -176,17 +179,25 @@ func (s *Server) ReadFile(req *kilnpb.ReadFileRequest, stream kilnpb.Kiln_ReadFi
 	return callErr("read "+req.GetPath()+" in sandbox "+b.id, err)
 }
 
-// ListDir lists a directory of a sandbox, sorted by name.
+// maxListDepth bounds ListDirRequest.depth (the guest bounds the
+// entries).
+const maxListDepth = 1 << 12
+
+// ListDir lists a directory of a sandbox, sorted by name, and with a depth
+// its subdirectories after each (full paths, symlinks not followed).
 func (s *Server) ListDir(ctx context.Context, req *kilnpb.ListDirRequest) (*kilnpb.ListDirResponse, error) {
 	if err := checkPath("path", req.GetPath()); err != nil {
 		return nil, err
+	}
+	if req.GetDepth() > maxListDepth {
+		return nil, status.Errorf(codes.InvalidArgument, "depth %d: at most %d", req.GetDepth(), maxListDepth)
 	}
 	b, inst, done, err := s.use(req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	ents, err := inst.List(ctx, req.GetPath())
+	ents, err := inst.List(ctx, req.GetPath(), int(req.GetDepth()))
 	if err != nil {
 		return nil, callErr("list "+req.GetPath()+" in sandbox "+b.id, err)
 	}
@@ -242,12 +253,15 @@ func (s *Server) MakeDir(ctx context.Context, req *kilnpb.MakeDirRequest) (*kiln
 	if err != nil {
 		return nil, err
 	}
+	if err := checkUser("user", req.GetUser()); err != nil {
+		return nil, err
+	}
 	b, inst, done, err := s.use(req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if err := inst.Mkdir(ctx, req.GetPath(), mode, req.GetParents()); err != nil {
+	if err := inst.Mkdir(ctx, req.GetPath(), mode, req.GetParents(), req.GetUser()); err != nil {
 		return nil, callErr("mkdir "+req.GetPath()+" in sandbox "+b.id, err)
 	}
 	fi, err := inst.Stat(ctx, req.GetPath(), true)
@@ -255,4 +269,60 @@ func (s *Server) MakeDir(ctx context.Context, req *kilnpb.MakeDirRequest) (*kiln
 		return nil, callErr("stat "+req.GetPath()+" in sandbox "+b.id, err)
 	}
 	return fileInfo(fi), nil
+}
+
+// Move renames a file or directory of a sandbox and describes it at its
+// destination.
+func (s *Server) Move(ctx context.Context, req *kilnpb.MoveRequest) (*kilnpb.FileInfo, error) {
+	if err := checkPath("source", req.GetSource()); err != nil {
+		return nil, err
+	}
+	if err := checkPath("destination", req.GetDestination()); err != nil {
+		return nil, err
+	}
+	if req.GetSource() == "/" || req.GetDestination() == "/" {
+		return nil, status.Error(codes.InvalidArgument, "move: the root cannot be moved, nor anything onto it")
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	fi, err := inst.Move(ctx, req.GetSource(), req.GetDestination())
+	if err != nil {
+		return nil, callErr("move "+req.GetSource()+" to "+req.GetDestination()+" in sandbox "+b.id, err)
+	}
+	return fileInfo(fi), nil
+}
+
+// WatchDir streams the changes below a directory of a sandbox: a started
+// event, then one per change, until the call ends, the directory goes or
+// the sandbox ends.
+func (s *Server) WatchDir(req *kilnpb.WatchDirRequest, stream kilnpb.Kiln_WatchDirServer) error {
+	if err := checkPath("path", req.GetPath()); err != nil {
+		return err
+	}
+	b, inst, done, err := s.use(req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	defer done()
+	b.mu.Lock()
+	bctx := b.ctx
+	b.mu.Unlock()
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	stop := context.AfterFunc(bctx, cancel) // the sandbox ended
+	defer stop()
+	err = inst.Watch(ctx, req.GetPath(), req.GetRecursive(), func(ev client.WatchEvent) error {
+		out := &kilnpb.WatchEvent{Started: ev.Started, Op: kilnpb.WatchEvent_Op(ev.Op), Name: ev.Name}
+		if ev.HasEntry {
+			out.Entry = fileInfo(ev.Entry)
+		}
+		return stream.Send(out)
+	})
+	if err != nil {
+		return callErr("watch "+req.GetPath()+" in sandbox "+b.id, err)
+	}
+	return nil
 }

@@ -268,6 +268,10 @@ func (in *sandboxInstance) ForgetDetached(ctx context.Context, id string) error 
 	return in.s.Client().ForgetDetached(ctx, id)
 }
 
+func (in *sandboxInstance) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (client.ExitStatus, error) {
+	return in.s.Client().AttachDetached(ctx, id, stdout, stderr)
+}
+
 // detachedProcess is a detached process of a sandboxInstance: signalled
 // through the agent's table, and waited for through its Exec call when
 // this server started it (stream), else (or once the call broke) through
@@ -303,6 +307,16 @@ func (p *detachedProcess) signal(sig syscall.Signal, group bool) error {
 	return err
 }
 
+// Resize resizes the terminal through the process's Exec call, which
+// carries its terminal's input: once that is gone (a server started
+// since) there is no way to it.
+func (p *detachedProcess) Resize(size client.PtySize) error {
+	if p.stream == nil {
+		return status.Errorf(codes.FailedPrecondition, "detached process %s: its terminal is reachable only from the server that started it", p.id)
+	}
+	return p.stream.Resize(size)
+}
+
 func (p *detachedProcess) Wait() (client.ExitStatus, error) {
 	var err error
 	if p.stream != nil {
@@ -333,10 +347,13 @@ func (p *detachedProcess) Wait() (client.ExitStatus, error) {
 	}
 }
 
-func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error) {
+func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (client.FileInfo, error) {
 	var opts []client.WriteOption
 	if makeParents {
 		opts = append(opts, client.MakeParents())
+	}
+	if owner != "" {
+		opts = append(opts, client.WriteOwner(owner))
 	}
 	return in.s.Client().WriteFileInfo(ctx, path, r, mode, opts...)
 }
@@ -352,12 +369,24 @@ func (in *sandboxInstance) Stat(ctx context.Context, path string, noFollow bool)
 	return in.s.Client().Stat(ctx, path)
 }
 
-func (in *sandboxInstance) List(ctx context.Context, path string) ([]client.FileInfo, error) {
-	return in.s.Client().List(ctx, path)
+func (in *sandboxInstance) List(ctx context.Context, path string, depth int) ([]client.FileInfo, error) {
+	return in.s.Client().ListDepth(ctx, path, depth)
 }
 
-func (in *sandboxInstance) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
-	return in.s.Client().Mkdir(ctx, path, mode, parents)
+func (in *sandboxInstance) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool, owner string) error {
+	var opts []client.MkdirOption
+	if owner != "" {
+		opts = append(opts, client.MkdirOwner(owner))
+	}
+	return in.s.Client().Mkdir(ctx, path, mode, parents, opts...)
+}
+
+func (in *sandboxInstance) Move(ctx context.Context, source, destination string) (client.FileInfo, error) {
+	return in.s.Client().Move(ctx, source, destination)
+}
+
+func (in *sandboxInstance) Watch(ctx context.Context, path string, recursive bool, fn func(client.WatchEvent) error) error {
+	return in.s.Client().Watch(ctx, path, recursive, fn)
 }
 
 func (in *sandboxInstance) Remove(ctx context.Context, path string, recursive bool) error {

@@ -279,7 +279,7 @@ func writeSecretFiles(ctx context.Context, inst Instance, secs []secret) error {
 		if s.File == "" {
 			continue
 		}
-		if _, err := inst.WriteFile(ctx, s.File, bytes.NewReader(s.Value), fs.FileMode(s.Mode), true); err != nil {
+		if _, err := inst.WriteFile(ctx, s.File, bytes.NewReader(s.Value), fs.FileMode(s.Mode), true, ""); err != nil {
 			return callErr("write secret "+s.Name+" to "+s.File, err)
 		}
 	}

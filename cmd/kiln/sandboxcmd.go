@@ -224,9 +224,9 @@ func (a *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "sandbox",
 		Aliases: []string{"sb"},
-		Short:   "sandboxes run by kilnd: create, ls, exec, run, cp, checkpoint, rollback, fork, rm, ...",
+		Short:   "sandboxes run by kilnd: create, ls, exec, run, cp, mv, checkpoint, rollback, fork, rm, ...",
 	}
-	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(),
+	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(), a.mvCmd(),
 		a.psCmd(), a.killCmd(), a.pauseCmd(true), a.pauseCmd(false), a.eventsCmd(),
 		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd(), a.policyCmd())
 	cmd.AddCommand(a.updateCmd())
@@ -492,12 +492,16 @@ type execFlags struct {
 	env         []string
 	cwd         string
 	background  bool
+	tty         bool
+	user        string
 }
 
 func (e *execFlags) add(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.BoolVarP(&e.interactive, "interactive", "i", false, "pass kiln's stdin to the command")
-	f.DurationVarP(&e.timeout, "timeout", "t", 0, "kill the command after this long (0: never)")
+	f.BoolVarP(&e.tty, "tty", "t", false, "run the command on a terminal of this terminal's size (kiln's own in raw mode until it ends; implies -i)")
+	f.StringVarP(&e.user, "user", "u", "", "run as this `USER` of the sandbox's /etc/passwd")
+	f.DurationVar(&e.timeout, "timeout", 0, "kill the command after this long (0: never)")
 	f.StringArrayVarP(&e.env, "env", "e", nil, "`K=V` for the command's environment (repeatable)")
 	f.StringVarP(&e.cwd, "workdir", "w", "", "working `DIR` in the sandbox")
 	f.BoolVarP(&e.background, "detach", "d", false, "leave the command running in the background and print its exec ID")
@@ -506,7 +510,7 @@ func (e *execFlags) add(cmd *cobra.Command) {
 func (a *cli) execCmd() *cobra.Command {
 	var ef execFlags
 	cmd := &cobra.Command{
-		Use:               "exec ID [-i] [-t TIMEOUT] -- CMD [ARG...]",
+		Use:               "exec ID [-i] [-t] [--timeout TIMEOUT] -- CMD [ARG...]",
 		Short:             "run a command in a sandbox; kiln exits with its exit code",
 		Long:              "Run a command in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
 		Args:              args(cobra.MinimumNArgs(2)),
@@ -557,9 +561,19 @@ func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) 
 		return exitError{exitRunFailed}
 	}
 	opts := kilnclient.ExecOptions{Argv: argv, Env: ef.env, Cwd: ef.cwd, Timeout: ef.timeout,
-		Stdout: a.stdout, Stderr: a.stderr, Background: ef.background}
+		Stdout: a.stdout, Stderr: a.stderr, Background: ef.background, User: ef.user}
 	if ef.interactive {
 		opts.Stdin = a.stdin
+	}
+	if ef.tty {
+		if ef.background {
+			return usagef("--tty and --detach: a detached command has no terminal here to show")
+		}
+		restore, err := a.onTerminal(&opts)
+		if err != nil {
+			return err
+		}
+		defer restore()
 	}
 	var res *kilnclient.ExecResult
 	if ef.background {

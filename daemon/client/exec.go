@@ -38,6 +38,22 @@ type ExecOptions struct {
 	Signals <-chan syscall.Signal
 	// Started, when set, is called once the process runs.
 	Started func(execID string, pid int32)
+	// User, when set, runs the process as this user of the guest's
+	// /etc/passwd (its uid, gid, groups and HOME); exclusive with UID
+	// and GID.
+	User string
+	// Pty, when set, runs the process on a terminal of this size:
+	// Stdout gets what it shows (Stderr nothing), Stdin is typed into
+	// it, and its EOF types ^D.
+	Pty *PtySize
+	// Resize, when set with Pty, changes the terminal's size as sizes
+	// arrive (the process's foreground group gets SIGWINCH).
+	Resize <-chan PtySize
+}
+
+// PtySize is a terminal's size in characters (1 to 65535 each).
+type PtySize struct {
+	Rows, Cols uint32
 }
 
 // ExecResult is how a process ended.
@@ -79,6 +95,10 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 		TimeoutMs:  opts.Timeout.Milliseconds(),
 		HasStdin:   opts.Stdin != nil,
 		Background: opts.Background,
+		User:       opts.User,
+	}
+	if opts.Pty != nil {
+		start.Pty = &kilnpb.PtySize{Rows: opts.Pty.Rows, Cols: opts.Pty.Cols}
 	}
 	if opts.Timeout > 0 && start.TimeoutMs == 0 {
 		start.TimeoutMs = 1
@@ -122,6 +142,22 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, opts ExecOptions) (
 						return
 					}
 					push(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Signal{Signal: &kilnpb.ExecSignal{Signal: int32(sig), ProcessGroup: true}}})
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+
+	if opts.Resize != nil {
+		go func() {
+			for {
+				select {
+				case size, ok := <-opts.Resize:
+					if !ok {
+						return
+					}
+					push(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Resize{Resize: &kilnpb.PtySize{Rows: size.Rows, Cols: size.Cols}}})
 				case <-ctx.Done():
 					return
 				}
@@ -218,4 +254,45 @@ func (c *Client) KillExec(ctx context.Context, sandboxID, execID string, sig sys
 		return callErr(fmt.Sprintf("kill exec %s in %s", execID, sandboxID), err)
 	}
 	return nil
+}
+
+// AttachExec copies what a running exec writes from now on to stdout and
+// stderr (nil discards) and returns how it ended; an exec that has ended
+// returns at once. A background exec is reached through its sandbox (even
+// after a restart of kilnd), a foreground one through the call that
+// streams it; several calls may attach at once.
+func (c *Client) AttachExec(ctx context.Context, sandboxID, execID string, stdout, stderr io.Writer) (*ExecResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	what := fmt.Sprintf("attach to exec %s in %s", execID, sandboxID)
+	st, err := c.api.AttachExec(ctx, &kilnpb.AttachExecRequest{SandboxId: sandboxID, ExecId: execID})
+	if err != nil {
+		return nil, callErr(what, err)
+	}
+	res := &ExecResult{ExecID: execID}
+	for m, err := range stream(st.Recv) {
+		if err != nil {
+			return nil, callErr(what, err)
+		}
+		switch k := m.Kind.(type) {
+		case *kilnpb.ExecResponse_Started:
+			res.PID = k.Started.GetPid()
+		case *kilnpb.ExecResponse_Stdout:
+			if err := write(stdout, k.Stdout); err != nil {
+				return nil, callErr(what+": writing stdout", err)
+			}
+		case *kilnpb.ExecResponse_Stderr:
+			if err := write(stderr, k.Stderr); err != nil {
+				return nil, callErr(what+": writing stderr", err)
+			}
+		case *kilnpb.ExecResponse_Exit:
+			res.Exited = true
+			res.ExitCode = int(k.Exit.GetExitCode())
+			res.Signal = int(k.Exit.GetSignal())
+			res.TimedOut = k.Exit.GetTimedOut()
+			res.OOMKilled = k.Exit.GetOomKilled()
+			return res, nil
+		}
+	}
+	return nil, fmt.Errorf("kiln: %s: the stream ended before the exec did", what)
 }

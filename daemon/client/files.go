@@ -15,6 +15,9 @@ type WriteFileOptions struct {
 	Mode uint32
 	// MakeParents creates missing parent directories.
 	MakeParents bool
+	// User, when set, owns the file (and the parents the call creates):
+	// a user of the guest's /etc/passwd, with its group.
+	User string
 }
 
 // WriteFile writes r's bytes to path (absolute, in the sandbox),
@@ -35,7 +38,7 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 		}
 		return nil, callErr(fmt.Sprintf("write %s in %s", path, sandboxID), err)
 	}
-	hdr := &kilnpb.WriteFileHeader{SandboxId: sandboxID, Path: path, Mode: opts.Mode, MakeParents: opts.MakeParents}
+	hdr := &kilnpb.WriteFileHeader{SandboxId: sandboxID, Path: path, Mode: opts.Mode, MakeParents: opts.MakeParents, User: opts.User}
 	if err := st.Send(&kilnpb.WriteFileRequest{Kind: &kilnpb.WriteFileRequest_Header{Header: hdr}}); err != nil {
 		return fail(err)
 	}
@@ -87,7 +90,14 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 
 // ListDir lists a directory in the sandbox.
 func (c *Client) ListDir(ctx context.Context, sandboxID, path string) ([]*kilnpb.FileInfo, error) {
-	resp, err := c.api.ListDir(ctx, &kilnpb.ListDirRequest{SandboxId: sandboxID, Path: path})
+	return c.ListDirDepth(ctx, sandboxID, path, 1)
+}
+
+// ListDirDepth lists a directory in the sandbox and, depth levels down,
+// its subdirectories: each directory's entries by name, a subdirectory's
+// after it, with full paths (symlinks are not followed).
+func (c *Client) ListDirDepth(ctx context.Context, sandboxID, path string, depth uint32) ([]*kilnpb.FileInfo, error) {
+	resp, err := c.api.ListDir(ctx, &kilnpb.ListDirRequest{SandboxId: sandboxID, Path: path, Depth: depth})
 	if err != nil {
 		return nil, callErr(fmt.Sprintf("list %s in %s", path, sandboxID), err)
 	}
@@ -135,13 +145,54 @@ type MakeDirOptions struct {
 	Mode uint32
 	// Parents creates missing parents and accepts an existing directory.
 	Parents bool
+	// User, when set, owns the directories the call creates: a user of
+	// the guest's /etc/passwd, with its group.
+	User string
 }
 
 // MakeDir creates a directory in the sandbox.
 func (c *Client) MakeDir(ctx context.Context, sandboxID, path string, opts MakeDirOptions) (*kilnpb.FileInfo, error) {
-	fi, err := c.api.MakeDir(ctx, &kilnpb.MakeDirRequest{SandboxId: sandboxID, Path: path, Mode: opts.Mode, Parents: opts.Parents})
+	fi, err := c.api.MakeDir(ctx, &kilnpb.MakeDirRequest{SandboxId: sandboxID, Path: path, Mode: opts.Mode, Parents: opts.Parents, User: opts.User})
 	if err != nil {
 		return nil, callErr(fmt.Sprintf("make directory %s in %s", path, sandboxID), err)
 	}
 	return fi, nil
+}
+
+// Move renames a file or directory in the sandbox (rename(2): a file at
+// the destination is replaced; across file systems it is
+// FailedPrecondition) and returns it at its destination.
+func (c *Client) Move(ctx context.Context, sandboxID, source, destination string) (*kilnpb.FileInfo, error) {
+	fi, err := c.api.Move(ctx, &kilnpb.MoveRequest{SandboxId: sandboxID, Source: source, Destination: destination})
+	if err != nil {
+		return nil, callErr(fmt.Sprintf("move %s to %s in %s", source, destination, sandboxID), err)
+	}
+	return fi, nil
+}
+
+// WatchDir calls fn with the changes below a directory of the sandbox
+// (recursive: in its subdirectories too), a started event first (the
+// watch is in place), until ctx ends or the directory goes (nil), fn
+// returns an error (that error) or the watch fails (ResourceExhausted
+// when the guest lost events).
+func (c *Client) WatchDir(ctx context.Context, sandboxID, path string, recursive bool, fn func(*kilnpb.WatchEvent) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	what := fmt.Sprintf("watch %s in %s", path, sandboxID)
+	st, err := c.api.WatchDir(ctx, &kilnpb.WatchDirRequest{SandboxId: sandboxID, Path: path, Recursive: recursive})
+	if err != nil {
+		return callErr(what, err)
+	}
+	for ev, err := range stream(st.Recv) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return callErr(what, err)
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	return nil
 }

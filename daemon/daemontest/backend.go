@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/guest/agent"
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/virtio"
@@ -473,8 +474,30 @@ func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.
 	cmd := exec.Command(bin, opts.Argv[1:]...)
 	cmd.Dir = cwd
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), RootEnv + "=" + in.Root()}, opts.Env...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
+	p := &proc{cmd: cmd, done: make(chan struct{}), fan: &fan{}}
+	stdout, stderr := opts.Stdout, opts.Stderr
+	if opts.DetachID != "" { // AttachDetached sees its output
+		stdout, stderr = p.fan.writer(stdout, false), p.fan.writer(stderr, true)
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if opts.User != "" {
+		if cmd.Env, err = asUser(cmd, opts.User, cmd.Env); err != nil {
+			return nil, err
+		}
+		if opts.Dir == "" {
+			// The root is in the test's folders, which only root may
+			// enter: a user's exec starts in the host's /.
+			cmd.Dir = "/"
+		}
+	}
+	var tty *os.File
+	if opts.Pty != nil {
+		if p.term, tty, err = onPty(cmd, opts.Pty); err != nil {
+			return nil, err
+		}
+		defer tty.Close() // the child's now
+	}
 	var recPath string
 	if id := opts.DetachID; id != "" {
 		var err error
@@ -490,9 +513,14 @@ func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.
 		ctx = context.Background() // it outlives the call
 	}
 	if err := cmd.Start(); err != nil {
+		if p.term != nil {
+			p.term.ptmx.Close()
+		}
 		return nil, status.Errorf(codes.Internal, "daemontest: start %s: %v", opts.Argv[0], err)
 	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	if p.term != nil {
+		p.term.start(opts.Stdin, stdout)
+	}
 	in.procs[p] = struct{}{}
 	if recPath != "" {
 		rec := detachedRecord{ID: opts.DetachID, Pid: cmd.Process.Pid, Argv: opts.Argv, Started: time.Now().UnixNano()}
@@ -648,6 +676,8 @@ type proc struct {
 	err      error
 	timedOut bool
 	mu       sync.Mutex
+	term     *hostTerm // its terminal, or nil
+	fan      *fan      // its attachers
 }
 
 func (p *proc) wait(ctx context.Context, timeout time.Duration, forget func()) {
@@ -671,6 +701,9 @@ func (p *proc) wait(ctx context.Context, timeout time.Duration, forget func()) {
 		p.mu.Unlock()
 		p.kill()
 		err = <-exited
+	}
+	if p.term != nil {
+		p.term.wait()
 	}
 	forget()
 	st := client.ExitStatus{}
@@ -748,9 +781,15 @@ func fileErr(op, p string, err error) error {
 }
 
 func (in *Instance) info(p string, fi fs.FileInfo) client.FileInfo {
+	return in.infoNamed(p, fi, agent.NewAccountNames("/"))
+}
+
+// infoNamed describes p, its owner and group named by names (the host's).
+func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *agent.AccountNames) client.FileInfo {
 	out := client.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		out.UID, out.GID = st.Uid, st.Gid
+		out.Owner, out.Group = names.User(st.Uid), names.Group(st.Gid)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		out.Symlink, _ = in.root.Readlink(rel(p))
@@ -760,9 +799,13 @@ func (in *Instance) info(p string, fi fs.FileInfo) client.FileInfo {
 
 // WriteFile writes the file whole or not at all (a temporary file renamed
 // into place).
-func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode, makeParents bool) (client.FileInfo, error) {
+func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode, makeParents bool, ownerName string) (client.FileInfo, error) {
+	u, err := owner(ownerName)
+	if err != nil {
+		return client.FileInfo{}, err
+	}
 	if makeParents {
-		if err := in.root.MkdirAll(rel(path.Dir(p)), 0o755); err != nil {
+		if err := in.mkdirs(rel(path.Dir(p)), 0o755, u); err != nil {
 			return client.FileInfo{}, fileErr("write", p, err)
 		}
 	}
@@ -774,6 +817,9 @@ func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode f
 	_, err = io.Copy(f, r)
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && u != nil {
+		err = in.root.Lchown(tmp, int(u.UID), int(u.GID))
 	}
 	if err == nil {
 		err = in.root.Chmod(tmp, mode)
@@ -813,34 +859,22 @@ func (in *Instance) Stat(ctx context.Context, p string, noFollow bool) (client.F
 	return in.info(p, fi), nil
 }
 
-func (in *Instance) List(ctx context.Context, p string) ([]client.FileInfo, error) {
-	f, err := in.root.Open(rel(p))
-	if err != nil {
-		return nil, fileErr("list", p, err)
-	}
-	defer f.Close()
-	ents, err := f.ReadDir(-1)
-	if err != nil {
-		return nil, fileErr("list", p, err)
-	}
+func sortEntries(ents []fs.DirEntry) {
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
-	out := make([]client.FileInfo, 0, len(ents))
-	for _, e := range ents {
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		out = append(out, in.info(path.Join(p, e.Name()), fi))
-	}
-	return out, nil
 }
 
-func (in *Instance) Mkdir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
-	var err error
+func (in *Instance) Mkdir(ctx context.Context, p string, mode fs.FileMode, parents bool, ownerName string) error {
+	u, err := owner(ownerName)
+	if err != nil {
+		return err
+	}
 	if parents {
-		err = in.root.MkdirAll(rel(p), mode.Perm())
+		err = in.mkdirs(rel(p), mode.Perm(), u)
 	} else {
 		err = in.root.Mkdir(rel(p), mode.Perm())
+		if err == nil && u != nil {
+			err = in.root.Lchown(rel(p), int(u.UID), int(u.GID))
+		}
 	}
 	if err != nil {
 		return fileErr("mkdir", p, err)

@@ -125,6 +125,13 @@ func lookupGroup(path, name string) (uint32, bool, error) {
 // scanColonFile calls fn with the colon-separated fields of each line of
 // path until fn returns true. A missing file has no lines.
 func scanColonFile(path string, fn func([]string) bool) error {
+	return scanColonLines(path, func(line string) bool { return fn(strings.Split(line, ":")) })
+}
+
+// scanColonLines calls fn with each line of path that is neither empty
+// nor a comment, until fn returns true. A missing file has no lines; at
+// most maxAccountFile bytes are read, and lines past 1 MiB end the scan.
+func scanColonLines(path string, fn func(string) bool) error {
 	data, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil
@@ -142,7 +149,7 @@ func scanColonFile(path string, fn func([]string) bool) error {
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		if fn(strings.Split(line, ":")) {
+		if fn(line) {
 			return nil
 		}
 	}

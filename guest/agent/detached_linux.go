@@ -45,9 +45,10 @@ type detachedProc struct {
 
 	// attachMu guards stream, the Exec call output goes to; nil once
 	// that call is over. Sends happen under it, so none comes after the
-	// call ended.
-	attachMu sync.Mutex
-	stream   agentpb.Agent_ExecServer
+	// call ended. It guards attachers too (AttachDetached calls).
+	attachMu  sync.Mutex
+	stream    agentpb.Agent_ExecServer
+	attachers map[*attacher]struct{}
 
 	stdout, stderr tailBuffer
 	// drainUntil is set (unix nanos) once the process exited, as
@@ -261,11 +262,13 @@ func (s *Server) superviseDetached(d *detachedProc, spec *execSpec, log *slog.Lo
 			return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stdout{Stdout: b}}
 		})
 	})
-	output.Go(func() {
-		d.copyOutput(s, p.stderr, &d.stderr, func(b []byte) *agentpb.ExecResponse {
-			return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stderr{Stderr: b}}
+	if p.stderr != nil {
+		output.Go(func() {
+			d.copyOutput(s, p.stderr, &d.stderr, func(b []byte) *agentpb.ExecResponse {
+				return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stderr{Stderr: b}}
+			})
 		})
-	})
+	}
 
 	timedOut := false
 	if spec.timeout > 0 {
@@ -291,8 +294,7 @@ func (s *Server) superviseDetached(d *detachedProc, spec *execSpec, log *slog.Lo
 	until := now.Add(s.cfg.MaxOutputDrain)
 	d.drainUntil.Store(until.UnixNano())
 	deadline := time.Unix(0, min(now.Add(s.cfg.OutputGrace).UnixNano(), until.UnixNano()))
-	p.stdout.SetReadDeadline(deadline)
-	p.stderr.SetReadDeadline(deadline)
+	p.setReadDeadline(deadline)
 	output.Wait()
 
 	var exit *agentpb.ExecExit
@@ -321,6 +323,7 @@ func (d *detachedProc) copyOutput(s *Server, f *os.File, tail *tailBuffer, wrap 
 	sink := func(b []byte) bool {
 		tail.write(b)
 		d.send(wrap(b))
+		d.fanOut(wrap, b)
 		return true
 	}
 	for {
@@ -337,6 +340,96 @@ func (d *detachedProc) copyOutput(s *Server, f *os.File, tail *tailBuffer, wrap 
 		}
 		if until := d.drainUntil.Load(); until != 0 {
 			f.SetReadDeadline(time.Unix(0, min(time.Now().Add(s.cfg.OutputGrace).UnixNano(), until)))
+		}
+	}
+}
+
+// attachQueue is how many output chunks (of at most outputChunk bytes)
+// an attacher may fall behind before it is dropped.
+const attachQueue = 32
+
+// attacher is one AttachDetached call's queue of output.
+type attacher struct {
+	ch      chan *agentpb.ExecResponse
+	dropped chan struct{} // closed when it fell behind
+}
+
+// attach adds an attacher; at most agentpb.MaxAttachers at once.
+func (d *detachedProc) attach() (*attacher, error) {
+	d.attachMu.Lock()
+	defer d.attachMu.Unlock()
+	if len(d.attachers) >= agentpb.MaxAttachers {
+		return nil, status.Errorf(codes.ResourceExhausted, "attach to detached process %q: %d attached already, the most", d.id, len(d.attachers))
+	}
+	if d.attachers == nil {
+		d.attachers = map[*attacher]struct{}{}
+	}
+	a := &attacher{ch: make(chan *agentpb.ExecResponse, attachQueue), dropped: make(chan struct{})}
+	d.attachers[a] = struct{}{}
+	return a, nil
+}
+
+func (d *detachedProc) unattach(a *attacher) {
+	d.attachMu.Lock()
+	delete(d.attachers, a)
+	d.attachMu.Unlock()
+}
+
+// fanOut queues a copy of b for every attacher, dropping those whose
+// queue is full: they never hold the process back.
+func (d *detachedProc) fanOut(wrap func([]byte) *agentpb.ExecResponse, b []byte) {
+	d.attachMu.Lock()
+	defer d.attachMu.Unlock()
+	for a := range d.attachers {
+		select {
+		case a.ch <- wrap(slices.Clone(b)):
+		default:
+			close(a.dropped)
+			delete(d.attachers, a)
+		}
+	}
+}
+
+// AttachDetached streams a detached process's output from now on, then
+// its exit.
+func (s *Server) AttachDetached(req *agentpb.AttachDetachedRequest, stream agentpb.Agent_AttachDetachedServer) error {
+	d, err := s.detached.get(req.GetId())
+	if err != nil {
+		return err
+	}
+	exit := func() error {
+		return stream.Send(&agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Exit{Exit: d.exit}})
+	}
+	if d.exited() {
+		return exit()
+	}
+	a, err := d.attach()
+	if err != nil {
+		return err
+	}
+	defer d.unattach(a)
+	for {
+		select {
+		case r := <-a.ch:
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		case <-a.dropped:
+			return status.Errorf(codes.ResourceExhausted, "attach to detached process %q: the call fell %d chunks behind its output", d.id, attachQueue)
+		case <-d.done:
+			// Its output was all queued before it was done.
+			for {
+				select {
+				case r := <-a.ch:
+					if err := stream.Send(r); err != nil {
+						return err
+					}
+				default:
+					return exit()
+				}
+			}
+		case <-stream.Context().Done():
+			return status.FromContextError(stream.Context().Err()).Err()
 		}
 	}
 }

@@ -25,7 +25,17 @@
 // the Server keeps it in a table by ID, reads its output on (keeping the
 // last 64 KiB of each stream) and records its exit, and ListDetached,
 // SignalDetached, WaitDetached and ForgetDetached reach it from any later
-// connection, so that the host's side may restart without touching it.
+// connection, so that the host's side may restart without touching it;
+// AttachDetached streams its output from then on to any number of callers,
+// dropping one that falls behind rather than holding the process back.
+//
+// An Exec with a pty runs on a new pseudo-terminal in a session of its own
+// (the terminal its controlling one; setsid and TIOCSCTTY), whose size a
+// resize request sets (TIOCSWINSZ, so the kernel sends SIGWINCH). An Exec
+// with a user runs as that user of the guest's /etc/passwd, with the
+// groups /etc/group lists it in; file calls may give what they create to a
+// user too, and describe owners by name. Watch watches a directory tree
+// with inotify ([WatchDir], which kilnd's test double uses on the host).
 //
 // All state belongs to a [Server] (or to its Reaper): there are no globals,
 // and several Servers may run in one process (as tests do).

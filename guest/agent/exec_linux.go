@@ -34,9 +34,10 @@ const (
 // process is a running Exec process and the agent's ends of its pipes.
 type process struct {
 	child  *Child
-	stdin  *os.File // nil without has_stdin
-	stdout *os.File
-	stderr *os.File
+	stdin  *os.File    // nil without has_stdin; the terminal with a pty
+	stdout *os.File    // the terminal with a pty
+	stderr *os.File    // nil with a pty
+	pty    *os.File    // the agent's end of the process's terminal, or nil
 	cg     *execCgroup // nil without cgroups
 }
 
@@ -64,6 +65,9 @@ func (s *Server) spawn(spec *execSpec) (_ *process, err error) {
 	}
 
 	p := &process{}
+	if spec.pty != nil {
+		return s.spawnPty(spec, p)
+	}
 	var stdinR *os.File
 	if spec.hasStdin {
 		r, w, err := pipe()
@@ -105,6 +109,57 @@ func (s *Server) spawn(spec *execSpec) (_ *process, err error) {
 		Files: []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd(), repW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
+	ends := childEnds
+	childEnds = nil // startChild closes them
+	if err := s.startChild(spec, p, attr, repR, ends...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// spawnPty starts spec on a new terminal: its stdin, stdout and stderr,
+// and its controlling terminal in a session of its own (whose ID, and
+// process group's, is its pid, as with Setpgid).
+func (s *Server) spawnPty(spec *execSpec, p *process) (*process, error) {
+	master, slave, err := openPty(spec.pty)
+	if err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "exec %s: a terminal: %v", spec.path, err)
+	}
+	defer slave.Close()
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		master.Close()
+		return nil, status.Errorf(codes.ResourceExhausted, "exec: creating pipe: %v", err)
+	}
+	defer repR.Close()
+	p.pty, p.stdin, p.stdout = master, master, master
+	attr := &syscall.ProcAttr{
+		Dir:   spec.dir,
+		Env:   spec.env,
+		Files: []uintptr{slave.Fd(), slave.Fd(), slave.Fd(), repW.Fd()},
+		// Ctty is the child's descriptor: its stdin.
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
+	}
+	err = s.startChild(spec, p, attr, repR, repW, slave)
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// startChild starts the trampoline with attr, closes the child's ends
+// (those given, beyond what attr names and the caller closes) once it
+// runs, and waits for its verdict on repR. On failure p's files are
+// released.
+func (s *Server) startChild(spec *execSpec, p *process, attr *syscall.ProcAttr, repR *os.File, childEnds ...*os.File) error {
+	closeChildEnds := func() {
+		for _, f := range childEnds {
+			f.Close()
+		}
+		childEnds = nil
+	}
+	defer closeChildEnds()
 	if s.cgroups != nil && !s.cgroupsOff.Load() {
 		if cg, err := s.cgroups.newExec(); err != nil {
 			s.log.Warn("exec: running without a cgroup", "err", err)
@@ -114,7 +169,7 @@ func (s *Server) spawn(spec *execSpec) (_ *process, err error) {
 			attr.Sys.CgroupFD = cg.fd
 		}
 	}
-	argv := trampolineArgv(spec.path, spec.argv, spec.uid, spec.gid)
+	argv := trampolineArgv(spec.path, spec.argv, spec.uid, spec.gid, spec.groups)
 	child, err := s.reaper.ForkExec(s.trampoline, argv, attr)
 	if err != nil && p.cg != nil && !isResourceErr(err) {
 		// The kernel cannot start processes in cgroups (no clone3, not a
@@ -144,33 +199,39 @@ func (s *Server) spawn(spec *execSpec) (_ *process, err error) {
 		}
 		if p.cg != nil {
 			s.cgroups.release(p.cg)
+			p.cg = nil
 		}
-		return nil, status.Errorf(code, "exec %s: starting trampoline %s: %v", spec.path, s.trampoline, err)
+		return status.Errorf(code, "exec %s: starting trampoline %s: %v", spec.path, s.trampoline, err)
 	}
 	p.child = child
-	for _, f := range childEnds {
-		f.Close()
-	}
-	childEnds = nil
+	closeChildEnds()
 
 	// The report pipe closes without a byte once the target is exec'd.
 	repR.SetReadDeadline(time.Now().Add(trampolineTimeout))
 	report, rerr := io.ReadAll(io.LimitReader(repR, 4096))
 	if len(report) == 0 && rerr == nil {
-		return p, nil
+		return nil
 	}
 	child.SignalGroup(syscall.SIGKILL)
 	ws, werr := child.Wait(context.Background())
 	p.release(s)
 	if len(report) == 0 {
-		return nil, status.Errorf(codes.Internal, "exec %s: no word from the trampoline: %v (wait: %v, %v)", spec.path, rerr, describeWaitStatus(ws), werr)
+		return status.Errorf(codes.Internal, "exec %s: no word from the trampoline: %v (wait: %v, %v)", spec.path, rerr, describeWaitStatus(ws), werr)
 	}
 	errno, msg := parseTrampolineReport(report)
 	code := codes.Internal
 	if errno != 0 {
 		code = codeForErrno(errno)
 	}
-	return nil, status.Error(code, msg)
+	return status.Error(code, msg)
+}
+
+// setReadDeadline sets the read deadline of the process's output.
+func (p *process) setReadDeadline(t time.Time) {
+	p.stdout.SetReadDeadline(t)
+	if p.stderr != nil {
+		p.stderr.SetReadDeadline(t)
+	}
 }
 
 // isResourceErr reports a fork that failed for want of tasks or memory.
@@ -179,12 +240,16 @@ func isResourceErr(err error) bool {
 	return errno == syscall.EAGAIN || errno == syscall.ENOMEM
 }
 
-// release closes the agent's pipe ends and removes the cgroup.
+// release closes the agent's pipe ends (or terminal) and removes the
+// cgroup.
 func (p *process) release(s *Server) {
 	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
-		if f != nil {
+		if f != nil && f != p.pty {
 			f.Close()
 		}
+	}
+	if p.pty != nil {
+		p.pty.Close()
 	}
 	if p.cg != nil {
 		s.cgroups.release(p.cg)
@@ -252,10 +317,20 @@ func (e *execution) send(resp *agentpb.ExecResponse) error {
 	return e.stream.Send(resp)
 }
 
+// closeStdin closes the process's stdin; on a terminal it types ^D, as
+// a user would (EOF at the start of a line).
 func (e *execution) closeStdin() {
 	if e.p.stdin != nil {
-		e.stdinOnce.Do(func() { e.p.stdin.Close() })
+		e.stdinOnce.Do(func() { closeStdin(e.p) })
 	}
+}
+
+func closeStdin(p *process) {
+	if p.pty != nil {
+		p.pty.Write([]byte{4}) // VEOF's default
+		return
+	}
+	p.stdin.Close()
 }
 
 // run streams the process's output and stdin until it exits and returns
@@ -282,11 +357,13 @@ func (e *execution) run(ctx context.Context, spec *execSpec) (*agentpb.ExecExit,
 			return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stdout{Stdout: b}}
 		})
 	})
-	output.Go(func() {
-		e.copyOutput(p.stderr, func(b []byte) *agentpb.ExecResponse {
-			return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stderr{Stderr: b}}
+	if p.stderr != nil {
+		output.Go(func() {
+			e.copyOutput(p.stderr, func(b []byte) *agentpb.ExecResponse {
+				return &agentpb.ExecResponse{Kind: &agentpb.ExecResponse_Stderr{Stderr: b}}
+			})
 		})
-	})
+	}
 	outputDone := make(chan struct{})
 	go func() {
 		output.Wait()
@@ -320,7 +397,9 @@ wait:
 	if timedOut || cancelled {
 		e.killStragglers()
 	}
-	e.closeStdin()
+	if p.pty == nil {
+		e.closeStdin()
+	}
 
 	// Read what is left in the pipes; background processes that hold
 	// them open get OutputGrace of silence, MaxOutputDrain in all.
@@ -331,8 +410,7 @@ wait:
 	}
 	e.drainUntil.Store(until.UnixNano())
 	deadline := min(now.Add(e.s.cfg.OutputGrace).UnixNano(), until.UnixNano())
-	p.stdout.SetReadDeadline(time.Unix(0, deadline))
-	p.stderr.SetReadDeadline(time.Unix(0, deadline))
+	p.setReadDeadline(time.Unix(0, deadline))
 	<-outputDone
 
 	if cancelled {
@@ -445,10 +523,14 @@ func drainPipe(f *os.File, buf []byte, until int64, sink func([]byte) bool) {
 }
 
 // pumpRequests handles the requests after start: stdin data, the close of
-// stdin and signals. It returns when the request stream ends (the client
-// closed it, or the call is over).
+// stdin, signals and resizes. It returns when the request stream ends (the
+// client closed it, or the call is over), which closes a pipe's stdin; a
+// terminal gets ^D only from close_stdin (a shell would exit on it, and a
+// detached one must outlive its call).
 func (e *execution) pumpRequests() {
-	defer e.closeStdin()
+	if e.p.pty == nil {
+		defer e.closeStdin()
+	}
 	stdinOpen := e.p.stdin != nil
 	for {
 		req, err := e.stream.Recv()
@@ -472,9 +554,27 @@ func (e *execution) pumpRequests() {
 			}
 		case *agentpb.ExecRequest_Signal:
 			e.signal(k.Signal)
+		case *agentpb.ExecRequest_Resize:
+			e.p.resize(e.s, k.Resize)
 		default:
 			e.s.log.Warn("exec: ignoring unexpected request", "pid", e.p.child.Pid(), "kind", fmt.Sprintf("%T", k))
 		}
+	}
+}
+
+// resize sets the size of p's terminal (a request for a process without
+// one, or of a bad size, is logged and dropped).
+func (p *process) resize(s *Server, size *agentpb.PtySize) {
+	if p.pty == nil {
+		s.log.Warn("exec: ignoring a resize of a process without a terminal", "pid", p.child.Pid())
+		return
+	}
+	if err := checkPtySize("resize", size); err != nil {
+		s.log.Warn("exec: ignoring a bad resize", "pid", p.child.Pid(), "err", err)
+		return
+	}
+	if err := resizePty(p.pty, size); err != nil && !errors.Is(err, os.ErrClosed) {
+		s.log.Warn("exec: resize", "pid", p.child.Pid(), "err", err)
 	}
 }
 

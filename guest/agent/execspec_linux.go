@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,19 @@ type execSpec struct {
 	uid, gid *uint32
 	timeout  time.Duration // 0: none
 	hasStdin bool
+	// groups are the supplementary groups of a named user (nil: the
+	// default, see trampolineArgv).
+	groups []uint32
+	// pty, when set, is the size of the terminal to run on.
+	pty *agentpb.PtySize
+}
+
+// checkPtySize checks a terminal size from a client.
+func checkPtySize(field string, p *agentpb.PtySize) error {
+	if p.GetRows() < 1 || p.GetRows() > agentpb.MaxPtyDimension || p.GetCols() < 1 || p.GetCols() > agentpb.MaxPtyDimension {
+		return invalidf("exec: %s %dx%d: want 1 to %d rows and columns", field, p.GetRows(), p.GetCols(), agentpb.MaxPtyDimension)
+	}
+	return nil
 }
 
 // newExecSpec validates start and resolves its executable. d, when not nil,
@@ -65,8 +79,26 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 	if err := validateEnv(env); err != nil {
 		return nil, err
 	}
+	var named *guestUser
+	if name := start.GetUser(); name != "" {
+		if start.Uid != nil || start.Gid != nil {
+			return nil, invalidf("exec: user %s and uid/gid both given: name one or the other", quoteShort(name))
+		}
+		u, err := lookupUser(root, name)
+		if err != nil {
+			return nil, status.Errorf(status.Code(err), "exec: %s", status.Convert(err).Message())
+		}
+		named = u
+	}
+	if start.Pty != nil {
+		if err := checkPtySize("pty", start.GetPty()); err != nil {
+			return nil, err
+		}
+	}
 	var user *resolvedUser
-	if d != nil && d.User != "" && start.Uid == nil {
+	if named != nil {
+		user = &resolvedUser{uid: named.uid, gid: named.gid, home: named.home}
+	} else if d != nil && d.User != "" && start.Uid == nil {
 		u, err := resolveUser(root, d.User)
 		if err != nil {
 			return nil, err
@@ -89,6 +121,20 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 		env = mergeEnv(base, env)
 	case len(env) == 0:
 		env = DefaultEnv()
+		if named != nil {
+			env = mergeEnv(env, []string{"HOME=" + named.home})
+		}
+	}
+	if named != nil {
+		// The user's own variables, where the environment has none.
+		var add []string
+		for _, kv := range []string{"HOME=" + named.home, "USER=" + named.name, "LOGNAME=" + named.name} {
+			name, _, _ := strings.Cut(kv, "=")
+			if _, ok := envValue(env, name); !ok {
+				add = append(add, kv)
+			}
+		}
+		env = append(slices.Clone(env), add...)
 	}
 
 	dir := start.GetCwd()
@@ -128,6 +174,10 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 		dir:      dir,
 		timeout:  timeout,
 		hasStdin: start.GetHasStdin(),
+		pty:      start.GetPty(),
+	}
+	if named != nil {
+		spec.groups = append([]uint32{}, named.groups...)
 	}
 	if user != nil {
 		uid, gid := user.uid, user.gid

@@ -65,8 +65,9 @@ func checkPerm(perm, def uint32) (uint32, error) {
 	return perm, nil
 }
 
-// fileInfo describes path (whose lstat or stat is fi).
-func fileInfo(path string, fi fs.FileInfo) *agentpb.FileInfo {
+// fileInfo describes path (whose lstat or stat is fi), its owner and
+// group named by names.
+func fileInfo(path string, fi fs.FileInfo, names *AccountNames) *agentpb.FileInfo {
 	out := &agentpb.FileInfo{
 		Path:           path,
 		Name:           fi.Name(),
@@ -76,6 +77,7 @@ func fileInfo(path string, fi fs.FileInfo) *agentpb.FileInfo {
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		out.Mode, out.Uid, out.Gid = st.Mode, st.Uid, st.Gid
+		out.Owner, out.Group = names.User(st.Uid), names.Group(st.Gid)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		if target, err := os.Readlink(path); err == nil {
@@ -110,9 +112,13 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 	if err != nil {
 		return err
 	}
+	owner, err := fileOwner("write file", h.GetUser())
+	if err != nil {
+		return err
+	}
 	dir := filepath.Dir(path)
 	if h.GetMakeParents() {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := makeDirs(dir, 0o755, owner); err != nil {
 			return fsStatus("creating the parent directories of", path, err)
 		}
 	}
@@ -149,6 +155,12 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 			return fsStatus("writing", path, err)
 		}
 	}
+	if owner != nil {
+		if err := f.Chown(int(owner.uid), int(owner.gid)); err != nil {
+			return fsStatus("writing", path, err)
+		}
+	}
+	// After the chown, which clears setuid and setgid bits.
 	if err := f.Chmod(fileMode(perm)); err != nil {
 		return fsStatus("writing", path, err)
 	}
@@ -166,7 +178,7 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 	if err != nil {
 		return fsStatus("writing", path, err)
 	}
-	return stream.SendAndClose(fileInfo(path, fi))
+	return stream.SendAndClose(fileInfo(path, fi, NewAccountNames("/")))
 }
 
 // ReadFile streams a file.
@@ -223,29 +235,54 @@ func (s *Server) Stat(_ context.Context, req *agentpb.StatRequest) (*agentpb.Fil
 	if err != nil {
 		return nil, fsStatus("stat", path, err)
 	}
-	return fileInfo(path, fi), nil
+	return fileInfo(path, fi, NewAccountNames("/")), nil
 }
 
-// List describes a directory's entries, sorted by name.
-func (s *Server) List(_ context.Context, req *agentpb.ListRequest) (*agentpb.ListResponse, error) {
+// List describes a directory's entries, sorted by name, and with a depth
+// those of its subdirectories after each (symlinks not followed).
+func (s *Server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.ListResponse, error) {
 	path, err := cleanPath(req.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(path)
-	if err != nil {
-		return nil, fsStatus("listing", path, err)
-	}
-	resp := &agentpb.ListResponse{Entries: make([]*agentpb.FileInfo, 0, len(entries))}
-	for _, e := range entries {
-		fi, err := e.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed meanwhile
+	depth := max(req.GetDepth(), 1)
+	names := NewAccountNames("/")
+	resp := &agentpb.ListResponse{}
+	var walk func(dir string, level uint32) error
+	walk = func(dir string, level uint32) error {
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
 		}
+		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return nil, fsStatus("listing", filepath.Join(path, e.Name()), err)
+			if level > 1 && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed meanwhile
+			}
+			return fsStatus("listing", dir, err)
 		}
-		resp.Entries = append(resp.Entries, fileInfo(filepath.Join(path, e.Name()), fi))
+		for _, e := range entries {
+			p := filepath.Join(dir, e.Name())
+			fi, err := e.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // removed meanwhile
+			}
+			if err != nil {
+				return fsStatus("listing", p, err)
+			}
+			if len(resp.Entries) >= agentpb.MaxListEntries {
+				return status.Errorf(codes.ResourceExhausted, "listing %s to depth %d: more than %d entries; list less deep", path, depth, agentpb.MaxListEntries)
+			}
+			resp.Entries = append(resp.Entries, fileInfo(p, fi, names))
+			if e.IsDir() && level < depth {
+				if err := walk(p, level+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(path, 1); err != nil {
+		return nil, err
 	}
 	return resp, nil
 }
@@ -260,22 +297,110 @@ func (s *Server) Mkdir(_ context.Context, req *agentpb.MkdirRequest) (*agentpb.M
 	if err != nil {
 		return nil, err
 	}
+	owner, err := fileOwner("mkdir", req.GetUser())
+	if err != nil {
+		return nil, err
+	}
 	if req.GetParents() {
 		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 			return &agentpb.MkdirResponse{}, nil
 		}
-		err = os.MkdirAll(path, fileMode(perm))
+		if err = makeDirs(path, fileMode(perm), owner); err == nil {
+			// MkdirAll applies the umask; the client asked for perm.
+			err = os.Chmod(path, fileMode(perm))
+		}
 	} else {
-		err = os.Mkdir(path, fileMode(perm))
+		err = makeDir(path, fileMode(perm), owner)
 	}
 	if err != nil {
 		return nil, fsStatus("creating directory", path, err)
 	}
-	// Mkdir applies the umask; the client asked for perm.
-	if err := os.Chmod(path, fileMode(perm)); err != nil {
-		return nil, fsStatus("creating directory", path, err)
-	}
 	return &agentpb.MkdirResponse{}, nil
+}
+
+// fileOwner resolves the user a file call names (nil for none).
+func fileOwner(op, user string) (*guestUser, error) {
+	if user == "" {
+		return nil, nil
+	}
+	u, err := lookupUser("/", user)
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "%s: %s", op, status.Convert(err).Message())
+	}
+	return u, nil
+}
+
+// makeDir creates the directory path with perm (not masked by the
+// umask), owned by owner when set.
+func makeDir(path string, perm fs.FileMode, owner *guestUser) error {
+	if err := os.Mkdir(path, perm); err != nil {
+		return err
+	}
+	if owner != nil {
+		if err := os.Lchown(path, int(owner.uid), int(owner.gid)); err != nil {
+			return err
+		}
+	}
+	// Mkdir applies the umask (and chown clears setgid); the client
+	// asked for perm.
+	return os.Chmod(path, perm)
+}
+
+// makeDirs creates path and its missing parents (each with perm, owned
+// by owner when set); an existing directory is not an error.
+func makeDirs(path string, perm fs.FileMode, owner *guestUser) error {
+	if owner == nil {
+		return os.MkdirAll(path, perm)
+	}
+	var missing []string
+	for p := path; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, p)
+		if p == "/" {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := makeDir(missing[i], perm, owner); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Move renames a file or directory and describes its new path.
+func (s *Server) Move(_ context.Context, req *agentpb.MoveRequest) (*agentpb.FileInfo, error) {
+	src, err := cleanPath(req.GetSource())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "move: source: %s", status.Convert(err).Message())
+	}
+	dst, err := cleanPath(req.GetDestination())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "move: destination: %s", status.Convert(err).Message())
+	}
+	if src == "/" || dst == "/" {
+		return nil, status.Error(codes.InvalidArgument, "move: refusing to move / or onto it")
+	}
+	if err := os.Rename(src, dst); err != nil {
+		if errnoOf(err) == syscall.EXDEV {
+			return nil, status.Errorf(codes.FailedPrecondition, "moving %s to %s: they are on different file systems (rename cannot cross them: copy, then remove)", src, dst)
+		}
+		return nil, fsStatus("moving "+src+" to", dst, err)
+	}
+	fi, err := os.Lstat(dst)
+	if err != nil {
+		return nil, fsStatus("moving "+src+" to", dst, err)
+	}
+	return fileInfo(dst, fi, NewAccountNames("/")), nil
 }
 
 // Remove removes a file, an empty directory, or with recursive a tree.

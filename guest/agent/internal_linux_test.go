@@ -166,21 +166,21 @@ func TestReaperStop(t *testing.T) {
 
 func TestTrampolineArgs(t *testing.T) {
 	uid, gid := uint32(1000), uint32(0)
-	args := trampolineArgv("/bin/echo", []string{"echo", "a"}, &uid, &gid)
-	if strings.Join(args, " ") != TrampolineArg0+" "+trampolineTag+" 1000 0 /bin/echo echo a" {
+	args := trampolineArgv("/bin/echo", []string{"echo", "a"}, &uid, &gid, []uint32{4, 27})
+	if strings.Join(args, " ") != TrampolineArg0+" "+trampolineTag+" 1000 0 4,27 /bin/echo echo a" {
 		t.Errorf("argv %q", args)
 	}
 	if !isTrampoline(args) {
 		t.Error("not recognised as a trampoline")
 	}
-	args = trampolineArgv("/bin/true", []string{"true"}, nil, nil)
-	if args[2] != "-" || args[3] != "-" || !isTrampoline(args) {
+	args = trampolineArgv("/bin/true", []string{"true"}, nil, nil, nil)
+	if args[2] != "-" || args[3] != "-" || args[4] != "-" || !isTrampoline(args) {
 		t.Errorf("argv %q", args)
 	}
 	for _, args := range [][]string{
-		{TrampolineArg0, trampolineTag, "-", "-", "/bin/true"}, // no argv
-		{"kiln-agent", trampolineTag, "-", "-", "/bin/true", "true"},
-		{TrampolineArg0, "v0", "-", "-", "/bin/true", "true"},
+		{TrampolineArg0, trampolineTag, "-", "-", "-", "/bin/true"}, // no argv
+		{"kiln-agent", trampolineTag, "-", "-", "-", "/bin/true", "true"},
+		{TrampolineArg0, "kiln-trampoline-v1", "-", "-", "-", "/bin/true", "true"},
 		{"/usr/bin/kiln-agent"},
 	} {
 		if isTrampoline(args) {

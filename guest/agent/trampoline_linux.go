@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -11,11 +12,13 @@ import (
 
 // The trampoline contract. The agent starts every Exec process as
 //
-//	/proc/self/exe  argv: TrampolineArg0 trampolineTag UID GID PATH ARGV...
+//	/proc/self/exe  argv: TrampolineArg0 trampolineTag UID GID GROUPS PATH ARGV...
 //
 // with the process's stdin, stdout and stderr on fds 0-2 and the write end
 // of a report pipe on fd 3 (UID and GID are decimal, or "-" to keep the
-// agent's). The trampoline marks fd 3 close-on-exec, sets its
+// agent's; GROUPS the supplementary gids, decimal and comma-separated,
+// "" for none, or "-" for none when UID or GID is set, else the agent's).
+// The trampoline marks fd 3 close-on-exec, sets its
 // oom_score_adj back to 0, switches credentials if asked and execs PATH
 // with ARGV and its own environment. If anything fails it writes
 // "<errno> <message>" to fd 3 and exits with trampolineExitCode; if the
@@ -25,11 +28,11 @@ const (
 	TrampolineArg0 = "kiln-agent-exec"
 	// trampolineTag guards against running the trampoline by accident
 	// (and versions the argv layout).
-	trampolineTag      = "kiln-trampoline-v1"
+	trampolineTag      = "kiln-trampoline-v2"
 	trampolineReportFD = 3
 	trampolineExitCode = 127
 	// trampolineFixedArgs counts the arguments before ARGV.
-	trampolineFixedArgs = 5
+	trampolineFixedArgs = 6
 )
 
 // MaybeRunTrampoline turns the process into the exec trampoline if it was
@@ -50,20 +53,49 @@ func isTrampoline(args []string) bool {
 	return len(args) > trampolineFixedArgs && args[0] == TrampolineArg0 && args[1] == trampolineTag
 }
 
-// trampolineArgv returns the trampoline's argv for running path with argv.
-func trampolineArgv(path string, argv []string, uid, gid *uint32) []string {
+// trampolineArgv returns the trampoline's argv for running path with argv;
+// groups nil keeps the default (see the contract above).
+func trampolineArgv(path string, argv []string, uid, gid *uint32, groups []uint32) []string {
 	id := func(p *uint32) string {
 		if p == nil {
 			return "-"
 		}
 		return strconv.FormatUint(uint64(*p), 10)
 	}
+	gs := "-"
+	if groups != nil {
+		parts := make([]string, len(groups))
+		for i, g := range groups {
+			parts[i] = strconv.FormatUint(uint64(g), 10)
+		}
+		gs = strings.Join(parts, ",")
+	}
 	out := make([]string, 0, trampolineFixedArgs+len(argv))
-	out = append(out, TrampolineArg0, trampolineTag, id(uid), id(gid), path)
+	out = append(out, TrampolineArg0, trampolineTag, id(uid), id(gid), gs, path)
 	return append(out, argv...)
 }
 
-// runTrampoline runs the trampoline on args (UID GID PATH ARGV...); it
+// parseGroupsArg parses the trampoline's GROUPS argument (not "-").
+func parseGroupsArg(s string) ([]int, error) {
+	if s == "" {
+		return []int{}, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > maxGroups {
+		return nil, fmt.Errorf("%d groups, at most %d", len(parts), maxGroups)
+	}
+	out := make([]int, len(parts))
+	for i, p := range parts {
+		g, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("group %q is not a gid", p)
+		}
+		out[i] = int(g)
+	}
+	return out, nil
+}
+
+// runTrampoline runs the trampoline on args (UID GID GROUPS PATH ARGV...); it
 // returns only on failure, with the exit code.
 func runTrampoline(args []string) int {
 	unix.CloseOnExec(trampolineReportFD)
@@ -77,7 +109,7 @@ func runTrampoline(args []string) int {
 		fmt.Fprintf(report, "%d %s: %s", int(errno), fmt.Sprintf(format, a...), text)
 		return trampolineExitCode
 	}
-	uidArg, gidArg, path, argv := args[0], args[1], args[2], args[3:]
+	uidArg, gidArg, groupsArg, path, argv := args[0], args[1], args[2], args[3], args[4:]
 
 	// The agent runs with oom_score_adj -1000, which children inherit; a
 	// sandboxed process must be killable. Without /proc there is nothing
@@ -92,7 +124,15 @@ func runTrampoline(args []string) int {
 		return fail(err, "opening /proc/self/oom_score_adj")
 	}
 
-	if uidArg != "-" || gidArg != "-" {
+	if groupsArg != "-" {
+		groups, err := parseGroupsArg(groupsArg)
+		if err != nil {
+			return fail(syscall.EINVAL, "supplementary groups: %v", err)
+		}
+		if err := syscall.Setgroups(groups); err != nil {
+			return fail(err, "setting supplementary groups")
+		}
+	} else if uidArg != "-" || gidArg != "-" {
 		if err := syscall.Setgroups(nil); err != nil {
 			return fail(err, "dropping supplementary groups")
 		}

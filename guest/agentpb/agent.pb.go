@@ -25,6 +25,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WatchEvent_Op int32
+
+const (
+	WatchEvent_OP_UNSPECIFIED WatchEvent_Op = 0
+	WatchEvent_OP_CREATE      WatchEvent_Op = 1 // created, or moved in
+	WatchEvent_OP_WRITE       WatchEvent_Op = 2
+	WatchEvent_OP_REMOVE      WatchEvent_Op = 3
+	WatchEvent_OP_RENAME      WatchEvent_Op = 4 // moved away
+	WatchEvent_OP_CHMOD       WatchEvent_Op = 5 // attributes changed
+)
+
+// Enum value maps for WatchEvent_Op.
+var (
+	WatchEvent_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "OP_CREATE",
+		2: "OP_WRITE",
+		3: "OP_REMOVE",
+		4: "OP_RENAME",
+		5: "OP_CHMOD",
+	}
+	WatchEvent_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"OP_CREATE":      1,
+		"OP_WRITE":       2,
+		"OP_REMOVE":      3,
+		"OP_RENAME":      4,
+		"OP_CHMOD":       5,
+	}
+)
+
+func (x WatchEvent_Op) Enum() *WatchEvent_Op {
+	p := new(WatchEvent_Op)
+	*p = x
+	return p
+}
+
+func (x WatchEvent_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchEvent_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (WatchEvent_Op) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchEvent_Op.Descriptor instead.
+func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{30, 0}
+}
+
 type ExecStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// argv[0] is looked up in PATH (from env, else the default PATH) unless
@@ -49,7 +107,17 @@ type ExecStart struct {
 	// but neither kills it nor stops its timeout; its output goes to the
 	// call while the call lasts, and its last 64 KiB of each stream are
 	// kept for WaitDetached.
-	DetachId      string `protobuf:"bytes,8,opt,name=detach_id,json=detachId,proto3" json:"detach_id,omitempty"`
+	DetachId string `protobuf:"bytes,8,opt,name=detach_id,json=detachId,proto3" json:"detach_id,omitempty"`
+	// A user name in the guest's /etc/passwd to run as: its uid, gid and
+	// the groups /etc/group lists it in; HOME, USER and LOGNAME are set
+	// from it where the environment lacks them. Exclusive with uid/gid.
+	// An unknown user is INVALID_ARGUMENT naming it.
+	User string `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+	// Run the process on a new pseudo-terminal of this size, as its
+	// controlling terminal (in a session of its own): stdout carries what
+	// the terminal shows (there is no stderr), stdin is typed into it, and
+	// closing stdin types ^D (EOF at the start of a line).
+	Pty           *PtySize `protobuf:"bytes,10,opt,name=pty,proto3" json:"pty,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +208,73 @@ func (x *ExecStart) GetDetachId() string {
 	return ""
 }
 
+func (x *ExecStart) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ExecStart) GetPty() *PtySize {
+	if x != nil {
+		return x.Pty
+	}
+	return nil
+}
+
+// A terminal's size, in characters: 1 to 65535 each.
+type PtySize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtySize) Reset() {
+	*x = PtySize{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtySize) ProtoMessage() {}
+
+func (x *PtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
+func (*PtySize) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *PtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
 type ExecSignal struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Signal int32                  `protobuf:"varint,1,opt,name=signal,proto3" json:"signal,omitempty"`
@@ -151,7 +286,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +298,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +311,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -201,6 +336,7 @@ type ExecRequest struct {
 	//	*ExecRequest_Stdin
 	//	*ExecRequest_CloseStdin
 	//	*ExecRequest_Signal
+	//	*ExecRequest_Resize
 	Kind          isExecRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -208,7 +344,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +356,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +369,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -279,6 +415,15 @@ func (x *ExecRequest) GetSignal() *ExecSignal {
 	return nil
 }
 
+func (x *ExecRequest) GetResize() *PtySize {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
 type isExecRequest_Kind interface {
 	isExecRequest_Kind()
 }
@@ -301,6 +446,12 @@ type ExecRequest_Signal struct {
 	Signal *ExecSignal `protobuf:"bytes,4,opt,name=signal,proto3,oneof"`
 }
 
+type ExecRequest_Resize struct {
+	// A new size for the exec's terminal (ExecStart.pty); the process
+	// group in the terminal's foreground gets SIGWINCH.
+	Resize *PtySize `protobuf:"bytes,5,opt,name=resize,proto3,oneof"`
+}
+
 func (*ExecRequest_Start) isExecRequest_Kind() {}
 
 func (*ExecRequest_Stdin) isExecRequest_Kind() {}
@@ -308,6 +459,8 @@ func (*ExecRequest_Stdin) isExecRequest_Kind() {}
 func (*ExecRequest_CloseStdin) isExecRequest_Kind() {}
 
 func (*ExecRequest_Signal) isExecRequest_Kind() {}
+
+func (*ExecRequest_Resize) isExecRequest_Kind() {}
 
 type ExecStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -318,7 +471,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +483,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +496,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -370,7 +523,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +535,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +548,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -441,7 +594,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +606,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +619,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -548,7 +701,7 @@ type ListDetachedRequest struct {
 
 func (x *ListDetachedRequest) Reset() {
 	*x = ListDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +713,7 @@ func (x *ListDetachedRequest) String() string {
 func (*ListDetachedRequest) ProtoMessage() {}
 
 func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +726,7 @@ func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 type DetachedProcess struct {
@@ -594,7 +747,7 @@ type DetachedProcess struct {
 
 func (x *DetachedProcess) Reset() {
 	*x = DetachedProcess{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +759,7 @@ func (x *DetachedProcess) String() string {
 func (*DetachedProcess) ProtoMessage() {}
 
 func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +772,7 @@ func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
 func (*DetachedProcess) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DetachedProcess) GetId() string {
@@ -680,7 +833,7 @@ type ListDetachedResponse struct {
 
 func (x *ListDetachedResponse) Reset() {
 	*x = ListDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +845,7 @@ func (x *ListDetachedResponse) String() string {
 func (*ListDetachedResponse) ProtoMessage() {}
 
 func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +858,7 @@ func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
@@ -725,7 +878,7 @@ type SignalDetachedRequest struct {
 
 func (x *SignalDetachedRequest) Reset() {
 	*x = SignalDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +890,7 @@ func (x *SignalDetachedRequest) String() string {
 func (*SignalDetachedRequest) ProtoMessage() {}
 
 func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +903,7 @@ func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedRequest.ProtoReflect.Descriptor instead.
 func (*SignalDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalDetachedRequest) GetId() string {
@@ -775,7 +928,7 @@ type SignalDetachedResponse struct {
 
 func (x *SignalDetachedResponse) Reset() {
 	*x = SignalDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +940,7 @@ func (x *SignalDetachedResponse) String() string {
 func (*SignalDetachedResponse) ProtoMessage() {}
 
 func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +953,7 @@ func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedResponse.ProtoReflect.Descriptor instead.
 func (*SignalDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type WaitDetachedRequest struct {
@@ -812,7 +965,7 @@ type WaitDetachedRequest struct {
 
 func (x *WaitDetachedRequest) Reset() {
 	*x = WaitDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +977,7 @@ func (x *WaitDetachedRequest) String() string {
 func (*WaitDetachedRequest) ProtoMessage() {}
 
 func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +990,7 @@ func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitDetachedRequest.ProtoReflect.Descriptor instead.
 func (*WaitDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WaitDetachedRequest) GetId() string {
@@ -856,7 +1009,7 @@ type ForgetDetachedRequest struct {
 
 func (x *ForgetDetachedRequest) Reset() {
 	*x = ForgetDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1021,7 @@ func (x *ForgetDetachedRequest) String() string {
 func (*ForgetDetachedRequest) ProtoMessage() {}
 
 func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1034,7 @@ func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ForgetDetachedRequest) GetId() string {
@@ -899,7 +1052,7 @@ type ForgetDetachedResponse struct {
 
 func (x *ForgetDetachedResponse) Reset() {
 	*x = ForgetDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1064,7 @@ func (x *ForgetDetachedResponse) String() string {
 func (*ForgetDetachedResponse) ProtoMessage() {}
 
 func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1077,51 @@ func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+type AttachDetachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachDetachedRequest) Reset() {
+	*x = AttachDetachedRequest{}
+	mi := &file_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachDetachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachDetachedRequest) ProtoMessage() {}
+
+func (x *AttachDetachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachDetachedRequest.ProtoReflect.Descriptor instead.
+func (*AttachDetachedRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AttachDetachedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
 }
 
 type WriteFileHeader struct {
@@ -934,14 +1131,17 @@ type WriteFileHeader struct {
 	// Permission bits (07777); 0 means 0644.
 	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
 	// Create missing parent directories (mode 0755).
-	MakeParents   bool `protobuf:"varint,3,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	MakeParents bool `protobuf:"varint,3,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	// Owned by this user of the guest's /etc/passwd (and its group), the
+	// parent directories the call creates too; empty: the agent's (root).
+	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1153,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1166,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -990,6 +1190,13 @@ func (x *WriteFileHeader) GetMakeParents() bool {
 	return false
 }
 
+func (x *WriteFileHeader) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type WriteFileRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -1003,7 +1210,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1222,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1235,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -1081,7 +1288,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1300,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1313,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1125,7 +1332,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1344,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1357,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Chunk) GetData() []byte {
@@ -1171,7 +1378,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1390,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1403,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1225,16 +1432,20 @@ type FileInfo struct {
 	MtimeUnixNanos int64  `protobuf:"varint,5,opt,name=mtime_unix_nanos,json=mtimeUnixNanos,proto3" json:"mtime_unix_nanos,omitempty"`
 	IsDir          bool   `protobuf:"varint,6,opt,name=is_dir,json=isDir,proto3" json:"is_dir,omitempty"`
 	// The target if the entry is a symlink (and was not followed).
-	Symlink       string `protobuf:"bytes,7,opt,name=symlink,proto3" json:"symlink,omitempty"`
-	Uid           uint32 `protobuf:"varint,8,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32 `protobuf:"varint,9,opt,name=gid,proto3" json:"gid,omitempty"`
+	Symlink string `protobuf:"bytes,7,opt,name=symlink,proto3" json:"symlink,omitempty"`
+	Uid     uint32 `protobuf:"varint,8,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid     uint32 `protobuf:"varint,9,opt,name=gid,proto3" json:"gid,omitempty"`
+	// The guest's names for uid and gid (/etc/passwd, /etc/group), or the
+	// number when it has none.
+	Owner         string `protobuf:"bytes,10,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group         string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1457,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1470,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1325,16 +1536,34 @@ func (x *FileInfo) GetGid() uint32 {
 	return 0
 }
 
+func (x *FileInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileInfo) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// How many levels to list: 0 or 1 the directory's own entries, 2 also
+	// those of its subdirectories, and so on (symlinks are not followed).
+	// More than MaxListEntries entries in all is RESOURCE_EXHAUSTED.
+	Depth         uint32 `protobuf:"varint,2,opt,name=depth,proto3" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1575,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1588,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1369,9 +1598,17 @@ func (x *ListRequest) GetPath() string {
 	return ""
 }
 
+func (x *ListRequest) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
 type ListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sorted by name; symlinks are not followed.
+	// Sorted by name, each directory followed by its own entries when the
+	// depth reaches them; symlinks are not followed.
 	Entries       []*FileInfo `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1379,7 +1616,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1628,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1641,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1420,14 +1657,17 @@ type MkdirRequest struct {
 	// Permission bits; 0 means 0755.
 	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
 	// Create missing parents; an existing directory is then not an error.
-	Parents       bool `protobuf:"varint,3,opt,name=parents,proto3" json:"parents,omitempty"`
+	Parents bool `protobuf:"varint,3,opt,name=parents,proto3" json:"parents,omitempty"`
+	// Owned by this user of the guest's /etc/passwd (and its group), the
+	// parents the call creates too; empty: the agent's (root).
+	User          string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1679,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1692,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1476,6 +1716,13 @@ func (x *MkdirRequest) GetParents() bool {
 	return false
 }
 
+func (x *MkdirRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type MkdirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1484,7 +1731,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1743,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1756,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 type RemoveRequest struct {
@@ -1523,7 +1770,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1782,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1795,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1573,7 +1820,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1832,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1845,185 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
+type MoveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absolute paths.
+	Source        string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveRequest) Reset() {
+	*x = MoveRequest{}
+	mi := &file_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveRequest) ProtoMessage() {}
+
+func (x *MoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
+func (*MoveRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *MoveRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *MoveRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An absolute path of a directory.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Watch its subdirectories too, those created later included.
+	Recursive     bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WatchRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first event of a watch: it is in place.
+	Started bool          `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
+	Op      WatchEvent_Op `protobuf:"varint,2,opt,name=op,proto3,enum=kiln.agent.v1.WatchEvent_Op" json:"op,omitempty"`
+	// The entry's path relative to the watched directory.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The entry as it is now (lstat), when it exists.
+	Entry         *FileInfo `protobuf:"bytes,4,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchEvent) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
+}
+
+func (x *WatchEvent) GetOp() WatchEvent_Op {
+	if x != nil {
+		return x.Op
+	}
+	return WatchEvent_OP_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetEntry() *FileInfo {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
 }
 
 type HealthRequest struct {
@@ -1609,7 +2034,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +2046,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +2059,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type HealthResponse struct {
@@ -1646,7 +2071,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +2083,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +2096,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1689,7 +2114,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +2126,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +2139,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 type InfoResponse struct {
@@ -1735,7 +2160,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +2172,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +2185,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1836,7 +2261,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2273,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2286,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *QuiesceRequest) GetDropCaches() bool {
@@ -1879,7 +2304,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2316,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2329,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 type ReseedRequest struct {
@@ -1917,7 +2342,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2354,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2367,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -1963,7 +2388,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2400,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2413,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReseedResponse) GetCredited() bool {
@@ -2008,7 +2433,7 @@ type SetClockRequest struct {
 
 func (x *SetClockRequest) Reset() {
 	*x = SetClockRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2445,7 @@ func (x *SetClockRequest) String() string {
 func (*SetClockRequest) ProtoMessage() {}
 
 func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2458,7 @@ func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockRequest.ProtoReflect.Descriptor instead.
 func (*SetClockRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetClockRequest) GetUnixNanos() int64 {
@@ -2051,7 +2476,7 @@ type SetClockResponse struct {
 
 func (x *SetClockResponse) Reset() {
 	*x = SetClockResponse{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2488,7 @@ func (x *SetClockResponse) String() string {
 func (*SetClockResponse) ProtoMessage() {}
 
 func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2501,7 @@ func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockResponse.ProtoReflect.Descriptor instead.
 func (*SetClockResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type PowerOffRequest struct {
@@ -2087,7 +2512,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2524,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2537,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 type PowerOffResponse struct {
@@ -2123,7 +2548,7 @@ type PowerOffResponse struct {
 
 func (x *PowerOffResponse) Reset() {
 	*x = PowerOffResponse{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2135,7 +2560,7 @@ func (x *PowerOffResponse) String() string {
 func (*PowerOffResponse) ProtoMessage() {}
 
 func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2148,7 +2573,7 @@ func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffResponse.ProtoReflect.Descriptor instead.
 func (*PowerOffResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type SetHostnameRequest struct {
@@ -2161,7 +2586,7 @@ type SetHostnameRequest struct {
 
 func (x *SetHostnameRequest) Reset() {
 	*x = SetHostnameRequest{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2598,7 @@ func (x *SetHostnameRequest) String() string {
 func (*SetHostnameRequest) ProtoMessage() {}
 
 func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2611,7 @@ func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameRequest.ProtoReflect.Descriptor instead.
 func (*SetHostnameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SetHostnameRequest) GetName() string {
@@ -2204,7 +2629,7 @@ type SetHostnameResponse struct {
 
 func (x *SetHostnameResponse) Reset() {
 	*x = SetHostnameResponse{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2641,7 @@ func (x *SetHostnameResponse) String() string {
 func (*SetHostnameResponse) ProtoMessage() {}
 
 func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2654,7 @@ func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameResponse.ProtoReflect.Descriptor instead.
 func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 type ConfigureNetworkRequest struct {
@@ -2256,7 +2681,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2693,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2706,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ConfigureNetworkRequest) GetInterface() string {
@@ -2336,7 +2761,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2773,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2786,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ConfigureNetworkResponse) GetInterface() string {
@@ -2375,7 +2800,7 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\rkiln.agent.v1\"\xda\x01\n" +
+	"\vagent.proto\x12\rkiln.agent.v1\"\x98\x02\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -2385,19 +2810,26 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\x04R\ttimeoutMs\x12\x1b\n" +
 	"\thas_stdin\x18\a \x01(\bR\bhasStdin\x12\x1b\n" +
-	"\tdetach_id\x18\b \x01(\tR\bdetachIdB\x06\n" +
+	"\tdetach_id\x18\b \x01(\tR\bdetachId\x12\x12\n" +
+	"\x04user\x18\t \x01(\tR\x04user\x12(\n" +
+	"\x03pty\x18\n" +
+	" \x01(\v2\x16.kiln.agent.v1.PtySizeR\x03ptyB\x06\n" +
 	"\x04_uidB\x06\n" +
-	"\x04_gid\"I\n" +
+	"\x04_gid\"1\n" +
+	"\aPtySize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"I\n" +
 	"\n" +
 	"ExecSignal\x12\x16\n" +
 	"\x06signal\x18\x01 \x01(\x05R\x06signal\x12#\n" +
-	"\rprocess_group\x18\x02 \x01(\bR\fprocessGroup\"\xb7\x01\n" +
+	"\rprocess_group\x18\x02 \x01(\bR\fprocessGroup\"\xe9\x01\n" +
 	"\vExecRequest\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x18.kiln.agent.v1.ExecStartH\x00R\x05start\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
 	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
 	"closeStdin\x123\n" +
-	"\x06signal\x18\x04 \x01(\v2\x19.kiln.agent.v1.ExecSignalH\x00R\x06signalB\x06\n" +
+	"\x06signal\x18\x04 \x01(\v2\x19.kiln.agent.v1.ExecSignalH\x00R\x06signal\x120\n" +
+	"\x06resize\x18\x05 \x01(\v2\x16.kiln.agent.v1.PtySizeH\x00R\x06resizeB\x06\n" +
 	"\x04kind\"\x1f\n" +
 	"\vExecStarted\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\"{\n" +
@@ -2434,11 +2866,14 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"'\n" +
 	"\x15ForgetDetachedRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
-	"\x16ForgetDetachedResponse\"\\\n" +
+	"\x16ForgetDetachedResponse\"'\n" +
+	"\x15AttachDetachedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"p\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12!\n" +
-	"\fmake_parents\x18\x03 \x01(\bR\vmakeParents\"j\n" +
+	"\fmake_parents\x18\x03 \x01(\bR\vmakeParents\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"j\n" +
 	"\x10WriteFileRequest\x128\n" +
 	"\x06header\x18\x01 \x01(\v2\x1e.kiln.agent.v1.WriteFileHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
@@ -2449,7 +2884,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\">\n" +
 	"\vStatRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
-	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\"\xd9\x01\n" +
+	"\tno_follow\x18\x02 \x01(\bR\bnoFollow\"\x85\x02\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2459,20 +2894,44 @@ const file_agent_proto_rawDesc = "" +
 	"\x06is_dir\x18\x06 \x01(\bR\x05isDir\x12\x18\n" +
 	"\asymlink\x18\a \x01(\tR\asymlink\x12\x10\n" +
 	"\x03uid\x18\b \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\t \x01(\rR\x03gid\"!\n" +
+	"\x03gid\x18\t \x01(\rR\x03gid\x12\x14\n" +
+	"\x05owner\x18\n" +
+	" \x01(\tR\x05owner\x12\x14\n" +
+	"\x05group\x18\v \x01(\tR\x05group\"7\n" +
 	"\vListRequest\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\"A\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05depth\x18\x02 \x01(\rR\x05depth\"A\n" +
 	"\fListResponse\x121\n" +
-	"\aentries\x18\x01 \x03(\v2\x17.kiln.agent.v1.FileInfoR\aentries\"P\n" +
+	"\aentries\x18\x01 \x03(\v2\x17.kiln.agent.v1.FileInfoR\aentries\"d\n" +
 	"\fMkdirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x18\n" +
-	"\aparents\x18\x03 \x01(\bR\aparents\"\x0f\n" +
+	"\aparents\x18\x03 \x01(\bR\aparents\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"\x0f\n" +
 	"\rMkdirResponse\"A\n" +
 	"\rRemoveRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\"\x10\n" +
-	"\x0eRemoveResponse\"\x0f\n" +
+	"\x0eRemoveResponse\"G\n" +
+	"\vMoveRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\"@\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"\xfa\x01\n" +
+	"\n" +
+	"WatchEvent\x12\x18\n" +
+	"\astarted\x18\x01 \x01(\bR\astarted\x12,\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x1c.kiln.agent.v1.WatchEvent.OpR\x02op\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x05entry\x18\x04 \x01(\v2\x17.kiln.agent.v1.FileInfoR\x05entry\"a\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tOP_CREATE\x10\x01\x12\f\n" +
+	"\bOP_WRITE\x10\x02\x12\r\n" +
+	"\tOP_REMOVE\x10\x03\x12\r\n" +
+	"\tOP_RENAME\x10\x04\x12\f\n" +
+	"\bOP_CHMOD\x10\x05\"\x0f\n" +
 	"\rHealthRequest\" \n" +
 	"\x0eHealthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\"\r\n" +
@@ -2512,19 +2971,22 @@ const file_agent_proto_rawDesc = "" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12 \n" +
 	"\vnameservers\x18\x06 \x03(\tR\vnameservers\"8\n" +
 	"\x18ConfigureNetworkResponse\x12\x1c\n" +
-	"\tinterface\x18\x01 \x01(\tR\tinterface2\xbb\v\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface2\x92\r\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
 	"\x0eSignalDetached\x12$.kiln.agent.v1.SignalDetachedRequest\x1a%.kiln.agent.v1.SignalDetachedResponse\x12R\n" +
 	"\fWaitDetached\x12\".kiln.agent.v1.WaitDetachedRequest\x1a\x1e.kiln.agent.v1.DetachedProcess\x12]\n" +
-	"\x0eForgetDetached\x12$.kiln.agent.v1.ForgetDetachedRequest\x1a%.kiln.agent.v1.ForgetDetachedResponse\x12G\n" +
+	"\x0eForgetDetached\x12$.kiln.agent.v1.ForgetDetachedRequest\x1a%.kiln.agent.v1.ForgetDetachedResponse\x12U\n" +
+	"\x0eAttachDetached\x12$.kiln.agent.v1.AttachDetachedRequest\x1a\x1b.kiln.agent.v1.ExecResponse0\x01\x12G\n" +
 	"\tWriteFile\x12\x1f.kiln.agent.v1.WriteFileRequest\x1a\x17.kiln.agent.v1.FileInfo(\x01\x12B\n" +
 	"\bReadFile\x12\x1e.kiln.agent.v1.ReadFileRequest\x1a\x14.kiln.agent.v1.Chunk0\x01\x12;\n" +
 	"\x04Stat\x12\x1a.kiln.agent.v1.StatRequest\x1a\x17.kiln.agent.v1.FileInfo\x12?\n" +
 	"\x04List\x12\x1a.kiln.agent.v1.ListRequest\x1a\x1b.kiln.agent.v1.ListResponse\x12B\n" +
 	"\x05Mkdir\x12\x1b.kiln.agent.v1.MkdirRequest\x1a\x1c.kiln.agent.v1.MkdirResponse\x12E\n" +
-	"\x06Remove\x12\x1c.kiln.agent.v1.RemoveRequest\x1a\x1d.kiln.agent.v1.RemoveResponse\x12E\n" +
+	"\x06Remove\x12\x1c.kiln.agent.v1.RemoveRequest\x1a\x1d.kiln.agent.v1.RemoveResponse\x12;\n" +
+	"\x04Move\x12\x1a.kiln.agent.v1.MoveRequest\x1a\x17.kiln.agent.v1.FileInfo\x12A\n" +
+	"\x05Watch\x12\x1b.kiln.agent.v1.WatchRequest\x1a\x19.kiln.agent.v1.WatchEvent0\x01\x12E\n" +
 	"\x06Health\x12\x1c.kiln.agent.v1.HealthRequest\x1a\x1d.kiln.agent.v1.HealthResponse\x12?\n" +
 	"\x04Info\x12\x1a.kiln.agent.v1.InfoRequest\x1a\x1b.kiln.agent.v1.InfoResponse\x12H\n" +
 	"\aQuiesce\x12\x1d.kiln.agent.v1.QuiesceRequest\x1a\x1e.kiln.agent.v1.QuiesceResponse\x12E\n" +
@@ -2546,104 +3008,121 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),                // 0: kiln.agent.v1.ExecStart
-	(*ExecSignal)(nil),               // 1: kiln.agent.v1.ExecSignal
-	(*ExecRequest)(nil),              // 2: kiln.agent.v1.ExecRequest
-	(*ExecStarted)(nil),              // 3: kiln.agent.v1.ExecStarted
-	(*ExecExit)(nil),                 // 4: kiln.agent.v1.ExecExit
-	(*ExecResponse)(nil),             // 5: kiln.agent.v1.ExecResponse
-	(*ListDetachedRequest)(nil),      // 6: kiln.agent.v1.ListDetachedRequest
-	(*DetachedProcess)(nil),          // 7: kiln.agent.v1.DetachedProcess
-	(*ListDetachedResponse)(nil),     // 8: kiln.agent.v1.ListDetachedResponse
-	(*SignalDetachedRequest)(nil),    // 9: kiln.agent.v1.SignalDetachedRequest
-	(*SignalDetachedResponse)(nil),   // 10: kiln.agent.v1.SignalDetachedResponse
-	(*WaitDetachedRequest)(nil),      // 11: kiln.agent.v1.WaitDetachedRequest
-	(*ForgetDetachedRequest)(nil),    // 12: kiln.agent.v1.ForgetDetachedRequest
-	(*ForgetDetachedResponse)(nil),   // 13: kiln.agent.v1.ForgetDetachedResponse
-	(*WriteFileHeader)(nil),          // 14: kiln.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),         // 15: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),          // 16: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),                    // 17: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),              // 18: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),                 // 19: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),              // 20: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 21: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 22: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 23: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 24: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 25: kiln.agent.v1.RemoveResponse
-	(*HealthRequest)(nil),            // 26: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 27: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),              // 28: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 29: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),           // 30: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),          // 31: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),            // 32: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),           // 33: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),          // 34: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),         // 35: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),          // 36: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),         // 37: kiln.agent.v1.PowerOffResponse
-	(*SetHostnameRequest)(nil),       // 38: kiln.agent.v1.SetHostnameRequest
-	(*SetHostnameResponse)(nil),      // 39: kiln.agent.v1.SetHostnameResponse
-	(*ConfigureNetworkRequest)(nil),  // 40: kiln.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 41: kiln.agent.v1.ConfigureNetworkResponse
+	(WatchEvent_Op)(0),               // 0: kiln.agent.v1.WatchEvent.Op
+	(*ExecStart)(nil),                // 1: kiln.agent.v1.ExecStart
+	(*PtySize)(nil),                  // 2: kiln.agent.v1.PtySize
+	(*ExecSignal)(nil),               // 3: kiln.agent.v1.ExecSignal
+	(*ExecRequest)(nil),              // 4: kiln.agent.v1.ExecRequest
+	(*ExecStarted)(nil),              // 5: kiln.agent.v1.ExecStarted
+	(*ExecExit)(nil),                 // 6: kiln.agent.v1.ExecExit
+	(*ExecResponse)(nil),             // 7: kiln.agent.v1.ExecResponse
+	(*ListDetachedRequest)(nil),      // 8: kiln.agent.v1.ListDetachedRequest
+	(*DetachedProcess)(nil),          // 9: kiln.agent.v1.DetachedProcess
+	(*ListDetachedResponse)(nil),     // 10: kiln.agent.v1.ListDetachedResponse
+	(*SignalDetachedRequest)(nil),    // 11: kiln.agent.v1.SignalDetachedRequest
+	(*SignalDetachedResponse)(nil),   // 12: kiln.agent.v1.SignalDetachedResponse
+	(*WaitDetachedRequest)(nil),      // 13: kiln.agent.v1.WaitDetachedRequest
+	(*ForgetDetachedRequest)(nil),    // 14: kiln.agent.v1.ForgetDetachedRequest
+	(*ForgetDetachedResponse)(nil),   // 15: kiln.agent.v1.ForgetDetachedResponse
+	(*AttachDetachedRequest)(nil),    // 16: kiln.agent.v1.AttachDetachedRequest
+	(*WriteFileHeader)(nil),          // 17: kiln.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),         // 18: kiln.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),          // 19: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                    // 20: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),              // 21: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),                 // 22: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),              // 23: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 24: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 25: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 26: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 27: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 28: kiln.agent.v1.RemoveResponse
+	(*MoveRequest)(nil),              // 29: kiln.agent.v1.MoveRequest
+	(*WatchRequest)(nil),             // 30: kiln.agent.v1.WatchRequest
+	(*WatchEvent)(nil),               // 31: kiln.agent.v1.WatchEvent
+	(*HealthRequest)(nil),            // 32: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 33: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),              // 34: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 35: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),           // 36: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),          // 37: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),            // 38: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),           // 39: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),          // 40: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 41: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),          // 42: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),         // 43: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),       // 44: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),      // 45: kiln.agent.v1.SetHostnameResponse
+	(*ConfigureNetworkRequest)(nil),  // 46: kiln.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 47: kiln.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	0,  // 0: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
-	1,  // 1: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	3,  // 2: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
-	4,  // 3: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
-	4,  // 4: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
-	7,  // 5: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
-	1,  // 6: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	14, // 7: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
-	19, // 8: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
-	2,  // 9: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
-	6,  // 10: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
-	9,  // 11: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
-	11, // 12: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
-	12, // 13: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
-	15, // 14: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
-	16, // 15: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
-	18, // 16: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
-	20, // 17: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
-	22, // 18: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
-	24, // 19: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
-	26, // 20: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
-	28, // 21: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
-	30, // 22: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
-	32, // 23: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
-	34, // 24: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
-	36, // 25: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
-	38, // 26: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
-	40, // 27: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
-	5,  // 28: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	8,  // 29: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
-	10, // 30: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
-	7,  // 31: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
-	13, // 32: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
-	19, // 33: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	17, // 34: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	19, // 35: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	21, // 36: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	23, // 37: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	25, // 38: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	27, // 39: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	29, // 40: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	31, // 41: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	33, // 42: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	35, // 43: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	37, // 44: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	39, // 45: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
-	41, // 46: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
-	28, // [28:47] is the sub-list for method output_type
-	9,  // [9:28] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 0: kiln.agent.v1.ExecStart.pty:type_name -> kiln.agent.v1.PtySize
+	1,  // 1: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
+	3,  // 2: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	2,  // 3: kiln.agent.v1.ExecRequest.resize:type_name -> kiln.agent.v1.PtySize
+	5,  // 4: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
+	6,  // 5: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
+	6,  // 6: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
+	9,  // 7: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
+	3,  // 8: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	17, // 9: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
+	22, // 10: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
+	0,  // 11: kiln.agent.v1.WatchEvent.op:type_name -> kiln.agent.v1.WatchEvent.Op
+	22, // 12: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
+	4,  // 13: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
+	8,  // 14: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
+	11, // 15: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
+	13, // 16: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
+	14, // 17: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
+	16, // 18: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
+	18, // 19: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
+	19, // 20: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
+	21, // 21: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
+	23, // 22: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
+	25, // 23: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
+	27, // 24: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
+	29, // 25: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
+	30, // 26: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
+	32, // 27: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
+	34, // 28: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
+	36, // 29: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
+	38, // 30: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
+	40, // 31: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
+	42, // 32: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
+	44, // 33: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
+	46, // 34: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
+	7,  // 35: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	10, // 36: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	12, // 37: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	9,  // 38: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	15, // 39: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	7,  // 40: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
+	22, // 41: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	20, // 42: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	22, // 43: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	24, // 44: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	26, // 45: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	28, // 46: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	22, // 47: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
+	31, // 48: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
+	33, // 49: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	35, // 50: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	37, // 51: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	39, // 52: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	41, // 53: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	43, // 54: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	45, // 55: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	47, // 56: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
+	35, // [35:57] is the sub-list for method output_type
+	13, // [13:35] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2652,19 +3131,20 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_agent_proto_msgTypes[3].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
+		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -2673,13 +3153,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   42,
+			NumEnums:      1,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File

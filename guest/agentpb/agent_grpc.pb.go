@@ -28,12 +28,15 @@ const (
 	Agent_SignalDetached_FullMethodName   = "/kiln.agent.v1.Agent/SignalDetached"
 	Agent_WaitDetached_FullMethodName     = "/kiln.agent.v1.Agent/WaitDetached"
 	Agent_ForgetDetached_FullMethodName   = "/kiln.agent.v1.Agent/ForgetDetached"
+	Agent_AttachDetached_FullMethodName   = "/kiln.agent.v1.Agent/AttachDetached"
 	Agent_WriteFile_FullMethodName        = "/kiln.agent.v1.Agent/WriteFile"
 	Agent_ReadFile_FullMethodName         = "/kiln.agent.v1.Agent/ReadFile"
 	Agent_Stat_FullMethodName             = "/kiln.agent.v1.Agent/Stat"
 	Agent_List_FullMethodName             = "/kiln.agent.v1.Agent/List"
 	Agent_Mkdir_FullMethodName            = "/kiln.agent.v1.Agent/Mkdir"
 	Agent_Remove_FullMethodName           = "/kiln.agent.v1.Agent/Remove"
+	Agent_Move_FullMethodName             = "/kiln.agent.v1.Agent/Move"
+	Agent_Watch_FullMethodName            = "/kiln.agent.v1.Agent/Watch"
 	Agent_Health_FullMethodName           = "/kiln.agent.v1.Agent/Health"
 	Agent_Info_FullMethodName             = "/kiln.agent.v1.Agent/Info"
 	Agent_Quiesce_FullMethodName          = "/kiln.agent.v1.Agent/Quiesce"
@@ -72,6 +75,12 @@ type AgentClient interface {
 	// ForgetDetached drops an exited one from the table; a running one is
 	// FAILED_PRECONDITION.
 	ForgetDetached(ctx context.Context, in *ForgetDetachedRequest, opts ...grpc.CallOption) (*ForgetDetachedResponse, error)
+	// AttachDetached streams one's output from now on (not what it wrote
+	// before: WaitDetached has the tails), then its exit; one that has
+	// exited answers with its exit at once. Any number may attach at once,
+	// each seeing the same output; one that falls too far behind is ended
+	// with RESOURCE_EXHAUSTED rather than holding the process back.
+	AttachDetached(ctx context.Context, in *AttachDetachedRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
 	// WriteFile takes a header, then data chunks (each at most 1 MiB). The
 	// data goes to a temporary file in the same directory that is renamed
 	// over path once complete, so a failed write leaves no partial file.
@@ -82,6 +91,16 @@ type AgentClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	Mkdir(ctx context.Context, in *MkdirRequest, opts ...grpc.CallOption) (*MkdirResponse, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
+	// Move renames a file or directory (rename(2), replacing a file at the
+	// destination as rename does) and describes the destination. Across
+	// file systems it is FAILED_PRECONDITION.
+	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// Watch streams the changes below a directory (inotify): a started
+	// event once the watch is in place, then one event per change, until
+	// the call ends. The directory going away ends the stream (OK), the
+	// kernel's event queue overflowing ends it with RESOURCE_EXHAUSTED, as
+	// does a recursive watch past MaxWatchDirs directories.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 	// Snapshot hooks.
@@ -167,9 +186,28 @@ func (c *agentClient) ForgetDetached(ctx context.Context, in *ForgetDetachedRequ
 	return out, nil
 }
 
+func (c *agentClient) AttachDetached(ctx context.Context, in *AttachDetachedRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_AttachDetached_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttachDetachedRequest, ExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_AttachDetachedClient = grpc.ServerStreamingClient[ExecResponse]
+
 func (c *agentClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, FileInfo], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[2], Agent_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +220,7 @@ type Agent_WriteFileClient = grpc.ClientStreamingClient[WriteFileRequest, FileIn
 
 func (c *agentClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Chunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[2], Agent_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[3], Agent_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +276,35 @@ func (c *agentClient) Remove(ctx context.Context, in *RemoveRequest, opts ...grp
 	}
 	return out, nil
 }
+
+func (c *agentClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*FileInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FileInfo)
+	err := c.cc.Invoke(ctx, Agent_Move_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
 func (c *agentClient) Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -347,6 +414,12 @@ type AgentServer interface {
 	// ForgetDetached drops an exited one from the table; a running one is
 	// FAILED_PRECONDITION.
 	ForgetDetached(context.Context, *ForgetDetachedRequest) (*ForgetDetachedResponse, error)
+	// AttachDetached streams one's output from now on (not what it wrote
+	// before: WaitDetached has the tails), then its exit; one that has
+	// exited answers with its exit at once. Any number may attach at once,
+	// each seeing the same output; one that falls too far behind is ended
+	// with RESOURCE_EXHAUSTED rather than holding the process back.
+	AttachDetached(*AttachDetachedRequest, grpc.ServerStreamingServer[ExecResponse]) error
 	// WriteFile takes a header, then data chunks (each at most 1 MiB). The
 	// data goes to a temporary file in the same directory that is renamed
 	// over path once complete, so a failed write leaves no partial file.
@@ -357,6 +430,16 @@ type AgentServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	Mkdir(context.Context, *MkdirRequest) (*MkdirResponse, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
+	// Move renames a file or directory (rename(2), replacing a file at the
+	// destination as rename does) and describes the destination. Across
+	// file systems it is FAILED_PRECONDITION.
+	Move(context.Context, *MoveRequest) (*FileInfo, error)
+	// Watch streams the changes below a directory (inotify): a started
+	// event once the watch is in place, then one event per change, until
+	// the call ends. The directory going away ends the stream (OK), the
+	// kernel's event queue overflowing ends it with RESOURCE_EXHAUSTED, as
+	// does a recursive watch past MaxWatchDirs directories.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	// Snapshot hooks.
@@ -404,6 +487,9 @@ func (UnimplementedAgentServer) WaitDetached(context.Context, *WaitDetachedReque
 func (UnimplementedAgentServer) ForgetDetached(context.Context, *ForgetDetachedRequest) (*ForgetDetachedResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForgetDetached not implemented")
 }
+func (UnimplementedAgentServer) AttachDetached(*AttachDetachedRequest, grpc.ServerStreamingServer[ExecResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method AttachDetached not implemented")
+}
 func (UnimplementedAgentServer) WriteFile(grpc.ClientStreamingServer[WriteFileRequest, FileInfo]) error {
 	return status.Errorf(codes.Unimplemented, "method WriteFile not implemented")
 }
@@ -421,6 +507,12 @@ func (UnimplementedAgentServer) Mkdir(context.Context, *MkdirRequest) (*MkdirRes
 }
 func (UnimplementedAgentServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedAgentServer) Move(context.Context, *MoveRequest) (*FileInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedAgentServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Health not implemented")
@@ -546,6 +638,17 @@ func _Agent_ForgetDetached_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_AttachDetached_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AttachDetachedRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).AttachDetached(m, &grpc.GenericServerStream[AttachDetachedRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_AttachDetachedServer = grpc.ServerStreamingServer[ExecResponse]
+
 func _Agent_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(AgentServer).WriteFile(&grpc.GenericServerStream[WriteFileRequest, FileInfo]{ServerStream: stream})
 }
@@ -635,6 +738,35 @@ func _Agent_Remove_Handler(srv interface{}, ctx context.Context, dec func(interf
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Agent_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Move_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Move(ctx, req.(*MoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
 func _Agent_Health_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthRequest)
@@ -820,6 +952,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Agent_Remove_Handler,
 		},
 		{
+			MethodName: "Move",
+			Handler:    _Agent_Move_Handler,
+		},
+		{
 			MethodName: "Health",
 			Handler:    _Agent_Health_Handler,
 		},
@@ -860,6 +996,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			ClientStreams: true,
 		},
 		{
+			StreamName:    "AttachDetached",
+			Handler:       _Agent_AttachDetached_Handler,
+			ServerStreams: true,
+		},
+		{
 			StreamName:    "WriteFile",
 			Handler:       _Agent_WriteFile_Handler,
 			ClientStreams: true,
@@ -867,6 +1008,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadFile",
 			Handler:       _Agent_ReadFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _Agent_Watch_Handler,
 			ServerStreams: true,
 		},
 	},

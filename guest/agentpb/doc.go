@@ -37,3 +37,14 @@ const (
 	MaxDetachedIDLen = 128
 	DetachedTailSize = 64 << 10
 )
+
+// Bounds of the file calls: how many entries one List returns in all
+// (ListRequest.depth), how many directories a recursive Watch watches,
+// and how many attachers (AttachDetached) one detached process has.
+const (
+	MaxListEntries   = 100_000
+	MaxWatchDirs     = 8192
+	MaxAttachers     = 16
+	MaxPtyDimension  = 65535
+	MaxUserNameBytes = 256
+)

@@ -340,6 +340,10 @@ type FileInfo struct {
 	Symlink string // the target, for a symlink that was not followed
 	UID     uint32
 	GID     uint32
+	// Owner and Group are the guest's names for UID and GID, or the
+	// numbers when it has none (empty from an agent older than them).
+	Owner string
+	Group string
 }
 
 func fileInfoOf(p *agentpb.FileInfo) FileInfo {
@@ -353,6 +357,8 @@ func fileInfoOf(p *agentpb.FileInfo) FileInfo {
 		Symlink: p.GetSymlink(),
 		UID:     p.GetUid(),
 		GID:     p.GetGid(),
+		Owner:   p.GetOwner(),
+		Group:   p.GetGroup(),
 	}
 }
 
@@ -427,6 +433,12 @@ type WriteOption func(*agentpb.WriteFileHeader)
 // MakeParents makes WriteFile create missing parent directories.
 func MakeParents() WriteOption {
 	return func(h *agentpb.WriteFileHeader) { h.MakeParents = true }
+}
+
+// WriteOwner makes the written file (and the parents WriteFile creates)
+// owned by user, a name in the guest's /etc/passwd, and its group.
+func WriteOwner(user string) WriteOption {
+	return func(h *agentpb.WriteFileHeader) { h.User = user }
 }
 
 // writeChunk is the size of WriteFile's data messages.
@@ -530,7 +542,19 @@ func (c *Client) stat(ctx context.Context, path string, noFollow bool) (FileInfo
 
 // List describes the entries of directory path, sorted by name.
 func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
-	r, err := c.api.List(ctx, &agentpb.ListRequest{Path: path})
+	return c.ListDepth(ctx, path, 1)
+}
+
+// ListDepth describes the entries of directory path and, depth levels
+// down, of its subdirectories: each directory's entries sorted by name,
+// each subdirectory followed by its own, with full paths (symlinks are
+// not followed). More than agentpb.MaxListEntries entries is
+// codes.ResourceExhausted.
+func (c *Client) ListDepth(ctx context.Context, path string, depth int) ([]FileInfo, error) {
+	if depth < 0 || depth > 1<<30 {
+		return nil, fmt.Errorf("client: list %s: depth %d out of range", path, depth)
+	}
+	r, err := c.api.List(ctx, &agentpb.ListRequest{Path: path, Depth: uint32(depth)})
 	if err != nil {
 		return nil, fmt.Errorf("client: list %s: %w", path, err)
 	}
@@ -541,11 +565,24 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	return out, nil
 }
 
+// MkdirOption modifies a Mkdir.
+type MkdirOption func(*agentpb.MkdirRequest)
+
+// MkdirOwner makes the directories Mkdir creates owned by user, a name in
+// the guest's /etc/passwd, and its group.
+func MkdirOwner(user string) MkdirOption {
+	return func(r *agentpb.MkdirRequest) { r.User = user }
+}
+
 // Mkdir creates directory path with mode's permission bits (0 means 0755);
 // with parents it creates missing parents too and accepts an existing
 // directory.
-func (c *Client) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
-	if _, err := c.api.Mkdir(ctx, &agentpb.MkdirRequest{Path: path, Mode: unixPerm(mode), Parents: parents}); err != nil {
+func (c *Client) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool, opts ...MkdirOption) error {
+	req := &agentpb.MkdirRequest{Path: path, Mode: unixPerm(mode), Parents: parents}
+	for _, o := range opts {
+		o(req)
+	}
+	if _, err := c.api.Mkdir(ctx, req); err != nil {
 		return fmt.Errorf("client: mkdir %s: %w", path, err)
 	}
 	return nil
@@ -557,4 +594,93 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 		return fmt.Errorf("client: remove %s: %w", path, err)
 	}
 	return nil
+}
+
+// Move renames source to destination in the guest (rename(2)) and
+// describes the destination. Across file systems it is
+// codes.FailedPrecondition.
+func (c *Client) Move(ctx context.Context, source, destination string) (FileInfo, error) {
+	fi, err := c.api.Move(ctx, &agentpb.MoveRequest{Source: source, Destination: destination})
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("client: move %s to %s: %w", source, destination, err)
+	}
+	return fileInfoOf(fi), nil
+}
+
+// WatchOp is what happened to a watched entry.
+type WatchOp int
+
+// The operations a watch reports (agentpb.WatchEvent_Op).
+const (
+	WatchCreate WatchOp = WatchOp(agentpb.WatchEvent_OP_CREATE)
+	WatchWrite  WatchOp = WatchOp(agentpb.WatchEvent_OP_WRITE)
+	WatchRemove WatchOp = WatchOp(agentpb.WatchEvent_OP_REMOVE)
+	WatchRename WatchOp = WatchOp(agentpb.WatchEvent_OP_RENAME)
+	WatchChmod  WatchOp = WatchOp(agentpb.WatchEvent_OP_CHMOD)
+)
+
+func (o WatchOp) String() string {
+	switch o {
+	case WatchCreate:
+		return "create"
+	case WatchWrite:
+		return "write"
+	case WatchRemove:
+		return "remove"
+	case WatchRename:
+		return "rename"
+	case WatchChmod:
+		return "chmod"
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// WatchEvent is one event of Watch: the first has Started set (the watch
+// is in place), each later one a change.
+type WatchEvent struct {
+	Started bool
+	Op      WatchOp
+	// Name is the entry's path relative to the watched directory.
+	Name string
+	// Entry describes it as it is now, when it exists (HasEntry).
+	Entry    FileInfo
+	HasEntry bool
+}
+
+// WatchEventOf converts the agent's event.
+func WatchEventOf(e *agentpb.WatchEvent) WatchEvent {
+	out := WatchEvent{Started: e.GetStarted(), Op: WatchOp(e.GetOp()), Name: e.GetName()}
+	if e.GetEntry() != nil {
+		out.Entry, out.HasEntry = fileInfoOf(e.GetEntry()), true
+	}
+	return out
+}
+
+// Watch watches directory path in the guest (recursive: its
+// subdirectories too), calling fn with each event, the started one first,
+// until ctx ends (nil), the directory goes away (nil), fn returns an
+// error (that error) or the watch fails (codes.ResourceExhausted when the
+// guest's event queue overflowed).
+func (c *Client) Watch(ctx context.Context, path string, recursive bool, fn func(WatchEvent) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.api.Watch(ctx, &agentpb.WatchRequest{Path: path, Recursive: recursive})
+	if err != nil {
+		return fmt.Errorf("client: watch %s: %w", path, err)
+	}
+	for {
+		ev, err := st.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("client: watch %s: %w", path, err)
+		}
+		if err := fn(WatchEventOf(ev)); err != nil {
+			return err
+		}
+	}
 }

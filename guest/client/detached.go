@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"io"
 	"syscall"
 	"time"
 
@@ -91,4 +92,44 @@ func (c *Client) ForgetDetached(ctx context.Context, id string) error {
 		return fmt.Errorf("client: forget detached process %s: %w", id, err)
 	}
 	return nil
+}
+
+// AttachDetached copies the output the detached process id writes from now
+// on to stdout and stderr (nil discards) and returns its exit status once
+// it has exited (at once for one that has). Several may attach at once;
+// one that reads too slowly is ended with codes.ResourceExhausted.
+func (c *Client) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (ExitStatus, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.api.AttachDetached(ctx, &agentpb.AttachDetachedRequest{Id: id})
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("client: attach to detached process %s: %w", id, err)
+	}
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	for {
+		r, err := st.Recv()
+		if err == io.EOF {
+			return ExitStatus{}, fmt.Errorf("client: attach to detached process %s: the agent ended the call without an exit status", id)
+		}
+		if err != nil {
+			return ExitStatus{}, fmt.Errorf("client: attach to detached process %s: %w", id, err)
+		}
+		switch k := r.GetKind().(type) {
+		case *agentpb.ExecResponse_Stdout:
+			if _, err := stdout.Write(k.Stdout); err != nil {
+				return ExitStatus{}, fmt.Errorf("client: attach to detached process %s: writing stdout: %w", id, err)
+			}
+		case *agentpb.ExecResponse_Stderr:
+			if _, err := stderr.Write(k.Stderr); err != nil {
+				return ExitStatus{}, fmt.Errorf("client: attach to detached process %s: writing stderr: %w", id, err)
+			}
+		case *agentpb.ExecResponse_Exit:
+			return exitStatusOf(k.Exit), nil
+		}
+	}
 }

@@ -44,6 +44,19 @@ type ExecOptions struct {
 	// ListDetached, SignalDetached, WaitDetached and ForgetDetached reach
 	// it from any connection.
 	DetachID string
+	// User, when set, runs the process as this user of the guest's
+	// /etc/passwd (its uid, gid, groups and HOME); exclusive with UID,
+	// GID and AsRoot.
+	User string
+	// Pty, when set, runs the process on a terminal of this size: Stdout
+	// gets what it shows (Stderr nothing), Stdin is typed into it, its
+	// EOF types ^D; Process.Resize changes the size.
+	Pty *PtySize
+}
+
+// PtySize is a terminal's size in characters (1 to 65535 each).
+type PtySize struct {
+	Rows, Cols uint32
 }
 
 // ExitStatus is how a process ended.
@@ -134,6 +147,10 @@ func (c *Client) Start(ctx context.Context, opts ExecOptions) (*Process, error) 
 		Cwd:      opts.Dir,
 		HasStdin: opts.Stdin != nil,
 		DetachId: opts.DetachID,
+		User:     opts.User,
+	}
+	if opts.Pty != nil {
+		start.Pty = &agentpb.PtySize{Rows: opts.Pty.Rows, Cols: opts.Pty.Cols}
 	}
 	if opts.Timeout > 0 {
 		start.TimeoutMs = uint64((opts.Timeout + time.Millisecond - 1) / time.Millisecond)
@@ -198,6 +215,15 @@ func (p *Process) sendSignal(sig syscall.Signal, group bool) error {
 	err := p.send(&agentpb.ExecRequest{Kind: &agentpb.ExecRequest_Signal{Signal: &agentpb.ExecSignal{Signal: int32(sig), ProcessGroup: group}}})
 	if err != nil {
 		return fmt.Errorf("client: signal %v to %s (pid %d): %w", sig, p.argv0, p.pid, err)
+	}
+	return nil
+}
+
+// Resize sets the size of the process's terminal (ExecOptions.Pty).
+func (p *Process) Resize(size PtySize) error {
+	err := p.send(&agentpb.ExecRequest{Kind: &agentpb.ExecRequest_Resize{Resize: &agentpb.PtySize{Rows: size.Rows, Cols: size.Cols}}})
+	if err != nil {
+		return fmt.Errorf("client: resize the terminal of %s (pid %d): %w", p.argv0, p.pid, err)
 	}
 	return nil
 }
