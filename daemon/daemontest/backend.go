@@ -512,6 +512,22 @@ func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.
 		}
 		ctx = context.Background() // it outlives the call
 	}
+	if r, ok := cmd.Stdin.(io.Reader); ok && r != nil && p.term == nil {
+		if _, isFile := r.(*os.File); !isFile {
+			// Its own pipe, so that its exit is reported when it exits, as
+			// the agent does, not when its stdin ends (exec.Cmd's Wait
+			// waits for the copy of a non-file Stdin).
+			cmd.Stdin = nil
+			w, err := cmd.StdinPipe()
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "daemontest: stdin: %v", err)
+			}
+			go func() {
+				io.Copy(w, r)
+				w.Close()
+			}()
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		if p.term != nil {
 			p.term.ptmx.Close()
