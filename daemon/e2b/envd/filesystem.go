@@ -21,6 +21,7 @@ import (
 	filesystempb "github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/filesystem"
 	"github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/filesystem/filesystempbconnect"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/guest/client"
 )
 
 // filesystemService is filesystem.Filesystem over kiln.v1 file calls.
@@ -28,53 +29,9 @@ type filesystemService struct{ h *Handler }
 
 var _ filesystempbconnect.FilesystemHandler = (*filesystemService)(nil)
 
-// st_mode's file type bits.
-const (
-	sIFMT  = 0o170000
-	sIFDIR = 0o040000
-	sIFLNK = 0o120000
-	sIFREG = 0o100000
-	sIFIFO = 0o010000
-	sIFCHR = 0o020000
-	sIFBLK = 0o060000
-	sIFSCK = 0o140000
-)
-
-// goMode is a Unix st_mode as Go's FileMode.
-func goMode(st uint32) fs.FileMode {
-	m := fs.FileMode(st & 0o777)
-	switch st & sIFMT {
-	case sIFDIR:
-		m |= fs.ModeDir
-	case sIFLNK:
-		m |= fs.ModeSymlink
-	case sIFIFO:
-		m |= fs.ModeNamedPipe
-	case sIFCHR:
-		m |= fs.ModeDevice | fs.ModeCharDevice
-	case sIFBLK:
-		m |= fs.ModeDevice
-	case sIFSCK:
-		m |= fs.ModeSocket
-	case sIFREG:
-	default:
-		m |= fs.ModeIrregular
-	}
-	if st&0o4000 != 0 {
-		m |= fs.ModeSetuid
-	}
-	if st&0o2000 != 0 {
-		m |= fs.ModeSetgid
-	}
-	if st&0o1000 != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
-}
-
 // entryInfo is a kiln.v1 FileInfo as envd's EntryInfo.
 func entryInfo(fi *kilnpb.FileInfo) *filesystempb.EntryInfo {
-	m := goMode(fi.GetMode())
+	m := client.FileModeOf(fi.GetMode())
 	e := &filesystempb.EntryInfo{
 		Name: fi.GetName(), Type: filesystempb.FileType_FILE_TYPE_FILE, Path: fi.GetPath(), Size: fi.GetSize(),
 		Mode: fi.GetMode() & 0o7777, Permissions: m.String(), Owner: fi.GetOwner(), Group: fi.GetGroup(),
