@@ -378,6 +378,9 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		return err
 	}
 	defer done()
+	if st.GetBackground() {
+		defer b.following()()
+	}
 	b.mu.Lock()
 	env, bctx, secs := b.rec.Env, b.ctx, b.secrets // a rollback replaces ctx
 	b.mu.Unlock()
@@ -469,6 +472,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	}
 	b.execs.add(e)
 	var exit *kilnpb.ExecExit
+	lost := false
 	waited := make(chan struct{})
 	go func() {
 		defer close(waited)
@@ -477,6 +481,13 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		flushMasked(stderr)
 		if stdinR != nil {
 			stdinR.CloseWithError(errors.New("the process exited"))
+		}
+		if st.GetBackground() && err != nil && bctx.Err() != nil {
+			// The sandbox's machine went (hibernated, rolled back,
+			// ended) before the process was seen to exit: the next
+			// machine's agent tells its fate (ListExecs syncs it).
+			lost = true
+			return
 		}
 		exit = exitOf(status, err)
 		if exit.OomKilled {
@@ -503,6 +514,9 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 		}
 		<-waited // killed with the call's context
 		return stream.Context().Err()
+	}
+	if lost {
+		return status.Errorf(codes.Unavailable, "exec %s: sandbox %s's machine stopped (hibernated, rolled back or ended) before the process was seen to exit; after a resume ListExecs and AttachExec follow it", execID, b.id)
 	}
 	return send(&kilnpb.ExecResponse{Kind: &kilnpb.ExecResponse_Exit{Exit: exit}})
 }
@@ -625,6 +639,7 @@ func (s *Server) AttachExec(req *kilnpb.AttachExecRequest, stream kilnpb.Kiln_At
 		return err
 	}
 	defer done()
+	defer b.following()()
 	ctx := stream.Context()
 	s.syncExecs(ctx, b)
 	e := b.execs.get(req.GetExecId())

@@ -307,6 +307,7 @@ func (s *Server) WatchDir(req *kilnpb.WatchDirRequest, stream kilnpb.Kiln_WatchD
 		return err
 	}
 	defer done()
+	defer b.following()()
 	b.mu.Lock()
 	bctx := b.ctx
 	b.mu.Unlock()

@@ -64,9 +64,9 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	case b.inst == nil || st != kilnpb.SandboxState_SANDBOX_STATE_RUNNING && st != kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
 		b.mu.Unlock()
 		return status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot hibernate it", b.id, stateName(st))
-	case b.busy > 0 && !byTimeout:
+	case b.busy > b.streams && !byTimeout:
 		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot hibernate it", b.id, b.busy)
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot hibernate it", b.id, b.busy-b.streams)
 	}
 	old, wasPaused := b.inst, st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
 	n := b.rec.Net.clone()

@@ -562,8 +562,8 @@ func (s *Server) pauseResume(ctx context.Context, id string, pause bool) (*kilnp
 	if st != from || b.ending || b.inst == nil || b.moving {
 		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot %s it", id, stateName(st), verb)
 	}
-	if b.busy > 0 && pause {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot pause it", id, b.busy)
+	if b.busy > b.streams && pause {
+		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot pause it", id, b.busy-b.streams)
 	}
 	call := b.inst.Resume
 	if pause {

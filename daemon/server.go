@@ -335,6 +335,11 @@ type box struct {
 	// lastActive and busy (calls in flight) drive the idle timeout.
 	lastActive time.Time
 	busy       int
+	// streams are the calls of busy that follow the sandbox for as long
+	// as it runs (background execs' streams, AttachExec, WatchDir): a
+	// pause or hibernation does not wait for them (a hibernation ends
+	// them; the processes run on in the guest).
+	streams int
 	timer      Timer
 	execs      *execTable
 	// secrets are the sandbox's secrets, in this process's memory only
@@ -692,6 +697,22 @@ func (s *Server) lookup(id string) (*box, error) {
 		return nil, status.Errorf(codes.NotFound, "no sandbox %q", id)
 	}
 	return b, nil
+}
+
+// following marks a call of b that use let in as one of its streams (see
+// box.streams) until the returned func is called.
+func (b *box) following() func() {
+	b.mu.Lock()
+	b.streams++
+	b.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			b.streams--
+			b.mu.Unlock()
+		})
+	}
 }
 
 // use returns the running instance of sandbox id for a call, marking the

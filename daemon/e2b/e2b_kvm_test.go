@@ -2,7 +2,6 @@ package e2b_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -56,9 +55,26 @@ func TestKVME2B(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
+	// kilnd's and the E2B server's log, shown when the test fails.
+	logPath := filepath.Join(t.TempDir(), "kilnd.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		logFile.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 64<<10 {
+				b = b[len(b)-64<<10:]
+			}
+			t.Logf("kilnd's log (its end):\n%s", b)
+		}
+	})
 	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(state, "k"), Runtime: rt, Images: images,
 		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute, MemoryOvercommit: 2,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +92,7 @@ func TestKVME2B(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := e2b.New(e2b.Config{Kiln: kc, Keys: k, StateDir: filepath.Join(state, "e2b"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := e2b.New(e2b.Config{Kiln: kc, Keys: k, StateDir: filepath.Join(state, "e2b"), Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
