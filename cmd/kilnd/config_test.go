@@ -67,6 +67,7 @@ pids-max = 2048
 				memoryOvercommit: 1.5,
 				vmmOverheadMiB:   96,
 				pidsMax:          2048,
+				e2bTimeout:       15 * time.Second,
 			}
 			want.configFile, want.kiln = cfg.configFile, cfg.kiln
 			if !reflect.DeepEqual(cfg, want) {

@@ -51,6 +51,7 @@ func addE2BFlags(fs *flag.FlagSet, cfg *config) {
 	fs.Var(&hostPortValue{p: &cfg.e2bListen}, "e2b-listen", "`HOST:PORT` to serve E2B's API on, its control plane and envd (\"\": off); needs API keys")
 	fs.StringVar(&cfg.e2bKeysFile, "e2b-api-keys", "", "`FILE` of E2B API keys, one \"KEY TENANT\" a line (# comments); re-read when it changes and on SIGHUP")
 	fs.Var(&stringsFlag{p: &cfg.e2bKeys}, "e2b-api-key", "an E2B API key and its tenant, `'KEY TENANT'` (repeatable)")
+	fs.DurationVar(&cfg.e2bTimeout, "e2b-default-timeout", 15*time.Second, "lifetime of an E2B sandbox whose create names no timeout (E2B's API gives 15s)")
 	fs.StringVar(&cfg.e2bDomain, "e2b-domain", "", "`DOMAIN` the E2B API returns as sandboxes' domain, for PORT-ID.DOMAIN host names (\"\": none)")
 }
 
@@ -61,6 +62,9 @@ func checkE2BConfig(cfg config) error {
 	}
 	if cfg.e2bKeysFile == "" && len(cfg.e2bKeys) == 0 {
 		return errors.New("--e2b-listen needs API keys: give --e2b-api-keys FILE or --e2b-api-key 'KEY TENANT'")
+	}
+	if cfg.e2bTimeout <= 0 {
+		return fmt.Errorf("--e2b-default-timeout %v: want a positive duration", cfg.e2bTimeout)
 	}
 	if strings.ContainsAny(cfg.e2bDomain, "/: \t") {
 		return fmt.Errorf("--e2b-domain %q: want a host name", cfg.e2bDomain)
@@ -109,6 +113,8 @@ func (l *e2bListener) start(cfg config, log *slog.Logger) (stop func(context.Con
 		StateDir: filepath.Join(cfg.stateDir, "e2b"),
 		Domain:   cfg.e2bDomain,
 		Logger:   log,
+		// The lifetime of a create that names none.
+		DefaultTimeout: cfg.e2bTimeout,
 		Health: func(ctx context.Context) error {
 			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "kiln.v1.Kiln"})
 			if err == nil && r.GetStatus() != healthpb.HealthCheckResponse_SERVING {

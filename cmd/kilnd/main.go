@@ -80,6 +80,7 @@ type config struct {
 	e2bKeysFile string   // "KEY TENANT" lines
 	e2bKeys     []string // "KEY TENANT" values
 	e2bDomain   string
+	e2bTimeout  time.Duration
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.

@@ -36,67 +36,77 @@ func TestKVME2B(t *testing.T) {
 	kvmtest.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	_, refs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
-	images := t.TempDir()
+	_, url := kvmE2B(t, ctx)
+	runSDK(t, ctx, url, keyA, keyB, "kvm")
+}
+
+// kvmE2B starts a daemon.Server with the real sandbox backend, a template
+// named base from the Debian test image, and the E2B server over it on a
+// loopback listener (keyA's tenant alpha, keyB's beta); it returns the
+// daemon's client and the E2B server's URL. kilnd's and the E2B server's
+// log is shown when the test fails.
+func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
+	tb.Helper()
+	_, refs := imagetest.ServeLayout(tb, kvmtest.TestImages(tb), "kiln/test")
+	images := tb.TempDir()
 	im, err := image.NewRoots(image.Options{}).Images(images)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if _, err := im.Pull(ctx, refs["debian"], image.PullOptions{}); err != nil {
-		t.Fatalf("pull debian: %v", err)
+		tb.Fatalf("pull debian: %v", err)
 	}
-	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
+	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(tb), Agent: kvmtest.AgentBinary(tb)})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	// A short state folder: the sandboxes' Unix sockets live in it.
 	state, err := os.MkdirTemp("", "ke-")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(state) })
-	// kilnd's and the E2B server's log, shown when the test fails.
-	logPath := filepath.Join(t.TempDir(), "kilnd.log")
+	tb.Cleanup(func() { os.RemoveAll(state) })
+	logPath := filepath.Join(tb.TempDir(), "kilnd.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		logFile.Close()
-		if t.Failed() {
+		if tb.Failed() {
 			b, _ := os.ReadFile(logPath)
 			if len(b) > 64<<10 {
 				b = b[len(b)-64<<10:]
 			}
-			t.Logf("kilnd's log (its end):\n%s", b)
+			tb.Logf("kilnd's log (its end):\n%s", b)
 		}
 	})
 	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(state, "k"), Runtime: rt, Images: images,
 		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute, MemoryOvercommit: 2,
 		Logger: logger})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	kc := serveDaemon(t, ds)
+	kc := serveDaemon(tb, ds)
 	start := time.Now()
 	tp, err := kc.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "base", Image: refs["debian"], RequestId: "kvm-e2b-base",
 		Resources: &kilnpb.Resources{MemoryMib: 256}})
 	if err != nil {
-		t.Fatalf("template base: %v", err)
+		tb.Fatalf("template base: %v", err)
 	}
-	t.Logf("template %s (base) in %v", tp.Id, time.Since(start).Round(time.Millisecond))
-	keys := filepath.Join(t.TempDir(), "keys")
-	writeFile(t, keys, keyA+" alpha\n"+keyB+" beta\n", 0o600)
+	tb.Logf("template %s (base) in %v", tp.Id, time.Since(start).Round(time.Millisecond))
+	keys := filepath.Join(tb.TempDir(), "keys")
+	writeFile(tb, keys, keyA+" alpha\n"+keyB+" beta\n", 0o600)
 	k, err := e2b.LoadKeys(keys, nil)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	srv, err := e2b.New(e2b.Config{Kiln: kc, Keys: k, StateDir: filepath.Join(state, "e2b"), Logger: logger})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	runSDK(t, ctx, hs.URL, keyA, keyB, "kvm")
+	tb.Cleanup(hs.Close)
+	return kc, hs.URL
 }

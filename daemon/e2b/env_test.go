@@ -81,7 +81,7 @@ func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 // serveDaemon serves ds over an in-memory connection and returns its
 // client; at the test's end every sandbox is destroyed (the double's are
 // host processes, the real ones VMM processes) and ds closed.
-func serveDaemon(t *testing.T, ds *daemon.Server) kilnpb.KilnClient {
+func serveDaemon(t testing.TB, ds *daemon.Server) kilnpb.KilnClient {
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	ds.Register(gs)
@@ -211,7 +211,7 @@ func (e *env) create(key string, body map[string]any) created {
 	return c
 }
 
-func writeFile(t *testing.T, p, s string, mode os.FileMode) {
+func writeFile(t testing.TB, p, s string, mode os.FileMode) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(s), mode); err != nil {
 		t.Fatal(err)

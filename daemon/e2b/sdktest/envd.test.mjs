@@ -14,7 +14,8 @@ const double = mode === 'double'
 let sbx
 
 before(async () => {
-  sbx = await Sandbox.create()
+  // Without a timeout the API gives 15 s, as E2B's does: the file's tests take longer.
+  sbx = await Sandbox.create({ timeoutMs: 600_000 })
   // Commands of the double run in the sandbox's folder only where a
   // working directory is given: give every one that touches files one.
   await sbx.files.makeDir('/work').catch(() => {})
