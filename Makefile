@@ -53,6 +53,8 @@ deps:
 	  echo "deps: installing nodejs npm"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
+	@node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); process.exit(a>=22||(a===20&&(b>18||(b===18&&c>=1)))?0:1)' || { \
+	  echo "deps: node $$(node --version) is too old for the e2b SDK (it needs 20.18.1 or newer, as its package.json says; Debian 12's nodejs is 18): install a newer Node.js"; exit 1; }
 	cd daemon/e2b/sdktest && npm ci --no-audit --no-fund
 
 build: harness
