@@ -84,6 +84,8 @@ test('pause then connect: files (and in kvm a background process) survive', asyn
     let bg
     if (kvm) {
       bg = await sbx.commands.run('while :; do date +%s%N >> /tmp/ticks; sleep 0.2; done', { background: true })
+      // Started is not yet ticking (bash -l reads its profile first).
+      await until('the background process ticking', 30_000, () => sbx.files.exists('/tmp/ticks'))
     }
     assert.equal(await sbx.pause(), true)
     assert.equal(await Sandbox.pause(sbx.sandboxId), false) // already paused
