@@ -9,6 +9,9 @@
 #                                          kiln bench image)
 #   <cache>/test-rootfs/tree-v2/debian-read/  (that tree, for kiln bench
 #                                          image's QEMU virtio-9p peer)
+#   <cache>/test-rootfs/bookworm-minbase-fidelity.tar and fidelity-v1/
+#                                          (systemd, docker.io, pytest: the
+#                                          fidelity image, its own layout)
 # where <cache> is $KILN_CACHE, else $XDG_CACHE_HOME/kiln, else
 # $HOME/.cache/kiln. The image tests package it as an OCI image (estargz
 # layers), push it to an in-process registry and run python3 and git from it
@@ -75,13 +78,46 @@ make_ext4() {
 	mv "$tmp" "$ext4"
 }
 
-if [ -s "$out" ]; then
-	make_images
-	echo "$out"
-	exit 0
-fi
-command -v debootstrap >/dev/null || { say "no debootstrap: run make deps"; exit 1; }
+# debootstrap_root OUT INCLUDE: a minbase root with INCLUDE's packages
+# as the tarball OUT (once).
+debootstrap_root() {
+	local out=$1 include=$2 work start
+	[ -s "$out" ] && return 0
+	command -v debootstrap >/dev/null || { say "no debootstrap: run make deps"; exit 1; }
+	mkdir -p "$(dirname "$out")"
+	work=$(mktemp -d "$(dirname "$out")/.build.XXXXXX")
+	say "debootstrap --variant=minbase --include=$include $suite ($mirror)"
+	start=$(date +%s)
+	$sudo debootstrap --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" >"$work/log" 2>&1 || {
+		tail -30 "$work/log" >&2
+		$sudo rm -rf "$work"
+		say "debootstrap failed"
+		exit 1
+	}
+	# What a container image does not carry: apt's package lists and caches.
+	$sudo rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"* "$work/root/debootstrap"
+	$sudo tar --numeric-owner --xattrs --sort=name -C "$work/root" -cf "$work/root.tar" .
+	$sudo chown "$(id -u):$(id -g)" "$work/root.tar"
+	mv "$work/root.tar" "$out"
+	$sudo rm -rf "$work"
+	say "$(du -h "$out" | cut -f1) in $(($(date +%s) - start)) s: $out"
+}
 
+# The fidelity tests' root and its layout (tools/testimage -fidelity):
+# systemd as /sbin/init, Docker (Debian's docker.io), iptables, pytest.
+fidelity_include=systemd-sysv,dbus,docker.io,iptables,kmod,procps,iproute2,ca-certificates,python3,python3-pytest,git
+fidelity_out=$cache/test-rootfs/$suite-minbase-fidelity.tar
+fidelity=$cache/test-rootfs/fidelity-v1
+make_fidelity() {
+	[ -d "$fidelity" ] && return 0
+	[ -s "$fidelity_out" ] || [ -n "${mirror:-}" ] || find_mirror
+	debootstrap_root "$fidelity_out" "$fidelity_include"
+	say "making the fidelity image (tools/testimage -fidelity) in $fidelity"
+	go run ./tools/testimage -fidelity -rootfs "$fidelity_out" -out "$fidelity"
+}
+
+
+find_mirror() {
 mirror=$(awk '
 	/^[[:space:]]*$/ { uri = ""; ok = 0 }
 	/^URIs:/ { uri = $2 }
@@ -89,22 +125,16 @@ mirror=$(awk '
 	uri != "" && ok { print uri; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
 [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $3 == "'$suite'" { print $2; exit }' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
 [ -n "$mirror" ] || { say "no $suite mirror in /etc/apt to debootstrap from"; exit 1; }
-
-mkdir -p "$(dirname "$out")"
-work=$(mktemp -d "$(dirname "$out")/.build.XXXXXX")
-trap '$sudo rm -rf "$work"' EXIT
-say "debootstrap --variant=minbase --include=$include $suite ($mirror)"
-start=$(date +%s)
-$sudo debootstrap --variant=minbase --include="$include" "$suite" "$work/root" "$mirror" >"$work/log" 2>&1 || {
-	tail -30 "$work/log" >&2
-	say "debootstrap failed"
-	exit 1
 }
-# What a container image does not carry: apt's package lists and caches.
-$sudo rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"* "$work/root/debootstrap"
-$sudo tar --numeric-owner --xattrs --sort=name -C "$work/root" -cf "$work/root.tar" .
-$sudo chown "$(id -u):$(id -g)" "$work/root.tar"
-mv "$work/root.tar" "$out"
-say "$(du -h "$out" | cut -f1) in $(($(date +%s) - start)) s: $out"
+
+if [ -s "$out" ]; then
+	make_images
+	make_fidelity
+	echo "$out"
+	exit 0
+fi
+find_mirror
+debootstrap_root "$out" "$include"
 make_images
+make_fidelity
 echo "$out"

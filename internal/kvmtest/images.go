@@ -28,3 +28,26 @@ func TestImages(tb testing.TB) string {
 	}
 	return dir
 }
+
+// FidelityLayout names the fidelity tests' OCI layout under
+// <cache>/test-rootfs: one image, FidelityImage.
+const FidelityLayout = "fidelity-v1"
+
+// FidelityImage is its image's name: a Debian root with systemd as
+// /sbin/init, docker.io, iptables, python3 with pytest, and git.
+const FidelityImage = "fidelity"
+
+// FidelityImages returns the fidelity tests' OCI layout, failing the test
+// when it is missing (make test-rootfs builds it).
+func FidelityImages(tb testing.TB) string {
+	tb.Helper()
+	cache, err := guestkernel.CacheDir()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := filepath.Join(cache, "test-rootfs", FidelityLayout)
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		tb.Fatalf("the fidelity image is missing (make test-rootfs builds it): %v", err)
+	}
+	return dir
+}

@@ -82,10 +82,18 @@ func main() {
 	readMiB := flag.Int("read-mib", 256, "MiB of debian-read's file")
 	busybox := flag.String("busybox", "/bin/busybox", "static busybox `BINARY` for the busybox images")
 	flat := flag.String("flat", "", "also write the flattened trees of busybox and debian-read as `DIR`/NAME.tar")
+	fidelity := flag.Bool("fidelity", false, "write only the fidelity image (-rootfs is the fidelity root) into -out")
 	flag.Parse()
 	if *rootfs == "" || *out == "" || *bigMiB < 1 || *readMiB < 1 {
 		flag.Usage()
 		os.Exit(2)
+	}
+	if *fidelity {
+		if err := runFidelity(*rootfs, *out); err != nil {
+			fmt.Fprintf(os.Stderr, "testimage: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(*rootfs, *out, *bigMiB, *readMiB, *busybox, *flat); err != nil {
 		fmt.Fprintf(os.Stderr, "testimage: %v\n", err)
@@ -527,4 +535,53 @@ func writeFlat(img v1.Image, path string) error {
 		return err
 	}
 	return os.Rename(f.Name(), path)
+}
+
+// FidelityImage is the one image of the fidelity layout (-fidelity): a
+// Debian root with systemd as /sbin/init, docker.io, iptables, python3
+// with pytest, and git, in one layer, for the tests of what a guest
+// can run (Docker, systemd, a software-engineering task).
+const FidelityImage = "fidelity"
+
+// runFidelity writes the layout of FidelityImage from rootfs into out.
+func runFidelity(rootfs, out string) error {
+	if _, err := os.Stat(out); err == nil {
+		return fmt.Errorf("%s exists", out)
+	}
+	tmp := out + ".tmp"
+	os.RemoveAll(tmp)
+	scratch, err := os.MkdirTemp("", "testimage-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	b := &builder{dir: scratch}
+	start := time.Now()
+	base, err := b.layerFromFile(rootfs)
+	if err != nil {
+		return fmt.Errorf("fidelity layer: %w", err)
+	}
+	cfg := v1.Config{
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "KILN_TEST_IMAGE=" + FidelityImage},
+		WorkingDir: "/root",
+		Cmd:        []string{"/bin/bash"},
+	}
+	img, err := newImage(cfg, []v1.Layer{base})
+	if err != nil {
+		return fmt.Errorf("%s: %w", FidelityImage, err)
+	}
+	p, err := layout.Write(tmp, empty.Index)
+	if err != nil {
+		return err
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": FidelityImage})); err != nil {
+		return fmt.Errorf("%s: %w", FidelityImage, err)
+	}
+	d, _ := img.Digest()
+	fmt.Fprintf(os.Stderr, "testimage: %s %s\n", FidelityImage, d)
+	if err := os.Rename(tmp, out); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "testimage: %s in %v\n", out, time.Since(start).Round(time.Second))
+	return nil
 }
