@@ -73,7 +73,7 @@ func benchSDK(tb testing.TB, ctx context.Context, url string) benchResult {
 	cmd := exec.CommandContext(ctx, node, "bench.mjs")
 	cmd.Dir = sdkDir
 	cmd.Env = []string{"E2B_API_KEY=" + keyA, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url,
-		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC)}
+		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC), "BENCH_REQUEST_TIMEOUT_MS=600000"}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
