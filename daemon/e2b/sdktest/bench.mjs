@@ -31,7 +31,8 @@ async function one() {
   const sbx = await Sandbox.create(template, { timeoutMs: 600_000, requestTimeoutMs })
   const t1 = performance.now()
   try {
-    const r = await sbx.commands.run('true', { requestTimeoutMs })
+    // timeoutMs 0: no limit on the command (60 s by default) either.
+    const r = await sbx.commands.run('true', { requestTimeoutMs, timeoutMs: requestTimeoutMs === undefined ? undefined : 0 })
     if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`)
     const t2 = performance.now()
     create.push(t1 - t0)
