@@ -262,7 +262,10 @@ func TestParseModulesSuperblock(t *testing.T) {
 		}), wantErr: "too long"},
 		{name: "UUID of another release", sb: superblock(rel, func(sb []byte) { copy(sb[sbLastMounted:], "/lib/modules/6.1.0-58-amd64") }), wantErr: "UUID"},
 		{name: "huge blocks", sb: superblock(rel, func(sb []byte) { sb[sbLogBlockSize] = 30 }), wantErr: "block size"},
-		{name: "no blocks", sb: superblock(rel, func(sb []byte) { copy(sb[sbBlocksCountLo:], make([]byte, 4)); copy(sb[sbBlocksCountHi:], make([]byte, 4)) }), wantErr: "0 blocks"},
+		{name: "no blocks", sb: superblock(rel, func(sb []byte) {
+			copy(sb[sbBlocksCountLo:], make([]byte, 4))
+			copy(sb[sbBlocksCountHi:], make([]byte, 4))
+		}), wantErr: "0 blocks"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
