@@ -99,7 +99,7 @@ func (f *fakeSys) sys() *Sys {
 			}
 			return []byte(data[off : off+int64(n)]), nil
 		},
-		WriteFile: func(path string, data []byte) error { return f.call("write %s %s", path, data) },
+		WriteFile:   func(path string, data []byte) error { return f.call("write %s %s", path, data) },
 		Chdir:       func(dir string) error { return f.call("chdir %s", dir) },
 		Chroot:      func(dir string) error { return f.call("chroot %s", dir) },
 		Sethostname: func(name []byte) error { return f.call("sethostname %s", name) },
