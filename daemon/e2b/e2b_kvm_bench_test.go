@@ -41,6 +41,7 @@ func BenchmarkKVME2BCreateRun(b *testing.B) {
 	kc, url := kvmE2B(b, ctx)
 	for b.Loop() {
 		sdk := benchSDK(b, ctx, url)
+		b.Logf("SDK: %+v", sdk)
 		grpcP50, grpcP95 := benchGRPC(b, ctx, kc)
 		b.ReportMetric(sdk.Total.P50, "sdk-p50-ms")
 		b.ReportMetric(sdk.Total.P95, "sdk-p95-ms")
@@ -103,9 +104,10 @@ func benchGRPC(tb testing.TB, ctx context.Context, kc kilnpb.KilnClient) (p50, p
 		next  = 0
 		wg    sync.WaitGroup
 	)
-	one := func() error {
+	one := func(i int) error {
 		start := time.Now()
-		sb, err := kc.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Template{Template: "base"}})
+		sb, err := kc.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Template{Template: "base"},
+			RequestId: fmt.Sprintf("bench-grpc-%d-%d", start.UnixNano(), i)})
 		if err != nil {
 			return err
 		}
@@ -149,8 +151,9 @@ func benchGRPC(tb testing.TB, ctx context.Context, kc kilnpb.KilnClient) (p50, p
 					return
 				}
 				next++
+				i := next
 				mu.Unlock()
-				if err := one(); err != nil {
+				if err := one(i); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
