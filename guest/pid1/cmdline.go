@@ -32,6 +32,11 @@ type Options struct {
 	// RAM under the overlay (kiln.overlaysize=, in MiB); 0: tmpfs's own
 	// default, half the guest's memory. An invalid value is ignored.
 	OverlayMiB int
+	// Init is what process 1 becomes once the root is ready (kiln.init=):
+	// "" or InitAgent, the agent; InitSystemd, the root's /sbin/init with
+	// the agent as a service. Any other value is kept, for the agent to
+	// refuse (CheckInit).
+	Init string
 	// Image is the image config of an image root, read by Setup (not from
 	// the command line); nil otherwise.
 	Image *ImageConfig
@@ -77,6 +82,8 @@ func ParseCmdline(cmdline string) Options {
 			o.Hostname = p.value
 		case "kiln.debug":
 			setBool(&o.Debug, p)
+		case "kiln.init":
+			o.Init = p.value
 		case "kiln.overlaysize":
 			if n, err := strconv.Atoi(p.value); err == nil && n > 0 && n <= 1<<30 {
 				o.OverlayMiB = n
