@@ -171,7 +171,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		return nil, err
 	}
 	switch {
-	case tmpl != nil && init != "" && init != tmpl.rec.Init:
+	case tmpl != nil && req.GetInit() != "" && init != tmpl.rec.Init:
 		return nil, status.Errorf(codes.InvalidArgument, "init %q: a sandbox from template %s has the template's process 1 (%s)", req.GetInit(), tmpl.rec.ID, initName(tmpl.rec.Init))
 	case tmpl != nil:
 		init = tmpl.rec.Init
