@@ -75,7 +75,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		var clash []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "kernel", "agent", "disk", "ro", "cpus", "mem":
+			case "kernel", "agent", "disk", "ro", "cpus", "mem", "init":
 				clash = append(clash, "--"+f.Name)
 			}
 		})
@@ -89,7 +89,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprintf(stderr, "kiln run: --init: %v\n", err)
 		return exitUsage
 	}
-	if o.Init == sandbox.InitSystemd && o.Image == "" && *from == "" {
+	if o.Init == sandbox.InitSystemd && o.Image == "" {
 		fmt.Fprintln(stderr, "kiln run: --init systemd boots an image's /sbin/init: give --image")
 		return exitUsage
 	}
