@@ -39,6 +39,9 @@ type CreateSpec struct {
 	// guest's memory.
 	WritableMiB int
 	Hostname    string
+	// Init is an image root's process 1: "" (the agent) or "systemd"
+	// (sandbox.Options.Init).
+	Init string
 	// Host is what the sandbox gets of the host: network card, cgroup.
 	Host HostSpec
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // record is what the state folder keeps of a sandbox, one JSON file per
@@ -66,6 +68,8 @@ type record struct {
 	// TimeoutAction is what its lifetime's end does: destroy (0) or
 	// hibernate (kilnpb.TimeoutAction).
 	TimeoutAction kilnpb.TimeoutAction `json:"timeout_action,omitempty"`
+	// Init is its process 1: "" (the agent) or "systemd".
+	Init string `json:"init,omitempty"`
 	// Hibernated: paused with its state in HibernateDir (a snapshot
 	// Instance.Save wrote) and no VMM process; its lifetime stands
 	// still, ResumeLifeMS left of it (0: none) once resumed.
@@ -186,4 +190,25 @@ func readRecords[T any](dir string) ([]*T, error) {
 		return out, fmt.Errorf("daemon: state %s: %w", dir, err)
 	}
 	return out, nil
+}
+
+// checkInit checks a request's init: "" or "agent" (the agent as process
+// 1, recorded as "") or "systemd".
+func checkInit(v string) (string, error) {
+	switch v {
+	case "", "agent":
+		return "", nil
+	case "systemd":
+		return v, nil
+	}
+	return "", status.Errorf(codes.InvalidArgument, "init %q: want \"agent\" (the default) or \"systemd\" (the image's /sbin/init boots, the agent runs as a service)", v)
+}
+
+// initName is what a record's init is called in replies: "agent" for the
+// default.
+func initName(v string) string {
+	if v == "" {
+		return "agent"
+	}
+	return v
 }

@@ -90,6 +90,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: spec.Host.Net,
 			Dir: spec.Dir, Process: &proc, Logger: log,
 			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
+			Init: spec.Init,
 		}
 		s, err = sandbox.Start(ctx, opts)
 	default:

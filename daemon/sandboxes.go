@@ -166,6 +166,19 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 		res = &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}
 		srcWhat, srcNIC = "checkpoint "+ck.ID, ck.Net
 	}
+	init, err := checkInit(req.GetInit())
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case tmpl != nil && req.GetInit() != "" && init != tmpl.rec.Init:
+		return nil, status.Errorf(codes.InvalidArgument, "init %q: a sandbox from template %s has the template's process 1 (%s)", req.GetInit(), tmpl.rec.ID, initName(tmpl.rec.Init))
+	case tmpl != nil:
+		init = tmpl.rec.Init
+	case fromCk != nil && init != "":
+		return nil, status.Errorf(codes.InvalidArgument, "init %q: a sandbox from checkpoint %s keeps the process 1 its sandbox booted; leave init empty", req.GetInit(), fromCk.ID)
+	}
+	spec.Init, r.Init = init, init
 	egress, err := s.requestEgress("egress", req.GetEgress())
 	if err != nil {
 		return nil, err

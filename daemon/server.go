@@ -340,8 +340,8 @@ type box struct {
 	// pause or hibernation does not wait for them (a hibernation ends
 	// them; the processes run on in the guest).
 	streams int
-	timer      Timer
-	execs      *execTable
+	timer   Timer
+	execs   *execTable
 	// secrets are the sandbox's secrets, in this process's memory only
 	// (its VMM process keeps them too: see secrets.go); rec names them.
 	secrets []secret
@@ -660,6 +660,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Network:     netProto(r.Net),
 		Cgroup:      r.Cgroup,
 		Hibernated:  r.Hibernated && r.live(), TimeoutAction: r.TimeoutAction,
+		Init: initName(r.Init),
 	}
 	if !r.live() {
 		pb.Pid, pb.Cgroup = 0, ""

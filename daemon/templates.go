@@ -52,7 +52,9 @@ type templateRecord struct {
 	CPUs        uint32   `json:"cpus"`
 	MemoryMiB   uint32   `json:"memory_mib"`
 	DiskMiB     uint32   `json:"disk_mib,omitempty"`
-	PoolSize    uint32   `json:"pool_size,omitempty"`
+	// Init is its sandbox's process 1: "" (the agent) or "systemd".
+	Init     string `json:"init,omitempty"`
+	PoolSize uint32 `json:"pool_size,omitempty"`
 	// Dir is the template's snapshot.
 	Dir           string `json:"dir"`
 	CreatedUnixMS int64  `json:"created_unix_ms"`
@@ -106,6 +108,10 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	if err := checkSetup(req.GetSetup()); err != nil {
 		return nil, err
 	}
+	init, err := checkInit(req.GetInit())
+	if err != nil {
+		return nil, err
+	}
 	secrets, err := checkSecrets("secrets", req.GetSecrets())
 	if err != nil {
 		return nil, err
@@ -126,7 +132,7 @@ func (s *Server) CreateTemplate(ctx context.Context, req *kilnpb.CreateTemplateR
 	keyReq.Secrets = withoutValues(keyReq.Secrets) // no digest of a value on disk
 	t := &template{ready: make(chan struct{}), secrets: secrets, rec: templateRecord{
 		ID: newID("tp-"), Name: req.GetName(), ImageRef: img, Setup: req.GetSetup(),
-		CPUs: cpus, MemoryMiB: mem, DiskMiB: req.GetResources().GetDiskMib(), PoolSize: req.GetPoolSize(),
+		CPUs: cpus, MemoryMiB: mem, DiskMiB: req.GetResources().GetDiskMib(), PoolSize: req.GetPoolSize(), Init: init,
 		RequestID: req.GetRequestId(), RequestKey: requestKey("template", keyReq),
 		Net: s.cfg.Network != nil,
 	}}
@@ -230,7 +236,7 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		defer s.detachNet(n) // after the builder's close, below
 	}
 	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
-		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template"}, n)
+		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template", Init: r.Init}, n)
 	if err != nil {
 		return callErr("template "+r.ID+": boot "+r.ImageRef, err)
 	}
@@ -358,6 +364,7 @@ func (s *Server) templateProto(t *template) *kilnpb.Template {
 		Id: r.ID, Name: r.Name, Image: r.ImageRef, ImageDigest: r.ImageDigest, Setup: r.Setup,
 		Resources: &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB},
 		PoolSize:  r.PoolSize, CreatedUnixMs: r.CreatedUnixMS, Sandboxes: uint32(users),
+		Init: initName(r.Init),
 	}
 	if t.pool != nil {
 		pb.PoolReady = uint32(t.pool.readyCount())

@@ -36,6 +36,42 @@ func DefaultImagesDir() (string, error) {
 	return filepath.Join(cache, "images"), nil
 }
 
+// The values of Options.Init.
+const (
+	InitAgent   = "agent"
+	InitSystemd = "systemd"
+)
+
+// CheckInit refuses an Options.Init value that is not "", InitAgent or
+// InitSystemd.
+func CheckInit(v string) error {
+	switch v {
+	case "", InitAgent, InitSystemd:
+		return nil
+	}
+	return fmt.Errorf("sandbox: init %q: want %q (the agent as process 1, the default) or %q (the image's /sbin/init, the agent a service)", v, InitAgent, InitSystemd)
+}
+
+// checkInit checks o.Init: a known value, and systemd only on an image root.
+func (o Options) checkInit() error {
+	if err := CheckInit(o.Init); err != nil {
+		return err
+	}
+	if o.Init == InitSystemd && o.Image == "" {
+		return errors.New("sandbox: Options.Init systemd boots an image's /sbin/init: it needs Options.Image")
+	}
+	return nil
+}
+
+// initCmdline is the kernel command line parameter that tells the guest's
+// pid1 what to become (guest/pid1's kiln.init), "" for the default.
+func (o Options) initCmdline() string {
+	if o.Init == InitSystemd {
+		return " kiln.init=" + InitSystemd
+	}
+	return ""
+}
+
 // OpenImageFS returns the opener of image roots a VM needs for its fs
 // devices (vmm.Config.OpenFS), through roots: the devices of one image in
 // one folder share one tree.

@@ -88,6 +88,10 @@ type Options struct {
 	// RAM): writes past it fail with ENOSPC. 0: tmpfs's default, half
 	// the guest's memory; at most MemoryMiB.
 	WritableMiB int
+	// Init is what runs as process 1 of an image root: "" or InitAgent,
+	// the agent; InitSystemd, the image's /sbin/init (systemd, booted to
+	// its default target) with the agent as a systemd service.
+	Init string
 	// ImageRoots shares image trees among sandboxes of this process (one
 	// tree per image, however many sandboxes and clones run it); nil: the
 	// sandbox and its forks get their own.
@@ -156,6 +160,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if opts.Image == "" && opts.WritableMiB != 0 {
 		return nil, errors.New("sandbox: Options.WritableMiB caps an image root's writable layer: it needs Options.Image")
 	}
+	if err := opts.checkInit(); err != nil {
+		return nil, err
+	}
 	if opts.Image != "" {
 		if root, err = opts.resolveImage(cfg.MemoryMiB); err != nil {
 			return nil, err
@@ -167,6 +174,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		if opts.WritableMiB > 0 {
 			cfg.Cmdline += fmt.Sprintf(" kiln.overlaysize=%d", opts.WritableMiB)
 		}
+		cfg.Cmdline += opts.initCmdline()
 		cfg.OpenFS = OpenImageFS(root.roots)
 	}
 	hostname := opts.Hostname

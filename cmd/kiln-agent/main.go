@@ -5,6 +5,12 @@
 // agentpb.Port. As process 1 it never exits: when it fails or stops it
 // powers the VM off. Run as any other process it only serves, and exits.
 //
+// With kiln.init=systemd on an image root, process 1 installs the agent as
+// a systemd service of the root (pid1.InstallAgentService) and execs the
+// root's /sbin/init; systemd then starts the agent with --service: it
+// serves in the cgroup systemd delegates to it, reaps only its own
+// children, and powers off by asking systemd to.
+//
 // Build it static: CGO_ENABLED=0 go build ./cmd/kiln-agent.
 package main
 
@@ -28,12 +34,18 @@ func main() {
 	agent.MaybeRunTrampoline()
 
 	isInit := os.Getpid() == 1
+	service := !isInit && len(os.Args) == 2 && os.Args[1] == pid1.AgentServiceArg
 	level := new(slog.LevelVar)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	err := run(ctx, log, level, isInit)
+	var err error
+	if service {
+		err = runService(ctx, log, level)
+	} else {
+		err = run(ctx, log, level, isInit)
+	}
 	if !isInit {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "kiln-agent: %v\n", err)
@@ -64,6 +76,12 @@ func run(ctx context.Context, log *slog.Logger, level *slog.LevelVar, isInit boo
 		}
 		if opts.Debug {
 			level.Set(slog.LevelDebug)
+		}
+		if err := pid1.CheckInit(opts.Init); err != nil {
+			return fmt.Errorf("kiln.init: %w", err)
+		}
+		if opts.Init == pid1.InitSystemd {
+			return execSystemd(log, opts)
 		}
 		if c := opts.Image; c != nil {
 			defaults = &agent.ExecDefaults{Env: c.Env, Cwd: c.WorkingDir, User: c.User}

@@ -193,6 +193,9 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"run", "-w", "relative/dir", "--", "true"}, "want an absolute path"},
 		{[]string{"run", "--bogus", "--", "true"}, "flag provided but not defined"},
 		{[]string{"run", "--net", ",mac=x", "--", "true"}, "no tap name"},
+		{[]string{"run", "--init", "openrc", "--image", "x", "--", "true"}, `--init: sandbox: init "openrc"`},
+		{[]string{"run", "--init", "systemd", "--", "true"}, "--init systemd boots an image's /sbin/init: give --image"},
+		{[]string{"run", "--init", "systemd", "--from", "/nonexistent", "--", "true"}, "--init: the snapshot given with --from fixes these"},
 		{[]string{"run", "--hostname", "a b", "--agent", "/nonexistent", "--kernel", "/k", "--", "true"}, "hostname"},
 	} {
 		code, _, stderr := runKiln(t, tc.args...)

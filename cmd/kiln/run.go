@@ -15,6 +15,7 @@ import (
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmm"
 )
 
 // Exit codes of kiln run, as docker run has them: the command's own exit
@@ -40,6 +41,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.StringVar(&o.Disk, "disk", "", "root filesystem image (ext4) to run the command in; default: the agent's initramfs, with busybox")
 	fs.BoolVar(&o.DiskReadOnly, "ro", false, "attach --disk read-only")
 	fs.StringVar(&o.Image, "image", "", "run in this OCI image (`REF`, pulled when not stored; kiln image ls): its layers over 9p, writes in guest RAM")
+	fs.StringVar(&o.Init, "init", "", "with --image, process 1: agent (default) or systemd (the image's /sbin/init boots, the agent runs as a service)")
 	fs.StringVar(&o.Images, "images", "", "images `DIR` (default: <kernel cache>/images)")
 	insecure := fs.Bool("insecure", false, "with --image: pull over plain HTTP from a registry that is not on loopback")
 	fs.IntVar(&o.CPUs, "cpus", 1, "number of vCPUs")
@@ -73,7 +75,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		var clash []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "kernel", "agent", "disk", "ro", "cpus", "mem":
+			case "kernel", "agent", "disk", "ro", "cpus", "mem", "init":
 				clash = append(clash, "--"+f.Name)
 			}
 		})
@@ -83,6 +85,14 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 	}
 	argv := fs.Args()
+	if err := sandbox.CheckInit(o.Init); err != nil {
+		fmt.Fprintf(stderr, "kiln run: --init: %v\n", err)
+		return exitUsage
+	}
+	if o.Init == sandbox.InitSystemd && o.Image == "" {
+		fmt.Fprintln(stderr, "kiln run: --init systemd boots an image's /sbin/init: give --image")
+		return exitUsage
+	}
 	if o.Image != "" && o.Disk != "" {
 		fmt.Fprintln(stderr, "kiln run: --image and --disk both give the root: choose one")
 		return exitUsage
@@ -173,6 +183,12 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprintf(stderr, "kiln run: agent ready in %v, command ran %v, total %v\n",
 			booted.Sub(start).Round(time.Millisecond), done.Sub(booted).Round(time.Millisecond), done.Sub(start).Round(time.Millisecond))
 	}
+	if err != nil && poweredOff(sb) {
+		// The command powered the guest off (poweroff, systemctl
+		// poweroff) before its exit status came back: a clean end.
+		fmt.Fprintln(stderr, "kiln run: the guest powered off")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln run: %v\n", err)
 		switch status.Code(err) {
@@ -197,6 +213,19 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 	}
 	return st.ShellCode()
+}
+
+// poweredOff reports whether sb's VM stopped by powering off, waiting a
+// little for it: an exec cut short by the guest's own power-off fails a
+// moment before the VM's exit is seen.
+func poweredOff(sb *sandbox.Sandbox) bool {
+	select {
+	case <-sb.Done():
+	case <-time.After(5 * time.Second):
+		return false
+	}
+	exit, err := sb.Exit()
+	return err == nil && exit.Reason == vmm.ReasonPowerOff
 }
 
 // withDefaults returns env plus the agent's default environment for the

@@ -236,6 +236,7 @@ func (a *cli) sandboxCmd() *cobra.Command {
 func (a *cli) createCmd() *cobra.Command {
 	var (
 		image, template, checkpoint, requestID string
+		initFlag                               string
 		cpus, mem, disk                        uint32
 		lifetime, idle                         time.Duration
 		env, labels                            []string
@@ -247,7 +248,7 @@ func (a *cli) createCmd() *cobra.Command {
 		Short: "start a sandbox and print its ID",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req := &kilnpb.CreateSandboxRequest{
+			req := &kilnpb.CreateSandboxRequest{Init: initFlag,
 				Resources:     &kilnpb.Resources{Cpus: cpus, MemoryMib: mem, DiskMib: disk},
 				Env:           env,
 				LifetimeMs:    lifetime.Milliseconds(),
@@ -302,6 +303,7 @@ func (a *cli) createCmd() *cobra.Command {
 	f.StringVar(&image, "image", "", "image `REF` to boot (pulled when missing)")
 	f.StringVar(&template, "template", "", "template `ID` or name to restore")
 	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint `ID` to restore")
+	f.StringVar(&initFlag, "init", "", "with --image, process 1: agent (default) or systemd (the image's /sbin/init, the agent a service)")
 	f.Uint32Var(&cpus, "cpus", 0, "vCPUs (default: the daemon's, 1)")
 	f.Uint32Var(&mem, "mem", 0, "guest memory in `MiB` (default: the daemon's, 512)")
 	f.Uint32Var(&disk, "disk", 0, "writable layer cap in `MiB` (default: half the memory)")
@@ -1082,6 +1084,7 @@ func (a *cli) templateCmd() *cobra.Command {
 	}
 	var (
 		image, setup, requestID string
+		initFlag                string
 		cpus, mem, pool         uint32
 		egress                  egressFlags
 		secrets                 secretFlags
@@ -1094,7 +1097,7 @@ func (a *cli) templateCmd() *cobra.Command {
 			if image == "" {
 				return usagef("template create: --image is required")
 			}
-			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID,
+			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID, Init: initFlag,
 				Resources: &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}}
 			switch {
 			case setup != "" && len(argv) > 1:
@@ -1129,6 +1132,7 @@ func (a *cli) templateCmd() *cobra.Command {
 	f := create.Flags()
 	f.StringVar(&image, "image", "", "image `REF` to boot")
 	f.StringVar(&setup, "setup", "", "shell command run once before the snapshot")
+	f.StringVar(&initFlag, "init", "", "process 1 of the template's sandbox: agent (default) or systemd")
 	f.Uint32Var(&cpus, "cpus", 0, "vCPUs of its sandboxes")
 	f.Uint32Var(&mem, "mem", 0, "memory of its sandboxes in `MiB`")
 	f.Uint32Var(&pool, "pool", 0, "sandboxes kept restored and ready")

@@ -415,6 +415,12 @@ type CreateSandboxRequest struct {
 	// What happens when its lifetime ends: destroyed (the default) or
 	// hibernated (its state kept on disk, resumable by ResumeSandbox).
 	TimeoutAction TimeoutAction `protobuf:"varint,12,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction" json:"timeout_action,omitempty"`
+	// Process 1 of an image-rooted sandbox: "" or "agent" (the agent, the
+	// default) or "systemd" (the image's /sbin/init boots to its default
+	// target, the agent runs as a systemd service); anything else is
+	// InvalidArgument, and so is "systemd" from a checkpoint (it keeps what
+	// its sandbox booted). From a template: the template's.
+	Init          string `protobuf:"bytes,13,opt,name=init,proto3" json:"init,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -544,6 +550,13 @@ func (x *CreateSandboxRequest) GetTimeoutAction() TimeoutAction {
 		return x.TimeoutAction
 	}
 	return TimeoutAction_TIMEOUT_ACTION_DESTROY
+}
+
+func (x *CreateSandboxRequest) GetInit() string {
+	if x != nil {
+		return x.Init
+	}
+	return ""
 }
 
 type isCreateSandboxRequest_Source interface {
@@ -822,6 +835,8 @@ type Sandbox struct {
 	// memory freed); ResumeSandbox restores it.
 	Hibernated    bool          `protobuf:"varint,19,opt,name=hibernated,proto3" json:"hibernated,omitempty"`
 	TimeoutAction TimeoutAction `protobuf:"varint,20,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction" json:"timeout_action,omitempty"`
+	// Its process 1: "agent" or "systemd" (CreateSandboxRequest.init).
+	Init          string `protobuf:"bytes,21,opt,name=init,proto3" json:"init,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -994,6 +1009,13 @@ func (x *Sandbox) GetTimeoutAction() TimeoutAction {
 		return x.TimeoutAction
 	}
 	return TimeoutAction_TIMEOUT_ACTION_DESTROY
+}
+
+func (x *Sandbox) GetInit() string {
+	if x != nil {
+		return x.Init
+	}
+	return ""
 }
 
 type GetSandboxRequest struct {
@@ -3981,6 +4003,7 @@ type Template struct {
 	PoolReady     uint32                 `protobuf:"varint,8,opt,name=pool_ready,json=poolReady,proto3" json:"pool_ready,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,9,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	Sandboxes     uint32                 `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // live sandboxes created from it
+	Init          string                 `protobuf:"bytes,11,opt,name=init,proto3" json:"init,omitempty"`            // "agent" or "systemd" (CreateTemplateRequest.init)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4085,6 +4108,13 @@ func (x *Template) GetSandboxes() uint32 {
 	return 0
 }
 
+func (x *Template) GetInit() string {
+	if x != nil {
+		return x.Init
+	}
+	return ""
+}
+
 type CreateTemplateRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -4097,7 +4127,10 @@ type CreateTemplateRequest struct {
 	Egress *EgressPolicy `protobuf:"bytes,7,opt,name=egress,proto3" json:"egress,omitempty"`
 	// Secrets for the setup only: a template's sandboxes do not get them
 	// unless their own request gives them (what the setup wrote stays).
-	Secrets       []*Secret `protobuf:"bytes,8,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	Secrets []*Secret `protobuf:"bytes,8,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// Process 1 of the template's sandbox: "" or "agent", or "systemd"
+	// (as CreateSandboxRequest.init); its sandboxes keep it.
+	Init          string `protobuf:"bytes,9,opt,name=init,proto3" json:"init,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4186,6 +4219,13 @@ func (x *CreateTemplateRequest) GetSecrets() []*Secret {
 		return x.Secrets
 	}
 	return nil
+}
+
+func (x *CreateTemplateRequest) GetInit() string {
+	if x != nil {
+		return x.Init
+	}
+	return ""
 }
 
 type GetTemplateRequest struct {
@@ -4533,7 +4573,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x04cpus\x18\x01 \x01(\rR\x04cpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
-	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xbb\x04\n" +
+	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xcf\x04\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x12\x1c\n" +
 	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12 \n" +
@@ -4551,7 +4591,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\x06egress\x18\n" +
 	" \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
 	"\asecrets\x18\v \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x12=\n" +
-	"\x0etimeout_action\x18\f \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x1a9\n" +
+	"\x0etimeout_action\x18\f \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x12\x12\n" +
+	"\x04init\x18\r \x01(\tR\x04init\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -4576,7 +4617,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x14\n" +
 	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x10\n" +
 	"\x03tap\x18\x05 \x01(\tR\x03tap\x12-\n" +
-	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\x8e\x06\n" +
+	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xa2\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kiln.v1.SandboxStateR\x05state\x12\x16\n" +
@@ -4602,7 +4643,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\n" +
 	"hibernated\x18\x13 \x01(\bR\n" +
 	"hibernated\x12=\n" +
-	"\x0etimeout_action\x18\x14 \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x1a9\n" +
+	"\x0etimeout_action\x18\x14 \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x12\x12\n" +
+	"\x04init\x18\x15 \x01(\tR\x04init\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
@@ -4844,7 +4886,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06source\"\xb1\x02\n" +
+	"\x06source\"\xc5\x02\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -4857,7 +4899,8 @@ const file_kiln_proto_rawDesc = "" +
 	"pool_ready\x18\b \x01(\rR\tpoolReady\x12&\n" +
 	"\x0fcreated_unix_ms\x18\t \x01(\x03R\rcreatedUnixMs\x12\x1c\n" +
 	"\tsandboxes\x18\n" +
-	" \x01(\rR\tsandboxes\"\x9f\x02\n" +
+	" \x01(\rR\tsandboxes\x12\x12\n" +
+	"\x04init\x18\v \x01(\tR\x04init\"\xb3\x02\n" +
 	"\x15CreateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x14\n" +
@@ -4867,7 +4910,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12-\n" +
 	"\x06egress\x18\a \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
-	"\asecrets\x18\b \x03(\v2\x0f.kiln.v1.SecretR\asecrets\"$\n" +
+	"\asecrets\x18\b \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x12\x12\n" +
+	"\x04init\x18\t \x01(\tR\x04init\"$\n" +
 	"\x12GetTemplateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
 	"\x14ListTemplatesRequest\"H\n" +

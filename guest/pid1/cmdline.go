@@ -37,6 +37,11 @@ type Options struct {
 	// which Setup mounts read-only at /lib/modules/<release> of the final
 	// root (MountModulesDisk); "" when there is none.
 	Modules string
+	// Init is what process 1 becomes once the root is ready (kiln.init=):
+	// "" or InitAgent, the agent; InitSystemd, the root's /sbin/init with
+	// the agent as a service. Any other value is kept, for the agent to
+	// refuse (CheckInit).
+	Init string
 	// Image is the image config of an image root, read by Setup (not from
 	// the command line); nil otherwise.
 	Image *ImageConfig
@@ -84,6 +89,8 @@ func ParseCmdline(cmdline string) Options {
 			setBool(&o.Debug, p)
 		case "kiln.modules":
 			o.Modules = p.value
+		case "kiln.init":
+			o.Init = p.value
 		case "kiln.overlaysize":
 			if n, err := strconv.Atoi(p.value); err == nil && n > 0 && n <= 1<<30 {
 				o.OverlayMiB = n

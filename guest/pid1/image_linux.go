@@ -51,7 +51,13 @@ const maxImageConfig = 1 << 20
 
 // ReadImageConfig reads ImageConfigPath; a missing file is an empty config.
 func (s *Sys) ReadImageConfig() (*ImageConfig, error) {
-	data, err := s.ReadFile(ImageConfigPath)
+	return s.readImageConfigAt(ImageConfigPath)
+}
+
+// readImageConfigAt reads an image config from p; a missing file is an
+// empty config.
+func (s *Sys) readImageConfigAt(p string) (*ImageConfig, error) {
+	data, err := s.ReadFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &ImageConfig{}, nil
 	}
@@ -59,11 +65,11 @@ func (s *Sys) ReadImageConfig() (*ImageConfig, error) {
 		return nil, fmt.Errorf("reading the image config: %w", err)
 	}
 	if len(data) > maxImageConfig {
-		return nil, fmt.Errorf("image config %s: %d bytes, at most %d", ImageConfigPath, len(data), maxImageConfig)
+		return nil, fmt.Errorf("image config %s: %d bytes, at most %d", p, len(data), maxImageConfig)
 	}
 	var c ImageConfig
 	if err := json.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("image config %s: %w", ImageConfigPath, err)
+		return nil, fmt.Errorf("image config %s: %w", p, err)
 	}
 	return &c, nil
 }

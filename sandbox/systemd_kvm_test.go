@@ -1,0 +1,138 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnvm/kiln/image/imagetest"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/vmm"
+)
+
+// TestKVMSystemd boots the fidelity image with Init systemd: systemd is
+// process 1 and reaches its default target, the agent serves as one of its
+// services (exec works, through a fork too), power-off from inside ends
+// the VM cleanly; an image without /sbin/init fails at once, saying so.
+// It logs the boot figures of docs/bench.md against the agent-as-init
+// boot of the same image.
+func TestKVMSystemd(t *testing.T) {
+	kvmtest.Require(t)
+	kvmtest.Kernel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	reg, refs := imagetest.ServeLayout(t, kvmtest.FidelityImages(t), "kiln/test")
+	e := newImageEnv(t, reg, refs)
+	e.pull(t, ctx, kvmtest.FidelityImage)
+	ref := e.refs[kvmtest.FidelityImage]
+
+	// The baseline: the agent as process 1 of the same image.
+	began := time.Now()
+	agentSB := e.startWith(t, ctx, Options{Image: ref, MemoryMiB: 768})
+	sh(t, ctx, agentSB, "true")
+	agentBoot := time.Since(began)
+	agentSB.Close(ctx)
+
+	began = time.Now()
+	sb := e.startWith(t, ctx, Options{Image: ref, Init: InitSystemd, MemoryMiB: 768})
+	sh(t, ctx, sb, "true")
+	firstExec := time.Since(began)
+	state, _, _, err := shTry(ctx, sb, "systemctl is-system-running --wait")
+	booted := time.Since(began)
+	if err != nil {
+		t.Fatalf("systemctl is-system-running --wait: %v%s", err, "\n"+sb.Console())
+	}
+	failed := sh(t, ctx, sb, "systemctl --failed --no-legend --plain | awk '{print $1}' | tr '\\n' ' '")
+	t.Logf("boot figures (emulated): agent as init, first exec %v; systemd, first exec %v, %s after %v (%.1fx); failed units: [%s]",
+		agentBoot.Round(time.Millisecond), firstExec.Round(time.Millisecond), state, booted.Round(time.Millisecond),
+		float64(booted)/float64(agentBoot), failed)
+	t.Logf("systemd-analyze: %s\nslowest units:\n%s", sh(t, ctx, sb, "systemd-analyze time 2>&1 | head -1 || true"),
+		sh(t, ctx, sb, "systemd-analyze blame 2>&1 | head -8 || true"))
+	switch state {
+	case "running":
+	case "degraded":
+		// Allowed (the issue asks that the failed units be named): what
+		// fails is the image's, e.g. a dockerd without the kernel
+		// modules it needs.
+		t.Logf("systemd is degraded: failed units %s; status:\n%s", failed,
+			sh(t, ctx, sb, "systemctl status --no-pager --lines=5 $(systemctl --failed --no-legend --plain | awk '{print $1}') 2>&1 || true"))
+	default:
+		t.Errorf("systemctl is-system-running = %q, want running or degraded", state)
+	}
+	if got := sh(t, ctx, sb, "ps -p 1 -o comm="); got != "systemd" {
+		t.Errorf("process 1 is %q, want systemd", got)
+	}
+	if got := sh(t, ctx, sb, "systemctl is-active kiln-agent"); got != "active" {
+		t.Errorf("systemctl is-active kiln-agent = %q", got)
+	}
+	if got := sh(t, ctx, sb, "systemctl get-default"); got != "graphical.target" && got != "multi-user.target" {
+		t.Errorf("default target %q", got)
+	}
+	// An exec runs in a cgroup below the agent's delegated one.
+	if got := sh(t, ctx, sb, "cat /proc/self/cgroup"); !strings.Contains(got, "/kiln-agent.service/sandbox/") {
+		t.Errorf("an exec's cgroup is %q, want one below kiln-agent.service/sandbox", got)
+	}
+	if got := sh(t, ctx, sb, "hostname"); got != "img" {
+		t.Errorf("hostname %q, want img", got)
+	}
+
+	// A fork: the child's agent answers, systemd still runs there.
+	kids, err := sb.Fork(ctx, 1, ForkOptions{})
+	if err != nil {
+		t.Fatalf("Fork: %v", err)
+	}
+	kid := kids[0]
+	t.Cleanup(func() { kid.Close(context.Background()) })
+	if got := sh(t, ctx, kid, "systemctl is-active kiln-agent; ps -p 1 -o comm="); got != "active\nsystemd" {
+		t.Errorf("in the fork: %q", got)
+	}
+
+	// Power-off from inside (systemctl poweroff in the fork) and through
+	// the agent's PowerOff, which asks systemd (in the parent), side by
+	// side: systemd stops its units, the VMs exit power-off.
+	began = time.Now()
+	if _, _, st, err := shTry(ctx, kid, "systemctl poweroff"); err != nil || !st.Success() {
+		t.Logf("systemctl poweroff: %v %v (the VM may stop before the status comes back)", st, err)
+	}
+	if err := sb.Client().PowerOff(ctx); err != nil {
+		t.Errorf("PowerOff: %v", err)
+	}
+	for _, v := range []struct {
+		what string
+		sb   *Sandbox
+	}{{"systemctl poweroff", kid}, {"PowerOff", sb}} {
+		select {
+		case <-v.sb.Done():
+		case <-time.After(5 * time.Minute):
+			t.Fatalf("the VM did not stop after %s%s", v.what, "\n"+v.sb.Console())
+		}
+		if exit, err := v.sb.Exit(); err != nil || exit.Reason != vmm.ReasonPowerOff {
+			t.Errorf("after %s the VM exited %v, %v; want power-off", v.what, exit, err)
+		}
+		t.Logf("%s: the VM stopped after %v", v.what, time.Since(began).Round(time.Millisecond))
+	}
+	if c := sb.Console(); !strings.Contains(c, "reboot: Power down") {
+		t.Errorf("the console after PowerOff lacks the kernel's power down:\n%s", c[max(0, len(c)-2000):])
+	}
+
+	// Bad input: the debian test image has no /sbin/init.
+	dreg, drefs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
+	de := newImageEnv(t, dreg, drefs)
+	de.pull(t, ctx, "debian")
+	began = time.Now()
+	bad, err := Start(ctx, Options{Runtime: testRuntime(t), Images: de.dir, ImageRoots: de.roots, Image: de.refs["debian"],
+		Init: InitSystemd, MemoryMiB: 512, BootTimeout: 5 * time.Minute})
+	if err == nil {
+		bad.Close(ctx)
+		t.Fatal("Start with Init systemd on an image without /sbin/init succeeded")
+	}
+	t.Logf("no /sbin/init: failed after %v: %v", time.Since(began).Round(time.Millisecond), err)
+	if !strings.Contains(err.Error(), "/sbin/init") || !strings.Contains(err.Error(), "stopped before its agent answered") {
+		t.Errorf("Start on an image without /sbin/init: %v; want the VM stopped, naming /sbin/init", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Start on an image without /sbin/init timed out: %v", err)
+	}
+}
