@@ -188,6 +188,7 @@ type sweResult struct {
 func TestKVMSWE(t *testing.T) {
 	kvmtest.Require(t)
 	kvmtest.Kernel(t)
+	began := time.Now()
 	_, refs := imagetest.ServeLayout(t, kvmtest.FidelityImages(t), "kiln/test")
 	ref := refs[kvmtest.FidelityImage]
 	images := t.TempDir()
@@ -205,7 +206,7 @@ func TestKVMSWE(t *testing.T) {
 		host[s.name] = sweResult{code, normalize(out)}
 	}
 	checkPytest(t, "host", host["pytest before the fix"].out, host["pytest after the fix"].out)
-	t.Logf("host: pytest before the fix:\n%s", host["pytest before the fix"].out)
+	t.Logf("host: registry up, the project made and its loop run in %v; pytest before the fix:\n%s", time.Since(began).Round(time.Millisecond), host["pytest before the fix"].out)
 	joined := func(steps []sweStep) string {
 		var b strings.Builder
 		for _, s := range steps {
@@ -237,7 +238,7 @@ func TestKVMSWE(t *testing.T) {
 		return f
 	}
 	snap := filepath.Join(t.TempDir(), "snap")
-	began := time.Now()
+	began = time.Now()
 	args := append([]string{"run", "--agent", agent, "--boot-timeout", "8m", "--images", images, "--image", ref, "-i", "--save", snap}, envFlags()...)
 	var stdout, stderr bytes.Buffer
 	code := run(append(args, "--", "sh", "-c", "mkdir -p /root/task && cd /root/task && tar xf - && "+script(sweBefore)),
@@ -278,6 +279,7 @@ func checkPytest(t *testing.T, where, before, after string) {
 func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]sweResult) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+	began := time.Now()
 	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -313,14 +315,21 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 	}
 	defer conn.Close()
 	c := client.NewFromConn(conn)
+	t.Logf("kilnd: runtime and server in %v", time.Since(began).Round(time.Millisecond))
 
-	began := time.Now()
+	began = time.Now()
 	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: client.NewRequestID(),
 		Source: &kilnpb.CreateSandboxRequest_Image{Image: ref}})
 	if err != nil {
 		t.Fatalf("create a sandbox of %s: %v", ref, err)
 	}
-	defer c.DestroySandbox(context.Background(), sb.Id)
+	defer func() {
+		began := time.Now()
+		if err := c.DestroySandbox(context.Background(), sb.Id); err != nil {
+			t.Errorf("kilnd: destroy %s: %v", sb.Id, err)
+		}
+		t.Logf("kilnd: destroy in %v", time.Since(began).Round(time.Millisecond))
+	}()
 	t.Logf("kilnd: sandbox %s of the fidelity image ready in %d ms", sb.Id, sb.ReadyMs)
 	const task = "/root/task"
 	if _, err := c.WriteFile(ctx, sb.Id, task+"/repo.bundle", bytes.NewReader(bundle), client.WriteFileOptions{MakeParents: true}); err != nil {
@@ -328,6 +337,7 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 	}
 	step := func(s sweStep) sweResult {
 		t.Helper()
+		defer func(began time.Time) { t.Logf("kilnd: %s in %v", s.name, time.Since(began).Round(time.Millisecond)) }(time.Now())
 		var stdout, stderr bytes.Buffer
 		r, err := c.Exec(ctx, sb.Id, client.ExecOptions{Argv: s.argv, Env: sweEnv, Cwd: filepath.Join(task, s.dir), Stdout: &stdout, Stderr: &stderr})
 		if err != nil {
@@ -362,11 +372,48 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 		t.Fatalf("kilnd: what the guest sees: %v %+v: %s", err, r, facts.String())
 	}
 	t.Logf("what the guest sees:\n%s", facts.String())
+	checkFacts(t, facts.String())
 	hostNow := time.Now()
 	var date bytes.Buffer
 	if _, err := c.Exec(ctx, sb.Id, client.ExecOptions{Argv: []string{"date", "+%s.%N"}, Stdout: &date}); err == nil {
 		if f, err := strconv.ParseFloat(strings.TrimSpace(date.String()), 64); err == nil {
 			t.Logf("guest clock - host clock: %.3f s", f-float64(hostNow.UnixNano())/1e9)
+		}
+	}
+}
+
+// checkFacts checks what docs/guest.md says of every guest against
+// guestFacts' output: kvm-clock, virtio-rng as the kernel's hardware RNG,
+// no PCI device, no DMI, and an image-rooted sandbox's three virtio
+// devices (vsock, rng, 9p).
+func checkFacts(t *testing.T, out string) {
+	t.Helper()
+	sections := map[string]string{}
+	for _, part := range strings.Split(out, "## ")[1:] {
+		name, body, _ := strings.Cut(part, "\n")
+		sections[name] = body
+	}
+	busLine := func(bus string) string {
+		for _, l := range strings.Split(sections["buses"], "\n") {
+			if after, ok := strings.CutPrefix(l, "/sys/bus/"+bus+"/devices:"); ok {
+				return strings.TrimSpace(after)
+			}
+		}
+		return "(no such bus)"
+	}
+	for _, c := range []struct {
+		what string
+		ok   bool
+	}{
+		{"the clock source is kvm-clock", strings.HasPrefix(sections["clocksource"], "kvm-clock\n")},
+		{"the hardware RNG is virtio-rng", strings.Contains(sections["entropy"], "virtio_rng")},
+		{"no PCI device", busLine("pci") == ""},
+		{"no DMI", strings.Contains(sections["rtc-dmi-firmware"], "/sys/class/dmi': No such file")},
+		{"three virtio devices", len(strings.Fields(busLine("virtio"))) == 3},
+		{"an overlay root", strings.Contains(sections["mounts"], "overlay / overlay ")},
+	} {
+		if !c.ok {
+			t.Errorf("what the guest sees: not %s (docs/guest.md says so)", c.what)
 		}
 	}
 }
