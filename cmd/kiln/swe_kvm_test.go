@@ -280,7 +280,9 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	began := time.Now()
-	rt, err := sandbox.NewRuntime(sandbox.RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
+	// As kiln run and kilnd resolve it: the agent initramfs cached beside
+	// the kernel is found there (building one costs ~25 s in L1).
+	rt, err := sandbox.FindRuntime("", kvmtest.AgentBinary(t))
 	if err != nil {
 		t.Fatal(err)
 	}
