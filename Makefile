@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
 # systemd brings systemd-analyze, which verifies packaging/'s units;
 # iproute2 the ip the network tests make their namespaces with.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2 git python3-pytest
 
 KILN := bin/kiln
 AGENT := bin/kiln-agent
