@@ -321,10 +321,19 @@ func TestAttachDetached(t *testing.T) {
 	a := startDetachedAgent(t, agent.Config{})
 	ctx := testContext(t, time.Minute)
 	stdinR, stdinW := io.Pipe()
+	var first syncBuffer
 	p, err := a.Start(ctx, client.ExecOptions{Argv: []string{"sh", "-c", "echo before; read x; echo out-$x; echo err-$x >&2; exit 4"},
-		DetachID: "att-1", Stdin: stdinR})
+		DetachID: "att-1", Stdin: stdinR, Stdout: &first})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// What it wrote before anyone attached is not the attachers': wait
+	// until it has written it.
+	for first.String() != "before\n" {
+		if ctx.Err() != nil {
+			t.Fatalf("no 'before' from the process: %q", first.String())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	type result struct {
 		out, errOut string
