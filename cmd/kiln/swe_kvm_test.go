@@ -386,8 +386,8 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 
 // checkFacts checks what docs/guest.md says of every guest against
 // guestFacts' output: kvm-clock, virtio-rng as the kernel's hardware RNG,
-// no PCI device, no DMI, and an image-rooted sandbox's three virtio
-// devices (vsock, rng, 9p).
+// no PCI device, no DMI, and an image-rooted sandbox's four virtio
+// devices (vsock, rng, 9p, and the kernel's modules disk).
 func checkFacts(t *testing.T, out string) {
 	t.Helper()
 	sections := map[string]string{}
@@ -411,7 +411,7 @@ func checkFacts(t *testing.T, out string) {
 		{"the hardware RNG is virtio-rng", strings.Contains(sections["entropy"], "virtio_rng")},
 		{"no PCI device", busLine("pci") == ""},
 		{"no DMI", strings.Contains(sections["rtc-dmi-firmware"], "/sys/class/dmi': No such file")},
-		{"three virtio devices", len(strings.Fields(busLine("virtio"))) == 3},
+		{"four virtio devices", len(strings.Fields(busLine("virtio"))) == 4},
 		{"an overlay root", strings.Contains(sections["mounts"], "overlay / overlay ")},
 	} {
 		if !c.ok {
