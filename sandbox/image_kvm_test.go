@@ -37,8 +37,9 @@ const (
 // modulesCheck prints the type and first mount option of the modules
 // disk's mount at /lib/modules/$(uname -r) ("ext4 ro"), and "writable"
 // when a file can be made there.
+// (An image with a merged /usr shows the mount at /usr/lib/modules.)
 const modulesCheck = `r=$(uname -r)
-grep " /lib/modules/$r " /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1
+grep -E " (/usr)?/lib/modules/$r " /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1
 touch /lib/modules/$r/x 2>/dev/null && echo writable`
 
 // imageEnv is a registry serving the test images and an images folder

@@ -212,7 +212,7 @@ sleep 1`)
 		if got := sh(t, r.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
 			t.Errorf("restored data disk starts %q", got)
 		}
-		if ids := deviceIDs(r.Devices()); ids != "root net0 data vsock rng" && ids != "root data vsock rng" {
+		if ids := deviceIDs(r.Devices()); ids != "root net0 data modules vsock rng" && ids != "root data modules vsock rng" {
 			t.Errorf("restored devices %s", ids)
 		}
 		first := counter(t, r.Client())
