@@ -102,17 +102,12 @@ func main() {
 }
 
 func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
-	if _, err := os.Stat(out); err == nil {
-		return fmt.Errorf("%s exists", out)
-	}
-	tmp := out + ".tmp"
-	os.RemoveAll(tmp)
-	scratch, err := os.MkdirTemp("", "testimage-")
+	tmp, b, done, err := newLayoutBuild(out)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(scratch)
-	b := &builder{dir: scratch}
+	defer done()
+	scratch := b.dir
 	start := time.Now()
 	base, err := b.layerFromFile(rootfs)
 	if err != nil {
@@ -543,19 +538,29 @@ func writeFlat(img v1.Image, path string) error {
 // can run (Docker, systemd, a software-engineering task).
 const FidelityImage = "fidelity"
 
-// runFidelity writes the layout of FidelityImage from rootfs into out.
-func runFidelity(rootfs, out string) error {
+// newLayoutBuild checks that the layout out does not exist yet and returns
+// the folder it is written in first (out + ".tmp", emptied), a builder on
+// a scratch folder, and what removes that folder.
+func newLayoutBuild(out string) (tmp string, b *builder, done func(), err error) {
 	if _, err := os.Stat(out); err == nil {
-		return fmt.Errorf("%s exists", out)
+		return "", nil, nil, fmt.Errorf("%s exists", out)
 	}
-	tmp := out + ".tmp"
+	tmp = out + ".tmp"
 	os.RemoveAll(tmp)
 	scratch, err := os.MkdirTemp("", "testimage-")
 	if err != nil {
+		return "", nil, nil, err
+	}
+	return tmp, &builder{dir: scratch}, func() { os.RemoveAll(scratch) }, nil
+}
+
+// runFidelity writes the layout of FidelityImage from rootfs into out.
+func runFidelity(rootfs, out string) error {
+	tmp, b, done, err := newLayoutBuild(out)
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(scratch)
-	b := &builder{dir: scratch}
+	defer done()
 	start := time.Now()
 	base, err := b.layerFromFile(rootfs)
 	if err != nil {
