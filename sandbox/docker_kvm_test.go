@@ -151,10 +151,12 @@ echo "dockerd did not answer in %[2]d s" >&2; exit 1`, dockerdLog, int(dockerdSt
 // default bridge reaches an address outside the guest's docker networks
 // through NAT (a network namespace the test makes in the guest, which has
 // no route back to the bridge: the server sees the guest's address); two
-// containers on a user-defined bridge reach each other by name. Then a
+// containers on a user-defined bridge reach each other by name (wget
+// http://a/ through Docker's embedded DNS). Then a
 // fork of the sandbox with dockerd and a container running: in each child
 // the container runs on (docker ps, docker exec) and the children's
-// containers do not see each other's files. Last, a restore of a snapshot
+// containers do not see each other's files, and its httpd serves on.
+// Last, a restore of a snapshot
 // taken once dockerd was up runs a container; the time to that first
 // docker run is logged beside the cold boot's (docs/bench.md).
 func TestKVMDocker(t *testing.T) {
@@ -215,9 +217,6 @@ func TestKVMDocker(t *testing.T) {
 	// docker0's network and reaches a server in a namespace whose only
 	// route is to the guest's side of a veth; the server sees the guest's
 	// address, not the container's.
-	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm busybox ip -4 -o addr show eth0"); !strings.Contains(got, " 172.17.") {
-		t.Errorf("a container's address on the default bridge: %q", got)
-	}
 	dockerSh(t, ctx, sb, time.Minute, `set -e
 ip netns add kext
 ip link add kx0 type veth peer name kx1
@@ -231,8 +230,9 @@ echo nat-ok > /root/nat
 cd /root && setsid ip netns exec kext python3 -u -m http.server 8080 --bind 10.231.0.2 >/root/ext.log 2>&1 </dev/null &
 for i in $(seq 600); do grep -q Serving /root/ext.log 2>/dev/null && exit 0; sleep 0.1; done
 cat /root/ext.log; exit 1`)
-	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm busybox wget -qO- http://10.231.0.2:8080/nat"); got != "nat-ok" {
-		t.Errorf("a container on the default bridge fetching from outside: %q", got)
+	got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm busybox sh -c 'ip -4 -o addr show eth0; wget -qO- http://10.231.0.2:8080/nat'")
+	if lines := strings.Split(got, "\n"); len(lines) != 2 || !strings.Contains(lines[0], " 172.17.") || lines[1] != "nat-ok" {
+		t.Errorf("a container on the default bridge (its address, then a fetch from outside): %q", got)
 	}
 	if got := dockerSh(t, ctx, sb, time.Minute, "grep 'GET /nat' /root/ext.log | cut -d' ' -f1"); got != "10.231.0.1" {
 		t.Errorf("the server outside saw the request from %q, want the guest's 10.231.0.1 (masqueraded)", got)
@@ -246,9 +246,6 @@ docker run -d --name a --network t busybox sh -c 'echo hello-a > /www/index.html
 	sleep 1
 done; exit 1`); got != "hello-a" {
 		t.Errorf("wget http://a/ from another container on network t: %q", got)
-	}
-	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm --network t busybox ping -c 1 -W 10 a | grep -c '1 packets received'"); got != "1" {
-		t.Errorf("ping a by name: %q", got)
 	}
 
 	// Fork with dockerd and container a running.
@@ -270,8 +267,8 @@ done; exit 1`); got != "hello-a" {
 		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != want {
 			t.Errorf("child %d: its container's /www holds %q, want %q (its own file only)", i, got, want)
 		}
-		if got := dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker run --rm --network t busybox wget -qO- http://a/mine-%d", i)); got != fmt.Sprintf("child-%d", i) {
-			t.Errorf("child %d: its container a served %q", i, got)
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec a wget -qO- http://localhost/mine-%d", i)); got != fmt.Sprintf("child-%d", i) {
+			t.Errorf("child %d: its container's httpd served %q", i, got)
 		}
 	}
 	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != "index.html" {
