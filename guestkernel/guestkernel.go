@@ -37,6 +37,10 @@ type Kernel struct {
 	// through its PVH entry point without decompressing itself (much faster
 	// under emulation), or "" when the cache has none.
 	Vmlinux string
+	// Cache is the cache root the kernel was found in (FindIn's root),
+	// where its modules disk is kept (ModulesDisk); "" for a kernel not
+	// from a cache.
+	Cache string
 }
 
 // CacheDir returns Kiln's cache root: $KILN_CACHE if set, else
@@ -80,6 +84,7 @@ func FindIn(root string) (*Kernel, error) {
 		Version:    version,
 		Image:      filepath.Join(kdir, version, "vmlinuz"),
 		ModulesDir: filepath.Join(kdir, version, "modules"),
+		Cache:      root,
 	}
 	if err := wantKind(k.Image, false); err != nil {
 		return nil, fmt.Errorf("kernel %s: %w", version, err)

@@ -129,6 +129,7 @@ func TestFind(t *testing.T) {
 				Version:    v,
 				Image:      filepath.Join(root, "kernel", v, "vmlinuz"),
 				ModulesDir: filepath.Join(root, "kernel", v, "modules"),
+				Cache:      root,
 			}
 			if tt.vmlinux {
 				want.Vmlinux = filepath.Join(root, "kernel", v, "vmlinux")

@@ -16,8 +16,8 @@ func BusyboxApplets() []string {
 	return []string{
 		"[", "ash", "awk", "base64", "cat", "chmod", "chroot", "cp", "cut", "date", "dd",
 		"dmesg", "echo", "env", "false", "find", "grep", "halt", "head", "hostname",
-		"id", "insmod", "ip", "kill", "ln", "ls", "lsmod", "md5sum", "mkdir", "mknod", "mount",
-		"mv", "nproc", "ping", "poweroff", "printf", "ps", "reboot", "rm", "sed", "seq", "sh",
+		"id", "insmod", "ip", "kill", "ln", "ls", "lsmod", "md5sum", "mkdir", "mknod",
+		"modinfo", "modprobe", "mount", "mv", "nproc", "ping", "poweroff", "printf", "ps", "reboot", "rm", "rmmod", "sed", "seq", "sh",
 		"sha256sum", "sleep", "sort", "stat", "sync", "tail", "tee", "test", "timeout", "touch",
 		"tr", "true", "umount", "uname", "uniq", "wc", "wget", "xargs",
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/imagetest"
+	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 )
 
@@ -31,6 +33,13 @@ const (
 	imgWorkDir    = "/srv/work"
 	imgFetchLimit = 20 * time.Second
 )
+
+// modulesCheck prints the type and first mount option of the modules
+// disk's mount at /lib/modules/$(uname -r) ("ext4 ro"), and "writable"
+// when a file can be made there.
+const modulesCheck = `r=$(uname -r)
+grep " /lib/modules/$r " /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1
+touch /lib/modules/$r/x 2>/dev/null && echo writable`
 
 // imageEnv is a registry serving the test images and an images folder
 // with them pulled.
@@ -210,6 +219,25 @@ func TestKVMImage(t *testing.T) {
 	}
 	sh(t, ctx, sb, "echo written > "+imgWorkDir+"/new && rm /etc/debian_version && test ! -e /etc/debian_version && cat "+imgWorkDir+"/new")
 
+	// The kernel's modules disk in the image root: mounted read-only at
+	// /lib/modules/$(uname -r) over the image's tree, and modprobe (the
+	// image has none: busybox's, copied in) loads from it.
+	t.Run("modules disk", func(t *testing.T) {
+		bb, err := os.Open(initramfs.HostBusybox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bb.Close()
+		if err := sb.Client().WriteFile(ctx, "/tmp/busybox", bb, 0o755); err != nil {
+			t.Fatalf("copying busybox in: %v", err)
+		}
+		if got := sh(t, ctx, sb, modulesCheck+`
+/tmp/busybox modprobe br_netfilter && grep -c '^br_netfilter ' /proc/modules
+/tmp/busybox modprobe overlay && echo overlay`); got != "ext4 ro\n1\noverlay" {
+			t.Errorf("modules disk in the image root: %q", got)
+		}
+	})
+
 	// A chunk with one flipped byte: EIO for that file, nothing stored;
 	// the same read succeeds once the registry serves the right bytes.
 	layer, ce := dataChunk(t, ctx, e.images, img, imgData)
@@ -259,6 +287,9 @@ for i in $(seq 600); do test -e /tmp/ready && exit 0; sleep 0.1; done; cat /tmp/
 		// A binary the parent never ran, and the parent's writes.
 		if got := sh(t, ctx, c, "base32 --version | head -1; cat "+imgWorkDir+"/new"); !strings.Contains(got, "base32") || !strings.HasSuffix(got, "written") {
 			t.Errorf("child %d: %q", i, got)
+		}
+		if got := sh(t, ctx, c, modulesCheck+"; grep -c '^br_netfilter ' /proc/modules"); got != "ext4 ro\n1" {
+			t.Errorf("child %d: modules disk: %q", i, got)
 		}
 		c.Close(ctx)
 	}
@@ -364,5 +395,8 @@ for i in $(seq 600); do test -e /tmp/ready && exit 0; sleep 0.1; done; cat /tmp/
 	defer r.Close(ctx)
 	if got := sh(t, ctx, r, `python3 -c 'import json, sqlite3; print(1)'; cat `+imgDeep+`/marker; cat `+imgWorkDir+`/new`); got != "1\ndeep\nwritten" {
 		t.Errorf("restored with the registry gone: %q", got)
+	}
+	if got := sh(t, ctx, r, modulesCheck+"; grep -c '^br_netfilter ' /proc/modules"); got != "ext4 ro\n1" {
+		t.Errorf("restored: modules disk: %q", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -315,6 +316,7 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	go p.CopyConsole(cctx, s.console)
 	s.m = m
 	s.image = imageOf(m.specs)
+	s.modules = modulesOf(m.specs)
 	s.run()
 	if err := s.connect(ctx, time.Minute); err != nil {
 		return nil, err
@@ -325,6 +327,18 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	}
 	s.hostname = info.Hostname
 	return s, nil
+}
+
+// modulesOf returns the kernel release of the modules disk among specs,
+// "" when there is none (or it cannot be read: it only labels snapshots).
+func modulesOf(specs []virtio.DeviceSpec) string {
+	for _, d := range specs {
+		if d.ID == ModulesDevice && d.Kind == virtio.KindBlock && d.Block != nil {
+			rel, _ := guestkernel.ReadModulesDisk(d.Block.Path)
+			return rel
+		}
+	}
+	return ""
 }
 
 // vmmSocket is the VMM process's socket in a sandbox folder.

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,11 @@ import (
 type Runtime struct {
 	Kernel string `json:"kernel"` // an ELF vmlinux (PVH entry) or a bzImage
 	Initrd string `json:"initrd"` // the agent's initramfs for that kernel
+	// Modules is the kernel's modules disk (guestkernel's ModulesDisk: a
+	// read-only ext4 image of its lib/modules/<release> tree), attached
+	// read-only to every VM as device ModulesDevice and mounted by the
+	// agent at /lib/modules/<release> of the guest's root; "" for none.
+	Modules string `json:"modules,omitempty"`
 }
 
 // RuntimeConfig says what a Runtime is made of.
@@ -34,6 +40,14 @@ type RuntimeConfig struct {
 	// CacheDir keeps built initramfs images (AgentInitrd); a folder under
 	// the temporary directory when empty.
 	CacheDir string
+	// NoModules leaves Kernel's modules disk out (Runtime.Modules): the
+	// guest then has only the agent's modules. By default a Kernel with a
+	// modules tree gets its disk, built once (ModulesCache).
+	NoModules bool
+	// ModulesCache keeps the built modules disk; empty: <the kernel's
+	// cache>/modules (guestkernel's ModulesDisk), or a folder under the
+	// temporary directory when that is read-only.
+	ModulesCache string
 }
 
 // NewRuntime makes a Runtime from cfg, building (or finding cached) the
@@ -56,6 +70,12 @@ func NewRuntime(cfg RuntimeConfig) (Runtime, error) {
 	if _, err := os.Stat(rt.Kernel); err != nil {
 		return rt, fmt.Errorf("sandbox: runtime: kernel: %w", err)
 	}
+	if cfg.Kernel != nil && cfg.Kernel.ModulesDir != "" && !cfg.NoModules {
+		var err error
+		if rt.Modules, err = cfg.Kernel.ModulesDisk(context.Background(), cfg.ModulesCache); err != nil {
+			return rt, fmt.Errorf("sandbox: runtime: %w (RuntimeConfig.NoModules goes without it)", err)
+		}
+	}
 	if rt.Initrd = cfg.Initrd; rt.Initrd != "" {
 		if _, err := os.Stat(rt.Initrd); err != nil {
 			return rt, fmt.Errorf("sandbox: runtime: initramfs: %w", err)
@@ -76,7 +96,8 @@ func NewRuntime(cfg RuntimeConfig) (Runtime, error) {
 // kernel, when not empty, else the cached Debian kernel (guestkernel.Find:
 // make kernel); agent, when not empty, else FindAgent ($KILN_AGENT, or
 // kiln-agent beside the running executable); initramfs images cached
-// under the kernel cache.
+// under the kernel cache, and the cached kernel's modules disk beside them
+// (<cache>/modules).
 func FindRuntime(kernel, agent string) (Runtime, error) {
 	cfg := RuntimeConfig{KernelPath: kernel, Agent: agent}
 	if cache, err := guestkernel.CacheDir(); err == nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -99,6 +100,9 @@ const (
 	NetDevice   = "net0"  // the network card (Options.Net)
 	VsockDevice = "vsock" // the agent's vsock device
 	RNGDevice   = "rng"   // the entropy device
+	// ModulesDevice is the kernel's modules disk (Runtime.Modules),
+	// read-only: the guest finds it by this ID, its disk serial.
+	ModulesDevice = "modules"
 )
 
 // Sandbox is a running VM with a connected agent.
@@ -128,6 +132,8 @@ type Sandbox struct {
 
 	image  string          // an image root's manifest digest; "" for none
 	openFS virtio.FSOpener // how its VM opens image roots (this process's)
+	// modules is the kernel release of its modules disk; "" for none.
+	modules string
 }
 
 // Image returns the manifest digest of the sandbox's image root, "" when
@@ -179,6 +185,11 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if cfg.Devices, err = s.deviceSpecs(opts); err != nil {
 		return nil, err
 	}
+	if opts.Runtime.Modules != "" {
+		if s.modules, err = guestkernel.ReadModulesDisk(opts.Runtime.Modules); err != nil {
+			return nil, fmt.Errorf("sandbox: Runtime.Modules: %w", err)
+		}
+	}
 	if root != nil {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
 		s.image = root.spec.FS.Image
@@ -211,8 +222,10 @@ func newSandbox(log *slog.Logger, dir, hostname string, started time.Time) (*San
 
 // deviceSpecs returns the devices of a new sandbox, in the order every
 // sandbox has them: the root disk when opts.Disk is set, the network card
-// when opts.Net is, opts.Devices, the vsock device on the sandbox's
-// socket, an entropy device.
+// when opts.Net is, opts.Devices, the kernel's modules disk when the
+// runtime has one (after the other disks, so that theirs keep their
+// names: /dev/vda the root), the vsock device on the sandbox's socket, an
+// entropy device.
 func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 	var devs []virtio.DeviceSpec
 	if opts.Disk != "" {
@@ -228,7 +241,7 @@ func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 	}
 	for _, d := range opts.Devices {
 		switch d.ID {
-		case RootDevice, NetDevice, VsockDevice, RNGDevice, ImageDevice:
+		case RootDevice, NetDevice, VsockDevice, RNGDevice, ImageDevice, ModulesDevice:
 			return nil, fmt.Errorf("sandbox: device ID %q is the sandbox's own; give the device another", d.ID)
 		}
 		if err := d.Validate(); err != nil {
@@ -236,7 +249,18 @@ func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 		}
 		devs = append(devs, d)
 	}
+	if opts.Runtime.Modules != "" {
+		devs = append(devs, modulesSpec(opts.Runtime.Modules))
+	}
 	return append(devs, s.vsockSpec(), virtio.DeviceSpec{ID: RNGDevice, Kind: virtio.KindRNG, RNG: &virtio.RNGSpec{}}), nil
+}
+
+// modulesSpec is the device of the modules disk at path: read-only (one
+// host file, opened O_RDONLY, shared by every sandbox), its serial the
+// device ID, which the agent looks for (kiln.modules=).
+func modulesSpec(path string) virtio.DeviceSpec {
+	return virtio.DeviceSpec{ID: ModulesDevice, Kind: virtio.KindBlock,
+		Block: &virtio.BlockSpec{Path: path, ReadOnly: true, Serial: ModulesDevice}}
 }
 
 // vsockSpec is the sandbox's vsock device, on its socket.
@@ -438,6 +462,9 @@ func (o Options) vmConfig() (vmm.Config, error) {
 	}
 	cfg.Kernel, cfg.Initrd = o.Runtime.Kernel, o.Runtime.Initrd
 	cmdline := []string{vmm.DefaultCmdline, "quiet", "kiln.hostname=" + hostname}
+	if o.Runtime.Modules != "" {
+		cmdline = append(cmdline, "kiln.modules="+ModulesDevice)
+	}
 	if o.Disk != "" {
 		cmdline = append(cmdline, "kiln.root=/dev/vda")
 		if o.RootFSType != "" {

@@ -152,6 +152,22 @@ func TestKVMAgent(t *testing.T) {
 		}
 	}
 
+	// The kernel's modules disk, in the initramfs root of a sandbox
+	// restored from a snapshot: still mounted read-only at
+	// /lib/modules/$(uname -r), and busybox's modprobe loads from it.
+	sub("modules disk", func(t *testing.T) {
+		ctx, cancel := subCtx()
+		defer cancel()
+		script := `r=$(uname -r)
+grep " /lib/modules/$r " /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1
+touch /lib/modules/$r/x 2>/dev/null && echo writable
+modprobe br_netfilter && grep -c '^br_netfilter ' /proc/modules
+modprobe overlay && grep -c '^overlay ' /proc/modules`
+		out, errOut, st := run(ctx, t, client.ExecOptions{Argv: []string{"sh", "-c", script}})
+		if want := "ext4 ro\n1\n1\n"; out != want || !st.Success() {
+			t.Fatalf("modules disk: stdout %q (want %q), stderr %q, %v", out, want, errOut, st)
+		}
+	})
 	sub("streams and exit code", func(t *testing.T) {
 		ctx, cancel := subCtx()
 		defer cancel()

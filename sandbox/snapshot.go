@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
@@ -25,6 +26,10 @@ import (
 // is not a sandbox's.
 const (
 	LabelHostname = "kiln.sandbox/hostname"
+	// LabelModules is the kernel release of the sandbox's modules disk
+	// (Runtime.Modules), when it has one: a restore refuses a disk of
+	// another kernel.
+	LabelModules = "kiln.sandbox/modules"
 )
 
 // Save writes a snapshot of the running sandbox into dir (which must not
@@ -40,6 +45,9 @@ func (s *Sandbox) Save(ctx context.Context, dir string) error {
 		return fmt.Errorf("sandbox: save: quiesce the guest: %w", err)
 	}
 	labels := map[string]string{LabelHostname: s.hostname}
+	if s.modules != "" {
+		labels[LabelModules] = s.modules
+	}
 	if err := s.m.save(ctx, dir, labels, s.log); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
@@ -121,7 +129,7 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (*Sandbox, er
 		return nil, fmt.Errorf("sandbox: snapshot %s: %w", dir, err)
 	}
 	return restore(ctx, restoreSource{
-		what: "snapshot " + dir, hostname: hostname, devices: info.Devices,
+		what: "snapshot " + dir, hostname: hostname, devices: info.Devices, modules: info.Labels[LabelModules],
 		machine: func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error) {
 			return s.restoreMachine(ctx, dir, cfg, opts.Process)
 		},
@@ -134,6 +142,7 @@ type restoreSource struct {
 	what     string              // "snapshot DIR", for messages
 	hostname string              // the guest's host name in it
 	devices  []virtio.DeviceSpec // the devices it has
+	modules  string              // its modules disk's kernel release, when known
 	// machine builds the restored machine of s from cfg.
 	machine func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error)
 }
@@ -170,6 +179,9 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, which is not a disk of %s", id, src.what)
 		}
 	}
+	if s.modules, err = checkModulesDisk(src, opts.Disks); err != nil {
+		return nil, err
+	}
 	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
 	if err := s.restoreImage(src.what, src.devices, opts, &cfg); err != nil {
 		return nil, err
@@ -189,6 +201,34 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkModulesDisk checks the modules disk src's sandbox had, if any, as
+// it will reopen: the disk disks names for ModulesDevice, else the one at
+// the path its spec saved. It must still be a complete modules disk, of
+// the kernel release src recorded (its guest runs that kernel): a disk
+// of another kernel is refused. It returns the disk's release.
+func checkModulesDisk(src restoreSource, disks map[string]string) (string, error) {
+	i := slices.IndexFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == ModulesDevice && d.Kind == virtio.KindBlock })
+	if i < 0 || src.devices[i].Block == nil {
+		return "", nil
+	}
+	path := src.devices[i].Block.Path
+	if p, ok := disks[ModulesDevice]; ok {
+		path = p
+	}
+	rel, err := guestkernel.ReadModulesDisk(path)
+	if err != nil {
+		want := src.modules
+		if want == "" {
+			want = "its kernel"
+		}
+		return "", fmt.Errorf("sandbox: %s: its modules disk (of %s) cannot be reopened: %w (a runtime of that kernel, NewRuntime, builds it again)", src.what, want, err)
+	}
+	if src.modules != "" && rel != src.modules {
+		return "", fmt.Errorf("sandbox: %s runs kernel %s; the modules disk %s is kernel %s's: it restores only with its own kernel's modules", src.what, src.modules, path, rel)
+	}
+	return rel, nil
 }
 
 // specMAC returns the MAC address of the network card among specs, or "".

@@ -32,6 +32,11 @@ type Options struct {
 	// RAM under the overlay (kiln.overlaysize=, in MiB); 0: tmpfs's own
 	// default, half the guest's memory. An invalid value is ignored.
 	OverlayMiB int
+	// Modules is the serial of the virtio disk that holds the kernel's
+	// modules tree (kiln.modules=, the host's device ID: "modules"),
+	// which Setup mounts read-only at /lib/modules/<release> of the final
+	// root (MountModulesDisk); "" when there is none.
+	Modules string
 	// Image is the image config of an image root, read by Setup (not from
 	// the command line); nil otherwise.
 	Image *ImageConfig
@@ -77,6 +82,8 @@ func ParseCmdline(cmdline string) Options {
 			o.Hostname = p.value
 		case "kiln.debug":
 			setBool(&o.Debug, p)
+		case "kiln.modules":
+			o.Modules = p.value
 		case "kiln.overlaysize":
 			if n, err := strconv.Atoi(p.value); err == nil && n > 0 && n <= 1<<30 {
 				o.OverlayMiB = n

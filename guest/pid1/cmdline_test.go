@@ -18,6 +18,7 @@ var cmdlineTests = []struct {
 		in:   "console=ttyS0 kiln.root=/dev/vda kiln.rootfstype=xfs kiln.rootflags=noatime,discard kiln.ro kiln.hostname=box kiln.debug quiet\n",
 		want: Options{Root: "/dev/vda", RootFSType: "xfs", RootFlags: "noatime,discard", ReadOnly: true, Hostname: "box", Debug: true},
 	},
+	{name: "modules disk", in: "kiln.modules=modules kiln.root=9p:kilnroot", want: Options{RootFSType: "ext4", Root: "9p:kilnroot", Modules: "modules"}},
 	{name: "quoted value", in: `kiln.hostname="my box" kiln.ro`, want: Options{RootFSType: "ext4", Hostname: "my box", ReadOnly: true}},
 	{name: "quoted parameter", in: `"kiln.hostname=my box" kiln.ro`, want: Options{RootFSType: "ext4", Hostname: "my box", ReadOnly: true}},
 	{name: "quotes inside value kept", in: `kiln.rootflags=a"b c"d kiln.ro`, want: Options{RootFSType: "ext4", RootFlags: `a"b c"d`, ReadOnly: true}},
@@ -120,7 +121,7 @@ func FuzzParseCmdline(f *testing.F) {
 		}
 		// Options whose values a quoted parameter can hold survive being
 		// written out and parsed again.
-		for _, v := range []string{o.Root, o.RootFSType, o.RootFlags, o.Hostname} {
+		for _, v := range []string{o.Root, o.RootFSType, o.RootFlags, o.Hostname, o.Modules} {
 			if strings.ContainsAny(v, "\"\x00") {
 				return
 			}
@@ -136,5 +137,5 @@ func FuzzParseCmdline(f *testing.F) {
 // quotes, unescaped (the kernel has no escapes).
 func plainQuote(o Options) string {
 	return fmt.Sprintf(`kiln.root="%s" kiln.rootfstype="%s" kiln.rootflags="%s" kiln.hostname="%s" kiln.ro=%v kiln.debug=%v`,
-		o.Root, o.RootFSType, o.RootFlags, o.Hostname, o.ReadOnly, o.Debug)
+		o.Root, o.RootFSType, o.RootFlags, o.Hostname, o.ReadOnly, o.Debug) + fmt.Sprintf(` kiln.modules="%s"`, o.Modules)
 }

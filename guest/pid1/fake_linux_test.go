@@ -101,6 +101,19 @@ func (f *fakeSys) sys() *Sys {
 			}
 			return []byte(data), nil
 		},
+		ReadAt: func(path string, off int64, n int) ([]byte, error) {
+			if err := f.call("readat %s %d %d", path, off, n); err != nil {
+				return nil, err
+			}
+			data, ok := f.files[path]
+			if !ok {
+				return nil, notExist("open", path)
+			}
+			if off+int64(n) > int64(len(data)) {
+				return nil, fmt.Errorf("reading %s: EOF", path)
+			}
+			return []byte(data[off : off+int64(n)]), nil
+		},
 		WriteFile:   func(path string, data []byte) error { return f.call("write %s %s", path, data) },
 		Chdir:       func(dir string) error { return f.call("chdir %s", dir) },
 		Chroot:      func(dir string) error { return f.call("chroot %s", dir) },

@@ -12,9 +12,10 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // Setup does process 1's chores, in order: MountBase, PATH (DefaultPath
 // when unset), LoadModules(ModulesDir), Kiln's options from /proc/cmdline,
-// the hostname (kiln.hostname), and SwitchRoot when kiln.root names a
+// the hostname (kiln.hostname), SwitchRoot when kiln.root names a
 // device or SwitchRootImage (with the image config read first, returned in
-// Options.Image) when it names a 9p tag. It returns the options; on error, those read so far. A nil log
+// Options.Image) when it names a 9p tag, and then, in the final root,
+// MountModulesDisk when kiln.modules names the modules disk. It returns the options; on error, those read so far. A nil log
 // discards.
 func (s *Sys) Setup(log *slog.Logger) (Options, error) {
 	return s.setup(log, ModulesDir)
@@ -77,6 +78,11 @@ func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (O
 			return opts, err
 		}
 		log.Info("switched root", "device", opts.Root, "fstype", opts.RootFSType, "readonly", opts.ReadOnly)
+	}
+	if opts.Modules != "" {
+		if err := s.MountModulesDisk(opts.Modules, log); err != nil {
+			return opts, err
+		}
 	}
 	return opts, nil
 }

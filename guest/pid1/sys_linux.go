@@ -25,6 +25,9 @@ type Sys struct {
 	Stat func(path string) (fs.FileInfo, error)
 	// ReadFile is os.ReadFile.
 	ReadFile func(path string) ([]byte, error)
+	// ReadAt reads n bytes at offset off of the file path (a block
+	// device's superblock).
+	ReadAt func(path string, off int64, n int) ([]byte, error)
 	// WriteFile writes data to the existing file path in one write(2),
 	// neither creating nor truncating it (for cgroupfs and procfs files).
 	WriteFile func(path string, data []byte) error
@@ -61,6 +64,7 @@ func Linux() *Sys {
 		Symlink:       os.Symlink,
 		Stat:          os.Stat,
 		ReadFile:      os.ReadFile,
+		ReadAt:        readAt,
 		WriteFile:     writeExisting,
 		Chdir:         unix.Chdir,
 		Chroot:        unix.Chroot,
@@ -107,6 +111,19 @@ func writeExisting(path string, data []byte) error {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+func readAt(path string, off int64, n int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return b, nil
 }
 
 func finitModule(f *os.File, params string) error {

@@ -289,6 +289,12 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 		t.problem("L1 needs the guest kernel: %v", err)
 		return
 	}
+	// L1 sees the kernel cache read-only: the guests' modules disk is
+	// built here, once, where building it does not take minutes.
+	if _, err := k.ModulesDisk(ctx, ""); err != nil {
+		t.problem("the guests' modules disk: %v", err)
+		return
+	}
 	cache, err := guestkernel.CacheDir()
 	if err != nil {
 		t.problem("%v", err)
@@ -604,6 +610,10 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 	k, err := guestkernel.Find()
 	if err != nil {
 		fmt.Fprintf(stderr, "kvmharness: L1 needs the guest kernel: %v\n", err)
+		return 1
+	}
+	if _, err := k.ModulesDisk(ctx, ""); err != nil { // see runTCG
+		fmt.Fprintf(stderr, "kvmharness: the guests' modules disk: %v\n", err)
 		return 1
 	}
 	cache, err := guestkernel.CacheDir()

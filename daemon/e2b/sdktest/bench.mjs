@@ -7,6 +7,9 @@ import { Sandbox } from 'e2b'
 const n = Number(process.env.BENCH_N ?? 50)
 const c = Number(process.env.BENCH_C ?? 10)
 const template = process.env.BENCH_TEMPLATE ?? 'base'
+// The SDK's request timeout (60 s by default): longer under emulated KVM,
+// where ten creates at once queue behind each other.
+const requestTimeoutMs = process.env.BENCH_REQUEST_TIMEOUT_MS ? Number(process.env.BENCH_REQUEST_TIMEOUT_MS) : undefined
 
 function pct(sorted, p) {
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]
@@ -25,10 +28,11 @@ let next = 0
 
 async function one() {
   const t0 = performance.now()
-  const sbx = await Sandbox.create(template, { timeoutMs: 120_000 })
+  const sbx = await Sandbox.create(template, { timeoutMs: 600_000, requestTimeoutMs })
   const t1 = performance.now()
   try {
-    const r = await sbx.commands.run('true')
+    // timeoutMs 0: no limit on the command (60 s by default) either.
+    const r = await sbx.commands.run('true', { requestTimeoutMs, timeoutMs: requestTimeoutMs === undefined ? undefined : 0 })
     if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`)
     const t2 = performance.now()
     create.push(t1 - t0)
