@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,13 +71,30 @@ func setupCgroups(log *slog.Logger, root string, pidsMax int, memTotal, memReser
 }
 
 // enableControllers turns on the memory and pids controllers for dir's
-// children, one at a time so that a missing one does not stop the other.
+// children, one at a time so that a missing one does not stop the other,
+// and every other controller dir has (cgroup.controllers): cpu, io,
+// cpuset... are delegated down to each Exec's cgroup as on a host, so a
+// container engine run there (dockerd, runc) finds them in its own cgroup.
 func enableControllers(log *slog.Logger, dir string) {
-	for _, c := range []string{"memory", "pids"} {
+	for _, c := range delegatedControllers(dir) {
 		if err := writeCgroupFile(dir, "cgroup.subtree_control", "+"+c); err != nil {
 			log.Warn("cgroup: cannot enable controller", "controller", c, "dir", dir, "err", err)
 		}
 	}
+}
+
+// delegatedControllers returns memory and pids, then the other
+// controllers dir's cgroup.controllers lists, in its order.
+func delegatedControllers(dir string) []string {
+	want := []string{"memory", "pids"}
+	if b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers")); err == nil {
+		for _, c := range strings.Fields(string(b)) {
+			if !slices.Contains(want, c) {
+				want = append(want, c)
+			}
+		}
+	}
+	return want
 }
 
 func writeCgroupFile(dir, name, value string) error {

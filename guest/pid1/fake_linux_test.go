@@ -26,11 +26,26 @@ type fakeSys struct {
 	// appearAfter makes Stat find the paths in appear after this many sleeps.
 	appearAfter int
 	appear      map[string]bool
+	// modes is what Lstat finds: a path's file type (fs.ModeDir, ...).
+	modes map[string]fs.FileMode
 }
+
+// fakeInfo is a file Lstat finds.
+type fakeInfo struct {
+	name string
+	mode fs.FileMode
+}
+
+func (i fakeInfo) Name() string       { return i.name }
+func (i fakeInfo) Size() int64        { return 0 }
+func (i fakeInfo) Mode() fs.FileMode  { return i.mode }
+func (i fakeInfo) ModTime() time.Time { return time.Time{} }
+func (i fakeInfo) IsDir() bool        { return i.mode.IsDir() }
+func (i fakeInfo) Sys() any           { return nil }
 
 func newFake() *fakeSys {
 	return &fakeSys{mounted: map[string]bool{}, files: map[string]string{}, exist: map[string]bool{},
-		errs: map[string]error{}, env: map[string]string{}, appear: map[string]bool{}}
+		errs: map[string]error{}, env: map[string]string{}, appear: map[string]bool{}, modes: map[string]fs.FileMode{}}
 }
 
 func (f *fakeSys) call(format string, args ...any) error {
@@ -121,6 +136,16 @@ func (f *fakeSys) sys() *Sys {
 			return err
 		},
 		LinkUp: func(name string) error { return f.call("linkup %s", name) },
+		Lstat: func(path string) (fs.FileInfo, error) {
+			if err := f.errs["lstat "+path]; err != nil {
+				return nil, err
+			}
+			m, ok := f.modes[path]
+			if !ok {
+				return nil, notExist("lstat", path)
+			}
+			return fakeInfo{filepath.Base(path), m}, nil
+		},
 	}
 }
 
@@ -133,7 +158,7 @@ func flagNames(flags uintptr) string {
 		{unix.MS_RDONLY, "ro"}, {unix.MS_NOSUID, "nosuid"}, {unix.MS_NODEV, "nodev"}, {unix.MS_NOEXEC, "noexec"},
 		{unix.MS_SYNCHRONOUS, "sync"}, {unix.MS_DIRSYNC, "dirsync"}, {unix.MS_NOATIME, "noatime"},
 		{unix.MS_NODIRATIME, "nodiratime"}, {unix.MS_RELATIME, "relatime"}, {unix.MS_STRICTATIME, "strictatime"},
-		{unix.MS_LAZYTIME, "lazytime"}, {unix.MS_MOVE, "move"},
+		{unix.MS_LAZYTIME, "lazytime"}, {unix.MS_MOVE, "move"}, {unix.MS_BIND, "bind"},
 	}
 	var out []string
 	for _, n := range names {

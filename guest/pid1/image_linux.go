@@ -79,7 +79,9 @@ func (s *Sys) readImageConfigAt(p string) (*ImageConfig, error) {
 // (ImageMountOptions, then flags) on ImageLower, a tmpfs on ImageRW, an
 // overlay of the two on NewRoot, and enters it as SwitchRoot does. Writes
 // and deletes land in the tmpfs and vanish with the sandbox; upperMiB,
-// when positive, caps the tmpfs (ENOSPC beyond it).
+// when positive, caps the tmpfs (ENOSPC beyond it). The
+// ContainerStorageDirs the image has room for are bound from the same
+// tmpfs (bindContainerStorage), so container engines' overlays work.
 func (s *Sys) SwitchRootImage(tag, flags string, upperMiB int, modulesDir string, log *slog.Logger) error {
 	if tag == "" {
 		return errors.New("switching root: no 9p mount tag")
@@ -122,6 +124,9 @@ func (s *Sys) SwitchRootImage(tag, flags string, upperMiB int, modulesDir string
 	ov := "lowerdir=" + ImageLower + ",upperdir=" + ImageRW + "/upper,workdir=" + ImageRW + "/work"
 	if err := s.Mount("overlay", NewRoot, "overlay", 0, ov); err != nil {
 		return fmt.Errorf("switching root: mounting the overlay (%s) on %s: %w", ov, NewRoot, err)
+	}
+	if err := s.bindContainerStorage(ContainerStorageDirs, log); err != nil {
+		return fmt.Errorf("switching root: %w", err)
 	}
 	return s.enterNewRoot()
 }

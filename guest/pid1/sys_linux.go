@@ -51,6 +51,8 @@ type Sys struct {
 	Setenv func(key, value string) error
 	// LinkUp sets the network interface name up (SIOCSIFFLAGS).
 	LinkUp func(name string) error
+	// Lstat is os.Lstat.
+	Lstat func(path string) (fs.FileInfo, error)
 }
 
 // Linux returns the Sys of the running kernel.
@@ -74,6 +76,7 @@ func Linux() *Sys {
 		LookupEnv:     os.LookupEnv,
 		Setenv:        os.Setenv,
 		LinkUp:        linkUp,
+		Lstat:         os.Lstat,
 	}
 }
 

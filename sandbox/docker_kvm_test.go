@@ -1,0 +1,313 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/image/imagetest"
+	"github.com/kilnvm/kiln/initramfs"
+	"github.com/kilnvm/kiln/internal/kvmtest"
+)
+
+// Docker inside a sandbox is slow under emulation (L2 under TCG): every
+// docker command forks a large Go binary and talks to dockerd, containerd
+// and runc. The timeouts are generous; none is asserted as a speed.
+const (
+	dockerdStartTimeout = 6 * time.Minute
+	dockerCmdTimeout    = 4 * time.Minute
+	dockerdLog          = "/var/log/dockerd.log"
+)
+
+// dockerArchive is a one-layer busybox image, "busybox:latest", in docker
+// save's form (docker load reads it): the host's static busybox with a
+// symbolic link per applet it lists, as tools/testimage's busybox image.
+func dockerArchive(t *testing.T) []byte {
+	t.Helper()
+	bin, err := os.ReadFile(initramfs.HostBusybox)
+	if err != nil {
+		t.Fatalf("busybox for the container image: %v", err)
+	}
+	list, err := exec.Command(initramfs.HostBusybox, "--list").Output()
+	if err != nil {
+		t.Fatalf("%s --list: %v", initramfs.HostBusybox, err)
+	}
+	applets := strings.Fields(string(list))
+	slices.Sort(applets)
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(h *tar.Header, data []byte) {
+		h.ModTime, h.Size = mt, int64(len(data))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "sys", "var", "www"} {
+		add(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}, nil)
+	}
+	add(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777}, nil)
+	add(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, bin)
+	for _, a := range applets {
+		if a != "busybox" && !strings.ContainsAny(a, "/") {
+			add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
+		}
+	}
+	add(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/passwd", Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\n"))
+	add(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/group", Mode: 0o644}, []byte("root:x:0:\n"))
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture, cf.Created = "linux", "amd64", v1.Time{Time: mt}
+	cf.Config.Env = []string{"PATH=/bin"}
+	cf.Config.Cmd = []string{"sh"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag("busybox:latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := tarball.Write(tag, img, &out); err != nil {
+		t.Fatalf("writing the busybox docker archive: %v", err)
+	}
+	return out.Bytes()
+}
+
+// dockerSh runs script in sb under timeout and returns its stdout; on a
+// failure it fails the test with the script's output, the tail of
+// dockerd's log and the kernel's last messages.
+func dockerSh(t *testing.T, ctx context.Context, sb *Sandbox, timeout time.Duration, script string) string {
+	t.Helper()
+	out, errOut, err := dockerTry(ctx, sb, timeout, script)
+	if err != nil {
+		logs, _, _ := dockerTry(ctx, sb, time.Minute, "tail -n 60 "+dockerdLog+"; echo '--- containerd'; tail -n 20 /var/log/containerd.log; echo '--- dmesg'; dmesg | tail -n 20")
+		t.Fatalf("%q: %v\nstdout %q\nstderr %q\n--- dockerd's log\n%s", script, err, out, errOut, logs)
+	}
+	return out
+}
+
+// dockerTry is dockerSh returning what went wrong instead.
+func dockerTry(ctx context.Context, sb *Sandbox, timeout time.Duration, script string) (string, string, error) {
+	var out, errOut bytes.Buffer
+	st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut, Timeout: timeout})
+	if err == nil && !st.Success() {
+		err = fmt.Errorf("exit status %v", st)
+	}
+	return strings.TrimSpace(out.String()), strings.TrimSpace(errOut.String()), err
+}
+
+// startDockerd starts containerd, then dockerd on it, in sb with
+// Debian's defaults (no other flags: the storage driver and cgroup setup
+// are what dockerd picks in the sandbox), and waits for it to answer.
+// containerd is started first, as Debian's containerd.service does: the
+// one dockerd would start itself must answer within dockerd's own
+// timeout, which under emulation it does not. A daemon that exits fails
+// at once.
+func startDockerd(t *testing.T, ctx context.Context, sb *Sandbox) {
+	t.Helper()
+	wait := int(dockerdStartTimeout/time.Second) - 30
+	dockerSh(t, ctx, sb, dockerdStartTimeout, fmt.Sprintf(`mkdir -p /var/log
+setsid containerd >/var/log/containerd.log 2>&1 </dev/null &
+c=$!
+for i in $(seq %[2]d); do
+	test -S /run/containerd/containerd.sock && ctr version >/dev/null 2>&1 && break
+	kill -0 $c 2>/dev/null || { echo containerd exited >&2; tail -n 40 /var/log/containerd.log >&2; exit 1; }
+	sleep 1
+done
+setsid dockerd --containerd=/run/containerd/containerd.sock >%[1]s 2>&1 </dev/null &
+d=$!
+for i in $(seq %[2]d); do
+	test -S /var/run/docker.sock && docker info >/dev/null 2>&1 && exit 0
+	kill -0 $d 2>/dev/null || { echo dockerd exited >&2; exit 1; }
+	sleep 1
+done
+echo "dockerd did not answer in %[2]d s" >&2; exit 1`, dockerdLog, wait))
+}
+
+// TestKVMDocker runs Docker (Debian's docker.io) in an image-rooted
+// sandbox of the fidelity image, with the agent as init: dockerd starts
+// with no flags and picks overlay2 on cgroup v2; docker load of a busybox
+// image made here and docker run --rm busybox echo ok; a container on the
+// default bridge reaches an address outside the guest's docker networks
+// through NAT (a network namespace the test makes in the guest, which has
+// no route back to the bridge: the server sees the guest's address); two
+// containers on a user-defined bridge reach each other by name (wget
+// http://a/ through Docker's embedded DNS). Then a
+// fork of the sandbox with dockerd and a container running: in each child
+// the container runs on (docker ps, docker exec) and the children's
+// containers do not see each other's files, and its httpd serves on.
+// Last, a restore of a snapshot
+// taken once dockerd was up runs a container; the time to that first
+// docker run is logged beside the cold boot's (docs/bench.md).
+func TestKVMDocker(t *testing.T) {
+	kvmtest.Require(t)
+	kvmtest.Kernel(t)
+	testStart := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	reg, refs := imagetest.ServeLayout(t, kvmtest.FidelityImages(t), "kiln/test")
+	e := newImageEnv(t, reg, refs)
+	e.pull(t, ctx, kvmtest.FidelityImage)
+	archive := dockerArchive(t)
+
+	// Cold: boot the image, start dockerd, load the image, run.
+	bootStart := time.Now()
+	sb, err := Start(ctx, Options{Runtime: testRuntime(t), Images: e.dir, ImageRoots: e.roots, Image: e.refs[kvmtest.FidelityImage],
+		MemoryMiB: 1024, Hostname: "dock", Console: io.Discard})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { sb.Close(context.Background()) })
+	booted := time.Since(bootStart)
+	dockerdStart := time.Now()
+	startDockerd(t, ctx, sb)
+	dockerdUp := time.Since(dockerdStart)
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, `docker info -f '{{.CgroupVersion}} {{.Driver}} {{.CgroupDriver}}'`); got != "2 overlay2 cgroupfs" {
+		t.Errorf("docker info: cgroup version, storage driver, cgroup driver %q, want \"2 overlay2 cgroupfs\"", got)
+	}
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, `docker info 2>&1 >/dev/null | grep -i warning || true`); got != "" {
+		t.Logf("docker info's warnings:\n%s", got)
+	}
+	if err := sb.Client().WriteFile(ctx, "/root/busybox.tar", bytes.NewReader(archive), 0o644); err != nil {
+		t.Fatalf("copying the busybox archive in: %v", err)
+	}
+	loadStart := time.Now()
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker load -i /root/busybox.tar"); !strings.Contains(got, "busybox:latest") {
+		t.Errorf("docker load: %q", got)
+	}
+	loaded := time.Since(loadStart)
+	runStart := time.Now()
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm busybox echo ok"); got != "ok" {
+		t.Fatalf("docker run --rm busybox echo ok printed %q", got)
+	}
+	firstRun := time.Since(runStart)
+	t.Logf("cold: boot %v, dockerd up %v, docker load %v, first docker run %v: boot to docker run ready %v (without the load)",
+		booted.Round(time.Millisecond), dockerdUp.Round(time.Millisecond), loaded.Round(time.Millisecond), firstRun.Round(time.Millisecond),
+		(booted + dockerdUp + firstRun).Round(time.Millisecond))
+
+	// The warm template: dockerd up, busybox loaded, nothing running.
+	snap := filepath.Join(t.TempDir(), "docker")
+	saveStart := time.Now()
+	if err := sb.Save(ctx, snap); err != nil {
+		t.Fatalf("Save with dockerd up: %v", err)
+	}
+	t.Logf("save with dockerd up: %v", time.Since(saveStart).Round(time.Millisecond))
+
+	// The default bridge and NAT: the container has its own address on
+	// docker0's network and reaches a server in a namespace whose only
+	// route is to the guest's side of a veth; the server sees the guest's
+	// address, not the container's.
+	dockerSh(t, ctx, sb, time.Minute, `set -e
+ip netns add kext
+ip link add kx0 type veth peer name kx1
+ip link set kx1 netns kext
+ip addr add 10.231.0.1/24 dev kx0
+ip link set kx0 up
+ip netns exec kext ip addr add 10.231.0.2/24 dev kx1
+ip netns exec kext ip link set kx1 up
+ip netns exec kext ip link set lo up
+echo nat-ok > /root/nat
+cd /root && setsid ip netns exec kext python3 -u -m http.server 8080 --bind 10.231.0.2 >/root/ext.log 2>&1 </dev/null &
+for i in $(seq 600); do grep -q Serving /root/ext.log 2>/dev/null && exit 0; sleep 0.1; done
+cat /root/ext.log; exit 1`)
+	got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker run --rm busybox sh -c 'ip -4 -o addr show eth0; wget -qO- http://10.231.0.2:8080/nat'")
+	if lines := strings.Split(got, "\n"); len(lines) != 2 || !strings.Contains(lines[0], " 172.17.") || lines[1] != "nat-ok" {
+		t.Errorf("a container on the default bridge (its address, then a fetch from outside): %q", got)
+	}
+	if got := dockerSh(t, ctx, sb, time.Minute, "grep 'GET /nat' /root/ext.log | cut -d' ' -f1"); got != "10.231.0.1" {
+		t.Errorf("the server outside saw the request from %q, want the guest's 10.231.0.1 (masqueraded)", got)
+	}
+
+	// A user-defined bridge: two containers by name.
+	dockerSh(t, ctx, sb, dockerCmdTimeout, `docker network create t >/dev/null
+docker run -d --name a --network t busybox sh -c 'echo hello-a > /www/index.html && exec httpd -f -p 80 -h /www' >/dev/null`)
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, `for i in $(seq 60); do
+	docker run --rm --network t busybox wget -qO- http://a/ && exit 0
+	sleep 1
+done; exit 1`); got != "hello-a" {
+		t.Errorf("wget http://a/ from another container on network t: %q", got)
+	}
+
+	// Fork with dockerd and container a running.
+	forkStart := time.Now()
+	children, err := sb.Fork(ctx, 2, ForkOptions{})
+	if err != nil {
+		t.Fatalf("Fork with dockerd and a container running: %v", err)
+	}
+	t.Logf("fork of the sandbox with dockerd and a container running into 2: %v", time.Since(forkStart).Round(time.Millisecond))
+	for i, c := range children {
+		t.Cleanup(func() { c.Close(context.Background()) })
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker ps --format '{{.Names}} {{.State}}'"); got != "a running" {
+			t.Errorf("child %d: docker ps: %q, want \"a running\"", i, got)
+		}
+		dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec a sh -c 'echo child-%d > /www/mine-%d'", i, i))
+	}
+	for i, c := range children {
+		want := fmt.Sprintf("index.html mine-%d", i)
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != want {
+			t.Errorf("child %d: its container's /www holds %q, want %q (its own file only)", i, got, want)
+		}
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec a wget -qO- http://localhost/mine-%d", i)); got != fmt.Sprintf("child-%d", i) {
+			t.Errorf("child %d: its container's httpd served %q", i, got)
+		}
+	}
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != "index.html" {
+		t.Errorf("the parent's container sees %q after the children wrote, want index.html only", got)
+	}
+	for _, c := range children {
+		c.Close(ctx)
+	}
+	sb.Close(ctx)
+
+	// Warm: restore the snapshot taken with dockerd up, run a container.
+	restoreStart := time.Now()
+	r, err := Restore(ctx, snap, RestoreOptions{ImageRoots: e.roots, Console: io.Discard})
+	if err != nil {
+		t.Fatalf("Restore with dockerd up: %v", err)
+	}
+	defer r.Close(ctx)
+	restored := time.Since(restoreStart)
+	runStart = time.Now()
+	if got := dockerSh(t, ctx, r, dockerCmdTimeout, "docker run --rm busybox echo ok"); got != "ok" {
+		t.Fatalf("restored: docker run --rm busybox echo ok printed %q", got)
+	}
+	warmRun := time.Since(runStart)
+	t.Logf("warm: restore %v, first docker run %v: restore to docker run ready %v; cold was %v",
+		restored.Round(time.Millisecond), warmRun.Round(time.Millisecond), (restored + warmRun).Round(time.Millisecond),
+		(booted + dockerdUp + firstRun).Round(time.Millisecond))
+	t.Logf("TestKVMDocker took %v", time.Since(testStart).Round(time.Second))
+}
