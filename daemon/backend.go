@@ -71,6 +71,9 @@ type Instance interface {
 	// Exited then says how.
 	Done() <-chan struct{}
 	Exited() string
+	// PoweredOff says the sandbox stopped because its guest powered
+	// itself off (a clean end), once Done is closed.
+	PoweredOff() bool
 
 	// Start starts a process; cancelling ctx kills its process group
 	// (as client.Client.Start), unless opts.DetachID is set: a detached

@@ -224,12 +224,19 @@ func (s *Server) oomReason(id string, memMiB int) string {
 
 // stoppedReason is why inst, b's instance, stopped on its own.
 func (s *Server) stoppedReason(inst Instance) string {
-	if in, ok := inst.(*cgroupInstance); ok {
-		if r := s.oomReason(in.id, in.memMiB); r != "" {
-			return "the sandbox was " + r + " (" + inst.Exited() + ")"
-		}
+	if r := s.oomOf(inst); r != "" {
+		return "the sandbox was " + r + " (" + inst.Exited() + ")"
 	}
 	return "the sandbox stopped on its own: " + inst.Exited()
+}
+
+// oomOf is oomReason for inst's cgroup, "" when it has none or was not
+// OOM-killed.
+func (s *Server) oomOf(inst Instance) string {
+	if in, ok := inst.(*cgroupInstance); ok {
+		return s.oomReason(in.id, in.memMiB)
+	}
+	return ""
 }
 
 // adoptCgroup makes inst, a sandbox of a previous server taken over, keep

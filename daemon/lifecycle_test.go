@@ -146,6 +146,57 @@ func TestVMMProcessKilled(t *testing.T) {
 	}
 }
 
+// TestGuestPowerOff: a guest that powers itself off (poweroff inside,
+// systemctl poweroff under --init systemd) ends its sandbox STOPPED, a
+// clean end with a KIND_STOPPED event, not FAILED, and nothing is
+// counted as a failure; a sibling runs on.
+func TestGuestPowerOff(t *testing.T) {
+	e := newEnv(t, nil)
+	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.Header(); err != nil { // subscribed
+		t.Fatal(err)
+	}
+	a := e.create(nil)
+	b := e.create(nil)
+	in := e.be.ByPID(int(a.Pid))
+	if in == nil {
+		t.Fatalf("no stand-in instance with pid %d", a.Pid)
+	}
+	in.PowerOffGuest()
+	sb := e.waitState(a.Id, kilnpb.SandboxState_SANDBOX_STATE_STOPPED)
+	if !strings.Contains(sb.Reason, "powered off") {
+		t.Errorf("reason %q does not say the guest powered off", sb.Reason)
+	}
+	if r := e.sh(b.Id, "echo alive"); r.stdout != "alive\n" {
+		t.Errorf("sibling: %+v", r)
+	}
+	for {
+		ev, err := events.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Kind == kilnpb.Event_KIND_FAILED {
+			t.Fatalf("a guest power-off published a failure: %v", ev)
+		}
+		if ev.Kind == kilnpb.Event_KIND_STOPPED {
+			if ev.SandboxId != a.Id || ev.Reason != sb.Reason || ev.Sandbox.GetState() != kilnpb.SandboxState_SANDBOX_STATE_STOPPED {
+				t.Errorf("stopped event %v", ev)
+			}
+			break
+		}
+	}
+	l, err := e.c.ListSandboxes(ctxT(t), &kilnpb.ListSandboxesRequest{States: []kilnpb.SandboxState{kilnpb.SandboxState_SANDBOX_STATE_STOPPED}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Sandboxes) != 1 || l.Sandboxes[0].Id != a.Id {
+		t.Errorf("sandboxes listed as stopped: %v", l.Sandboxes)
+	}
+}
+
 // TestRestart: a server that stops without a word (kill -9) and a new
 // one over the same state folder: every sandbox is listed again with its
 // ID and state and answers; one whose VMM process died meanwhile is

@@ -22,6 +22,7 @@ import (
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -238,6 +239,11 @@ func (in *sandboxInstance) Exited() string {
 		return err.Error()
 	}
 	return exit.String()
+}
+
+func (in *sandboxInstance) PoweredOff() bool {
+	exit, err := in.s.Exit()
+	return err == nil && exit.Reason == vmm.ReasonPowerOff
 }
 
 func (in *sandboxInstance) Start(ctx context.Context, opts client.ExecOptions) (Process, error) {

@@ -529,6 +529,13 @@ func (s *Server) watch(b *box, inst Instance) {
 			return
 		}
 		// Once per sandbox: a guest that crashes its VM logs one line.
+		if inst.PoweredOff() && s.oomOf(inst) == "" {
+			// The guest's own poweroff: a clean end, not a failure.
+			reason := "its guest powered off: " + inst.Exited()
+			s.log.Info("sandbox stopped by its guest", "sandbox", b.id, "exit", inst.Exited())
+			s.end(b, kilnpb.SandboxState_SANDBOX_STATE_STOPPED, reason)
+			return
+		}
 		reason := s.stoppedReason(inst)
 		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited(), "reason", reason)
 		s.metrics.failed(opSandbox, errors.New(reason))
@@ -591,6 +598,7 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
 		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,
 		kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT: kilnpb.Event_KIND_TIMED_OUT,
+		kilnpb.SandboxState_SANDBOX_STATE_STOPPED:   kilnpb.Event_KIND_STOPPED,
 	}[state]
 	s.publish(kind, pb, reason)
 	s.pokePools()
@@ -765,6 +773,8 @@ func stateName(st kilnpb.SandboxState) string {
 		return "failed"
 	case kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT:
 		return "timed out"
+	case kilnpb.SandboxState_SANDBOX_STATE_STOPPED:
+		return "stopped"
 	}
 	return st.String()
 }

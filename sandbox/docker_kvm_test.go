@@ -166,7 +166,8 @@ echo "dockerd did not answer in %[2]d s" >&2; exit 1`, dockerdLog, wait))
 // through NAT (a network namespace the test makes in the guest, which has
 // no route back to the bridge: the server sees the guest's address); two
 // containers on a user-defined bridge reach each other by name (wget
-// http://a/ through Docker's embedded DNS). Then a
+// http://web/ through Docker's embedded DNS; Docker 20.10 refuses
+// one-letter names). Then a
 // fork of the sandbox with dockerd and a container running: in each child
 // the container runs on (docker ps, docker exec) and the children's
 // containers do not see each other's files, and its httpd serves on.
@@ -253,16 +254,16 @@ cat /root/ext.log; exit 1`)
 	}
 
 	// A user-defined bridge: two containers by name.
-	dockerSh(t, ctx, sb, dockerCmdTimeout, `docker network create t >/dev/null
-docker run -d --name a --network t busybox sh -c 'echo hello-a > /www/index.html && exec httpd -f -p 80 -h /www' >/dev/null`)
+	dockerSh(t, ctx, sb, dockerCmdTimeout, `docker network create tnet >/dev/null
+docker run -d --name web --network tnet busybox sh -c 'echo hello-a > /www/index.html && exec httpd -f -p 80 -h /www' >/dev/null`)
 	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, `for i in $(seq 60); do
-	docker run --rm --network t busybox wget -qO- http://a/ && exit 0
+	docker run --rm --network tnet busybox wget -qO- http://web/ && exit 0
 	sleep 1
 done; exit 1`); got != "hello-a" {
-		t.Errorf("wget http://a/ from another container on network t: %q", got)
+		t.Errorf("wget http://web/ from another container on network tnet: %q", got)
 	}
 
-	// Fork with dockerd and container a running.
+	// Fork with dockerd and container web running.
 	forkStart := time.Now()
 	children, err := sb.Fork(ctx, 2, ForkOptions{})
 	if err != nil {
@@ -271,21 +272,21 @@ done; exit 1`); got != "hello-a" {
 	t.Logf("fork of the sandbox with dockerd and a container running into 2: %v", time.Since(forkStart).Round(time.Millisecond))
 	for i, c := range children {
 		t.Cleanup(func() { c.Close(context.Background()) })
-		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker ps --format '{{.Names}} {{.State}}'"); got != "a running" {
-			t.Errorf("child %d: docker ps: %q, want \"a running\"", i, got)
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker ps --format '{{.Names}} {{.State}}'"); got != "web running" {
+			t.Errorf("child %d: docker ps: %q, want \"web running\"", i, got)
 		}
-		dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec a sh -c 'echo child-%d > /www/mine-%d'", i, i))
+		dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec web sh -c 'echo child-%d > /www/mine-%d'", i, i))
 	}
 	for i, c := range children {
 		want := fmt.Sprintf("index.html mine-%d", i)
-		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != want {
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, "docker exec web ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != want {
 			t.Errorf("child %d: its container's /www holds %q, want %q (its own file only)", i, got, want)
 		}
-		if got := dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec a wget -qO- http://localhost/mine-%d", i)); got != fmt.Sprintf("child-%d", i) {
+		if got := dockerSh(t, ctx, c, dockerCmdTimeout, fmt.Sprintf("docker exec web wget -qO- http://localhost/mine-%d", i)); got != fmt.Sprintf("child-%d", i) {
 			t.Errorf("child %d: its container's httpd served %q", i, got)
 		}
 	}
-	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker exec a ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != "index.html" {
+	if got := dockerSh(t, ctx, sb, dockerCmdTimeout, "docker exec web ls /www | tr '\\n' ' '"); strings.TrimSpace(got) != "index.html" {
 		t.Errorf("the parent's container sees %q after the children wrote, want index.html only", got)
 	}
 	for _, c := range children {

@@ -326,6 +326,7 @@ var states = map[string]kilnpb.SandboxState{
 	"destroyed": kilnpb.SandboxState_SANDBOX_STATE_DESTROYED,
 	"failed":    kilnpb.SandboxState_SANDBOX_STATE_FAILED,
 	"timed-out": kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT,
+	"stopped":   kilnpb.SandboxState_SANDBOX_STATE_STOPPED,
 }
 
 func stateName(s kilnpb.SandboxState) string {

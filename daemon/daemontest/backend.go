@@ -348,6 +348,7 @@ type Instance struct {
 	mu       sync.Mutex
 	done     chan struct{}
 	exited   string
+	poweroff bool // the guest powered itself off (PowerOffGuest)
 	closed   bool
 	detached bool
 	procs    map[killer]struct{} // killed when the sandbox ends
@@ -367,6 +368,29 @@ func (in *Instance) Exited() string {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.exited
+}
+
+// PoweredOff implements daemon.Instance.
+func (in *Instance) PoweredOff() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.poweroff && in.exited != ""
+}
+
+// PowerOffGuest plays the guest powering itself off: the stand-in VMM
+// process ends, as a real one does at the guest's ACPI S5.
+func (in *Instance) PowerOffGuest() {
+	in.mu.Lock()
+	select {
+	case <-in.done:
+		in.mu.Unlock()
+		return
+	default:
+	}
+	in.poweroff = true
+	in.exited = "power-off: guest powered off (ACPI S5)"
+	in.mu.Unlock()
+	syscall.Kill(in.pid, syscall.SIGKILL)
 }
 
 // Root is the host folder of the sandbox's root.

@@ -41,6 +41,9 @@ const (
 	SandboxState_SANDBOX_STATE_FAILED SandboxState = 5
 	// Ended by its lifetime or idle timeout.
 	SandboxState_SANDBOX_STATE_TIMED_OUT SandboxState = 6
+	// Ended by its guest: it powered itself off (poweroff, systemctl
+	// poweroff, ACPI S5). A clean end, not a failure.
+	SandboxState_SANDBOX_STATE_STOPPED SandboxState = 7
 )
 
 // Enum value maps for SandboxState.
@@ -53,6 +56,7 @@ var (
 		4: "SANDBOX_STATE_DESTROYED",
 		5: "SANDBOX_STATE_FAILED",
 		6: "SANDBOX_STATE_TIMED_OUT",
+		7: "SANDBOX_STATE_STOPPED",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
@@ -62,6 +66,7 @@ var (
 		"SANDBOX_STATE_DESTROYED":   4,
 		"SANDBOX_STATE_FAILED":      5,
 		"SANDBOX_STATE_TIMED_OUT":   6,
+		"SANDBOX_STATE_STOPPED":     7,
 	}
 )
 
@@ -264,6 +269,7 @@ const (
 	Event_KIND_PAUSED      Event_Kind = 6
 	Event_KIND_RESUMED     Event_Kind = 7
 	Event_KIND_ROLLED_BACK Event_Kind = 8
+	Event_KIND_STOPPED     Event_Kind = 9 // its guest powered off
 )
 
 // Enum value maps for Event_Kind.
@@ -278,6 +284,7 @@ var (
 		6: "KIND_PAUSED",
 		7: "KIND_RESUMED",
 		8: "KIND_ROLLED_BACK",
+		9: "KIND_STOPPED",
 	}
 	Event_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -289,6 +296,7 @@ var (
 		"KIND_PAUSED":      6,
 		"KIND_RESUMED":     7,
 		"KIND_ROLLED_BACK": 8,
+		"KIND_STOPPED":     9,
 	}
 )
 
@@ -4923,14 +4931,14 @@ const file_kiln_proto_rawDesc = "" +
 	"\x16DeleteTemplateResponse\"5\n" +
 	"\x12WatchEventsRequest\x12\x1f\n" +
 	"\vsandbox_ids\x18\x01 \x03(\tR\n" +
-	"sandboxIds\"\xdc\x02\n" +
+	"sandboxIds\"\xee\x02\n" +
 	"\x05Event\x12'\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x13.kiln.v1.Event.KindR\x04kind\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x17\n" +
 	"\aunix_ms\x18\x04 \x01(\x03R\x06unixMs\x12*\n" +
-	"\asandbox\x18\x05 \x01(\v2\x10.kiln.v1.SandboxR\asandbox\"\xad\x01\n" +
+	"\asandbox\x18\x05 \x01(\v2\x10.kiln.v1.SandboxR\asandbox\"\xbf\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_CREATED\x10\x01\x12\x0e\n" +
@@ -4941,7 +4949,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\x0eKIND_TIMED_OUT\x10\x05\x12\x0f\n" +
 	"\vKIND_PAUSED\x10\x06\x12\x10\n" +
 	"\fKIND_RESUMED\x10\a\x12\x14\n" +
-	"\x10KIND_ROLLED_BACK\x10\b*\xd2\x01\n" +
+	"\x10KIND_ROLLED_BACK\x10\b\x12\x10\n" +
+	"\fKIND_STOPPED\x10\t*\xed\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STARTING\x10\x01\x12\x19\n" +
@@ -4949,7 +4958,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x03\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\x05\x12\x1b\n" +
-	"\x17SANDBOX_STATE_TIMED_OUT\x10\x06*I\n" +
+	"\x17SANDBOX_STATE_TIMED_OUT\x10\x06\x12\x19\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\a*I\n" +
 	"\rTimeoutAction\x12\x1a\n" +
 	"\x16TIMEOUT_ACTION_DESTROY\x10\x00\x12\x1c\n" +
 	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x012\x9f\x10\n" +

@@ -261,7 +261,7 @@ func (h *Handler) watchEvents() {
 				break
 			}
 			switch e.GetKind() {
-			case kilnpb.Event_KIND_EXITED, kilnpb.Event_KIND_FAILED, kilnpb.Event_KIND_TIMED_OUT:
+			case kilnpb.Event_KIND_EXITED, kilnpb.Event_KIND_FAILED, kilnpb.Event_KIND_TIMED_OUT, kilnpb.Event_KIND_STOPPED:
 				h.dropSandbox(e.GetSandboxId(), fmt.Errorf("sandbox %s has ended", e.GetSandboxId()))
 			}
 		}
