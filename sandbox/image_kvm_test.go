@@ -52,7 +52,7 @@ type imageEnv struct {
 	images *image.Images
 }
 
-func newImageEnv(t *testing.T, reg *imagetest.Registry, refs map[string]string) *imageEnv {
+func newImageEnv(t testing.TB, reg *imagetest.Registry, refs map[string]string) *imageEnv {
 	t.Helper()
 	e := &imageEnv{reg: reg, refs: refs, dir: t.TempDir()}
 	e.roots = image.NewRoots(image.Options{FetchTimeout: imgFetchLimit})
@@ -64,7 +64,7 @@ func newImageEnv(t *testing.T, reg *imagetest.Registry, refs map[string]string) 
 	return e
 }
 
-func (e *imageEnv) pull(t *testing.T, ctx context.Context, name string) *image.Image {
+func (e *imageEnv) pull(t testing.TB, ctx context.Context, name string) *image.Image {
 	t.Helper()
 	img, err := e.images.Pull(ctx, e.refs[name], image.PullOptions{})
 	if err != nil {
@@ -79,9 +79,12 @@ func (e *imageEnv) start(t *testing.T, ctx context.Context, ref string, proc *Pr
 }
 
 // startWith starts a sandbox from o, with the env's images and defaults.
-func (e *imageEnv) startWith(t *testing.T, ctx context.Context, o Options) *Sandbox {
+func (e *imageEnv) startWith(t testing.TB, ctx context.Context, o Options) *Sandbox {
 	t.Helper()
-	o.Runtime, o.Images, o.ImageRoots, o.MemoryMiB, o.Hostname, o.Console = testRuntime(t), e.dir, e.roots, 512, "img", io.Discard
+	o.Runtime, o.Images, o.ImageRoots, o.Hostname, o.Console = testRuntime(t), e.dir, e.roots, "img", io.Discard
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
 	ref := o.Image
 	sb, err := Start(ctx, o)
 	if err != nil {
@@ -92,7 +95,7 @@ func (e *imageEnv) startWith(t *testing.T, ctx context.Context, o Options) *Sand
 }
 
 // sh runs script in sb and returns its stdout, failing on a non-zero exit.
-func sh(t *testing.T, ctx context.Context, sb *Sandbox, script string) string {
+func sh(t testing.TB, ctx context.Context, sb *Sandbox, script string) string {
 	t.Helper()
 	out, errOut, st, err := shTry(ctx, sb, script)
 	if err != nil || !st.Success() {

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 
 // testRuntime is the cached Debian kernel with the agent built from this
 // tree.
-func testRuntime(t *testing.T) Runtime {
+func testRuntime(t testing.TB) Runtime {
 	t.Helper()
 	rt, err := NewRuntime(RuntimeConfig{Kernel: kvmtest.Kernel(t), Agent: kvmtest.AgentBinary(t)})
 	if err != nil {

@@ -181,7 +181,9 @@ type sweResult struct {
 // named), the fix is applied, its tests pass (exit 0), and git diff and
 // commit work. Through `kiln run --image` (the failing run saved, the fix
 // run restored from it: --save, --from) and through kilnd (the real
-// backend: create, WriteFile, Exec; the fix a file write). The same
+// backend: create, WriteFile, Exec; the fix a file write; then a second
+// sandbox with init systemd, exec in it, and systemctl poweroff inside, a
+// clean STOPPED end). The same
 // commands on the host give the same exit codes and the same output,
 // pytest's summary and the fix's commit ID included. The kilnd sandbox
 // also logs what the guest sees (docs/guest.md).
@@ -275,9 +277,10 @@ func checkPytest(t *testing.T, where, before, after string) {
 }
 
 // sweDaemon runs the loop through kilnd's server over the real backend
-// (sandboxes in VMM processes: this test binary as kiln vmm).
+// (sandboxes in VMM processes: this test binary as kiln vmm), in a
+// sandbox of the image; then sweSystemd.
 func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]sweResult) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	began := time.Now()
 	// As kiln run and kilnd resolve it: the agent initramfs cached beside
@@ -325,13 +328,19 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 	if err != nil {
 		t.Fatalf("create a sandbox of %s: %v", ref, err)
 	}
-	defer func() {
+	destroyed := false
+	destroy := func() {
+		if destroyed {
+			return
+		}
+		destroyed = true
 		began := time.Now()
 		if err := c.DestroySandbox(context.Background(), sb.Id); err != nil {
 			t.Errorf("kilnd: destroy %s: %v", sb.Id, err)
 		}
 		t.Logf("kilnd: destroy in %v", time.Since(began).Round(time.Millisecond))
-	}()
+	}
+	defer destroy()
 	t.Logf("kilnd: sandbox %s of the fidelity image ready in %d ms", sb.Id, sb.ReadyMs)
 	const task = "/root/task"
 	if _, err := c.WriteFile(ctx, sb.Id, task+"/repo.bundle", bytes.NewReader(bundle), client.WriteFileOptions{MakeParents: true}); err != nil {
@@ -382,6 +391,14 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 			t.Logf("guest clock - host clock: %.3f s", f-float64(hostNow.UnixNano())/1e9)
 		}
 	}
+
+	destroy()
+
+	// The daemon's --init systemd, in a second sandbox of the image (the
+	// loop runs under the agent as init: under systemd it would share the
+	// one emulated vCPU with the dockerd and containerd the image's
+	// multi-user.target starts).
+	sweSystemd(t, ctx, c, ref)
 }
 
 // checkFacts checks what docs/guest.md says of every guest against
@@ -439,3 +456,66 @@ s modules; cut -d' ' -f1 /proc/modules | tr '\n' ' '; echo
 s cgroup; cat /proc/self/cgroup; cat /sys/fs/cgroup/cgroup.controllers 2>&1
 s dmesg; dmesg 2>&1 | grep -iE 'clocksource|tsc|kvm|virtio|rng|acpi|dmi|pci|rtc' | head -60
 `
+
+// sweSystemd creates a sandbox of ref through kilnd with init systemd:
+// systemd is process 1 and the agent one of its services, so exec works;
+// then systemctl poweroff from inside ends it, which kilnd records as a
+// clean STOPPED, not a failure.
+func sweSystemd(t *testing.T, ctx context.Context, c *client.Client, ref string) {
+	began := time.Now()
+	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: client.NewRequestID(),
+		Source: &kilnpb.CreateSandboxRequest_Image{Image: ref}, Init: "systemd"})
+	if err != nil {
+		t.Fatalf("kilnd: create a sandbox of %s with init systemd: %v", ref, err)
+	}
+	poweredOff := false
+	defer func() {
+		if !poweredOff {
+			c.DestroySandbox(context.Background(), sb.Id)
+		}
+	}()
+	t.Logf("kilnd: sandbox %s, init %q, ready in %d ms (%v)", sb.Id, sb.Init, sb.ReadyMs, time.Since(began).Round(time.Millisecond))
+	if sb.Init != "systemd" {
+		t.Errorf("kilnd: the sandbox's init is %q, want systemd", sb.Init)
+	}
+	var out bytes.Buffer
+	if _, err := c.Exec(ctx, sb.Id, client.ExecOptions{Argv: []string{"sh", "-c", "cat /proc/1/comm; systemctl show -p ActiveState --value kiln-agent.service"}, Stdout: &out}); err != nil {
+		t.Fatalf("kilnd: exec under systemd: %v", err)
+	} else if got := strings.Fields(out.String()); len(got) != 2 || got[0] != "systemd" || got[1] != "active" {
+		t.Errorf("kilnd: process 1 and the agent's unit state: %q, want systemd, active", out.String())
+	}
+
+	// Power-off from inside: systemd stops its units and the VM powers
+	// off; kilnd records a clean end (STOPPED), not a failure.
+	began = time.Now()
+	events, err := c.WatchEvents(ctx, sb.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
+	if _, err := c.Exec(ctx, sb.Id, client.ExecOptions{Argv: []string{"systemctl", "--no-block", "poweroff"}}); err != nil {
+		t.Fatalf("kilnd: systemctl poweroff: %v", err)
+	}
+	for {
+		ev, err := events.Recv()
+		if err != nil {
+			t.Fatalf("kilnd: waiting for the sandbox's end after systemctl poweroff: %v", err)
+		}
+		if ev.Kind == kilnpb.Event_KIND_STOPPED {
+			poweredOff = true
+			t.Logf("kilnd: systemctl poweroff to the sandbox stopped in %v: %s", time.Since(began).Round(time.Millisecond), ev.Reason)
+			break
+		}
+		if ev.Kind == kilnpb.Event_KIND_FAILED || ev.Kind == kilnpb.Event_KIND_EXITED || ev.Kind == kilnpb.Event_KIND_TIMED_OUT {
+			poweredOff = true
+			t.Fatalf("kilnd: after systemctl poweroff the sandbox ended %v (%s), want KIND_STOPPED", ev.Kind, ev.Reason)
+		}
+	}
+	got, err := c.GetSandbox(ctx, sb.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != kilnpb.SandboxState_SANDBOX_STATE_STOPPED {
+		t.Errorf("kilnd: after systemctl poweroff the sandbox is %v, want STOPPED", got.State)
+	}
+}
