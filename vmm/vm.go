@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kilnvm/kiln/internal/ratelog"
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
@@ -129,7 +130,7 @@ func (e Exit) String() string { return e.Reason.String() + ": " + e.Message }
 // VM is a booted-or-bootable virtual machine.
 type VM struct {
 	cfg     Config
-	log     *slog.Logger
+	log     *slog.Logger // cfg.Logger through logLimit
 	sys     *kvm.System
 	vm      *kvm.VM
 	mem     *memory.Memory
@@ -142,6 +143,10 @@ type VM struct {
 	opened  []virtio.Device     // opened from specs, not attached yet
 	devices []*vdev
 	ged     *gedDevice
+	// logLimit rate-limits log: the VM and its devices log what a guest
+	// can cause over and over (a device it breaks and resets, say), so
+	// no message passes more than a few times a minute.
+	logLimit *ratelog.Handler
 	// irqResends counts virtio interrupts sent again because the guest
 	// did not acknowledge them (see resendLostInterrupts).
 	irqResends atomic.Uint64
@@ -240,7 +245,11 @@ func New(cfg Config) (_ *VM, err error) {
 
 // newVM returns an empty VM for cfg (defaults filled in).
 func newVM(cfg Config) *VM {
-	v := &VM{cfg: cfg, log: cfg.Logger, specs: cfg.Devices}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	limit := ratelog.New(cfg.Logger.Handler(), ratelog.Options{})
+	v := &VM{cfg: cfg, log: slog.New(limit), logLimit: limit, specs: cfg.Devices}
 	v.cond = sync.NewCond(&v.mu)
 	v.ran = make(chan struct{})
 	v.lc = newLifecycle(lifecycleHooks{
@@ -660,5 +669,8 @@ func (v *VM) release() error {
 		errs = append(errs, v.sys.Close())
 		v.sys = nil
 	}
+	// What the rate limit dropped since its last report, now that
+	// nothing logs through it any more.
+	v.logLimit.Flush(context.Background())
 	return errors.Join(errs...)
 }
