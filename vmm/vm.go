@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,7 +189,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	kernel, err := os.ReadFile(cfg.Kernel)
+	kernel, err := readBootFile(cfg.Kernel, MaxKernelSize)
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("read kernel: %w", err)}
 	}
@@ -198,15 +197,16 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("kernel %s: %w", cfg.Kernel, err)}
 	}
+	// An initrd must fit in the memory below the MMIO gap.
+	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
 	var initrd []byte
 	if cfg.Initrd != "" {
-		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
+		if initrd, err = readBootFile(cfg.Initrd, int64(low)); err != nil {
 			return nil, &ConfigError{Err: fmt.Errorf("read initrd: %w", err)}
 		}
 	}
 
 	// Check that kernel and initrd fit before any KVM work.
-	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
 	if img.End > low {
 		return nil, &ConfigError{Err: fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)}
 	}
