@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // MaxKernelSize bounds the kernel file New reads (an uncompressed Debian
@@ -13,8 +15,10 @@ const MaxKernelSize = 512 << 20
 // readBootFile reads the regular file at path, of at most max bytes: a
 // larger file, or one that is not a regular file (/dev/zero, a FIFO) is
 // refused before it is read, with an error that names it and the limit.
+// It never blocks on a FIFO: the open is non-blocking, and a FIFO is not
+// a regular file (a kiln boot that waited on one ignored SIGINT).
 func readBootFile(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestBootFileLimits: the kernel and initrd are read only when they are
@@ -22,7 +24,11 @@ func TestBootFileLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	elf := elfKernel(t, []byte{0xf4}) // hlt
+	elf := elfKernel(t, []byte{0xf4})  // hlt
+	fifo := filepath.Join(dir, "fifo") // no writer: an open that blocks would hang the test
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	small := filepath.Join(dir, "small")
 	if err := os.WriteFile(small, []byte("abc"), 0o644); err != nil {
 		t.Fatal(err)
@@ -36,6 +42,8 @@ func TestBootFileLimits(t *testing.T) {
 		{"kernel from /dev/zero", Config{Spec: Spec{Kernel: "/dev/zero"}}, []string{"read kernel", "/dev/zero", "not a regular file"}},
 		{"kernel a directory", Config{Spec: Spec{Kernel: dir}}, []string{"read kernel", dir, "not a regular file"}},
 		{"initrd over the VM's low memory", Config{Spec: Spec{Kernel: elf, Initrd: huge}}, []string{"read initrd", huge, "over the limit of 64 MiB"}},
+		{"kernel a FIFO", Config{Spec: Spec{Kernel: fifo}}, []string{"read kernel", fifo, "not a regular file"}},
+		{"initrd a FIFO", Config{Spec: Spec{Kernel: elf, Initrd: fifo}}, []string{"read initrd", fifo, "not a regular file"}},
 		{"initrd from /dev/zero", Config{Spec: Spec{Kernel: elf, Initrd: "/dev/zero"}}, []string{"read initrd", "not a regular file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
