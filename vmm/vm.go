@@ -56,7 +56,7 @@ type Config struct {
 	Spec
 
 	Console      io.Writer // serial console output; discarded when nil
-	ConsoleInput io.Reader // optional serial console input
+	ConsoleInput io.Reader // optional serial console input; Close stops its reader (stopConsoleInput)
 
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
@@ -146,6 +146,9 @@ type VM struct {
 	// can cause over and over (a device it breaks and resets, say), so
 	// no message passes more than a few times a minute.
 	logLimit *ratelog.Handler
+	// inputStop and inputDone stop and wait for the goroutine that feeds
+	// ConsoleInput to the UART (console.go); nil without one.
+	inputStop, inputDone chan struct{}
 	// irqResends counts virtio interrupts sent again because the guest
 	// did not acknowledge them (see resendLostInterrupts).
 	irqResends atomic.Uint64
@@ -352,20 +355,7 @@ func (v *VM) setupDevices() error {
 	if err := v.mmio.Add(gedBase, gedSize, v.ged); err != nil {
 		return err
 	}
-	if in := v.cfg.ConsoleInput; in != nil {
-		go func() {
-			buf := make([]byte, 256)
-			for {
-				n, err := in.Read(buf)
-				if n > 0 {
-					v.uart.Input(buf[:n])
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
+	v.startConsoleInput()
 	return nil
 }
 
@@ -649,6 +639,7 @@ func (v *VM) release() error {
 	if v.lc.hasStarted() {
 		<-v.ran
 	}
+	v.stopConsoleInput()
 	errs := []error{v.closeVirtio()}
 	v.mu.Lock() // kickAll reads the vCPUs under it
 	vcpus := v.vcpus
