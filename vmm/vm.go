@@ -597,6 +597,9 @@ func (v *VM) Run(ctx context.Context) (Exit, error) {
 	resendDone := make(chan struct{})
 	go func() { v.resendLostInterrupts(done); close(resendDone) }()
 	defer func() { <-resendDone }()
+	logsDone := make(chan struct{})
+	go func() { v.reportSuppressedLogs(done); close(logsDone) }()
+	defer func() { <-logsDone }()
 	select {
 	case <-ctx.Done():
 		v.stop(ReasonCancelled, context.Cause(ctx).Error())

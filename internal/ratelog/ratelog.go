@@ -128,12 +128,32 @@ func (h *Handler) WithGroup(name string) slog.Handler {
 // Flush reports, now, every message that has dropped records since its
 // last report, and forgets the counts. Call it when what logs through h
 // ends (a VM's Close).
-func (h *Handler) Flush(ctx context.Context) {
+func (h *Handler) Flush(ctx context.Context) { h.report(ctx, false) }
+
+// ReportExpired reports the messages whose interval is over with records
+// dropped, and starts their next interval: a message that is not logged
+// again still gets its summary. Call it every Interval or so.
+func (h *Handler) ReportExpired(ctx context.Context) { h.report(ctx, true) }
+
+// Interval is the limiter's interval.
+func (h *Handler) Interval() time.Duration { return h.lim.interval }
+
+func (h *Handler) report(ctx context.Context, expiredOnly bool) {
+	now := h.lim.now()
 	h.lim.mu.Lock()
 	var reports []summary
 	for k, w := range h.lim.keys {
-		if w.suppressed > 0 {
-			reports = append(reports, summary{k: k, n: w.suppressed, via: w.via, at: h.lim.now()})
+		if w.suppressed == 0 {
+			continue
+		}
+		expired := now.Sub(w.start) >= h.lim.interval || now.Before(w.start)
+		if expiredOnly && !expired {
+			continue
+		}
+		reports = append(reports, summary{k: k, n: w.suppressed, via: w.via, at: now})
+		if expired {
+			*w = window{start: now}
+		} else {
 			w.suppressed = 0
 		}
 	}

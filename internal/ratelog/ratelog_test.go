@@ -51,6 +51,7 @@ func TestLimits(t *testing.T) {
 		n       int
 		adv     time.Duration
 		flush   bool
+		expire  bool
 		wantOut int // lines written by this step
 	}
 	tests := []struct {
@@ -77,6 +78,15 @@ func TestLimits(t *testing.T) {
 			{adv: time.Second},
 			{msg: "a", n: 1, wantOut: 1}, // nothing left to report
 		}},
+		{"expired windows report without a new record", []step{
+			{msg: "a", n: 8, wantOut: 5},
+			{expire: true, wantOut: 0}, // its interval is not over
+			{adv: time.Second},
+			{expire: true, wantOut: 1},
+			{expire: true, wantOut: 0},
+			{msg: "a", n: 6, wantOut: 5}, // a new interval: a fresh burst
+			{flush: true, wantOut: 1},
+		}},
 		{"no summary without drops", []step{
 			{msg: "a", n: 5, wantOut: 5},
 			{adv: time.Hour},
@@ -97,7 +107,9 @@ func TestLimits(t *testing.T) {
 				switch {
 				case s.flush:
 					h.Flush(context.Background())
-				case s.msg == "":
+				case s.expire:
+					h.ReportExpired(context.Background())
+				case s.msg == "" && s.adv != 0:
 					c.advance(s.adv)
 				default:
 					for range s.n {
