@@ -5,7 +5,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -502,31 +501,6 @@ func checkCmdlineWord(what, v string) error {
 		return fmt.Errorf("sandbox: %s %q: want 1 to 64 characters, no spaces, quotes, backslashes or '='", what, v)
 	}
 	return nil
-}
-
-// tail keeps the last max bytes written to it.
-type tail struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func newTail(max int) *tail { return &tail{max: max} }
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = bytes.Clone(t.buf[over:])
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
 }
 
 // nic returns the sandbox's network card, or nil without one.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"sync"
+	"time"
 )
 
 // panicWatcher passes console output through and watches it for the kernel's
@@ -63,4 +64,57 @@ func (w *panicWatcher) panicMessage() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.message
+}
+
+// startConsoleInput feeds cfg.ConsoleInput to the UART until the reader
+// ends or the VM is closed (stopConsoleInput).
+func (v *VM) startConsoleInput() {
+	in := v.cfg.ConsoleInput
+	if in == nil || v.inputStop != nil {
+		return
+	}
+	v.inputStop, v.inputDone = make(chan struct{}), make(chan struct{})
+	stop, done := v.inputStop, v.inputDone
+	go func() {
+		defer close(done)
+		buf := make([]byte, 256)
+		for {
+			n, err := in.Read(buf)
+			select {
+			case <-stop:
+				return // what a closed VM's reader returned is not for it
+			default:
+			}
+			if n > 0 {
+				v.uart.Input(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// deadliner is a reader whose blocked Read a deadline interrupts (a
+// socket, an os.Pipe end, a net.Pipe).
+type deadliner interface {
+	SetReadDeadline(t time.Time) error
+}
+
+// stopConsoleInput ends the console-input goroutine: a reader with a read
+// deadline is woken at once and the goroutine waited for; any other ends
+// it when its pending Read returns, feeding nothing more.
+func (v *VM) stopConsoleInput() {
+	if v.inputStop == nil {
+		return
+	}
+	select {
+	case <-v.inputStop:
+		return // stopped already
+	default:
+	}
+	close(v.inputStop)
+	if d, ok := v.cfg.ConsoleInput.(deadliner); ok && d.SetReadDeadline(time.Now()) == nil {
+		<-v.inputDone
+	}
 }

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kilnvm/kiln/internal/ratelog"
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/virtio"
@@ -56,7 +56,7 @@ type Config struct {
 	Spec
 
 	Console      io.Writer // serial console output; discarded when nil
-	ConsoleInput io.Reader // optional serial console input
+	ConsoleInput io.Reader // optional serial console input; Close stops its reader (stopConsoleInput)
 
 	KVMPath string       // /dev/kvm when empty
 	Logger  *slog.Logger // slog.Default() when nil
@@ -129,7 +129,7 @@ func (e Exit) String() string { return e.Reason.String() + ": " + e.Message }
 // VM is a booted-or-bootable virtual machine.
 type VM struct {
 	cfg     Config
-	log     *slog.Logger
+	log     *slog.Logger // cfg.Logger through logLimit
 	sys     *kvm.System
 	vm      *kvm.VM
 	mem     *memory.Memory
@@ -142,6 +142,13 @@ type VM struct {
 	opened  []virtio.Device     // opened from specs, not attached yet
 	devices []*vdev
 	ged     *gedDevice
+	// logLimit rate-limits log: the VM and its devices log what a guest
+	// can cause over and over (a device it breaks and resets, say), so
+	// no message passes more than a few times a minute.
+	logLimit *ratelog.Handler
+	// inputStop and inputDone stop and wait for the goroutine that feeds
+	// ConsoleInput to the UART (console.go); nil without one.
+	inputStop, inputDone chan struct{}
 	// irqResends counts virtio interrupts sent again because the guest
 	// did not acknowledge them (see resendLostInterrupts).
 	irqResends atomic.Uint64
@@ -185,7 +192,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	kernel, err := os.ReadFile(cfg.Kernel)
+	kernel, err := readBootFile(cfg.Kernel, MaxKernelSize)
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("read kernel: %w", err)}
 	}
@@ -193,15 +200,16 @@ func New(cfg Config) (_ *VM, err error) {
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("kernel %s: %w", cfg.Kernel, err)}
 	}
+	// An initrd must fit in the memory below the MMIO gap.
+	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
 	var initrd []byte
 	if cfg.Initrd != "" {
-		if initrd, err = os.ReadFile(cfg.Initrd); err != nil {
+		if initrd, err = readBootFile(cfg.Initrd, int64(low)); err != nil {
 			return nil, &ConfigError{Err: fmt.Errorf("read initrd: %w", err)}
 		}
 	}
 
 	// Check that kernel and initrd fit before any KVM work.
-	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
 	if img.End > low {
 		return nil, &ConfigError{Err: fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)}
 	}
@@ -240,7 +248,11 @@ func New(cfg Config) (_ *VM, err error) {
 
 // newVM returns an empty VM for cfg (defaults filled in).
 func newVM(cfg Config) *VM {
-	v := &VM{cfg: cfg, log: cfg.Logger, specs: cfg.Devices}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	limit := ratelog.New(cfg.Logger.Handler(), ratelog.Options{})
+	v := &VM{cfg: cfg, log: slog.New(limit), logLimit: limit, specs: cfg.Devices}
 	v.cond = sync.NewCond(&v.mu)
 	v.ran = make(chan struct{})
 	v.lc = newLifecycle(lifecycleHooks{
@@ -343,20 +355,7 @@ func (v *VM) setupDevices() error {
 	if err := v.mmio.Add(gedBase, gedSize, v.ged); err != nil {
 		return err
 	}
-	if in := v.cfg.ConsoleInput; in != nil {
-		go func() {
-			buf := make([]byte, 256)
-			for {
-				n, err := in.Read(buf)
-				if n > 0 {
-					v.uart.Input(buf[:n])
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
+	v.startConsoleInput()
 	return nil
 }
 
@@ -598,6 +597,9 @@ func (v *VM) Run(ctx context.Context) (Exit, error) {
 	resendDone := make(chan struct{})
 	go func() { v.resendLostInterrupts(done); close(resendDone) }()
 	defer func() { <-resendDone }()
+	logsDone := make(chan struct{})
+	go func() { v.reportSuppressedLogs(done); close(logsDone) }()
+	defer func() { <-logsDone }()
 	select {
 	case <-ctx.Done():
 		v.stop(ReasonCancelled, context.Cause(ctx).Error())
@@ -640,6 +642,7 @@ func (v *VM) release() error {
 	if v.lc.hasStarted() {
 		<-v.ran
 	}
+	v.stopConsoleInput()
 	errs := []error{v.closeVirtio()}
 	v.mu.Lock() // kickAll reads the vCPUs under it
 	vcpus := v.vcpus
@@ -660,5 +663,8 @@ func (v *VM) release() error {
 		errs = append(errs, v.sys.Close())
 		v.sys = nil
 	}
+	// What the rate limit dropped since its last report, now that
+	// nothing logs through it any more.
+	v.logLimit.Flush(context.Background())
 	return errors.Join(errs...)
 }

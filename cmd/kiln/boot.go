@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,7 +34,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		k, err := defaultKernel()
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln boot: no --kernel given and %v\n", err)
-			return exitUsage
+			return exitFailed // the host lacks it: the command line is fine
 		}
 		*kernel = k
 	}
@@ -56,11 +55,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	vm, err := vmm.New(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
-		var ce *vmm.ConfigError
-		if errors.As(err, &ce) {
-			return exitUsage // the input was wrong
-		}
-		return exitInternal // KVM, memory: the host
+		return bootExitCode(err)
 	}
 	defer vm.Close()
 	if *timeout > 0 {
@@ -71,7 +66,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	exit, err := vm.Run(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
-		return exitInternal
+		return exitFailed
 	}
 	if exit.Reason == vmm.ReasonPowerOff {
 		return exitOK

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -145,41 +145,70 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// maxPrefixedLine bounds the line a prefixWriter holds: a longer one goes
+// out in pieces of this many bytes, each a line of its own.
+const maxPrefixedLine = 64 << 10
+
 // prefixWriter writes whole lines to w, each with prefix, under mu; a
-// partial last line waits for its end or Flush.
+// partial last line waits for its end or Flush. A line longer than max
+// (maxPrefixedLine when 0) is cut: each max bytes go out as a line, so a
+// guest that never writes a newline is held to max bytes here. Each byte
+// is looked at once: the cost is linear in what is written.
 type prefixWriter struct {
 	w      io.Writer
 	mu     *sync.Mutex
 	prefix string
-	buf    []byte
+	max    int
+	buf    []byte // the partial line, shorter than max
+	out    []byte // scratch for one prefixed line
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
-	p.buf = append(p.buf, b...)
-	for {
-		i := strings.IndexByte(string(p.buf), '\n')
-		if i < 0 {
-			break
-		}
-		p.emit(p.buf[:i+1])
-		p.buf = p.buf[i+1:]
+	n := len(b)
+	max := p.max
+	if max <= 0 {
+		max = maxPrefixedLine
 	}
-	return len(b), nil
+	for len(b) > 0 {
+		seg, content := b, len(b) // up to and with the next newline
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			seg, content = b[:i+1], i
+		}
+		room := max - len(p.buf)
+		if content > room || content == room && len(seg) == content {
+			// The line reached the cap: out with it, cut.
+			p.emit(p.buf, b[:room], true)
+			p.buf = p.buf[:0]
+			b = b[room:]
+			continue
+		}
+		if len(seg) > content {
+			p.emit(p.buf, seg, false)
+			p.buf = p.buf[:0]
+		} else {
+			p.buf = append(p.buf, seg...)
+		}
+		b = b[len(seg):]
+	}
+	return n, nil
 }
 
 // Flush writes a partial last line, ended with a newline.
 func (p *prefixWriter) Flush() {
 	if len(p.buf) > 0 {
-		p.emit(append(p.buf, '\n'))
-		p.buf = nil
+		p.emit(p.buf, nil, true)
+		p.buf = p.buf[:0]
 	}
 }
 
-func (p *prefixWriter) emit(line []byte) {
+// emit writes prefix, held, more and (when nl) a newline to w in one
+// write, under mu.
+func (p *prefixWriter) emit(held, more []byte, nl bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	bw := bufio.NewWriter(p.w)
-	bw.WriteString(p.prefix)
-	bw.Write(line)
-	bw.Flush()
+	p.out = append(append(append(p.out[:0], p.prefix...), held...), more...)
+	if nl {
+		p.out = append(p.out, '\n')
+	}
+	p.w.Write(p.out)
 }

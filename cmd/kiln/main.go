@@ -7,8 +7,8 @@
 //	kiln doctor [--json]   (is this host ready for kilnd?)
 //
 // boot streams the guest's serial console to stdout and exits 0 when the guest
-// powers off, or non-zero with a one-line reason on panic, triple fault,
-// reboot or error. run boots a sandbox whose init is the guest agent, runs
+// powers off, or with a one-line reason: 2 for bad input (flags, files), 1
+// on panic, triple fault, reboot or any other failure. run boots a sandbox whose init is the guest agent, runs
 // CMD in it with its stdout and stderr on kiln's, powers it off and exits
 // with CMD's exit code (128+N after signal N; 125 when kiln failed, 126 when
 // CMD could not be started, 127 when it was not found).

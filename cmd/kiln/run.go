@@ -84,6 +84,12 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			return exitUsage
 		}
 	}
+	if *from == "" {
+		if err := checkShape(o.CPUs, o.MemoryMiB); err != nil {
+			fmt.Fprintf(stderr, "kiln run: %v\n", err)
+			return exitUsage
+		}
+	}
 	argv := fs.Args()
 	if err := sandbox.CheckInit(o.Init); err != nil {
 		fmt.Fprintf(stderr, "kiln run: --init: %v\n", err)

@@ -248,6 +248,9 @@ func (a *cli) createCmd() *cobra.Command {
 		Short: "start a sandbox and print its ID",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
+				return err
+			}
 			req := &kilnpb.CreateSandboxRequest{Init: initFlag,
 				Resources:     &kilnpb.Resources{Cpus: cpus, MemoryMib: mem, DiskMib: disk},
 				Env:           env,
@@ -1097,6 +1100,9 @@ func (a *cli) templateCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if image == "" {
 				return usagef("template create: --image is required")
+			}
+			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
+				return err
 			}
 			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID, Init: initFlag,
 				Resources: &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}}
