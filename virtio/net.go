@@ -390,16 +390,17 @@ func (n *Net) receive(frame []byte, size int) error {
 		written = 0
 		err = fmt.Errorf("%d-byte frame does not fit the driver's %d-byte receive chain", len(frame)-netHdrLen, c.WritableLen())
 	}
+	if err == nil {
+		// Counted before the guest can see the frame, so the stats
+		// never lag what the used ring shows.
+		n.rxPackets.Add(1)
+		n.rxBytes.Add(uint64(len(frame) - netHdrLen))
+	}
 	if perr := a.rx.Push(c, uint32(written)); perr != nil && !errors.Is(perr, ErrStale) {
 		return fmt.Errorf("receive queue: %w", perr)
 	}
 	a.rx.Notify()
-	if err != nil {
-		return err
-	}
-	n.rxPackets.Add(1)
-	n.rxBytes.Add(uint64(len(frame) - netHdrLen))
-	return nil
+	return err
 }
 
 // txLoop serves the transmit queue of activation a until Reset.
