@@ -283,4 +283,3 @@ func Sign(ctx context.Context, dir string, opts ...Option) error {
 	}
 	return nil
 }
-
