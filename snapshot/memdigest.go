@@ -68,17 +68,28 @@ func digestMemory(ctx context.Context, f *os.File, size int64, dst io.WriterAt) 
 			if _, err := f.ReadAt(buf[:n], off); err != nil {
 				return "", fmt.Errorf("read memory file at %#x: %w (it changed size while read?)", off, err)
 			}
+			run := 0 // start of the pending run of non-zero pages, for dst
+			flush := func(end int) error {
+				if dst != nil && end > run {
+					if _, err := dst.WriteAt(buf[run:end], off+int64(run)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 			for p := 0; p < n; p += pageSize {
 				page := buf[p : p+pageSize]
 				if bytes.Equal(page, zero) {
+					if err := flush(p); err != nil {
+						return "", err
+					}
+					run = p + pageSize
 					continue
 				}
 				h.add(off+int64(p), page)
-				if dst != nil {
-					if _, err := dst.WriteAt(page, off+int64(p)); err != nil {
-						return "", err
-					}
-				}
+			}
+			if err := flush(n); err != nil {
+				return "", err
 			}
 			off += int64(n)
 		}
