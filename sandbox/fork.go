@@ -57,7 +57,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			return nil, fmt.Errorf("sandbox: fork: %w", err)
 		}
 		children[i] = c
-		c.image, c.openFS, c.modules = s.image, s.openFS, s.modules
+		c.image, c.openFS, c.modules, c.snapKey = s.image, s.openFS, s.modules, s.snapKey
 		if opts.Net != nil {
 			if nics[i] = opts.Net(i); nics[i] == nil {
 				return nil, fmt.Errorf("sandbox: fork: ForkOptions.Net gave child %d no network card", i)

@@ -74,6 +74,10 @@ type Options struct {
 	// runs it in this process.
 	Process *ProcessOptions
 	Logger  *slog.Logger
+	// SnapshotKey authenticates the sandbox's snapshots (Save): the
+	// host key a restore checks them with. nil: the key of
+	// SnapshotKeyFile.
+	SnapshotKey []byte
 
 	// Image, when set, is the root instead of Disk: an OCI image of the
 	// images folder Images (DefaultImagesDir when empty), named as kiln
@@ -138,6 +142,8 @@ type Sandbox struct {
 	openFS virtio.FSOpener // how its VM opens image roots (this process's)
 	// modules is the kernel release of its modules disk; "" for none.
 	modules string
+	// snapKey authenticates its snapshots; nil: SnapshotKeyFile's.
+	snapKey []byte
 }
 
 // Image returns the manifest digest of the sandbox's image root, "" when
@@ -185,6 +191,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.snapKey = opts.SnapshotKey
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())

@@ -105,7 +105,13 @@ func TestProcessRefusesBadRequests(t *testing.T) {
 	}
 	// A failed Create leaves the process without a VM: its one VM is
 	// spent, so a second Create is refused too.
-	if err := p.Restore(ctx, t.TempDir(), []virtio.DeviceSpec{{ID: "x"}}); err == nil {
+	mfd, err := unix.MemfdCreate("restore-memory", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := os.NewFile(uintptr(mfd), "memfd")
+	defer mem.Close()
+	if err := p.Restore(ctx, t.TempDir(), [32]byte{}, mem, []virtio.DeviceSpec{{ID: "x"}}); err == nil {
 		t.Fatal("second Create accepted")
 	}
 	exit, err := p.Wait(ctx)
