@@ -262,7 +262,7 @@ func TestLoadRefusesFlippedBytes(t *testing.T) {
 // not change and reading it all does not fault (no SIGBUS).
 func TestRestoredMemoryImmutable(t *testing.T) {
 	dir, _, want := saveTest(t)
-	cache := NewCache()
+	cache := NewCache(0)
 	defer cache.Close()
 	cfg := testConfig()
 	var clones []*memory.Memory
@@ -301,12 +301,31 @@ func TestRestoredMemoryImmutable(t *testing.T) {
 	}
 }
 
+// TestCacheEvicts: a Cache keeps the copies of the files used last only.
+func TestCacheEvicts(t *testing.T) {
+	cache := NewCache(1)
+	defer cache.Close()
+	cfg := testConfig()
+	a, _, _ := saveTest(t)
+	b, _, _ := saveTest(t)
+	for _, dir := range []string{a, b, a} {
+		_, m, err := openTest(dir, &cfg, WithCache(cache))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+		if cache.Len() != 1 {
+			t.Fatalf("a cache of 1 keeps %d copies", cache.Len())
+		}
+	}
+}
+
 // TestCacheRefusesChangedFile: the cache never hands out a copy for a
 // file whose contents changed in place (same size): its identity (mtime,
 // ctime) changes, and the new contents fail the digest.
 func TestCacheRefusesChangedFile(t *testing.T) {
 	dir, _, _ := saveTest(t)
-	cache := NewCache()
+	cache := NewCache(0)
 	defer cache.Close()
 	cfg := testConfig()
 	_, m, err := openTest(dir, &cfg, WithCache(cache))

@@ -68,7 +68,7 @@ func BenchmarkOpen(b *testing.B) {
 		var opts []Option
 		if cached {
 			name = "cached"
-			c := NewCache()
+			c := NewCache(0)
 			defer c.Close()
 			opts = append(opts, WithCache(c))
 			_, g, err := openTest(dir, &cfg, opts...) // the first clone's copy

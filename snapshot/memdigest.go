@@ -101,16 +101,52 @@ func digestMemory(ctx context.Context, f *os.File, size int64, dst io.WriterAt) 
 // sealed copy (memory.NewSealed), by the file's identity (device, inode,
 // size, modification and change times) and digest, so that the restores
 // of one snapshot in a process read and copy its memory once and share
-// the copy's pages (each maps it copy-on-write). A Cache is safe for
-// concurrent use; Close releases the copies it keeps (mappings made of
-// them live on).
+// the copy's pages (each maps it copy-on-write). It keeps the copies of
+// the max files used last (each costs the memory file's data in RAM
+// while kept; the VMs mapping a copy keep it whatever the Cache does). A
+// Cache is safe for concurrent use; Close releases the copies it keeps
+// (mappings made of them live on).
 type Cache struct {
 	mu      sync.Mutex
+	max     int
+	tick    uint64
 	entries map[fileID]*cached
 }
 
-// NewCache returns an empty Cache.
-func NewCache() *Cache { return &Cache{entries: map[fileID]*cached{}} }
+// DefaultCacheSize is how many copies NewCache(0) keeps.
+const DefaultCacheSize = 8
+
+// NewCache returns an empty Cache that keeps max copies (DefaultCacheSize
+// when max <= 0).
+func NewCache(max int) *Cache {
+	if max <= 0 {
+		max = DefaultCacheSize
+	}
+	return &Cache{max: max, entries: map[fileID]*cached{}}
+}
+
+// evict forgets the copies used least recently past c.max, with c.mu
+// held; a copy still being made is kept.
+func (c *Cache) evict() {
+	for len(c.entries) > c.max {
+		var oldest fileID
+		var found bool
+		var t uint64
+		for id, e := range c.entries {
+			if e.ready && (!found || e.used < t) {
+				oldest, t, found = id, e.used, true
+			}
+		}
+		if !found {
+			return
+		}
+		if e := c.entries[oldest]; e.fd >= 0 {
+			unix.Close(e.fd)
+			e.fd = -1
+		}
+		delete(c.entries, oldest)
+	}
+}
 
 type fileID struct {
 	dev, ino     uint64
@@ -124,6 +160,10 @@ type cached struct {
 	digest string // of the copy
 	fd     int    // the sealed copy, -1 when making it failed
 	err    error
+	// used and ready are guarded by Cache.mu: when it was last handed
+	// out, and whether once has run.
+	used  uint64
+	ready bool
 }
 
 // Close closes the sealed copies c keeps and forgets them.
@@ -131,8 +171,9 @@ func (c *Cache) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, e := range c.entries {
-		if e.fd >= 0 {
+		if e.ready && e.fd >= 0 {
 			unix.Close(e.fd)
+			e.fd = -1
 		}
 		delete(c.entries, id)
 	}
@@ -170,12 +211,12 @@ func sealedMemory(ctx context.Context, c *Cache, f *os.File, size int64, want st
 	e.once.Do(func() {
 		e.fd, e.digest, e.err = makeSealed(ctx, f, size, want)
 	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if e.err != nil {
-		c.mu.Lock()
 		if c.entries[id] == e {
 			delete(c.entries, id) // the next Load tries again
 		}
-		c.mu.Unlock()
 		return -1, e.err
 	}
 	if e.digest != want {
@@ -183,10 +224,21 @@ func sealedMemory(ctx context.Context, c *Cache, f *os.File, size int64, want st
 		// copy is not this snapshot's memory.
 		return -1, fmt.Errorf("memory file: %w: its contents are not what the manifest says", ErrChecksum)
 	}
+	if c.entries[id] != e {
+		// Evicted or dropped (Close) meanwhile.
+		if e.fd >= 0 {
+			unix.Close(e.fd)
+			e.fd = -1
+		}
+		return -1, fmt.Errorf("memory file: its sealed copy was dropped from the cache as it was made; try again")
+	}
 	fd, err := unix.FcntlInt(uintptr(e.fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("memory file: dup its sealed copy: %w", err)
 	}
+	c.tick++
+	e.used, e.ready = c.tick, true
+	c.evict()
 	return fd, nil
 }
 
