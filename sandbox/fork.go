@@ -78,10 +78,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			}
 			disks[id] = p
 		}
-		return children[i].overrides(specs, nics[i], func(id string) (string, bool) {
+		o, err := children[i].overrides(specs, nics[i], func(id string) (string, bool) {
 			p, ok := disks[id]
 			return p, ok
 		})
+		children[i].disks = blockPaths(s.disks, o)
+		return o, err
 	}
 	machines, err := forkMachines(ctx, s.m, children, devices, opts.Cgroup, s.log)
 	if err != nil {

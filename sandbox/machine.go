@@ -41,8 +41,9 @@ type machine interface {
 	run() (vmm.Exit, error)
 	// stop makes run return: the VM stops by force.
 	stop()
-	// save writes a snapshot into dir with labels, authenticated by key.
-	save(ctx context.Context, dir string, labels map[string]string, key []byte, log *slog.Logger) error
+	// save writes a snapshot into dir with labels, authenticated as sign
+	// says (snapshot.WithKey, ExpectDisks).
+	save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error
 	// devices returns the specs of the VM's devices, in order.
 	devices() []virtio.DeviceSpec
 	// device returns a live device by ID (in this process only).
@@ -68,8 +69,8 @@ func newLocalVM(vm *vmm.VM) *localVM {
 
 func (m *localVM) run() (vmm.Exit, error) { return m.vm.Run(m.ctx) }
 func (m *localVM) stop()                  { m.cancel() }
-func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, key []byte, log *slog.Logger) error {
-	return snapshot.Save(ctx, m.vm, dir, snapshot.WithLogger(log), snapshot.WithLabels(labels), snapshot.WithKey(key))
+func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error {
+	return snapshot.Save(ctx, m.vm, dir, append([]snapshot.Option{snapshot.WithLogger(log), snapshot.WithLabels(labels)}, sign...)...)
 }
 func (m *localVM) devices() []virtio.DeviceSpec   { return m.vm.Devices() }
 func (m *localVM) device(id string) virtio.Device { return m.vm.Device(id) }
@@ -121,13 +122,15 @@ func (m *processVM) stop() {
 }
 
 // save has the VMM process save, without the key (a VMM process never
-// holds it), and then signs what it saved (snapshot.Sign checks its
-// state and memory files against its manifest first).
-func (m *processVM) save(ctx context.Context, dir string, labels map[string]string, key []byte, _ *slog.Logger) error {
+// holds it), and then signs what it saved: snapshot.Sign checks its
+// state and memory files against its manifest, and that its disks are
+// the sandbox's own (a VMM process that a guest took over could name any
+// host file as a disk in the snapshot it writes).
+func (m *processVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, _ *slog.Logger) error {
 	if err := m.p.Save(ctx, dir, labels); err != nil {
 		return err
 	}
-	if err := snapshot.Sign(ctx, dir, snapshot.WithKey(key)); err != nil {
+	if err := snapshot.Sign(ctx, dir, sign...); err != nil {
 		if rerr := os.RemoveAll(dir); rerr != nil {
 			return fmt.Errorf("%w (and removing it: %v)", err, rerr)
 		}

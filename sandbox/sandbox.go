@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -144,6 +145,24 @@ type Sandbox struct {
 	modules string
 	// snapKey authenticates its snapshots; nil: SnapshotKeyFile's.
 	snapKey []byte
+	// disks are the images of its disks by device ID, as this process
+	// gave them to its VM: its snapshots may name only these.
+	disks map[string]string
+}
+
+// blockPaths returns disks with the image paths of the disks among specs
+// over it (a new map).
+func blockPaths(disks map[string]string, specs []virtio.DeviceSpec) map[string]string {
+	out := maps.Clone(disks)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, d := range specs {
+		if d.Kind == virtio.KindBlock && d.Block != nil {
+			out[d.ID] = d.Block.Path
+		}
+	}
+	return out
 }
 
 // Image returns the manifest digest of the sandbox's image root, "" when
@@ -200,6 +219,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if cfg.Devices, err = s.deviceSpecs(opts); err != nil {
 		return nil, err
 	}
+	s.disks = blockPaths(nil, cfg.Devices)
 	if opts.Runtime.Modules != "" {
 		if s.modules, err = guestkernel.ReadModulesDisk(opts.Runtime.Modules); err != nil {
 			return nil, fmt.Errorf("sandbox: Runtime.Modules: %w", err)

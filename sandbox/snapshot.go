@@ -52,7 +52,8 @@ func (s *Sandbox) Save(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.m.save(ctx, dir, labels, key, s.log); err != nil {
+	sign := []snapshot.Option{snapshot.WithKey(key), snapshot.ExpectDisks(s.disks)}
+	if err := s.m.save(ctx, dir, labels, sign, s.log); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	return nil
@@ -218,6 +219,7 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if s.modules, err = checkModulesDisk(src, opts.Disks); err != nil {
 		return nil, err
 	}
+	s.disks = blockPaths(blockPaths(nil, src.devices), overrides)
 	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
 	if err := s.restoreImage(src.what, src.devices, opts, &cfg); err != nil {
 		return nil, err

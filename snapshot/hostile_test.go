@@ -446,3 +446,43 @@ func TestLoadKey(t *testing.T) {
 		})
 	}
 }
+
+// TestExpectDisks: Save and Sign refuse a snapshot that names a disk the
+// caller did not give its VM (a VMM process taken over by its guest could
+// write one naming any host file, for its parent to sign).
+func TestExpectDisks(t *testing.T) {
+	mem, _ := testMemory(t)
+	given := map[string]string{"root": "/images/root.img"}
+	tests := []struct {
+		name    string
+		disks   map[string]string
+		wantErr string
+	}{
+		{"the VM's own", given, ""},
+		{"another path", map[string]string{"root": "/etc/shadow"}, `disk "root" is not the image the VM was given`},
+		{"not the VM's", map[string]string{"other": "/images/root.img"}, `disk "root" is not one of the VM's`},
+		{"one missing", map[string]string{"root": "/images/root.img", "data": "/images/data.img"}, "1 disks, the VM was given 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// What the VMM wrote (unsigned) names /images/root.img.
+			dir := filepath.Join(t.TempDir(), "snap")
+			if err := quietSaver().write(context.Background(), dir, diskState("/images/root.img"), mem); err != nil {
+				t.Fatal(err)
+			}
+			err := Sign(context.Background(), dir, WithKey(testKey), ExpectDisks(tt.disks))
+			err2 := quietSaver(WithKey(testKey), ExpectDisks(tt.disks)).write(context.Background(), filepath.Join(t.TempDir(), "s"), diskState("/images/root.img"), mem)
+			for _, e := range []error{err, err2} {
+				if tt.wantErr == "" && e != nil {
+					t.Fatal(e)
+				}
+				if tt.wantErr != "" && (e == nil || !strings.Contains(e.Error(), tt.wantErr)) {
+					t.Fatalf("err = %v, want %q", e, tt.wantErr)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(dir, MACFile)); (err == nil) != (tt.wantErr == "") {
+				t.Fatalf("MAC file present: %v, want %v", err == nil, tt.wantErr == "")
+			}
+		})
+	}
+}

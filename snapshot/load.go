@@ -157,6 +157,32 @@ func checkDisks(st *vmm.State, cfg *vmm.RestoreConfig) error {
 	return nil
 }
 
+// checkExpectedDisks checks that the disks among specs are those
+// ExpectDisks gave, when it was given.
+func (c *config) checkExpectedDisks(specs []virtio.DeviceSpec) error {
+	if c.disks == nil {
+		return nil
+	}
+	n := 0
+	for _, d := range specs {
+		if d.Kind != virtio.KindBlock {
+			continue
+		}
+		n++
+		want, ok := c.disks[d.ID]
+		switch {
+		case !ok:
+			return fmt.Errorf("disk %q is not one of the VM's", d.ID)
+		case d.Block == nil || d.Block.Path != want:
+			return fmt.Errorf("disk %q is not the image the VM was given", d.ID)
+		}
+	}
+	if n != len(c.disks) {
+		return fmt.Errorf("%d disks, the VM was given %d", n, len(c.disks))
+	}
+	return nil
+}
+
 // readState reads the state file of the snapshot directory d and checks
 // it against the manifest: its size, its checksum, and the VM it
 // describes.
@@ -250,6 +276,9 @@ func Sign(ctx context.Context, dir string, opts ...Option) error {
 	}
 	if _, err := readState(d, m); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if err := c.checkExpectedDisks(m.Devices); err != nil {
+		return fmt.Errorf("snapshot %s: not signing it: %w", dir, err)
 	}
 	f, err := openMemory(d, m)
 	if err != nil {

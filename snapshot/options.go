@@ -18,7 +18,8 @@ type config struct {
 	key       []byte
 	pin       *[sha256.Size]byte
 	cache     *Cache
-	memFD     int // a sealed memory image given (WithSealedMemory), or -1
+	memFD     int               // a sealed memory image given (WithSealedMemory), or -1
+	disks     map[string]string // ExpectDisks; nil: not checked
 }
 
 func newConfig(opts []Option) *config {
@@ -56,6 +57,18 @@ func WithKey(key []byte) Option { return func(c *config) { c.key = bytes.Clone(k
 // without the key.
 func WithManifestDigest(sum [sha256.Size]byte) Option {
 	return func(c *config) { c.pin = &sum }
+}
+
+// ExpectDisks makes Save and Sign refuse a snapshot whose disks are not
+// exactly these images (by device ID): what the caller gave its VM, so
+// that a snapshot it authenticates names no other host file.
+func ExpectDisks(disks map[string]string) Option {
+	return func(c *config) {
+		c.disks = maps.Clone(disks)
+		if c.disks == nil {
+			c.disks = map[string]string{}
+		}
+	}
 }
 
 // WithCache keeps the sealed copies of memory files Load makes in c, so

@@ -109,6 +109,9 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	if err := checkLabels(s.labels); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
+	if err := s.checkExpectedDisks(st.Specs()); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
 	dir = filepath.Clean(dir)
 	parent, base := filepath.Dir(dir), filepath.Base(dir)
 	tmp, err := os.MkdirTemp(parent, base+".tmp-")
