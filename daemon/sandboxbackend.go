@@ -89,7 +89,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		}
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
-			Images: b.Images, ImageRoots: b.imageRoots(),
+			Images: b.Images, ImageRoots: b.imageRoots(), SnapshotKey: b.SnapshotKey,
 		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{

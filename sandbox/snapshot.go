@@ -188,6 +188,7 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if err != nil {
 		return nil, err
 	}
+	s.snapKey = opts.SnapshotKey // its snapshots' (RestoreFrozen's too)
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())
