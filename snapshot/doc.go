@@ -45,7 +45,7 @@
 // restores of the same file in the process (the clones of a template),
 // which share its pages; a VMM process is handed the copy by the process
 // that checked it (WithSealedMemory). The copy costs a read of the file's
-// data (BenchmarkOpen: about 75 ms for 64 MiB of data on the 2-core test
-// machine; a cached restore about 2 ms) and that data in RAM (shmem) for
+// data (BenchmarkOpen: 75 ms for 64 MiB of data on the idle 2-core test
+// machine, 200-290 ms loaded; a cached restore 1.5-3.5 ms) and that data in RAM (shmem) for
 // as long as a VM maps it or the Cache keeps it.
 package snapshot
