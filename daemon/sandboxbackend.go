@@ -21,6 +21,7 @@ import (
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 	"github.com/kilnvm/kiln/vmmproc"
@@ -39,6 +40,13 @@ type SandboxBackend struct {
 	// Process starts a VMM process: ["/usr/bin/kiln", "vmm"].
 	Process sandbox.ProcessOptions
 	Logger  *slog.Logger
+	// SnapshotKey authenticates the checkpoints it saves and restores
+	// (sandbox.Options.SnapshotKey); nil: sandbox.SnapshotKeyFile's.
+	SnapshotKey []byte
+	// snapshots keeps the checked, sealed memory of the checkpoints
+	// restored last, shared by their clones' VMM processes.
+	snapshots     *snapshot.Cache
+	snapshotsOnce sync.Once
 	// roots shares image trees among the sandboxes this process reads
 	// (the VMM processes open their own).
 	roots *image.Roots
@@ -51,6 +59,11 @@ func (b *SandboxBackend) log() *slog.Logger {
 		return slog.Default()
 	}
 	return b.Logger
+}
+
+func (b *SandboxBackend) snapshotCache() *snapshot.Cache {
+	b.snapshotsOnce.Do(func() { b.snapshots = snapshot.NewCache(0) })
+	return b.snapshots
 }
 
 func (b *SandboxBackend) imageRoots() *image.Roots {
@@ -76,12 +89,13 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		}
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
-			Images: b.Images, ImageRoots: b.imageRoots(),
+			Images: b.Images, ImageRoots: b.imageRoots(), SnapshotKey: b.SnapshotKey,
 		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
 			Images: b.Images, ImageRoots: b.imageRoots(),
+			SnapshotKey: b.SnapshotKey, SnapshotCache: b.snapshotCache(),
 		})
 	case spec.Image != "":
 		if err := b.ensureImage(ctx, spec.Image); err != nil {
@@ -91,7 +105,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: spec.Host.Net,
 			Dir: spec.Dir, Process: &proc, Logger: log,
 			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
-			Init: spec.Init,
+			Init: spec.Init, SnapshotKey: b.SnapshotKey,
 		}
 		s, err = sandbox.Start(ctx, opts)
 	default:

@@ -28,6 +28,7 @@ import (
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/snapshot"
 )
 
 // Config configures a Server.
@@ -155,6 +156,8 @@ const (
 	checkpointsDir = "checkpoints"
 	templatesDir   = "templates"
 	hibernatedDir  = "hibernated" // ID/ per hibernated sandbox: its snapshot
+	// snapshotKeyFile is the host key of its checkpoints (snapshot.LoadKey).
+	snapshotKeyFile = "snapshot.key"
 )
 
 // New makes a server over cfg.StateDir, taking over every sandbox its
@@ -220,8 +223,14 @@ func New(cfg Config) (*Server, error) {
 		if len(cfg.ProcessCommand) == 0 {
 			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln vmm)")
 		}
+		// The host key of the checkpoints kilnd saves and restores:
+		// made on first use, mode 0600, in the state folder.
+		key, err := snapshot.LoadKey(filepath.Join(cfg.StateDir, snapshotKeyFile))
+		if err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
 		cfg.Backend = &SandboxBackend{Runtime: cfg.Runtime, Images: cfg.Images,
-			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand}, Logger: cfg.Logger}
+			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand}, Logger: cfg.Logger, SnapshotKey: key}
 	}
 	if cfg.TemplateTimeout == 0 {
 		cfg.TemplateTimeout = 30 * time.Minute

@@ -57,7 +57,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			return nil, fmt.Errorf("sandbox: fork: %w", err)
 		}
 		children[i] = c
-		c.image, c.openFS, c.modules = s.image, s.openFS, s.modules
+		c.image, c.openFS, c.modules, c.snapKey = s.image, s.openFS, s.modules, s.snapKey
 		if opts.Net != nil {
 			if nics[i] = opts.Net(i); nics[i] == nil {
 				return nil, fmt.Errorf("sandbox: fork: ForkOptions.Net gave child %d no network card", i)
@@ -78,10 +78,12 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 			}
 			disks[id] = p
 		}
-		return children[i].overrides(specs, nics[i], func(id string) (string, bool) {
+		o, err := children[i].overrides(specs, nics[i], func(id string) (string, bool) {
 			p, ok := disks[id]
 			return p, ok
 		})
+		children[i].disks = blockPaths(s.disks, o)
+		return o, err
 	}
 	machines, err := forkMachines(ctx, s.m, children, devices, opts.Cgroup, s.log)
 	if err != nil {

@@ -41,8 +41,9 @@ type machine interface {
 	run() (vmm.Exit, error)
 	// stop makes run return: the VM stops by force.
 	stop()
-	// save writes a snapshot into dir with labels.
-	save(ctx context.Context, dir string, labels map[string]string, log *slog.Logger) error
+	// save writes a snapshot into dir with labels, authenticated as sign
+	// says (snapshot.WithKey, ExpectDisks).
+	save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error
 	// devices returns the specs of the VM's devices, in order.
 	devices() []virtio.DeviceSpec
 	// device returns a live device by ID (in this process only).
@@ -68,8 +69,8 @@ func newLocalVM(vm *vmm.VM) *localVM {
 
 func (m *localVM) run() (vmm.Exit, error) { return m.vm.Run(m.ctx) }
 func (m *localVM) stop()                  { m.cancel() }
-func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, log *slog.Logger) error {
-	return snapshot.Save(ctx, m.vm, dir, snapshot.WithLogger(log), snapshot.WithLabels(labels))
+func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error {
+	return snapshot.Save(ctx, m.vm, dir, append([]snapshot.Option{snapshot.WithLogger(log), snapshot.WithLabels(labels)}, sign...)...)
 }
 func (m *localVM) devices() []virtio.DeviceSpec   { return m.vm.Devices() }
 func (m *localVM) device(id string) virtio.Device { return m.vm.Device(id) }
@@ -120,8 +121,22 @@ func (m *processVM) stop() {
 	m.p.Stop(ctx) // a dead process has stopped already
 }
 
-func (m *processVM) save(ctx context.Context, dir string, labels map[string]string, _ *slog.Logger) error {
-	return m.p.Save(ctx, dir, labels)
+// save has the VMM process save, without the key (a VMM process never
+// holds it), and then signs what it saved: snapshot.Sign checks its
+// state and memory files against its manifest, and that its disks are
+// the sandbox's own (a VMM process that a guest took over could name any
+// host file as a disk in the snapshot it writes).
+func (m *processVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, _ *slog.Logger) error {
+	if err := m.p.Save(ctx, dir, labels); err != nil {
+		return err
+	}
+	if err := snapshot.Sign(ctx, dir, sign...); err != nil {
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			return fmt.Errorf("%w (and removing it: %v)", err, rerr)
+		}
+		return err
+	}
+	return nil
 }
 
 func (m *processVM) devices() []virtio.DeviceSpec { return m.specs }
@@ -156,16 +171,25 @@ func (s *Sandbox) startMachine(ctx context.Context, cfg vmm.Config, proc *Proces
 }
 
 // restoreMachine builds the machine of a sandbox restored from the
-// snapshot in dir.
-func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.RestoreConfig, proc *ProcessOptions) (machine, error) {
+// snapshot in dir, authenticated by key. A VMM process does not get the
+// key: this process checks the snapshot (snapshot.Verify) and hands it
+// the manifest's digest and the memory's sealed copy.
+func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.RestoreConfig, proc *ProcessOptions, key []byte, cache *snapshot.Cache) (machine, error) {
 	if proc == nil {
-		vm, err := snapshot.Load(dir, cfg)
+		vm, err := snapshot.Load(dir, cfg, snapshot.WithKey(key), snapshot.WithCache(cache))
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 		return newLocalVM(vm), nil
 	}
-	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error { return p.Restore(ctx, dir, cfg.Devices) })
+	v, err := snapshot.Verify(ctx, dir, snapshot.WithKey(key), snapshot.WithCache(cache))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	defer v.Memory.Close()
+	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error {
+		return p.Restore(ctx, dir, v.ManifestSHA256, v.Memory, cfg.Devices)
+	})
 }
 
 // processMachine starts a VMM process for s, has create build its VM, and

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,6 +74,10 @@ type Options struct {
 	// runs it in this process.
 	Process *ProcessOptions
 	Logger  *slog.Logger
+	// SnapshotKey authenticates the sandbox's snapshots (Save): the
+	// host key a restore checks them with. nil: the key of
+	// SnapshotKeyFile.
+	SnapshotKey []byte
 
 	// Image, when set, is the root instead of Disk: an OCI image of the
 	// images folder Images (DefaultImagesDir when empty), named as kiln
@@ -137,6 +142,26 @@ type Sandbox struct {
 	openFS virtio.FSOpener // how its VM opens image roots (this process's)
 	// modules is the kernel release of its modules disk; "" for none.
 	modules string
+	// snapKey authenticates its snapshots; nil: SnapshotKeyFile's.
+	snapKey []byte
+	// disks are the images of its disks by device ID, as this process
+	// gave them to its VM: its snapshots may name only these.
+	disks map[string]string
+}
+
+// blockPaths returns disks with the image paths of the disks among specs
+// over it (a new map).
+func blockPaths(disks map[string]string, specs []virtio.DeviceSpec) map[string]string {
+	out := maps.Clone(disks)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, d := range specs {
+		if d.Kind == virtio.KindBlock && d.Block != nil {
+			out[d.ID] = d.Block.Path
+		}
+	}
+	return out
 }
 
 // Image returns the manifest digest of the sandbox's image root, "" when
@@ -184,6 +209,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.snapKey = opts.SnapshotKey
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())
@@ -192,6 +218,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if cfg.Devices, err = s.deviceSpecs(opts); err != nil {
 		return nil, err
 	}
+	s.disks = blockPaths(nil, cfg.Devices)
 	if opts.Runtime.Modules != "" {
 		if s.modules, err = guestkernel.ReadModulesDisk(opts.Runtime.Modules); err != nil {
 			return nil, fmt.Errorf("sandbox: Runtime.Modules: %w", err)

@@ -48,7 +48,12 @@ func (s *Sandbox) Save(ctx context.Context, dir string) error {
 	if s.modules != "" {
 		labels[LabelModules] = s.modules
 	}
-	if err := s.m.save(ctx, dir, labels, s.log); err != nil {
+	key, err := snapshotKey(s.snapKey)
+	if err != nil {
+		return err
+	}
+	sign := []snapshot.Option{snapshot.WithKey(key), snapshot.ExpectDisks(s.disks)}
+	if err := s.m.save(ctx, dir, labels, sign, s.log); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	return nil
@@ -78,7 +83,11 @@ type RestoreOptions struct {
 	// Disks give some of the snapshot's disks other images, by device
 	// ID (RootDevice, or an ID of Options.Devices): a copy of the
 	// original, say, so that the restored sandbox's writes do not reach
-	// it. Each must have the size the snapshot's disk had.
+	// it. Each must have the size the snapshot's disk had. A disk not
+	// named here reopens the image the snapshot's manifest names, once
+	// the manifest is authenticated by SnapshotKey: a snapshot this
+	// host saved. (snapshot.Load itself never opens a disk path a
+	// snapshot records: each is named to it.)
 	Disks map[string]string
 	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
 	// clones started together share the CPUs).
@@ -87,6 +96,17 @@ type RestoreOptions struct {
 	// own (as Options.Process).
 	Process *ProcessOptions
 	Logger  *slog.Logger
+	// SnapshotKey is the host key the snapshot must be authenticated by
+	// (it was saved with: Options.SnapshotKey), and the restored
+	// sandbox's snapshots will be; nil: the key of SnapshotKeyFile. A
+	// snapshot it does not authenticate is refused before any of its
+	// files but the manifest is read, and before any disk is opened.
+	SnapshotKey []byte
+	// SnapshotCache, when set, keeps the checked, sealed copy of the
+	// snapshot's memory (snapshot.Cache) for the next restore of the
+	// same snapshot in this process: its clones copy it once and share
+	// its pages. Without it each restore reads and copies the memory.
+	SnapshotCache *snapshot.Cache
 
 	// Images is where an image-rooted snapshot's image is now, when its
 	// images folder moved; empty: where it was. Image, when set, names
@@ -117,7 +137,11 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (*Sandbox, er
 			return nil, err
 		}
 	}
-	info, err := snapshot.Info(dir)
+	key, err := snapshotKey(opts.SnapshotKey)
+	if err != nil {
+		return nil, err
+	}
+	info, err := snapshot.Info(dir, snapshot.WithKey(key))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -131,8 +155,10 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (*Sandbox, er
 	return restore(ctx, restoreSource{
 		what: "snapshot " + dir, hostname: hostname, devices: info.Devices, modules: info.Labels[LabelModules],
 		machine: func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error) {
-			return s.restoreMachine(ctx, dir, cfg, opts.Process)
+			s.snapKey = key
+			return s.restoreMachine(ctx, dir, cfg, opts.Process, key, opts.SnapshotCache)
 		},
+		namedDisks: true,
 	}, opts, log, start)
 }
 
@@ -145,6 +171,10 @@ type restoreSource struct {
 	modules  string              // its modules disk's kernel release, when known
 	// machine builds the restored machine of s from cfg.
 	machine func(s *Sandbox, cfg vmm.RestoreConfig) (machine, error)
+	// namedDisks: every disk must be named to the machine (a snapshot's
+	// Load opens no disk path it records): those opts.Disks does not
+	// name get the path of their spec in devices.
+	namedDisks bool
 }
 
 // restore is Restore's and RestoreFrozen's common part: it makes a
@@ -158,6 +188,7 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if err != nil {
 		return nil, err
 	}
+	s.snapKey = opts.SnapshotKey // its snapshots' (RestoreFrozen's too)
 	defer func() {
 		if err != nil {
 			s.Close(context.Background())
@@ -168,8 +199,15 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 		return nil, err
 	}
 	overrides, err := s.overrides(src.devices, opts.Net, func(id string) (string, bool) {
-		p, ok := opts.Disks[id]
-		return p, ok
+		if p, ok := opts.Disks[id]; ok {
+			return p, ok
+		}
+		if src.namedDisks {
+			if i := slices.IndexFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == id }); i >= 0 && src.devices[i].Block != nil {
+				return src.devices[i].Block.Path, true
+			}
+		}
+		return "", false
 	})
 	if err != nil {
 		return nil, err
@@ -182,6 +220,7 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if s.modules, err = checkModulesDisk(src, opts.Disks); err != nil {
 		return nil, err
 	}
+	s.disks = blockPaths(blockPaths(nil, src.devices), overrides)
 	cfg := vmm.RestoreConfig{Devices: overrides, Console: s.consoleWriter(opts.Console), Logger: log}
 	if err := s.restoreImage(src.what, src.devices, opts, &cfg); err != nil {
 		return nil, err

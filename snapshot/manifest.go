@@ -2,13 +2,13 @@ package snapshot
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"reflect"
 	"time"
 
@@ -18,13 +18,18 @@ import (
 
 // FormatVersion is the version of the on-disk format this package writes
 // and reads.
-const FormatVersion = 2
+// Version 3 authenticated the manifest (MACFile), added the memory
+// file's digest and stopped opening the disks a snapshot names.
+const FormatVersion = 3
 
 // The files of a snapshot directory.
 const (
 	ManifestFile = "manifest.json"
 	StateFile    = "state.json"
 	MemoryFile   = "memory"
+	// MACFile holds the manifest's HMAC-SHA256 under the host key
+	// (LoadKey), hex.
+	MACFile = "manifest.mac"
 )
 
 // Limits on what a snapshot's files may make Load read.
@@ -43,7 +48,8 @@ const (
 var (
 	// ErrFormatVersion: the snapshot was written in another format version.
 	ErrFormatVersion = errors.New("unsupported snapshot format version")
-	// ErrChecksum: the state file is not what the manifest says.
+	// ErrChecksum: the state or memory file is not what the manifest
+	// says. Its message never says what the digest should have been.
 	ErrChecksum = errors.New("checksum mismatch")
 	// ErrCorrupt: a file is missing, truncated or malformed.
 	ErrCorrupt = errors.New("corrupt snapshot")
@@ -78,48 +84,93 @@ type Manifest struct {
 	// where each guest-physical region lies in it.
 	MemorySize   uint64             `json:"memory_size"`
 	MemoryLayout []vmm.MemoryRegion `json:"memory_layout"`
+	// MemorySHA256 is the memory file's digest (hex): SHA-256 over its
+	// pages that are not all zeros, each as its offset (le64) and its
+	// bytes, then the file's size (le64).
+	MemorySHA256 string `json:"memory_sha256"`
 }
 
-// Info reads and checks the manifest of the snapshot in dir.
-func Info(dir string) (*Manifest, error) {
-	p := filepath.Join(dir, ManifestFile)
-	f, err := os.Open(p)
+// Info reads and checks the manifest of the snapshot in dir. With a key
+// (WithKey) or a pinned digest (WithManifestDigest) the manifest must be
+// authenticated by it (ErrAuth otherwise); without either it is read as
+// it is, unauthenticated: good for a message, not for a restore.
+func Info(dir string, opts ...Option) (*Manifest, error) {
+	c := newConfig(opts)
+	d, err := openDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("snapshot %s: no %s: not a snapshot, or an unfinished one: %w", dir, ManifestFile, ErrCorrupt)
+			return nil, fmt.Errorf("snapshot %s: no such directory: %w", dir, ErrCorrupt)
 		}
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: read manifest: %w", dir, err)
-	}
-	if len(b) > maxManifestSize {
-		return nil, fmt.Errorf("snapshot %s: manifest is over %d bytes: %w", dir, maxManifestSize, ErrCorrupt)
-	}
-	m, err := parseManifest(b)
+	defer d.Close()
+	m, _, err := c.readManifest(d, c.key != nil || c.pin != nil)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	return m, nil
 }
 
-// parseManifest decodes and checks a manifest. The format version is read
-// first and alone, so that a manifest of another version is named as such
-// whatever else it holds.
-func parseManifest(b []byte) (*Manifest, error) {
+// readManifest reads, authenticates (when auth is set) and checks the
+// manifest of the snapshot directory d, and returns it and its bytes.
+func (c *config) readManifest(d *os.File, auth bool) (*Manifest, []byte, error) {
+	f, err := openIn(d, ManifestFile)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("no %s: not a snapshot, or an unfinished one: %w", ManifestFile, ErrCorrupt)
+		}
+		return nil, nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read manifest: %w", err)
+	}
+	if len(b) > maxManifestSize {
+		return nil, nil, fmt.Errorf("manifest is over %d bytes: %w", maxManifestSize, ErrCorrupt)
+	}
+	// The version first: an older snapshot has no MAC to check.
+	if err := checkFormat(b); err != nil {
+		return nil, nil, err
+	}
+	if auth {
+		if err := c.authenticate(d, b); err != nil {
+			return nil, nil, err
+		}
+	}
+	m, err := parseManifest(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, b, nil
+}
+
+// checkFormat reads a manifest's format version, alone, so that a
+// manifest of another version is named as such whatever else it holds.
+func checkFormat(b []byte) error {
 	var head struct {
 		Format *int `json:"format"`
 	}
 	if err := json.Unmarshal(b, &head); err != nil {
-		return nil, fmt.Errorf("manifest is not JSON (%v): %w", err, ErrCorrupt)
+		return fmt.Errorf("manifest is not JSON (%v): %w", err, ErrCorrupt)
 	}
-	if head.Format == nil {
-		return nil, fmt.Errorf("manifest has no format version: %w", ErrCorrupt)
+	switch {
+	case head.Format == nil:
+		return fmt.Errorf("manifest has no format version: %w", ErrCorrupt)
+	case *head.Format < FormatVersion && *head.Format > 0:
+		return fmt.Errorf("snapshot format version %d was made by an older Kiln (this one reads version %d, authenticated): re-save it: %w", *head.Format, FormatVersion, ErrFormatVersion)
+	case *head.Format != FormatVersion:
+		return fmt.Errorf("snapshot format version %d, this kiln reads format version %d: %w", *head.Format, FormatVersion, ErrFormatVersion)
 	}
-	if *head.Format != FormatVersion {
-		return nil, fmt.Errorf("snapshot format version %d, this kiln reads format version %d: %w", *head.Format, FormatVersion, ErrFormatVersion)
+	return nil
+}
+
+// parseManifest decodes and checks a manifest. The format version is read
+// first and alone, so that a manifest of another version is named as such
+// whatever else it holds.
+func parseManifest(b []byte) (*Manifest, error) {
+	if err := checkFormat(b); err != nil {
+		return nil, err
 	}
 	var m Manifest
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -157,8 +208,11 @@ func (m *Manifest) validate() error {
 	if err := checkLabels(m.Labels); err != nil {
 		return err
 	}
-	if sum, err := hex.DecodeString(m.StateSHA256); err != nil || len(sum) != 32 || hex.EncodeToString(sum) != m.StateSHA256 {
-		return fmt.Errorf("state checksum %q is not 64 lowercase hex digits", m.StateSHA256)
+	if !isDigest(m.StateSHA256) {
+		return errors.New("the state file's checksum is not 64 lowercase hex digits")
+	}
+	if !isDigest(m.MemorySHA256) {
+		return errors.New("the memory file's checksum is not 64 lowercase hex digits")
 	}
 	if len(m.MemoryLayout) == 0 {
 		return errors.New("no memory layout")
@@ -184,6 +238,12 @@ func (m *Manifest) validate() error {
 		return fmt.Errorf("memory regions hold %d bytes, the memory file %d", off, m.MemorySize)
 	}
 	return nil
+}
+
+// isDigest reports whether s is a SHA-256 digest in lowercase hex.
+func isDigest(s string) bool {
+	sum, err := hex.DecodeString(s)
+	return err == nil && len(sum) == sha256.Size && hex.EncodeToString(sum) == s
 }
 
 // checkLabels checks a manifest's labels against the limits.

@@ -25,6 +25,7 @@ func validManifest() Manifest {
 		StateVersion: vmm.StateVersion,
 		StateSize:    1234,
 		StateSHA256:  strings.Repeat("ab", 32),
+		MemorySHA256: strings.Repeat("cd", 32),
 		MemorySize:   4096 << 20,
 		MemoryLayout: []vmm.MemoryRegion{
 			{GuestAddr: 0, Size: 3 << 30, Offset: 0},
@@ -49,6 +50,7 @@ func TestParseManifest(t *testing.T) {
 		{"state size", func(m *Manifest) { m.StateSize = 0 }, "state file of 0 bytes"},
 		{"checksum length", func(m *Manifest) { m.StateSHA256 = "abcd" }, "not 64 lowercase hex digits"},
 		{"checksum case", func(m *Manifest) { m.StateSHA256 = strings.Repeat("AB", 32) }, "not 64 lowercase hex digits"},
+		{"no memory checksum", func(m *Manifest) { m.MemorySHA256 = "" }, "the memory file's checksum is not 64 lowercase hex digits"},
 		{"no layout", func(m *Manifest) { m.MemoryLayout = nil }, "no memory layout"},
 		{"unaligned region", func(m *Manifest) { m.MemoryLayout[1].GuestAddr++ }, "not page-aligned"},
 		{"overlap", func(m *Manifest) { m.MemoryLayout[1].GuestAddr = 1 << 30 }, "overlaps"},
@@ -93,12 +95,13 @@ func TestParseManifestMalformed(t *testing.T) {
 		{"empty", "", "not JSON", ErrCorrupt},
 		{"array", "[]", "not JSON", ErrCorrupt},
 		{"no version", `{"cpus":1}`, "no format version", ErrCorrupt},
-		{"newer version", `{"format":3,"something":"new"}`, "snapshot format version 3, this kiln reads format version 2", ErrFormatVersion},
+		{"newer version", `{"format":4,"something":"new"}`, "snapshot format version 4, this kiln reads format version 3", ErrFormatVersion},
+		{"older version", `{"format":2,"state_sha256":"x"}`, "snapshot format version 2 was made by an older Kiln (this one reads version 3, authenticated): re-save it", ErrFormatVersion},
 		{"version zero", `{"format":0}`, "snapshot format version 0", ErrFormatVersion},
-		{"unknown field", `{"format":2,"surprise":1}`, "unknown field", ErrCorrupt},
+		{"unknown field", `{"format":3,"surprise":1}`, "unknown field", ErrCorrupt},
 		{"trailing data", func() string { b, _ := json.Marshal(validManifest()); return string(b) + "{}" }(), "not JSON", ErrCorrupt},
-		{"created out of range", `{"format":2,"state_version":2,"created":"0000-01-01T00:00:00+01:00"}`, "out of range", ErrCorrupt},
-		{"wrong type", `{"format":2,"cpus":"two"}`, "manifest:", ErrCorrupt},
+		{"created out of range", `{"format":3,"state_version":2,"created":"0000-01-01T00:00:00+01:00"}`, "out of range", ErrCorrupt},
+		{"wrong type", `{"format":3,"cpus":"two"}`, "manifest:", ErrCorrupt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -20,16 +20,18 @@ type extent struct{ start, end int64 }
 
 // writeMemory writes guest memory to path as the memory image: the regions
 // one after another, sized in full, with only the pages that are not all
-// zeros written (the rest are holes). It returns the bytes written.
-func (s *saver) writeMemory(ctx context.Context, path string, mem *memory.Memory) (int64, error) {
+// zeros written (the rest are holes). It returns the bytes written and
+// the image's digest (pageHasher).
+func (s *saver) writeMemory(ctx context.Context, path string, mem *memory.Memory) (int64, string, error) {
 	f, err := s.create(path)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if err := f.Truncate(int64(mem.Size())); err != nil {
 		f.Close()
-		return 0, fmt.Errorf("size %s to %d bytes: %w", filepath.Base(path), mem.Size(), err)
+		return 0, "", fmt.Errorf("size %s to %d bytes: %w", filepath.Base(path), mem.Size(), err)
 	}
+	h := newPageHasher()
 	var written int64
 	zero := make([]byte, pageSize)
 	for i, r := range mem.Regions() {
@@ -37,26 +39,27 @@ func (s *saver) writeMemory(ctx context.Context, path string, mem *memory.Memory
 		extents, err := s.dataExtents(mem, i)
 		if err != nil {
 			f.Close()
-			return written, err
+			return written, "", err
 		}
 		for _, e := range extents {
-			n, err := writeNonZero(ctx, f, host[e.start:e.end], int64(r.Offset)+e.start, zero)
+			n, err := writeNonZero(ctx, f, host[e.start:e.end], int64(r.Offset)+e.start, zero, h)
 			written += n
 			if err != nil {
 				f.Close()
-				return written, fmt.Errorf("write %s: %w", filepath.Base(path), err)
+				return written, "", fmt.Errorf("write %s: %w", filepath.Base(path), err)
 			}
 		}
 	}
 	if err := closeSynced(f, path); err != nil {
-		return written, err
+		return written, "", err
 	}
-	return written, nil
+	return written, h.sum(int64(mem.Size())), nil
 }
 
 // writeNonZero writes the pages of b that are not all zeros at off, in runs
-// of consecutive pages. It checks ctx between runs.
-func writeNonZero(ctx context.Context, f file, b []byte, off int64, zero []byte) (int64, error) {
+// of consecutive pages, and adds them to h (when set). It checks ctx
+// between runs.
+func writeNonZero(ctx context.Context, f file, b []byte, off int64, zero []byte, h *pageHasher) (int64, error) {
 	var written int64
 	flush := func(start, end int) error {
 		if start == end {
@@ -78,6 +81,9 @@ func writeNonZero(ctx context.Context, f file, b []byte, off int64, zero []byte)
 			}
 			run = end
 			continue
+		}
+		if h != nil {
+			h.add(off+int64(p), b[p:end])
 		}
 		if end-run >= maxWriteRun {
 			if err := flush(run, end); err != nil {

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,25 +17,6 @@ import (
 	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/vmm"
 )
-
-// Option changes what Save does.
-type Option func(*saver)
-
-// Overwrite lets Save replace an existing snapshot at its target (never a
-// directory that is not a snapshot). The old one is replaced atomically
-// where the filesystem can exchange two directories, and otherwise moved
-// aside first.
-func Overwrite() Option { return func(s *saver) { s.overwrite = true } }
-
-// WithLogger sets where Save logs; slog.Default() otherwise.
-func WithLogger(l *slog.Logger) Option { return func(s *saver) { s.log = l } }
-
-// WithLabels records labels in the manifest: what a caller above the VM
-// (a sandbox: its host name) needs to bring the snapshot back. They are
-// checked against MaxLabels and the key and value sizes.
-func WithLabels(labels map[string]string) Option {
-	return func(s *saver) { s.labels = maps.Clone(labels) }
-}
 
 // file is what the saver writes to; *os.File is one. Tests substitute a
 // file that fails.
@@ -51,29 +30,26 @@ type file interface {
 
 // saver writes snapshots.
 type saver struct {
-	overwrite bool
-	labels    map[string]string
-	log       *slog.Logger
-	now       func() time.Time
-	create    func(path string) (file, error)
+	config
+	now    func() time.Time
+	create func(path string) (file, error)
 }
 
 func newSaver(opts []Option) *saver {
 	s := &saver{
-		log: slog.Default(),
-		now: time.Now,
+		config: *newConfig(opts),
+		now:    time.Now,
 		create: func(path string) (file, error) {
 			return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		},
-	}
-	for _, o := range opts {
-		o(s)
 	}
 	return s
 }
 
 // Save writes a snapshot of vm into dir, which must not exist (unless
-// Overwrite is given) and whose parent must. The VM is paused (vm.Pause);
+// Overwrite is given) and whose parent must. With WithKey the manifest is
+// authenticated (MACFile); without it, Sign must authenticate the
+// snapshot before it can be loaded. The VM is paused (vm.Pause);
 // Save saves its state (vm.SaveState, which pauses its virtio devices) and
 // its memory, and leaves it paused: vm.Resume lets it go on, devices and
 // all. (A VM still running is paused for the save and resumed after it.)
@@ -133,6 +109,9 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	if err := checkLabels(s.labels); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
+	if err := s.checkExpectedDisks(st.Specs()); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
 	dir = filepath.Clean(dir)
 	parent, base := filepath.Dir(dir), filepath.Base(dir)
 	tmp, err := os.MkdirTemp(parent, base+".tmp-")
@@ -155,7 +134,7 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	if err := s.writeFile(filepath.Join(tmp, StateFile), stateJSON); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	written, err := s.writeMemory(ctx, filepath.Join(tmp, MemoryFile), mem)
+	written, memSum, err := s.writeMemory(ctx, filepath.Join(tmp, MemoryFile), mem)
 	if err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
@@ -169,6 +148,7 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 		StateSHA256:  hex.EncodeToString(sum[:]),
 		MemorySize:   mem.Size(),
 		MemoryLayout: st.Memory,
+		MemorySHA256: memSum,
 		Devices:      st.Specs(),
 		Labels:       s.labels,
 	}
@@ -176,8 +156,14 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	if err != nil {
 		return fmt.Errorf("snapshot %s: encode manifest: %w", dir, err)
 	}
-	if err := s.writeFile(filepath.Join(tmp, ManifestFile), append(manifest, '\n')); err != nil {
+	manifest = append(manifest, '\n')
+	if err := s.writeFile(filepath.Join(tmp, ManifestFile), manifest); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if s.key != nil {
+		if err := s.writeFile(filepath.Join(tmp, MACFile), []byte(manifestMAC(s.key, manifest)+"\n")); err != nil {
+			return fmt.Errorf("snapshot %s: %w", dir, err)
+		}
 	}
 	if err := syncDir(tmp); err != nil {
 		return fmt.Errorf("snapshot %s: %w", dir, err)

@@ -75,6 +75,14 @@ var rngSpec = virtio.DeviceSpec{ID: "rng", Kind: virtio.KindRNG, RNG: &virtio.RN
 
 func testConfig() vmm.RestoreConfig { return vmm.RestoreConfig{} }
 
+// testKey is the host key the tests' snapshots are authenticated with.
+var testKey = bytes.Repeat([]byte{0x5a}, KeySize)
+
+// openTest opens the snapshot in dir as Load does, without KVM.
+func openTest(dir string, cfg *vmm.RestoreConfig, opts ...Option) (*vmm.State, *memory.Memory, error) {
+	return newConfig(append([]Option{WithKey(testKey)}, opts...)).open(context.Background(), dir, cfg)
+}
+
 func quietSaver(opts ...Option) *saver {
 	s := newSaver(append([]Option{WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...))
 	s.now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
@@ -88,7 +96,7 @@ func saveTest(t *testing.T) (string, *vmm.State, *memory.Memory) {
 	dir := filepath.Join(t.TempDir(), "snap")
 	mem, _ := testMemory(t)
 	st := testState()
-	if err := quietSaver().write(context.Background(), dir, st, mem); err != nil {
+	if err := quietSaver(WithKey(testKey)).write(context.Background(), dir, st, mem); err != nil {
 		t.Fatal(err)
 	}
 	return dir, st, mem
@@ -114,7 +122,7 @@ func onlyEntries(t *testing.T, parent string, names ...string) {
 func TestSaveOpenRoundTrip(t *testing.T) {
 	dir, st, mem := saveTest(t)
 	onlyEntries(t, filepath.Dir(dir), "snap")
-	onlyEntries(t, dir, ManifestFile, MemoryFile, StateFile)
+	onlyEntries(t, dir, ManifestFile, MACFile, MemoryFile, StateFile)
 
 	m, err := Info(dir)
 	if err != nil {
@@ -126,7 +134,7 @@ func TestSaveOpenRoundTrip(t *testing.T) {
 	}
 
 	cfg := testConfig()
-	got, cow, err := open(dir, &cfg)
+	got, cow, err := openTest(dir, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,12 +192,12 @@ func TestSaveOverwrite(t *testing.T) {
 	dir, _, mem := saveTest(t)
 	st := testState()
 	st.VCPUs[0].Regs.RIP = 0x2000
-	if err := quietSaver(Overwrite()).write(context.Background(), dir, st, mem); err != nil {
+	if err := quietSaver(Overwrite(), WithKey(testKey)).write(context.Background(), dir, st, mem); err != nil {
 		t.Fatal(err)
 	}
 	onlyEntries(t, filepath.Dir(dir), "snap")
 	cfg := testConfig()
-	got, cow, err := open(dir, &cfg)
+	got, cow, err := openTest(dir, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +214,7 @@ func TestSaveOverwrite(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(other, "precious"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = quietSaver(Overwrite()).write(context.Background(), other, st, mem)
+	err = quietSaver(Overwrite(), WithKey(testKey)).write(context.Background(), other, st, mem)
 	if err == nil || !strings.Contains(err.Error(), "is not a snapshot") {
 		t.Fatalf("overwrite of a non-snapshot directory: %v", err)
 	}
@@ -384,6 +392,10 @@ func rewriteManifest(t *testing.T, dir string, f func(map[string]any)) {
 	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Signed again: what is tested is past the MAC.
+	if err := os.WriteFile(filepath.Join(dir, MACFile), []byte(manifestMAC(testKey, b)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestLoadRefusesBadSnapshots(t *testing.T) {
@@ -400,7 +412,7 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 				rewriteManifest(t, dir, func(m map[string]any) { m["format"] = 7; m["new_field"] = true })
 			},
 			is:      ErrFormatVersion,
-			wantErr: "snapshot format version 7, this kiln reads format version 2",
+			wantErr: "snapshot format version 7, this kiln reads format version 3",
 		},
 		{
 			name: "flipped state byte",
@@ -446,7 +458,7 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 				}
 			},
 			is:      ErrCorrupt,
-			wantErr: "memory file: open",
+			wantErr: "memory file: no memory",
 		},
 		{
 			name: "missing manifest",
@@ -508,7 +520,7 @@ func TestLoadRefusesBadSnapshots(t *testing.T) {
 			if tt.cfg != nil {
 				tt.cfg(&cfg)
 			}
-			vm, err := Load(dir, cfg)
+			vm, err := Load(dir, cfg, WithKey(testKey))
 			if vm != nil {
 				vm.Close()
 				t.Fatal("Load returned a VM")
@@ -529,7 +541,7 @@ func TestLoadReachesRestore(t *testing.T) {
 	dir, _, _ := saveTest(t)
 	cfg := testConfig()
 	cfg.KVMPath = "/nonexistent/kvm"
-	_, err := Load(dir, cfg)
+	_, err := Load(dir, cfg, WithKey(testKey))
 	if err == nil || !strings.Contains(err.Error(), "restore: open /nonexistent/kvm") {
 		t.Fatalf("err = %v, want Restore's failure to open KVM", err)
 	}
@@ -589,7 +601,7 @@ func TestWriteNonZeroRuns(t *testing.T) {
 	}
 	defer f.Close()
 	rec := &recordingFile{File: f}
-	n, err := writeNonZero(context.Background(), rec, b, 1<<20, make([]byte, pageSize))
+	n, err := writeNonZero(context.Background(), rec, b, 1<<20, make([]byte, pageSize), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

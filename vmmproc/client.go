@@ -2,6 +2,7 @@ package vmmproc
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -287,13 +288,27 @@ func (p *Process) Boot(ctx context.Context, spec vmm.Spec) error {
 }
 
 // Restore builds the process's VM from the snapshot in dir, with
-// overrides of its devices, and starts it.
-func (p *Process) Restore(ctx context.Context, dir string, overrides []virtio.DeviceSpec) error {
+// overrides of its devices, and starts it. The caller checked the
+// snapshot with the host key (snapshot.Verify), which the VMM process
+// never gets: manifest is the digest of the manifest it checked, mem the
+// memory's sealed copy, passed to the process (which maps it
+// copy-on-write; the caller keeps and closes its descriptor).
+func (p *Process) Restore(ctx context.Context, dir string, manifest [sha256.Size]byte, mem *os.File, overrides []virtio.DeviceSpec) error {
 	ob, err := json.Marshal(overrides)
 	if err != nil {
 		return fmt.Errorf("vmmproc: %w", err)
 	}
-	_, err = p.api.Create(ctx, &vmmpb.CreateRequest{Source: &vmmpb.CreateRequest_SnapshotDir{SnapshotDir: dir}, OverridesJson: ob})
+	token, err := newToken()
+	if err != nil {
+		return fmt.Errorf("vmmproc: %w", err)
+	}
+	if err := putFD(ctx, FDSocket(p.sock), token, mem); err != nil {
+		return fmt.Errorf("vmmproc: restore: %w", err)
+	}
+	_, err = p.api.Create(ctx, &vmmpb.CreateRequest{
+		Source:        &vmmpb.CreateRequest_SnapshotDir{SnapshotDir: dir},
+		OverridesJson: ob, SnapshotManifestSha256: manifest[:], SnapshotMemoryToken: token,
+	})
 	return p.rpcErr("restore", err)
 }
 

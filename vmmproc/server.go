@@ -14,6 +14,7 @@ package vmmproc
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -279,7 +280,23 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		debug.FreeOSMemory()
 		return vm, nil
 	case *vmmpb.CreateRequest_SnapshotDir:
-		vm, err := snapshot.Load(src.SnapshotDir, rcfg)
+		// This process holds no host key: the caller checked the
+		// snapshot and pins its manifest, and hands over its memory,
+		// checked and sealed.
+		if len(req.SnapshotManifestSha256) != sha256.Size || req.SnapshotMemoryToken == "" {
+			return nil, status.Error(codes.InvalidArgument, "a snapshot restore needs the manifest's digest and the sealed memory (snapshot.Verify)")
+		}
+		f, err := s.fds.take(req.SnapshotMemoryToken)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "snapshot memory: %v", err)
+		}
+		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		f.Close()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "snapshot memory: %v", err)
+		}
+		vm, err := snapshot.Load(src.SnapshotDir, rcfg,
+			snapshot.WithManifestDigest([sha256.Size]byte(req.SnapshotManifestSha256)), snapshot.WithSealedMemory(fd))
 		if err != nil {
 			return nil, statusFor(err)
 		}
@@ -449,7 +466,7 @@ func statusFor(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &ce), errors.As(err, &spec), errors.Is(err, snapshot.ErrMismatch):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, snapshot.ErrCorrupt), errors.Is(err, snapshot.ErrChecksum), errors.Is(err, snapshot.ErrFormatVersion):
+	case errors.Is(err, snapshot.ErrCorrupt), errors.Is(err, snapshot.ErrChecksum), errors.Is(err, snapshot.ErrFormatVersion), errors.Is(err, snapshot.ErrAuth):
 		return status.Error(codes.DataLoss, err.Error())
 	case errors.Is(err, snapshot.ErrExists):
 		return status.Error(codes.AlreadyExists, err.Error())

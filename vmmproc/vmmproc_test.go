@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc/vmmpb"
 )
 
 // TestMain lets the test binary serve as a VMM process: Start runs it
@@ -105,7 +108,13 @@ func TestProcessRefusesBadRequests(t *testing.T) {
 	}
 	// A failed Create leaves the process without a VM: its one VM is
 	// spent, so a second Create is refused too.
-	if err := p.Restore(ctx, t.TempDir(), []virtio.DeviceSpec{{ID: "x"}}); err == nil {
+	mfd, err := unix.MemfdCreate("restore-memory", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := os.NewFile(uintptr(mfd), "memfd")
+	defer mem.Close()
+	if err := p.Restore(ctx, t.TempDir(), [32]byte{}, mem, []virtio.DeviceSpec{{ID: "x"}}); err == nil {
 		t.Fatal("second Create accepted")
 	}
 	exit, err := p.Wait(ctx)
@@ -155,5 +164,18 @@ func TestDecodeStrict(t *testing.T) {
 	}
 	if err := decodeStrict([]byte(`{"cpus":2,"memory_mib":64}`), &spec); err != nil || spec.CPUs != 2 {
 		t.Fatalf("%+v %v", spec, err)
+	}
+}
+
+// TestProcessRestoreNeedsVerifiedSnapshot: a VMM process, which holds no
+// host key, restores a snapshot only with the manifest digest and sealed
+// memory its parent checked; a bare directory is refused.
+func TestProcessRestoreNeedsVerifiedSnapshot(t *testing.T) {
+	p := startSelf(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := p.api.Create(ctx, &vmmpb.CreateRequest{Source: &vmmpb.CreateRequest_SnapshotDir{SnapshotDir: t.TempDir()}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "needs the manifest's digest and the sealed memory") {
+		t.Fatalf("Create of an unverified snapshot: %v", err)
 	}
 }

@@ -70,11 +70,20 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return &cfg
 		}
 	}
-	// One clear error for a snapshot that is not there, not one per clone.
-	if _, err := snapshot.Info(*from); err != nil {
+	// One clear error for a snapshot that is not there (or not this
+	// host's), not one per clone.
+	key, err := snapshot.LoadKey(sandbox.SnapshotKeyFile())
+	if err != nil {
 		fmt.Fprintf(stderr, "kiln fork: %v\n", err)
 		return exitRunFailed
 	}
+	if _, err := snapshot.Info(*from, snapshot.WithKey(key)); err != nil {
+		fmt.Fprintf(stderr, "kiln fork: %v\n", err)
+		return exitRunFailed
+	}
+	// The clones check and copy the snapshot's memory once, and share it.
+	cache := snapshot.NewCache(1)
+	defer cache.Close()
 	log := newLogger(stderr, *debug)
 	var po *sandbox.ProcessOptions
 	if *proc {
@@ -99,7 +108,8 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			defer wg.Done()
 			r := &results[i]
 			start := time.Now()
-			ro := sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i), Process: po}
+			ro := sandbox.RestoreOptions{Logger: log, Timeout: *bootTimeout, Hostname: fmt.Sprintf("%s-%d", *hostname, i), Process: po,
+				SnapshotKey: key, SnapshotCache: cache}
 			if nic != nil {
 				ro.Net = nic(i)
 			}

@@ -137,8 +137,15 @@ type CreateRequest struct {
 	// overrides_json is a []virtio.DeviceSpec replacing the snapshot's or
 	// the frozen VM's devices of the same IDs.
 	OverridesJson []byte `protobuf:"bytes,4,opt,name=overrides_json,json=overridesJson,proto3" json:"overrides_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// snapshot_manifest_sha256 pins the manifest of snapshot_dir: the
+	// caller, which holds the host key, checked it (snapshot.Verify); the
+	// VMM process loads only that manifest.
+	SnapshotManifestSha256 []byte `protobuf:"bytes,5,opt,name=snapshot_manifest_sha256,json=snapshotManifestSha256,proto3" json:"snapshot_manifest_sha256,omitempty"`
+	// snapshot_memory_token names the snapshot's checked memory, a sealed
+	// memfd, that the caller put on the ".fd" socket.
+	SnapshotMemoryToken string `protobuf:"bytes,6,opt,name=snapshot_memory_token,json=snapshotMemoryToken,proto3" json:"snapshot_memory_token,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -210,6 +217,20 @@ func (x *CreateRequest) GetOverridesJson() []byte {
 		return x.OverridesJson
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetSnapshotManifestSha256() []byte {
+	if x != nil {
+		return x.SnapshotManifestSha256
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetSnapshotMemoryToken() string {
+	if x != nil {
+		return x.SnapshotMemoryToken
+	}
+	return ""
 }
 
 type isCreateRequest_Source interface {
@@ -1708,12 +1729,14 @@ const file_vmm_proto_rawDesc = "" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x03R\x03pid\x12\x14\n" +
-	"\x05state\x18\x03 \x01(\tR\x05state\"\xbc\x01\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\"\xaa\x02\n" +
 	"\rCreateRequest\x12&\n" +
 	"\x0eboot_spec_json\x18\x01 \x01(\fH\x00R\fbootSpecJson\x12#\n" +
 	"\fsnapshot_dir\x18\x02 \x01(\tH\x00R\vsnapshotDir\x12-\n" +
 	"\x04fork\x18\x03 \x01(\v2\x17.kiln.vmm.v1.ForkSourceH\x00R\x04fork\x12%\n" +
-	"\x0eoverrides_json\x18\x04 \x01(\fR\roverridesJsonB\b\n" +
+	"\x0eoverrides_json\x18\x04 \x01(\fR\roverridesJson\x128\n" +
+	"\x18snapshot_manifest_sha256\x18\x05 \x01(\fR\x16snapshotManifestSha256\x122\n" +
+	"\x15snapshot_memory_token\x18\x06 \x01(\tR\x13snapshotMemoryTokenB\b\n" +
 	"\x06source\"N\n" +
 	"\n" +
 	"ForkSource\x12\x1d\n" +
