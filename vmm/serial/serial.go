@@ -75,7 +75,8 @@ func New(out io.Writer, irq func()) *UART {
 }
 
 // Input queues bytes for the guest to read. Bytes beyond an internal limit of
-// 64 KiB unread are dropped, as a real UART's FIFO overruns.
+// 64 KiB unread (received or looped back) are dropped, as a real UART's FIFO
+// overruns.
 func (u *UART) Input(b []byte) {
 	u.mu.Lock()
 	room := maxInput - len(u.in)
@@ -181,7 +182,11 @@ func (u *UART) Write(offset uint64, data []byte) {
 			break
 		}
 		if u.mcr&mcrLoop != 0 {
-			u.in = append(u.in, v)
+			// Looped back into the receive FIFO, which overruns at the
+			// same limit as Input: a guest cannot grow it without bound.
+			if len(u.in) < maxInput {
+				u.in = append(u.in, v)
+			}
 			fire = u.ier&ierRDA != 0
 			break
 		}
