@@ -518,14 +518,22 @@ func (o Options) vmConfig() (vmm.Config, error) {
 	return cfg, nil
 }
 
-// checkCmdlineWord refuses a value that would break the kernel command line.
 // CheckHostname checks a sandbox host name as Options and RestoreOptions
 // take it, so that a caller can refuse a bad one before it starts anything.
 func CheckHostname(name string) error { return checkCmdlineWord("hostname", name) }
 
+// checkCmdlineWord refuses a value that would break the kernel command line.
+// The kernel splits its command line at more than ' ' and '\t' (its isspace
+// takes \v, \f, \r and the byte 0xa0, which UTF-8 text holds, as spaces)
+// and a NUL ends it, so only printable ASCII is taken: a value must never
+// add a parameter.
 func checkCmdlineWord(what, v string) error {
-	if v == "" || len(v) > 64 || strings.ContainsAny(v, " \t\n\"'\\=") {
-		return fmt.Errorf("sandbox: %s %q: want 1 to 64 characters, no spaces, quotes, backslashes or '='", what, v)
+	bad := v == "" || len(v) > 64 || strings.ContainsAny(v, "\"'\\=")
+	for i := 0; i < len(v) && !bad; i++ {
+		bad = v[i] <= ' ' || v[i] > '~'
+	}
+	if bad {
+		return fmt.Errorf("sandbox: %s %q: want 1 to 64 printable ASCII characters, no spaces, quotes, backslashes or '='", what, v)
 	}
 	return nil
 }

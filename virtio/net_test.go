@@ -505,14 +505,26 @@ func TestNetResetAndClose(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Reset hung while the reader waited for a buffer")
 	}
-	if st := n.Stats(); st.RxDropped != 1 {
-		t.Errorf("stats %+v, want the waiting frame dropped", st)
+	// The reader counts the drop after Reset has let it go.
+	waitDropped := func(want uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for n.Stats().RxDropped != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("stats %+v, want %d frames dropped", n.Stats(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
-	// Not active: frames are dropped, notifications ignored.
+	waitDropped(1)
+	// Not active: frames are dropped, notifications ignored. The drop is
+	// awaited, or the reader could take the frame after the Activate below
+	// and wait for a buffer that rx2.add does not notify.
 	tap.send(t, append(netTestHdr(0, 0), netTestFrame(60)...))
 	n.QueueNotify(netRxQueue)
 	n.QueueNotify(netTxQueue)
 	n.QueueNotify(7)
+	waitDropped(2)
 	n.Reset()
 	// Activate again on fresh queues and move a frame each way.
 	mem := rx.mem

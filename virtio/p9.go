@@ -341,8 +341,11 @@ func (p *P9) serve(q *Queue, it p9Item, s *p9Scratch) {
 	n := min(total, maxMsize)
 	var size [4]byte
 	if blkGather(size[:], c.Readable) == 4 {
-		if sz := int(binary.LittleEndian.Uint32(size[:])); sz <= total && sz <= maxMsize {
-			n = sz // the driver's buffers may be longer than the message
+		// The driver's buffers may be longer than the message; a size
+		// shorter than a header is malformed, and cutting the message
+		// to it would lose the tag the reply must carry.
+		if sz := int(binary.LittleEndian.Uint32(size[:])); sz >= 7 && sz <= total && sz <= maxMsize {
+			n = sz
 		}
 	}
 	s.req = p9Grow(s.req, n)
