@@ -169,11 +169,6 @@ func BenchmarkKVMSystemdBoot(b *testing.B) {
 		agent := time.Since(began)
 		agentSB.Close(ctx)
 		sb, first, booted, state := bootSystemd(b, ctx, e, ref)
-		// Where systemd's time goes (diagnostics, bounded: under a loaded
-		// emulation systemd-analyze has taken minutes).
-		chain, _, _, _ := shTry(ctx, sb, "timeout 180 systemd-analyze critical-chain --no-pager multi-user.target 2>&1 | head -30")
-		blame, _, _, _ := shTry(ctx, sb, "timeout 180 systemd-analyze blame --no-pager 2>&1 | head -15")
-		b.Logf("critical chain:\n%s\nslowest units:\n%s", chain, blame)
 		sb.Close(ctx)
 		n++
 		agentSum, firstSum, bootSum = agentSum+agent, firstSum+first, bootSum+booted
