@@ -246,7 +246,7 @@ func TestKilndArgs(t *testing.T) {
 func writeManifest(t *testing.T, dir string) {
 	t.Helper()
 	m := snapshot.Manifest{Format: snapshot.FormatVersion, Created: time.Now(), CPUs: 1, MemoryMiB: vmm.MinMemoryMiB,
-		StateVersion: vmm.StateVersion, StateSize: 1, StateSHA256: strings.Repeat("ab", 32),
+		StateVersion: vmm.StateVersion, StateSize: 1, StateSHA256: strings.Repeat("ab", 32), MemorySHA256: strings.Repeat("cd", 32),
 		MemorySize:   uint64(vmm.MinMemoryMiB) << 20,
 		MemoryLayout: []vmm.MemoryRegion{{Size: uint64(vmm.MinMemoryMiB) << 20}}}
 	b, err := json.Marshal(m)
