@@ -97,7 +97,9 @@ func readSmaps(t *testing.T, pid int32, guestMiB int64) memSplit {
 		}
 	}
 	guestFile := func(mp *mapping) bool {
-		return strings.Contains(mp.path, "kiln-guest-ram") || filepath.Base(mp.path) == "memory"
+		// A booted guest's memfd, a snapshot's memory file, or the
+		// sealed copy of one a restore maps (snapshot format 3).
+		return strings.Contains(mp.path, "kiln-guest-ram") || strings.Contains(mp.path, "kiln-snapshot-memory") || filepath.Base(mp.path) == "memory"
 	}
 	// The guest's RAM: guestMiB from its file's lowest mapping (guest
 	// page 0 always holds data), anonymous holes included (one the

@@ -203,7 +203,11 @@ func TestKVMSaveRestore(t *testing.T) {
 	}
 	saved := lastCount(out.String())
 	dir := filepath.Join(t.TempDir(), "snap")
-	if err := snapshot.Save(ctx, vm, dir); err != nil {
+	key, err := snapshot.LoadKey(filepath.Join(t.TempDir(), "snapshot.key")) // made on first use
+	if err != nil {
+		t.Fatalf("snapshot key: %v", err)
+	}
+	if err := snapshot.Save(ctx, vm, dir, snapshot.WithKey(key)); err != nil {
 		t.Fatalf("snapshot.Save: %v", err)
 	}
 	t.Logf("snapshot.Save took %v", time.Since(saveStart).Round(time.Millisecond))
@@ -283,5 +287,5 @@ func TestKVMSaveRestore(t *testing.T) {
 	}
 	restore("restore", fromCopy)
 	restore("restore again", fromCopy)
-	restore("snapshot.Load", func(cfg vmm.RestoreConfig) (*vmm.VM, error) { return snapshot.Load(dir, cfg) })
+	restore("snapshot.Load", func(cfg vmm.RestoreConfig) (*vmm.VM, error) { return snapshot.Load(dir, cfg, snapshot.WithKey(key)) })
 }
