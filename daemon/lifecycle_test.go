@@ -25,13 +25,7 @@ func (e *env) waitPending(n int) {
 
 func TestIdleTimeout(t *testing.T) {
 	e := newEnv(t, nil)
-	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := events.Header(); err != nil { // subscribed
-		t.Fatal(err)
-	}
+	events := e.subscribe()
 	idle := e.create(&kilnpb.CreateSandboxRequest{IdleTimeoutMs: 10_000})
 	active := e.create(&kilnpb.CreateSandboxRequest{IdleTimeoutMs: 10_000})
 	e.waitPending(2)
@@ -113,13 +107,7 @@ func TestLifetime(t *testing.T) {
 
 func TestVMMProcessKilled(t *testing.T) {
 	e := newEnv(t, nil)
-	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := events.Header(); err != nil { // subscribed
-		t.Fatal(err)
-	}
+	events := e.subscribe()
 	a := e.create(nil)
 	b := e.create(nil)
 	if err := syscall.Kill(int(a.Pid), syscall.SIGKILL); err != nil {
@@ -152,13 +140,7 @@ func TestVMMProcessKilled(t *testing.T) {
 // counted as a failure; a sibling runs on.
 func TestGuestPowerOff(t *testing.T) {
 	e := newEnv(t, nil)
-	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := events.Header(); err != nil { // subscribed
-		t.Fatal(err)
-	}
+	events := e.subscribe()
 	a := e.create(nil)
 	b := e.create(nil)
 	in := e.be.ByPID(int(a.Pid))
@@ -187,6 +169,12 @@ func TestGuestPowerOff(t *testing.T) {
 			}
 			break
 		}
+	}
+	if got := metricValue(t, e.srv, "kiln_failures_total", map[string]string{"op": "sandbox"}); got > 0 { // -1: no such series
+		t.Errorf("a guest power-off counted %v sandbox failures", got)
+	}
+	if got := metricValue(t, e.srv, "kiln_sandboxes_ended_total", map[string]string{"state": "stopped"}); got != 1 {
+		t.Errorf("kiln_sandboxes_ended_total{state=stopped} = %v, want 1", got)
 	}
 	l, err := e.c.ListSandboxes(ctxT(t), &kilnpb.ListSandboxesRequest{States: []kilnpb.SandboxState{kilnpb.SandboxState_SANDBOX_STATE_STOPPED}})
 	if err != nil {

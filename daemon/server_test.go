@@ -52,6 +52,20 @@ func newEnv(t *testing.T, mod func(*daemon.Config)) *env {
 	return e
 }
 
+// subscribe watches every sandbox's events and returns once the server
+// has the subscription (it sends the headers then).
+func (e *env) subscribe() kilnpb.Kiln_WatchEventsClient {
+	e.t.Helper()
+	events, err := e.c.WatchEvents(ctxT(e.t), &kilnpb.WatchEventsRequest{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := events.Header(); err != nil { // subscribed
+		e.t.Fatal(err)
+	}
+	return events
+}
+
 // start makes a server over the state folder and connects a client.
 func (e *env) start() {
 	e.t.Helper()
@@ -236,13 +250,7 @@ func wantCode(t *testing.T, err error, code codes.Code, msgPart string) {
 
 func TestCreateExecDestroy(t *testing.T) {
 	e := newEnv(t, nil)
-	events, err := e.c.WatchEvents(ctxT(t), &kilnpb.WatchEventsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := events.Header(); err != nil { // subscribed
-		t.Fatal(err)
-	}
+	events := e.subscribe()
 	sb := e.create(&kilnpb.CreateSandboxRequest{Labels: map[string]string{"job": "a"}, Env: []string{"GREETING=hello"}})
 	if sb.Pid == 0 || sb.Resources.GetCpus() != 1 || sb.Resources.GetMemoryMib() != 512 {
 		t.Errorf("sandbox %v: want a PID and the default resources", sb)
