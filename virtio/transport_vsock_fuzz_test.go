@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -408,7 +409,18 @@ func (f *vsockFuzz) tx(arg func() byte) {
 	dc := f.v.conns[k]
 	hadHost := dc != nil && dc.host != nil
 	f.v.mu.Unlock()
-	r0 := f.rxSeen
+	// The credit counts from the first rx entry that may have seen it:
+	// rx entries are checked while the packet is still in flight.
+	_, verr := h.validate(vsockTestCID, int(n)-vsockHdrSize)
+	valid := int(n) >= vsockHdrSize && verr == nil
+	var cr *vsockFuzzCredit
+	if valid {
+		if len(c.credits) >= 64 {
+			c.credits = c.credits[1:]
+		}
+		c.credits = append(c.credits, vsockFuzzCredit{bufAlloc: h.BufAlloc, fwdCnt: h.FwdCnt, r0: f.rxSeen, r1: math.MaxInt})
+		cr = &c.credits[len(c.credits)-1]
+	}
 	f.s.reg(regQueueNotify, 1)
 	fq := f.queues[1]
 	if !waitFor(func() bool {
@@ -421,14 +433,10 @@ func (f *vsockFuzz) tx(arg func() byte) {
 		return
 	}
 	f.collect()
-	_, verr := h.validate(vsockTestCID, int(n)-vsockHdrSize)
-	if int(n) < vsockHdrSize || verr != nil {
+	if !valid {
 		return
 	}
-	c.credits = append(c.credits, vsockFuzzCredit{bufAlloc: h.BufAlloc, fwdCnt: h.FwdCnt, r0: r0, r1: f.rxSeen})
-	if len(c.credits) > 64 {
-		c.credits = c.credits[1:]
-	}
+	cr.r1 = f.rxSeen
 	switch h.Op {
 	case vsockOpRST:
 		// A connection the guest resets is gone, on the host side too.
