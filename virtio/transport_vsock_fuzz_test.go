@@ -143,7 +143,7 @@ func waitFor(cond func() bool) bool {
 func (f *vsockFuzz) serving() bool {
 	f.v.mu.Lock()
 	defer f.v.mu.Unlock()
-	return f.v.active && !f.v.broken && len(f.v.rsts) < vsockMaxRST && f.s.read(regStatus)&StatusNeedsReset == 0
+	return f.v.active && !f.v.broken && len(f.v.rsts) < vsockMaxRST && f.s.read(regStatus)&(StatusNeedsReset|StatusFailed) == 0
 }
 
 // init lays out the three queues and initialises the device with features.
@@ -296,7 +296,7 @@ func (f *vsockFuzz) rxPacket(b []byte) {
 		if c.client == nil && len(data) > 0 {
 			id := data[0] >> 4
 			for _, cl := range f.clients {
-				if cl.id == id && cl.key.local == k.local {
+				if cl.id == id && cl.key == k {
 					c.client = cl
 				}
 			}
@@ -351,6 +351,9 @@ func (f *vsockFuzz) tx(arg func() byte) {
 		h.Type = 2
 	}
 	h.SrcPort, h.DstPort = f.guestPort(arg), f.hostPort(arg)
+	if h.Op == vsockOpRequest && len(f.clients) >= vsockFuzzClients {
+		h.DstPort = vsockFuzzHostPorts[2] // a refused one: no more host sockets
+	}
 	k := vsockKey{local: h.DstPort, peer: h.SrcPort}
 	c := f.conn(k)
 	h.Flags = uint32(arg()) & 3
