@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,15 @@ func TestLeaks(t *testing.T) {
 		}, "+ left/behind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The last subtest's goroutine may still be ending.
+			for n, i := runtime.NumGoroutine(), 0; i < 100; i++ {
+				time.Sleep(5 * time.Millisecond)
+				if m := runtime.NumGoroutine(); m == n {
+					break
+				} else {
+					n = m
+				}
+			}
 			before, err := leakcheck.Take(opts)
 			if err != nil {
 				t.Fatal(err)
