@@ -118,7 +118,11 @@ func NewBlock(cfg BlockConfig) (*Block, error) {
 	if cfg.ReadOnly {
 		flag, lock = os.O_RDONLY, unix.LOCK_SH
 	}
-	f, err := os.OpenFile(cfg.Path, flag, 0)
+	// O_NONBLOCK: an open of a FIFO (or of some character devices)
+	// named as the image would otherwise block until a writer came;
+	// newBlock then refuses anything but a regular file or block device.
+	// Regular files and block devices ignore the flag.
+	f, err := os.OpenFile(cfg.Path, flag|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("virtio-blk: opening image: %w", err)
 	}
@@ -165,7 +169,7 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	if err != nil {
 		return nil, fmt.Errorf("virtio-blk: %w", err)
 	}
-	if !fi.Mode().IsRegular() && fi.Mode()&os.ModeDevice == 0 {
+	if !fi.Mode().IsRegular() && (fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0) {
 		return nil, fmt.Errorf("virtio-blk: image %s is a %v, not a regular file or block device", cfg.Path, fi.Mode().Type())
 	}
 	if err := unix.Flock(int(f.Fd()), lock|unix.LOCK_NB); err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnvm/kiln/memory"
 )
 
@@ -62,6 +64,10 @@ func TestNewBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := blkImage(t, "a-rather-long-disk-image-name.img", 4*BlockSectorSize)
+	fifo := filepath.Join(dir, "fifo.img")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		cfg     BlockConfig
@@ -74,6 +80,10 @@ func TestNewBlock(t *testing.T) {
 		{"size not whole sectors", BlockConfig{Path: odd}, odd},
 		{"missing file", BlockConfig{Path: filepath.Join(dir, "none.img")}, "none.img"},
 		{"directory", BlockConfig{Path: dir, ReadOnly: true}, "not a regular file"},
+		// Opening a FIFO blocked until a writer came, for ever.
+		{"FIFO read-only", BlockConfig{Path: fifo, ReadOnly: true}, fifo + " is a p"},
+		{"FIFO read-write", BlockConfig{Path: fifo}, fifo + " is a p"},
+		{"character device", BlockConfig{Path: "/dev/null", ReadOnly: true}, "/dev/null is a Dc"},
 		{"ID too long", BlockConfig{Path: good, ID: "012345678901234567890"}, "at most 20"},
 	}
 	for _, tt := range tests {

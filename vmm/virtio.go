@@ -297,7 +297,7 @@ func (v *VM) Diagnose() string {
 	var b strings.Builder
 	state := v.State()
 	v.mu.Lock()
-	fmt.Fprintf(&b, "vm: %s, %d of %d vCPUs parked, interrupts resent=%d", state, v.parked, len(v.vcpus), v.irqResends.Load())
+	fmt.Fprintf(&b, "vm: %s, %d of %d vCPUs parked, interrupts resent=%d, console bytes dropped=%d", state, v.parked, len(v.vcpus), v.irqResends.Load(), v.ConsoleDropped())
 	devices := v.devices
 	v.mu.Unlock()
 	for i, c := range v.vcpus {

@@ -137,11 +137,14 @@ type VM struct {
 	pio     Bus
 	mmio    Bus
 	uart    *serial.UART
-	panics  *panicWatcher
-	specs   []virtio.DeviceSpec // what devices holds, in order
-	opened  []virtio.Device     // opened from specs, not attached yet
-	devices []*vdev
-	ged     *gedDevice
+	console *consoleBuffer // between the UART and cfg.Console; nil without one
+	// consoleMax bounds console's buffer (consoleBufferMax; tests set less).
+	consoleMax int
+	panics     *panicWatcher
+	specs      []virtio.DeviceSpec // what devices holds, in order
+	opened     []virtio.Device     // opened from specs, not attached yet
+	devices    []*vdev
+	ged        *gedDevice
 	// logLimit rate-limits log: the VM and its devices log what a guest
 	// can cause over and over (a device it breaks and resets, say), so
 	// no message passes more than a few times a minute.
@@ -255,6 +258,7 @@ func newVM(cfg Config) *VM {
 	v := &VM{cfg: cfg, log: slog.New(limit), logLimit: limit, specs: cfg.Devices}
 	v.cond = sync.NewCond(&v.mu)
 	v.ran = make(chan struct{})
+	v.consoleMax = consoleBufferMax
 	v.lc = newLifecycle(lifecycleHooks{
 		park:   v.parkVCPUs,
 		unpark: v.unparkVCPUs,
@@ -329,7 +333,16 @@ func (v *VM) setupMemory() error {
 }
 
 func (v *VM) setupDevices() error {
-	v.panics = &panicWatcher{out: v.cfg.Console, onPanic: func(msg string) { v.stop(ReasonPanic, msg) }}
+	// The console writer is behind a bounded buffer: the UART writes on
+	// a vCPU thread, which a blocked writer must never hold up.
+	var out io.Writer
+	if v.cfg.Console != nil {
+		v.console = newConsoleBuffer(v.cfg.Console, v.consoleMax, func(n int) {
+			v.log.Warn("console output dropped: the console writer is not keeping up", "bytes", n, "dropped", v.console.droppedBytes())
+		})
+		out = v.console
+	}
+	v.panics = &panicWatcher{out: out, onPanic: func(msg string) { v.stop(ReasonPanic, msg) }}
 	v.uart = serial.New(v.panics, func() {
 		// COM1's ISA interrupt is edge-triggered: pulse the line.
 		v.vm.IRQLine(com1IRQ, true)
@@ -637,12 +650,27 @@ func (v *VM) Resume() error { return v.lc.resume() }
 // stopped. Closing it again does nothing.
 func (v *VM) Close() error { return v.lc.close(v.release) }
 
+// ConsoleDropped returns how many bytes of the guest's console output
+// were dropped because Config.Console did not take them in time (its
+// buffer was full, or Close found it still blocked).
+func (v *VM) ConsoleDropped() uint64 {
+	if v.console == nil {
+		return 0
+	}
+	return v.console.droppedBytes()
+}
+
 // release frees what the VM holds; Close calls it once.
 func (v *VM) release() error {
 	if v.lc.hasStarted() {
 		<-v.ran
 	}
 	v.stopConsoleInput()
+	if v.console != nil {
+		// The vCPUs are stopped: what they wrote goes to the console
+		// writer now, unless it is stuck; Close does not wait on it.
+		v.console.close(consoleFlushTimeout)
+	}
 	errs := []error{v.closeVirtio()}
 	v.mu.Lock() // kickAll reads the vCPUs under it
 	vcpus := v.vcpus

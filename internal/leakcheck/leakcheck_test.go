@@ -1,0 +1,98 @@
+package leakcheck_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kilnvm/kiln/internal/leakcheck"
+)
+
+// TestLeaks: each kind of leak a test can make here shows as a
+// difference that names the leaked item, and goes once it is undone.
+func TestLeaks(t *testing.T) {
+	dir := t.TempDir()
+	opts := leakcheck.Options{Trees: map[string]string{"tmp": dir}}
+	for _, tc := range []struct {
+		name    string
+		counter string
+		leak    func(t *testing.T) (undo func())
+		want    string
+	}{
+		{"file descriptor", "fds", func(t *testing.T) func() {
+			f, err := os.Open(filepath.Join(dir, "."))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { f.Close() }
+		}, dir},
+		{"goroutine", "goroutines", func(t *testing.T) func() {
+			// Ten, so a goroutine of the last subtest still ending
+			// does not hide them.
+			stop := make(chan struct{})
+			for range 10 {
+				go func() { <-stop }()
+			}
+			return func() { close(stop) }
+		}, "goroutines: "},
+		{"file in a tree", "files (tmp)", func(t *testing.T) func() {
+			p := filepath.Join(dir, "left", "behind")
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.RemoveAll(filepath.Join(dir, "left")) }
+		}, "+ left/behind"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The last subtest's goroutine may still be ending.
+			for n, i := runtime.NumGoroutine(), 0; i < 100; i++ {
+				time.Sleep(5 * time.Millisecond)
+				if m := runtime.NumGoroutine(); m == n {
+					break
+				} else {
+					n = m
+				}
+			}
+			before, err := leakcheck.Take(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			undo := tc.leak(t)
+			after, err := leakcheck.Take(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := leakcheck.Diff(before, after)
+			if !strings.Contains(d, tc.counter+": ") || !strings.Contains(d, tc.want) {
+				t.Errorf("diff after a leaked %s:\n%s\nwant %q under %q", tc.name, d, tc.want, tc.counter)
+			}
+			if tab := leakcheck.Table(before, after); !strings.Contains(tab, "differs") {
+				t.Errorf("table marks no difference:\n%s", tab)
+			}
+			undo()
+			// The Go runtime may start threads meanwhile (and keeps
+			// them): only the leak's own counter must be back.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if _, d, err := leakcheck.Settle(ctx, before, opts, 10*time.Millisecond); err != nil || strings.Contains(d, tc.counter+": ") {
+				t.Errorf("after undoing the leak: %v\n%s", err, d)
+			}
+		})
+	}
+}
+
+// TestMissingTree: a folder that is not there counts as empty, not as
+// an error (a state folder made later).
+func TestMissingTree(t *testing.T) {
+	c, err := leakcheck.Take(leakcheck.Options{Trees: map[string]string{"gone": filepath.Join(t.TempDir(), "none")}})
+	if err != nil || c.N["files (gone)"] != 0 {
+		t.Fatalf("Take = %v, %v", c.N, err)
+	}
+}
