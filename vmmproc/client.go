@@ -534,7 +534,7 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 	}
 	mode, err := seccomp.ParseMode(os.Getenv(seccomp.EnvMode))
 	if err != nil {
-		log.Error("$"+seccomp.EnvMode, "err", err)
+		log.Error("vmm process: bad $"+seccomp.EnvMode, "err", err)
 		return 2
 	}
 	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode}); err != nil {

@@ -65,6 +65,9 @@ func TestSeccompDeathReported(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	trigger := filepath.Join(dir, "trigger")
+	if err := os.Mkdir(trigger, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -74,7 +77,7 @@ func TestSeccompDeathReported(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	defer p.Close(context.Background())
-	if err := os.WriteFile(trigger, []byte(seccomptest.Install), 0o600); err != nil {
+	if err := os.WriteFile(seccomptest.File(trigger, p.PID()), []byte(seccomptest.Install), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -98,4 +101,22 @@ func TestSeccompDeathReported(t *testing.T) {
 	if _, err := p.Wait(ctx); !errors.As(err, &pe) || !pe.Seccomp {
 		t.Errorf("Wait after the death: %v", err)
 	}
+}
+
+// TestSeccompModeRefused: a VMM process given a mode that is none exits
+// at once, naming the variable.
+func TestSeccompModeRefused(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, StartConfig{Command: []string{os.Args[0], "-test.run=^$"}, Dir: dir, Env: []string{"KILN_SECCOMP=allow-all"}})
+	if err == nil {
+		p.Close(context.Background())
+		t.Fatal("a VMM process with KILN_SECCOMP=allow-all started")
+	}
+	var pe *ProcessError
+	if !errors.As(err, &pe) || !strings.Contains(pe.LogTail, "KILN_SECCOMP") || !strings.Contains(pe.Status, "exit status 2") {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Log(err)
 }
