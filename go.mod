@@ -27,6 +27,8 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
+require github.com/elastic/go-seccomp-bpf v1.6.0 // indirect
+
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/beorn7/perks v1.0.1 // indirect

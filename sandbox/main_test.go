@@ -9,13 +9,18 @@ import (
 
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/internal/seccomptest"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // TestMain lets the test binary serve as a VMM process (testProcess): the
-// out-of-process tests start it again with vmmproc.SocketEnv set.
+// out-of-process tests start it again with vmmproc.SocketEnv set (and
+// seccomptest.TriggerEnv for TestKVMSeccomp).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
+		if trigger := os.Getenv(seccomptest.TriggerEnv); trigger != "" {
+			go seccomptest.Watch(context.Background(), trigger)
+		}
 		os.Exit(vmmproc.ServeMain(context.Background(), "", OpenImageFS(image.NewRoots(image.Options{}))))
 	}
 	os.Exit(m.Run())

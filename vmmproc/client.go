@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 	"github.com/kilnvm/kiln/vmmproc/vmmpb"
@@ -80,6 +81,10 @@ type ProcessError struct {
 	PID     int
 	Status  string // "signal: killed", "exit status 2", or "gone" when attached
 	LogTail string
+	// Seccomp: its seccomp filter killed it (SIGSYS) for a system call
+	// outside the allowlist (package seccomp); the kernel's log has an
+	// audit line (type=1326) with the call's number.
+	Seccomp bool
 }
 
 func (e *ProcessError) Error() string {
@@ -135,6 +140,9 @@ func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
 	p := &Process{sock: sock, log: log, cmd: cmd, pid: cmd.Process.Pid, logPath: logPath, exited: make(chan struct{})}
 	go func() {
 		p.exitErr = cmd.Wait()
+		if killedBySeccomp(p.exitErr) {
+			log.Error("VMM process "+seccompStatus, "pid", p.pid, "log", logPath)
+		}
 		close(p.exited)
 	}()
 	defer func() {
@@ -234,13 +242,32 @@ func (p *Process) logTail() string {
 	return strings.Join(lines, "\n")
 }
 
+// seccompStatus is a ProcessError's Status when the filter killed it.
+const seccompStatus = "killed by its seccomp filter (SIGSYS): it made a system call outside its allowlist"
+
+// killedBySeccomp reports whether a process's Wait error says SIGSYS killed
+// it: the seccomp filter's SECCOMP_RET_KILL_PROCESS (a Go program's own
+// SIGSYS would be a crash with exit status 2, not a death by the signal).
+func killedBySeccomp(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGSYS
+}
+
 // deathError describes a started process that has exited.
 func (p *Process) deathError() error {
 	st := "exited with status 0"
-	if p.exitErr != nil {
+	bySeccomp := killedBySeccomp(p.exitErr)
+	switch {
+	case bySeccomp:
+		st = seccompStatus
+	case p.exitErr != nil:
 		st = "died: " + p.exitErr.Error()
 	}
-	return &ProcessError{PID: p.pid, Status: st, LogTail: p.logTail()}
+	return &ProcessError{PID: p.pid, Status: st, LogTail: p.logTail(), Seccomp: bySeccomp}
 }
 
 // gone reports whether the process is known to be dead, and how.
@@ -494,6 +521,8 @@ func (p *Process) Exited() <-chan struct{} { return p.exited }
 // ServeMain is the main of a VMM process: it serves on the socket SocketEnv
 // names (or sock, when not empty) until done, logging to stderr, and
 // returns the process's exit code. openFS opens image roots (nil: none).
+// $KILN_SECCOMP (seccomp.EnvMode) is the seccomp filter's mode: kill (the
+// default), log (record what the VMM calls) or off (debugging only).
 func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 	if sock == "" {
 		sock = os.Getenv(SocketEnv)
@@ -503,7 +532,12 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 		log.Error("no socket: set " + SocketEnv + " or pass --socket")
 		return 2
 	}
-	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS}); err != nil {
+	mode, err := seccomp.ParseMode(os.Getenv(seccomp.EnvMode))
+	if err != nil {
+		log.Error("vmm process: bad $"+seccomp.EnvMode, "err", err)
+		return 2
+	}
+	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode}); err != nil {
 		log.Error("vmm process", "err", err)
 		return 1
 	}

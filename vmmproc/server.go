@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/memory"
+	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -58,6 +59,11 @@ type ServeConfig struct {
 	// OpenFS opens the trees of fs devices (image roots); nil refuses
 	// them.
 	OpenFS virtio.FSOpener
+	// Seccomp is the mode of the seccomp filter (package seccomp) that
+	// Create installs on the whole process once the VM is built and
+	// before it runs: Serve is a VMM process's, never a library's, since
+	// the filter cannot be undone.
+	Seccomp seccomp.Mode
 }
 
 // Serve serves the VMM API until the process's VM has stopped and its
@@ -86,6 +92,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 
 	s := newServer(cfg.KVMPath, log)
 	s.openFS = cfg.OpenFS
+	s.seccomp = cfg.Seccomp
 	defer s.fds.closeAll()
 	defer s.holds.closeAll()
 	go s.fds.serveFDs(fdln)
@@ -121,6 +128,7 @@ type server struct {
 	vmmpb.UnimplementedVMMServer
 	kvmPath string
 	openFS  virtio.FSOpener
+	seccomp seccomp.Mode
 	log     *slog.Logger
 	fds     *fdStore
 	holds   *holdTable
@@ -227,6 +235,11 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
 	}
 	vm, err := s.build(req)
+	if err == nil {
+		if err = s.confine(); err != nil {
+			vm.Close()
+		}
+	}
 	if err != nil {
 		s.mu.Lock()
 		close(s.stopped)
@@ -249,6 +262,24 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		s.log.Info("vm stopped", "exit", exit.String(), "err", err)
 	}()
 	return &vmmpb.CreateResponse{}, nil
+}
+
+// confine restricts the process once its VM is built and before the guest
+// runs: the seccomp filter (package seccomp) on every thread. The guest
+// never runs unfiltered; what the build opened (/dev/kvm, disks, taps) it
+// keeps. A jailer's steps go before the filter.
+func (s *server) confine() error {
+	if s.seccomp == seccomp.Off {
+		s.log.Warn("SECCOMP FILTER OFF ($" + seccomp.EnvMode + "=off): this VMM process runs its guest with every system call open; a debugging switch only")
+		return nil
+	}
+	p := seccomp.VMM()
+	p.Mode = s.seccomp
+	if err := p.Install(); err != nil {
+		return status.Errorf(codes.Internal, "confine the VMM process: %v", err)
+	}
+	s.log.Info("seccomp filter installed", "mode", s.seccomp.String(), "syscalls", len(p.Syscalls), "ioctls", len(p.Ioctls))
+	return nil
 }
 
 // build makes the VM a Create asks for.

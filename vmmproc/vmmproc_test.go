@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/internal/seccomptest"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
 	"github.com/kilnvm/kiln/vmmproc/vmmpb"
@@ -23,6 +24,9 @@ import (
 // with SocketEnv set.
 func TestMain(m *testing.M) {
 	if os.Getenv(SocketEnv) != "" {
+		if trigger := os.Getenv(seccomptest.TriggerEnv); trigger != "" {
+			go seccomptest.Watch(context.Background(), trigger)
+		}
 		os.Exit(ServeMain(context.Background(), "", nil))
 	}
 	os.Exit(m.Run())

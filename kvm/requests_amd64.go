@@ -1,0 +1,23 @@
+package kvm
+
+// IoctlRequests returns every ioctl request number this package issues, on
+// /dev/kvm, a VM or a vCPU: the list a seccomp filter allows for a VMM
+// (package seccomp). A new ioctl added to numbers_amd64.go or
+// vcpu_state.go belongs here too; TestIoctlRequestsComplete checks it.
+func IoctlRequests() []uintptr {
+	return []uintptr{
+		reqGetAPIVersion, reqCreateVM, reqGetMSRIndexList, reqCheckExtension,
+		reqGetVCPUMmapSize, reqGetSupportedCPUID, reqCreateVCPU,
+		reqSetUserMemoryRegion, reqSetTSSAddr, reqSetIdentityMapAddr,
+		reqCreateIRQChip, reqIRQLine, reqGetIRQChip, reqSetIRQChip, reqIRQFD,
+		reqCreatePIT2, reqIOEventFD, reqSetClock, reqGetClock, reqGetPIT2,
+		reqSetPIT2, reqEnableCap,
+
+		reqRun, reqGetRegs, reqSetRegs, reqGetSregs, reqSetSregs, reqGetMSRs,
+		reqSetMSRs, reqGetFPU, reqSetFPU, reqGetLAPIC, reqSetLAPIC,
+		reqSetCPUID2, reqGetCPUID2, reqGetMPState, reqSetMPState,
+		reqGetVCPUEvents, reqSetVCPUEvents, reqGetTSCKHz, reqSetTSCKHz,
+		reqGetXSave, reqSetXSave, reqGetXCRs, reqSetXCRs, reqKVMClockCtrl,
+		reqGetXSave2, reqGetDebugRegs, reqSetDebugRegs,
+	}
+}

@@ -1,0 +1,71 @@
+package seccomp
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Install loads the policy into the calling process: NO_NEW_PRIVS on every
+// thread (seccomp requires it without CAP_SYS_ADMIN; the jailer may have
+// set it already), then the filter with SECCOMP_FILTER_FLAG_TSYNC, so
+// every thread has it from now on and every later thread inherits it. A
+// policy in Mode Off installs nothing. It cannot be undone.
+func (p *Policy) Install() error {
+	if p.Mode == Off {
+		return nil
+	}
+	insts, err := p.Assemble()
+	if err != nil {
+		return err
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return fmt.Errorf("seccomp: encode the program: %w", err)
+	}
+	filter := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+
+	// The filter is installed from the thread that set NO_NEW_PRIVS.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := setNoNewPrivs(); err != nil {
+		return err
+	}
+	tid, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(filter)
+	if errno != 0 {
+		return fmt.Errorf("seccomp: load the filter (%d instructions): %w", len(filter), errno)
+	}
+	if tid != 0 {
+		// TSYNC names the thread it could not synchronize.
+		return fmt.Errorf("seccomp: thread %d of the process cannot take the filter (TSYNC)", tid)
+	}
+	return nil
+}
+
+// setNoNewPrivs sets NO_NEW_PRIVS on every thread of the process (and so
+// on every thread started later), or on the calling thread alone where
+// the runtime cannot reach all threads (cgo): TSYNC then copies it to the
+// others as it synchronizes their filters.
+func setNoNewPrivs() error {
+	_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0)
+	if errno == 0 {
+		return nil
+	}
+	if !errors.Is(errno, syscall.ENOTSUP) {
+		return fmt.Errorf("seccomp: set NO_NEW_PRIVS on every thread: %w", errno)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("seccomp: set NO_NEW_PRIVS: %w", err)
+	}
+	return nil
+}
