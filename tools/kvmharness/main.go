@@ -71,6 +71,9 @@ type options struct {
 	exec      bool
 	initrd    string
 	script    string
+	// durationsOut, when set, receives each KVM test's L1 time of this
+	// run in durations.txt's form.
+	durationsOut string
 }
 
 // defaultL1CPUs is one: with two, QEMU's multi-threaded emulation of
@@ -108,6 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.exec, "exec", false, "run the command given after the flags where KVM works, instead of tests")
 	fs.StringVar(&o.initrd, "busybox-initrd", "", "write a busybox initramfs running -script to this file (gzip if it ends in .gz) and exit")
 	fs.StringVar(&o.script, "script", "", "the /init script for -busybox-initrd")
+	fs.StringVar(&o.durationsOut, "durations-out", "", "write each KVM test's L1 seconds of this run to this file (tools/kvmharness/durations.txt's form: the order of later runs)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -360,6 +364,30 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 	for _, r := range results {
 		collectL1Results(ctx, goBin, r.u, t)
 	}
+	if o.durationsOut != "" {
+		d := map[string]time.Duration{}
+		for _, r := range results {
+			if r.err == nil && r.l1Time > 0 {
+				d[r.u.test] = r.l1Time
+			}
+		}
+		if err := writeDurationsFile(o.durationsOut, d); err != nil {
+			t.problem("%v", err)
+		}
+	}
+}
+
+// writeDurationsFile writes d to path (writeDurations).
+func writeDurationsFile(path string, d map[string]time.Duration) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("-durations-out: %w", err)
+	}
+	if err := writeDurations(f, d); err != nil {
+		f.Close()
+		return fmt.Errorf("-durations-out %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // runUnits runs the units in L1 VMs, o.parallel at a time (a unit whose L1
@@ -377,9 +405,13 @@ func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units [
 		names[i] = u.test
 	}
 	weight := func(i int) int { return unitSlots(unitCPUs(o.cpus, units[i].test), o.cpus, o.parallel) }
+	expected, err := parseDurations(strings.NewReader(expectedDurations))
+	if err != nil {
+		log.Warn("ignoring tools/kvmharness/durations.txt", "err", err)
+	}
 	for n, phase := range phases(names) {
 		log.Info("running KVM tests in L1", "phase", n+1, "tests", len(phase), "at_once", min(o.parallel, len(phase)))
-		runPool(ctx, phase, o.parallel, weight, func(i int) {
+		runPool(ctx, longestFirst(phase, names, weight, expected), o.parallel, weight, func(i int) {
 			results[i] = runUnitInL1(ctx, o, l1, env, units[i], log)
 		})
 	}
