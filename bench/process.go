@@ -15,27 +15,41 @@ import (
 )
 
 // ProcessSpec configures RunProcess: what a VMM process of its own costs a
-// sandbox, beside one in the caller's process.
+// sandbox, beside one in the caller's process, and what each confinement
+// of that process (seccomp, the jail) adds.
 type ProcessSpec struct {
 	// Runtime boots the sandbox that is saved, unless Snapshot is given.
 	Runtime sandbox.Runtime
-	// Snapshot is a sandbox's snapshot to restore both ways; empty: one
+	// Snapshot is a sandbox's snapshot to restore every way; empty: one
 	// is booted (MemoryMiB) and saved into a temporary folder.
 	Snapshot  string
 	MemoryMiB int
-	// Process starts a VMM process (`kiln vmm`).
+	// Process starts a VMM process (`kiln vmm`), as it runs by default.
 	Process sandbox.ProcessOptions
-	// Execs and Forks are how many execs of `true` and forks of one
-	// child each way (20 and 3 when zero).
-	Execs, Forks int
-	BootTimeout  time.Duration
+	// Variants are further ways of running the VMM process, measured
+	// after the default one (say, with KILN_SECCOMP=off in its Env, or
+	// jailed), in order.
+	Variants []ProcessVariant
+	// Restores, Execs and Forks are how many restores to an answering
+	// agent, execs of `true` and forks of one child each way (1, 20 and
+	// 3 when zero). Each way's restores alternate with the others', so
+	// that a drift in the host's load spreads over all of them.
+	Restores, Execs, Forks int
+	BootTimeout            time.Duration
+}
+
+// ProcessVariant is one named way of running the VMM process.
+type ProcessVariant struct {
+	Name    string
+	Process sandbox.ProcessOptions
 }
 
 // ProcessModeResult is one way of running a sandbox's VM.
 type ProcessModeResult struct {
-	Restore time.Duration   // Restore to an answering agent
-	Execs   []time.Duration // each exec of `true`, to its exit status
-	Forks   []time.Duration // each Fork of one child, to its answering agent
+	Name     string
+	Restores []time.Duration // each Restore to an answering agent
+	Execs    []time.Duration // each exec of `true`, to its exit status
+	Forks    []time.Duration // each Fork of one child, to its answering agent
 	// VMMPSS is the VMM process's PSS less its guest RAM's (out of
 	// process only): what the process itself costs.
 	VMMPSS uint64
@@ -43,18 +57,38 @@ type ProcessModeResult struct {
 	GuestPSS uint64
 }
 
-// ProcessReport is RunProcess's result.
+// Restore is the median of the mode's restores.
+func (r ProcessModeResult) Restore() time.Duration { return Percentile(r.Restores, 50) }
+
+// ProcessReport is RunProcess's result: the in-process way first, then the
+// default VMM process, then the variants.
 type ProcessReport struct {
-	InProcess, OutOfProcess ProcessModeResult
+	Modes []ProcessModeResult
 }
 
-// RunProcess restores one snapshot in this process and in a VMM process,
-// and times execs and forks in each, and measures the VMM process's
-// memory beside the guest's.
+// InProcess is the in-process way's result.
+func (rep ProcessReport) InProcess() ProcessModeResult { return rep.mode(0) }
+
+// OutOfProcess is the default VMM process's result.
+func (rep ProcessReport) OutOfProcess() ProcessModeResult { return rep.mode(1) }
+
+func (rep ProcessReport) mode(i int) ProcessModeResult {
+	if i < len(rep.Modes) {
+		return rep.Modes[i]
+	}
+	return ProcessModeResult{}
+}
+
+// RunProcess restores one snapshot in this process, in a VMM process and in
+// each variant, times restores, execs and forks in each, and measures the
+// VMM process's memory beside the guest's.
 func RunProcess(ctx context.Context, spec ProcessSpec, progress io.Writer) (ProcessReport, error) {
 	var rep ProcessReport
 	if progress == nil {
 		progress = io.Discard
+	}
+	if spec.Restores <= 0 {
+		spec.Restores = 1
 	}
 	if spec.Execs <= 0 {
 		spec.Execs = 20
@@ -67,6 +101,11 @@ func RunProcess(ctx context.Context, spec ProcessSpec, progress io.Writer) (Proc
 	}
 	if len(spec.Process.Command) == 0 {
 		return rep, errors.New("bench: no VMM process command")
+	}
+	for i, v := range spec.Variants {
+		if v.Name == "" || len(v.Process.Command) == 0 {
+			return rep, fmt.Errorf("bench: process variant %d: want a name and a VMM process command", i)
+		}
 	}
 	snap := spec.Snapshot
 	if snap == "" {
@@ -86,34 +125,60 @@ func RunProcess(ctx context.Context, spec ProcessSpec, progress io.Writer) (Proc
 			return rep, fmt.Errorf("bench: save: %w", err)
 		}
 	}
-	var err error
-	if rep.InProcess, err = measureMode(ctx, snap, nil, spec, progress); err != nil {
-		return rep, fmt.Errorf("bench: in-process: %w", err)
+	type way struct {
+		name string
+		proc *sandbox.ProcessOptions
 	}
-	proc := spec.Process
-	if rep.OutOfProcess, err = measureMode(ctx, snap, &proc, spec, progress); err != nil {
-		return rep, fmt.Errorf("bench: out-of-process: %w", err)
+	def := spec.Process
+	ways := []way{{"in-process", nil}, {"VMM process", &def}}
+	for _, v := range spec.Variants {
+		ways = append(ways, way{v.Name, &v.Process})
+	}
+	rep.Modes = make([]ProcessModeResult, len(ways))
+	for i, w := range ways {
+		rep.Modes[i].Name = w.name
+	}
+	// The restores beyond each way's first, alternating ways.
+	for range spec.Restores - 1 {
+		for i, w := range ways {
+			d, err := timeRestore(ctx, snap, w.proc, spec)
+			if err != nil {
+				return rep, fmt.Errorf("bench: %s: %w", w.name, err)
+			}
+			rep.Modes[i].Restores = append(rep.Modes[i].Restores, d)
+		}
+	}
+	for i, w := range ways {
+		if err := measureMode(ctx, snap, w.proc, spec, &rep.Modes[i], progress); err != nil {
+			return rep, fmt.Errorf("bench: %s: %w", w.name, err)
+		}
 	}
 	return rep, nil
 }
 
-func measureMode(ctx context.Context, snap string, proc *sandbox.ProcessOptions, spec ProcessSpec, progress io.Writer) (ProcessModeResult, error) {
-	var r ProcessModeResult
-	who := "in-process"
-	if proc != nil {
-		who = "out-of-process"
-	}
+// timeRestore restores snap once, to an answering agent, and closes it.
+func timeRestore(ctx context.Context, snap string, proc *sandbox.ProcessOptions, spec ProcessSpec) (time.Duration, error) {
 	begin := time.Now()
 	sb, err := sandbox.Restore(ctx, snap, sandbox.RestoreOptions{Process: proc, Timeout: spec.BootTimeout})
 	if err != nil {
-		return r, err
+		return 0, err
+	}
+	d := time.Since(begin)
+	return d, sb.Close(context.Background())
+}
+
+func measureMode(ctx context.Context, snap string, proc *sandbox.ProcessOptions, spec ProcessSpec, r *ProcessModeResult, progress io.Writer) error {
+	begin := time.Now()
+	sb, err := sandbox.Restore(ctx, snap, sandbox.RestoreOptions{Process: proc, Timeout: spec.BootTimeout})
+	if err != nil {
+		return err
 	}
 	defer sb.Close(context.Background())
-	r.Restore = time.Since(begin)
+	r.Restores = append(r.Restores, time.Since(begin))
 	for range spec.Execs {
 		begin := time.Now()
 		if err := execTrue(ctx, sb.Client()); err != nil {
-			return r, err
+			return err
 		}
 		r.Execs = append(r.Execs, time.Since(begin))
 	}
@@ -121,50 +186,84 @@ func measureMode(ctx context.Context, snap string, proc *sandbox.ProcessOptions,
 		begin := time.Now()
 		kids, err := sb.Fork(ctx, 1, sandbox.ForkOptions{})
 		if err != nil {
-			return r, err
+			return err
 		}
 		r.Forks = append(r.Forks, time.Since(begin))
 		kids[0].Close(context.Background())
 	}
 	g, err := GuestUsage(sb)
 	if err != nil {
-		return r, err
+		return err
 	}
 	r.GuestPSS = g.Pss
 	if proc != nil {
 		p, err := procfs.NewProc(sb.PID())
 		if err != nil {
-			return r, fmt.Errorf("VMM process: %w", err)
+			return fmt.Errorf("VMM process: %w", err)
 		}
 		roll, err := p.ProcSMapsRollup()
 		if err != nil {
-			return r, fmt.Errorf("VMM process: smaps_rollup: %w", err)
+			return fmt.Errorf("VMM process: smaps_rollup: %w", err)
 		}
 		if roll.Pss > g.Pss {
 			r.VMMPSS = roll.Pss - g.Pss
 		}
 	}
-	fmt.Fprintf(progress, "%s: restore %v, exec median %v, fork median %v, guest PSS %.1f MiB, VMM PSS %.1f MiB\n",
-		who, r.Restore.Round(time.Millisecond), Percentile(r.Execs, 50).Round(time.Microsecond),
+	fmt.Fprintf(progress, "%s: restore median %v, exec median %v, fork median %v, guest PSS %.1f MiB, VMM PSS %.1f MiB\n",
+		r.Name, r.Restore().Round(time.Millisecond), Percentile(r.Execs, 50).Round(time.Microsecond),
 		Percentile(r.Forks, 50).Round(time.Millisecond), MiB(r.GuestPSS), MiB(r.VMMPSS))
-	return r, nil
+	return nil
 }
 
-// Print writes the report as a table, with the out-of-process over
-// in-process ratios.
+// Print writes the report as a table: a column per way, and each way's
+// ratio to the in-process one.
 func (rep ProcessReport) Print(w io.Writer) {
-	in, out := rep.InProcess, rep.OutOfProcess
+	if len(rep.Modes) == 0 {
+		return
+	}
+	in := rep.Modes[0]
 	ratio := func(a, b time.Duration) string {
 		if b <= 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.2f", float64(a)/float64(b))
+		return fmt.Sprintf("(%.2fx)", float64(a)/float64(b))
 	}
-	fmt.Fprintf(w, "%-28s %14s %14s %8s\n", "", "in-process", "VMM process", "ratio")
-	fmt.Fprintf(w, "%-28s %14v %14v %8s\n", "restore to agent", in.Restore.Round(time.Millisecond), out.Restore.Round(time.Millisecond), ratio(out.Restore, in.Restore))
-	fmt.Fprintf(w, "%-28s %14v %14v %8s\n", "exec true (median)", Percentile(in.Execs, 50).Round(time.Microsecond), Percentile(out.Execs, 50).Round(time.Microsecond), ratio(Percentile(out.Execs, 50), Percentile(in.Execs, 50)))
-	fmt.Fprintf(w, "%-28s %14v %14v %8s\n", "exec true (p95)", Percentile(in.Execs, 95).Round(time.Microsecond), Percentile(out.Execs, 95).Round(time.Microsecond), ratio(Percentile(out.Execs, 95), Percentile(in.Execs, 95)))
-	fmt.Fprintf(w, "%-28s %14v %14v %8s\n", "fork of 1 (median)", Percentile(in.Forks, 50).Round(time.Millisecond), Percentile(out.Forks, 50).Round(time.Millisecond), ratio(Percentile(out.Forks, 50), Percentile(in.Forks, 50)))
-	fmt.Fprintf(w, "%-28s %14.1f %14.1f\n", "guest RAM PSS (MiB)", MiB(in.GuestPSS), MiB(out.GuestPSS))
-	fmt.Fprintf(w, "%-28s %14s %14.1f\n", "VMM process PSS (MiB)", "-", MiB(out.VMMPSS))
+	row := func(label string, pick func(ProcessModeResult) time.Duration, round time.Duration) {
+		fmt.Fprintf(w, "%-24s", label)
+		for i, m := range rep.Modes {
+			v := pick(m).Round(round)
+			if i == 0 {
+				fmt.Fprintf(w, " %22v", v)
+			} else {
+				fmt.Fprintf(w, " %13v %8s", v, ratio(pick(m), pick(in)))
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "%-24s", "")
+	for _, m := range rep.Modes {
+		fmt.Fprintf(w, " %22s", m.Name)
+	}
+	fmt.Fprintln(w)
+	p := func(q float64, pick func(ProcessModeResult) []time.Duration) func(ProcessModeResult) time.Duration {
+		return func(m ProcessModeResult) time.Duration { return Percentile(pick(m), q) }
+	}
+	restores := func(m ProcessModeResult) []time.Duration { return m.Restores }
+	execs := func(m ProcessModeResult) []time.Duration { return m.Execs }
+	forks := func(m ProcessModeResult) []time.Duration { return m.Forks }
+	row(fmt.Sprintf("restore p50 (n=%d)", len(in.Restores)), p(50, restores), time.Millisecond)
+	row("restore p95", p(95, restores), time.Millisecond)
+	row(fmt.Sprintf("exec true p50 (n=%d)", len(in.Execs)), p(50, execs), time.Microsecond)
+	row("exec true p95", p(95, execs), time.Microsecond)
+	row(fmt.Sprintf("fork of 1 p50 (n=%d)", len(in.Forks)), p(50, forks), time.Millisecond)
+	fmt.Fprintf(w, "%-24s", "guest RAM PSS (MiB)")
+	for _, m := range rep.Modes {
+		fmt.Fprintf(w, " %22.1f", MiB(m.GuestPSS))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-24s %22s", "VMM process PSS (MiB)", "-")
+	for _, m := range rep.Modes[1:] {
+		fmt.Fprintf(w, " %22.1f", MiB(m.VMMPSS))
+	}
+	fmt.Fprintln(w)
 }

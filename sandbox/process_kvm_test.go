@@ -164,7 +164,7 @@ func TestKVMProcess(t *testing.T) {
 		var b strings.Builder
 		rep.Print(&b)
 		t.Logf("bench.RunProcess (emulated KVM):\n%s", b.String())
-		if rep.OutOfProcess.VMMPSS == 0 || len(rep.OutOfProcess.Execs) != 10 || len(rep.InProcess.Forks) != 2 {
+		if rep.OutOfProcess().VMMPSS == 0 || len(rep.OutOfProcess().Execs) != 10 || len(rep.InProcess().Forks) != 2 || len(rep.InProcess().Restores) != 1 {
 			t.Fatalf("report %+v", rep)
 		}
 	})

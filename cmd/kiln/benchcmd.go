@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -245,6 +246,8 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	execs := fs.Int("execs", 20, "execs of true each way")
 	forks := fs.Int("forks", 3, "forks of one child each way")
+	restores := fs.Int("restores", 10, "restores to an answering agent each way, alternating ways (for p50/p95)")
+	confinement := fs.Bool("confinement", true, "also run a VMM process without its seccomp filter (KILN_SECCOMP=off), to show what the filter adds")
 	mem := fs.Int("mem", 256, "guest memory in MiB")
 	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
@@ -261,7 +264,17 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitInternal
 	}
-	rep, err := bench.RunProcess(ctx, bench.ProcessSpec{Runtime: rt, MemoryMiB: *mem, Process: *po, Execs: *execs, Forks: *forks}, stderr)
+	if *restores < 1 || *execs < 1 || *forks < 1 {
+		fmt.Fprintln(stderr, "kiln bench process: --restores, --execs and --forks must be at least 1")
+		return exitUsage
+	}
+	spec := bench.ProcessSpec{Runtime: rt, MemoryMiB: *mem, Process: *po, Restores: *restores, Execs: *execs, Forks: *forks}
+	if *confinement {
+		off := *po
+		off.Env = append(slices.Clone(po.Env), "KILN_SECCOMP=off")
+		spec.Variants = append(spec.Variants, bench.ProcessVariant{Name: "no seccomp", Process: off})
+	}
+	rep, err := bench.RunProcess(ctx, spec, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitInternal
