@@ -98,21 +98,37 @@ test: harness test-rootfs
 # `make fuzz FUZZTIME=10m` runs longer. FUZZMINTIME bounds each minimisation
 # (of a failing input, and of each new interesting one: up to 60s each by
 # default, during which nothing new is tried), so that it cannot eat the
-# budget.
+# budget. Each package's instrumented test binary is built once (go test -c
+# -fuzz) and runs each of its targets in the package's folder (seeds in
+# testdata/fuzz, the corpus in go test's own cache folder), instead of a go
+# test -fuzz per target that links it again each time; the targets are
+# found in the test files' source, without building a test binary of every
+# package to list them.
+# FUZZTIMEOUT kills a target that runs on past it (raise it with FUZZTIME);
+# FUZZPKGS narrows the run to some packages.
 FUZZTIME ?= 4s
 FUZZMINTIME ?= 5s
+FUZZTIMEOUT ?= 20m
+FUZZPKGS ?= ./...
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	@set -e; bindir=$$(mktemp -d); trap 'rm -rf "$$bindir"' EXIT; \
+	cache=$$($(GO) env GOCACHE)/fuzz; \
+	for pd in $$($(GO) list -f '{{.ImportPath}}={{.Dir}}' $(FUZZPKGS)); do \
+	  pkg=$${pd%%=*}; dir=$${pd#*=}; \
+	  targets=$$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$dir"/*_test.go 2>/dev/null); \
+	  [ -n "$$targets" ] || continue; \
+	  bin=$$bindir/$$(echo $$pkg | tr / _).test; \
+	  $(GO) test -c -fuzz=. -o "$$bin" $$pkg; \
+	  for f in $$targets; do \
 	    echo "fuzz: $$pkg $$f ($(FUZZTIME), minimising at most $(FUZZMINTIME))"; \
-	    log=$$(mktemp); \
-	    if ! $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINTIME) $$pkg >$$log 2>&1; then \
+	    log=$$bindir/log; \
+	    if ! (cd "$$dir" && "$$bin" -test.run '^$$' -test.fuzz "^$$f\$$" -test.fuzztime $(FUZZTIME) -test.fuzzminimizetime $(FUZZMINTIME) -test.timeout $(FUZZTIMEOUT) -test.fuzzcachedir "$$cache/$$pkg") >$$log 2>&1; then \
 	      tail -20 $$log; \
 	      if grep -q 'Failing input written to' $$log; then \
-	        echo "fuzz: $$f found a failing input (above); rerun: go test -run '^$$' -fuzz '^$$f$$' $$pkg"; rm -f $$log; exit 1; \
+	        echo "fuzz: $$f found a failing input (above); rerun: go test -run '^$$' -fuzz '^$$f$$' $$pkg"; exit 1; \
 	      fi; \
 	      echo "fuzz: warning: $$f stopped without a failing input (above), not counted as a failure"; \
-	    fi; rm -f $$log; \
+	    fi; \
 	  done; \
 	done
 
