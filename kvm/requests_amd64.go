@@ -5,15 +5,20 @@ package kvm
 // (package seccomp). A new ioctl added to numbers_amd64.go or
 // vcpu_state.go belongs here too; TestIoctlRequestsComplete checks it.
 func IoctlRequests() []uintptr {
+	// KVM_RUN and KVM_IRQ_LINE come first: a seccomp filter compares an
+	// ioctl's request with each allowed one in turn (the kernel caches
+	// no verdict for a call whose arguments it checks), and these two
+	// are made on every VM exit and interrupt.
 	return []uintptr{
+		reqRun, reqIRQLine,
 		reqGetAPIVersion, reqCreateVM, reqGetMSRIndexList, reqCheckExtension,
 		reqGetVCPUMmapSize, reqGetSupportedCPUID, reqCreateVCPU,
 		reqSetUserMemoryRegion, reqSetTSSAddr, reqSetIdentityMapAddr,
-		reqCreateIRQChip, reqIRQLine, reqGetIRQChip, reqSetIRQChip, reqIRQFD,
+		reqCreateIRQChip, reqGetIRQChip, reqSetIRQChip, reqIRQFD,
 		reqCreatePIT2, reqIOEventFD, reqSetClock, reqGetClock, reqGetPIT2,
 		reqSetPIT2, reqEnableCap,
 
-		reqRun, reqGetRegs, reqSetRegs, reqGetSregs, reqSetSregs, reqGetMSRs,
+		reqGetRegs, reqSetRegs, reqGetSregs, reqSetSregs, reqGetMSRs,
 		reqSetMSRs, reqGetFPU, reqSetFPU, reqGetLAPIC, reqSetLAPIC,
 		reqSetCPUID2, reqGetCPUID2, reqGetMPState, reqSetMPState,
 		reqGetVCPUEvents, reqSetVCPUEvents, reqGetTSCKHz, reqSetTSCKHz,

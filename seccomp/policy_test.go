@@ -92,6 +92,13 @@ func TestVMMPolicyDecisions(t *testing.T) {
 		{"ioctl TUNSETIFF", unix.SYS_IOCTL, auditArchX8664, []uint64{5, unix.TUNSETIFF}, allow},
 		{"ioctl TIOCSTI", unix.SYS_IOCTL, auditArchX8664, []uint64{0, unix.TIOCSTI}, kill},
 		{"ioctl KVM request with high bits", unix.SYS_IOCTL, auditArchX8664, []uint64{5, 1<<32 | uint64(kvmReqs[0])}, kill},
+		// Each position in the list, not only the first: with the ioctl
+		// group placed before the others, go-seccomp-bpf v1.6.0 allowed
+		// KVM_RUN with high bits set (a jump past the high-word check),
+		// which is why the group stays after the plain calls.
+		{"ioctl middle KVM request with high bits", unix.SYS_IOCTL, auditArchX8664, []uint64{5, 1<<32 | uint64(kvmReqs[len(kvmReqs)/2])}, kill},
+		{"ioctl last KVM request with high bits", unix.SYS_IOCTL, auditArchX8664, []uint64{5, 1<<63 | uint64(kvmReqs[len(kvmReqs)-1])}, kill},
+		{"ioctl last KVM request", unix.SYS_IOCTL, auditArchX8664, []uint64{5, uint64(kvmReqs[len(kvmReqs)-1])}, allow},
 		{"mount", unix.SYS_MOUNT, auditArchX8664, nil, kill},
 		{"ptrace", unix.SYS_PTRACE, auditArchX8664, nil, kill},
 		{"execve", unix.SYS_EXECVE, auditArchX8664, nil, kill},
