@@ -386,7 +386,9 @@ func TestCgroupConfigInvalid(t *testing.T) {
 		{"negative pids", func(c *daemon.Config) { c.PidsMax = -5 }, "PidsMax -5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := daemon.Config{StateDir: t.TempDir(), Backend: &daemontest.Backend{}}
+			be := &daemontest.Backend{}
+			t.Cleanup(be.KillAll)
+			cfg := daemon.Config{StateDir: t.TempDir(), Backend: be}
 			tc.mod(&cfg)
 			if _, err := daemon.New(cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("New: %v, want an error with %q", err, tc.want)

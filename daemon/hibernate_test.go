@@ -177,6 +177,8 @@ func TestHibernateRestart(t *testing.T) {
 	if err := os.MkdirAll(stray, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	old := e.be
+	t.Cleanup(old.KillAll)
 	e.be = &daemontest.Backend{}
 	e.cfg.Backend = e.be
 	e.start()

@@ -206,6 +206,8 @@ func TestRestart(t *testing.T) {
 	e.stop()
 	syscall.Kill(int(dead.Pid), syscall.SIGKILL)
 	waitGone(t, dead.Pid)
+	old := e.be
+	t.Cleanup(old.KillAll)
 	e.be = &daemontest.Backend{}
 	e.cfg.Backend = e.be
 	e.start()

@@ -42,6 +42,10 @@ type env struct {
 func newEnv(t *testing.T, mod func(*daemon.Config)) *env {
 	t.Helper()
 	e := &env{t: t, state: t.TempDir(), be: &daemontest.Backend{}, clock: daemontest.NewClock(time.Unix(1_800_000_000, 0))}
+	// kilnd leaves sandboxes running when it stops: their stand-in VMM
+	// processes, of every backend this test used (e.be may be replaced),
+	// go with the test.
+	t.Cleanup(func() { e.be.KillAll() })
 	e.cfg = daemon.Config{StateDir: e.state, Backend: e.be, Clock: e.clock, HostMemoryMiB: 16384, HostCPUs: 8,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {

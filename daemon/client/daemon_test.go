@@ -26,6 +26,7 @@ import (
 func serveDaemon(t *testing.T) (*Client, *daemontest.Backend) {
 	t.Helper()
 	be := &daemontest.Backend{}
+	t.Cleanup(be.KillAll)
 	srv, err := daemon.New(daemon.Config{StateDir: t.TempDir(), Backend: be, HostMemoryMiB: 16384, HostCPUs: 8,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

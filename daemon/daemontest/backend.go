@@ -66,6 +66,9 @@ type Backend struct {
 
 	mu   sync.Mutex
 	live map[*Instance]struct{}
+	// standIns are the PIDs of the stand-in VMM processes this backend
+	// started or attached (KillAll).
+	standIns map[int]bool
 	// detached are the detached execs this process started, by sandbox
 	// folder and ID: an Instance of a later Attach waits for them.
 	detached map[string]*proc
@@ -223,7 +226,7 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 	if err := writeMeta(spec.Dir, m); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("sleep", "1000000")
+	cmd := exec.Command(standInArgs[0], standInArgs[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("daemontest: start the stand-in VMM process: %w", err)
@@ -304,6 +307,30 @@ func (b *Backend) Attach(ctx context.Context, dir string, paused bool) (daemon.I
 	return in, nil
 }
 
+// standInArgs is the stand-in VMM process's command line.
+var standInArgs = []string{"sleep", "1000000"}
+
+// KillAll kills every stand-in VMM process this backend started or
+// attached that still runs. kilnd leaves its sandboxes running when it
+// stops (a restart attaches to them), so a test's cleanup calls this, or
+// the stand-ins outlive the test binary. A PID whose process is no longer
+// a stand-in (gone, and its number reused) is left alone.
+func (b *Backend) KillAll() {
+	b.mu.Lock()
+	pids := make([]int, 0, len(b.standIns))
+	for pid := range b.standIns {
+		pids = append(pids, pid)
+	}
+	b.mu.Unlock()
+	want := strings.Join(standInArgs, "\x00") + "\x00"
+	for _, pid := range pids {
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && string(cmd) == want && alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
 // alive says process pid runs (and is not a zombie).
 func alive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
@@ -328,6 +355,12 @@ func writeMeta(dir string, m meta) error {
 }
 
 func (b *Backend) newInstance(dir string, pid int, m meta) (*Instance, error) {
+	b.mu.Lock()
+	if b.standIns == nil {
+		b.standIns = map[int]bool{}
+	}
+	b.standIns[pid] = true
+	b.mu.Unlock()
 	r, err := os.OpenRoot(filepath.Join(dir, rootDir))
 	if err != nil {
 		return nil, fmt.Errorf("daemontest: %w", err)

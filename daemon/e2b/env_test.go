@@ -47,7 +47,9 @@ type env struct {
 func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	t.Helper()
 	e := &env{t: t, state: t.TempDir()}
-	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(e.state, "kiln"), Backend: &daemontest.Backend{},
+	be := &daemontest.Backend{}
+	t.Cleanup(be.KillAll) // kilnd leaves its sandboxes' processes running
+	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(e.state, "kiln"), Backend: be,
 		HostMemoryMiB: 16384, HostCPUs: 8, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,7 @@ type env struct {
 func newEnv(t *testing.T, opts ...Option) *env {
 	t.Helper()
 	be := &daemontest.Backend{}
+	t.Cleanup(be.KillAll) // kilnd leaves its sandboxes' processes running
 	srv, err := daemon.New(daemon.Config{StateDir: t.TempDir(), Backend: be, HostMemoryMiB: 16384, HostCPUs: 8,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
