@@ -17,6 +17,11 @@ const (
 	IDCount = 65536
 )
 
+// DefaultIDsDir is the folder kilnd and kiln run/fork keep their id locks
+// under by default: one for the host, so that no two jails share an id
+// (a tmpfs: after a reboot every holder is gone anyway).
+const DefaultIDsDir = "/run/kiln"
+
 // IDsDir is the folder under an IDs' directory that holds the id files.
 const IDsDir = "jail-ids"
 

@@ -68,11 +68,7 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		SandboxIO:        cfg.sandboxIO,
 	}
 	if cfg.jail {
-		dir := cfg.jailIDs
-		if dir == "" {
-			dir = cfg.stateDir
-		}
-		ids, err := jail.NewIDs(dir, jail.FirstID, jail.IDCount)
+		ids, err := jail.NewIDs(cfg.jailIDs, jail.FirstID, jail.IDCount)
 		if err != nil {
 			return nil, fmt.Errorf("--jail: %w (use --jail-ids)", err)
 		}

@@ -58,7 +58,7 @@ type config struct {
 	kiln           string // the kiln binary whose vmm command runs each VM
 	debug          bool
 	// jail jails each VMM process (--jail); jailIDs holds its id locks
-	// (--jail-ids; "": the state dir).
+	// (--jail-ids).
 	jail      bool
 	jailIDs   string
 	logFormat string // logText or logJSON
