@@ -544,10 +544,24 @@ func (p *Process) Close(ctx context.Context) error {
 					<-p.exited
 				}
 			}
+			if p.jailUID != 0 {
+				// A jailed process cannot unlink its sockets from a
+				// folder it may not write.
+				removeSockets(p.sock, FDSocket(p.sock))
+			}
 		}
 		err = p.conn.Close()
 	})
 	return err
+}
+
+// removeSockets removes the Unix sockets at paths (and nothing else).
+func removeSockets(paths ...string) {
+	for _, path := range paths {
+		if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(path)
+		}
+	}
 }
 
 // Exited is closed when a started process has exited (nil for an attached

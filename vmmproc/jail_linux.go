@@ -254,7 +254,15 @@ func (p *Process) saveStaged(ctx context.Context, dir string, labels map[string]
 	if err := os.Chown(tmp, 0, 0); err != nil {
 		return fmt.Errorf("vmmproc: save: %w", err)
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// No renameat2 flags on this filesystem: check, then rename.
+		if _, serr := os.Lstat(dir); serr == nil {
+			return fmt.Errorf("vmmproc: save: %s exists", dir)
+		}
+		err = os.Rename(tmp, dir)
+	}
+	if err != nil {
 		return fmt.Errorf("vmmproc: save: rename into place: %w", err)
 	}
 	return nil
