@@ -27,7 +27,7 @@ import (
 // namespaces are not this process's; execs work; a jailed sandbox saves
 // (through a folder passed as a descriptor) and the save restores; and
 // after Close no id is held, no jail mount is left and no socket stays.
-// The test binary is the VMM: build it with CGO_ENABLED=0.
+// The VMM processes run kiln vmm (kvmtest.VMMBinary: without cgo).
 func TestKVMJail(t *testing.T) {
 	kvmtest.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -37,8 +37,9 @@ func TestKVMJail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc := testProcess()
-	proc.Jail = &JailOptions{IDs: ids}
+	// The VMM is kiln vmm built without cgo (a test binary may have it,
+	// and a cgo binary cannot enter a jail).
+	proc := &ProcessOptions{Command: []string{kvmtest.VMMBinary(t), "vmm"}, Jail: &JailOptions{IDs: ids}}
 	run := func(sb *Sandbox, script string) string {
 		t.Helper()
 		var out, errOut bytes.Buffer
