@@ -57,9 +57,12 @@ deps:
 	  echo "deps: node $$(node --version) is too old for the e2b SDK (it needs 20.18.1 or newer, as its package.json says; Debian 12's nodejs is 18): install a newer Node.js"; exit 1; }
 	cd daemon/e2b/sdktest && npm ci --no-audit --no-fund
 
+# kiln and kilnd without cgo: a jailed `kiln vmm` (package jail) changes
+# every thread's ids and capabilities through the Go runtime, which it
+# cannot do in a cgo binary.
 build: harness
-	$(GO) build -o $(KILN) ./cmd/kiln
-	$(GO) build -o bin/kilnd ./cmd/kilnd
+	CGO_ENABLED=0 $(GO) build -o $(KILN) ./cmd/kiln
+	CGO_ENABLED=0 $(GO) build -o bin/kilnd ./cmd/kilnd
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(AGENT) ./cmd/kiln-agent
 
 harness:

@@ -45,6 +45,10 @@ type Config struct {
 	Images string
 	// ProcessCommand starts a VMM process: ["/usr/bin/kiln", "vmm"].
 	ProcessCommand []string
+	// Jail, when set, jails every sandbox's VMM process
+	// (sandbox.ProcessOptions.Jail; kilnd --jail). Image-rooted
+	// sandboxes are refused in a jail for now.
+	Jail *sandbox.JailOptions
 
 	// Defaults of a CreateSandboxRequest's zero fields: 1 vCPU, 512 MiB,
 	// no lifetime limit when zero.
@@ -230,7 +234,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("daemon: %w", err)
 		}
 		cfg.Backend = &SandboxBackend{Runtime: cfg.Runtime, Images: cfg.Images,
-			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand}, Logger: cfg.Logger, SnapshotKey: key}
+			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand, Jail: cfg.Jail}, Logger: cfg.Logger, SnapshotKey: key}
 	}
 	if cfg.TemplateTimeout == 0 {
 		cfg.TemplateTimeout = 30 * time.Minute

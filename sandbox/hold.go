@@ -257,7 +257,7 @@ func RestoreFrozen(ctx context.Context, f *Frozen, opts RestoreOptions) (*Sandbo
 // frozenMachine builds the machine of a sandbox restored over f's base.
 func (s *Sandbox) frozenMachine(ctx context.Context, f *Frozen, cfg vmm.RestoreConfig, proc *ProcessOptions) (machine, error) {
 	if proc != nil {
-		return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error {
+		return s.processMachine(ctx, *proc, cfg.Console, cfg.Devices, func(p *vmmproc.Process) error {
 			return p.RestoreFork(ctx, f.state, f.base, cfg.Devices)
 		})
 	}

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -33,6 +35,67 @@ type ProcessOptions struct {
 	// sandbox's host limits. A fork's children do not inherit it:
 	// ForkOptions.Cgroup gives each its own.
 	Cgroup string
+	// Jail, when set, jails each VMM process (package jail,
+	// vmmproc.JailConfig): namespaces of its own (the network one of its
+	// tap, or an empty one), a root holding only what it needs, a uid and
+	// gid of its own, no capabilities. Image roots (fs devices) are not
+	// supported in a jail yet. The VMM command must be built without cgo.
+	Jail *JailOptions
+}
+
+// JailOptions jail a sandbox's VMM processes.
+type JailOptions struct {
+	// IDs gives each VMM process its uid and gid (one each, held while
+	// it lives).
+	IDs *jail.IDs
+	// Binds are more host paths each jail holds.
+	Binds []jail.Bind
+}
+
+// jailConfig makes the jail of a VMM process whose VM has devices (the
+// boot's specs, or a restore's or fork's overrides): a new id, and the
+// network namespace of its taps.
+func (o *JailOptions) jailConfig(devices []virtio.DeviceSpec) (*vmmproc.JailConfig, error) {
+	if o.IDs == nil {
+		return nil, errors.New("sandbox: jail: no id allocator (JailOptions.IDs)")
+	}
+	netns, err := jailNetns(devices)
+	if err != nil {
+		return nil, err
+	}
+	id, f, err := o.IDs.Allocate()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	return &vmmproc.JailConfig{UID: id, GID: id, IDFile: f, Netns: netns, Binds: o.Binds}, nil
+}
+
+// jailNetns is the network namespace a jailed VMM process with devices
+// starts in: its taps' (a name under /var/run/netns, a path, or this
+// process's own for a tap in it), or "" (a new, empty one) without a
+// tap. An image root is refused here, before anything starts.
+func jailNetns(devices []virtio.DeviceSpec) (string, error) {
+	netns, seen := "", false
+	for _, d := range devices {
+		switch {
+		case d.Kind == virtio.KindFS:
+			return "", fmt.Errorf("sandbox: device %s: an image root (fs device, lazy image fetch) is not supported in a jailed VMM process yet: run it without the jail", d.ID)
+		case d.Kind != virtio.KindNet || d.Net == nil:
+			continue
+		}
+		ns := "/proc/self/ns/net"
+		switch n := d.Net.Netns; {
+		case strings.ContainsRune(n, '/'):
+			ns = n
+		case n != "":
+			ns = filepath.Join("/var/run/netns", n)
+		}
+		if seen && ns != netns {
+			return "", fmt.Errorf("sandbox: a jailed VMM process has one network namespace: taps in %s and %s", netns, ns)
+		}
+		netns, seen = ns, true
+	}
+	return netns, nil
 }
 
 // machine is a sandbox's VM, in this process or in a VMM process.
@@ -89,18 +152,31 @@ type processVM struct {
 	// specs are the VM's devices, read once it was created.
 	specs  []virtio.DeviceSpec
 	cancel context.CancelFunc // ends the console copy
+	// vsock is the sandbox's vsock socket, which a jailed process
+	// cannot unlink itself.
+	vsock string
 }
 
 // startProcess starts a VMM process for the sandbox s, with its console
 // copied into the sandbox's console writer w.
-func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Writer) (*processVM, error) {
-	p, err := vmmproc.Start(ctx, vmmproc.StartConfig{Command: opts.Command, Dir: s.dir, Env: opts.Env, Cgroup: opts.Cgroup, Logger: s.log})
+// devices are the VM's devices as far as they are known before it is
+// built (for a jail's network namespace).
+func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Writer, devices []virtio.DeviceSpec) (*processVM, error) {
+	cfg := vmmproc.StartConfig{Command: opts.Command, Dir: s.dir, Env: opts.Env, Cgroup: opts.Cgroup, Logger: s.log}
+	if opts.Jail != nil {
+		j, err := opts.Jail.jailConfig(devices)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Jail = j
+	}
+	p, err := vmmproc.Start(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	go p.CopyConsole(cctx, w)
-	return &processVM{p: p, opts: opts, cancel: cancel}, nil
+	return &processVM{p: p, opts: opts, cancel: cancel, vsock: s.VsockPath()}, nil
 }
 
 // describe reads the devices of the process's new VM.
@@ -154,7 +230,17 @@ func (m *processVM) diagnose() string {
 
 func (m *processVM) release(ctx context.Context) error {
 	m.cancel()
-	return m.p.Close(ctx)
+	err := m.p.Close(ctx)
+	if jailed, _ := m.p.Jailed(); jailed && m.vsock != "" {
+		select {
+		case <-m.p.Exited():
+			if fi, serr := os.Lstat(m.vsock); serr == nil && fi.Mode()&os.ModeSocket != 0 {
+				os.Remove(m.vsock)
+			}
+		default: // attached: it may still run
+		}
+	}
+	return err
 }
 
 // startMachine builds the machine of a new sandbox from cfg: in this
@@ -167,7 +253,7 @@ func (s *Sandbox) startMachine(ctx context.Context, cfg vmm.Config, proc *Proces
 		}
 		return newLocalVM(vm), nil
 	}
-	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error { return p.Boot(ctx, cfg.Spec) })
+	return s.processMachine(ctx, *proc, cfg.Console, cfg.Spec.Devices, func(p *vmmproc.Process) error { return p.Boot(ctx, cfg.Spec) })
 }
 
 // restoreMachine builds the machine of a sandbox restored from the
@@ -187,15 +273,15 @@ func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.Restor
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer v.Memory.Close()
-	return s.processMachine(ctx, *proc, cfg.Console, func(p *vmmproc.Process) error {
+	return s.processMachine(ctx, *proc, cfg.Console, cfg.Devices, func(p *vmmproc.Process) error {
 		return p.Restore(ctx, dir, v.ManifestSHA256, v.Memory, cfg.Devices)
 	})
 }
 
 // processMachine starts a VMM process for s, has create build its VM, and
 // reads the VM's devices.
-func (s *Sandbox) processMachine(ctx context.Context, proc ProcessOptions, console io.Writer, create func(*vmmproc.Process) error) (machine, error) {
-	m, err := startProcess(ctx, s, proc, console)
+func (s *Sandbox) processMachine(ctx context.Context, proc ProcessOptions, console io.Writer, devices []virtio.DeviceSpec, create func(*vmmproc.Process) error) (machine, error) {
+	m, err := startProcess(ctx, s, proc, console, devices)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +373,7 @@ func (m *processVM) fork(ctx context.Context, children []*Sandbox, devices func(
 		if cgroup != nil {
 			opts.Cgroup = cgroup(i)
 		}
-		cm, err := startProcess(ctx, c, opts, c.console)
+		cm, err := startProcess(ctx, c, opts, c.console, overrides[i])
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: fork: child %d: %w", i, err)
 		}

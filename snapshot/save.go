@@ -72,6 +72,58 @@ func Save(ctx context.Context, vm *vmm.VM, dir string, opts ...Option) error {
 	return err
 }
 
+// SaveAt is Save into the open, empty directory d (a descriptor passed by
+// a parent that made it: a jailed VMM process sees no host path): the
+// files are created relative to d (openat, O_EXCL, O_NOFOLLOW), with no
+// temporary folder and no rename; the caller renames d into place and
+// signs it (Sign). Overwrite has no meaning here. On error, what was
+// written into d stays for the caller to remove.
+func SaveAt(ctx context.Context, vm *vmm.VM, d *os.File, opts ...Option) error {
+	s := newSaver(opts)
+	s.create = createAt(d)
+	name := d.Name()
+	var werr error
+	err := vm.Checkpoint(ctx, func(st *vmm.State) error {
+		werr = s.writeAt(ctx, name, d, st, vm.Memory())
+		return werr
+	})
+	if err != nil && werr == nil {
+		return fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return err
+}
+
+// createAt creates files by their base name in the directory d: new ones
+// only, and never through a link (O_EXCL, O_NOFOLLOW).
+func createAt(d *os.File) func(path string) (file, error) {
+	return func(path string) (file, error) {
+		name := filepath.Base(path)
+		fd, err := unix.Openat(int(d.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", name, err)
+		}
+		return os.NewFile(uintptr(fd), name), nil
+	}
+}
+
+// writeAt is write for SaveAt: the checks, the files into d, d synced.
+func (s *saver) writeAt(ctx context.Context, name string, d *os.File, st *vmm.State, mem *memory.Memory) error {
+	start := s.now()
+	if err := s.precheck(name, st, mem); err != nil {
+		return err
+	}
+	written, err := s.writeFiles(ctx, name, name, st, mem)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("snapshot %s: sync directory: %w", name, err)
+	}
+	s.log.Info("snapshot saved", "dir", name, "cpus", st.CPUs, "memory_mib", st.MemoryMiB,
+		"memory_written", written, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 // checkTarget refuses a target that exists, unless overwriting a snapshot.
 func (s *saver) checkTarget(dir string) error {
 	fi, err := os.Lstat(dir)
@@ -97,20 +149,11 @@ func (s *saver) checkTarget(dir string) error {
 // directory beside it.
 func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memory.Memory) (err error) {
 	start := s.now()
-	if err := st.Validate(); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
-	}
-	if mem == nil || mem.Size() != st.MemorySize() {
-		return fmt.Errorf("snapshot %s: memory does not have the state's %d bytes", dir, st.MemorySize())
-	}
 	if err := s.checkTarget(dir); err != nil {
 		return err
 	}
-	if err := checkLabels(s.labels); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
-	}
-	if err := s.checkExpectedDisks(st.Specs()); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
+	if err := s.precheck(dir, st, mem); err != nil {
+		return err
 	}
 	dir = filepath.Clean(dir)
 	parent, base := filepath.Dir(dir), filepath.Base(dir)
@@ -126,17 +169,59 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 		}
 	}()
 
+	written, err := s.writeFiles(ctx, dir, tmp, st, mem)
+	if err != nil {
+		return err
+	}
+	if err := syncDir(tmp); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if err := s.install(tmp, dir); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if err := syncDir(parent); err != nil {
+		// The snapshot is in place; only its durability is in doubt.
+		s.log.Warn("snapshot: sync parent directory", "dir", parent, "err", err)
+	}
+	s.log.Info("snapshot saved", "dir", dir, "cpus", st.CPUs, "memory_mib", st.MemoryMiB,
+		"memory_written", written, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// precheck checks what is to be saved as dir: the state, that mem fits
+// it, the labels and the expected disks.
+func (s *saver) precheck(dir string, st *vmm.State, mem *memory.Memory) error {
+	if err := st.Validate(); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if mem == nil || mem.Size() != st.MemorySize() {
+		return fmt.Errorf("snapshot %s: memory does not have the state's %d bytes", dir, st.MemorySize())
+	}
+	if err := checkLabels(s.labels); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	if err := s.checkExpectedDisks(st.Specs()); err != nil {
+		return fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	return nil
+}
+
+// writeFiles writes st and mem as a snapshot's files into the folder
+// into (the files go through s.create), naming dir in errors. It returns
+// the memory's bytes written.
+func (s *saver) writeFiles(ctx context.Context, dir, into string, st *vmm.State, mem *memory.Memory) (written int64, err error) {
+	var memSum string
 	stateJSON, err := json.Marshal(st)
 	if err != nil {
-		return fmt.Errorf("snapshot %s: encode state: %w", dir, err)
+		return written, fmt.Errorf("snapshot %s: encode state: %w", dir, err)
 	}
 	sum := sha256.Sum256(stateJSON)
-	if err := s.writeFile(filepath.Join(tmp, StateFile), stateJSON); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
+	if err := s.writeFile(filepath.Join(into, StateFile), stateJSON); err != nil {
+		return written, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	written, memSum, err := s.writeMemory(ctx, filepath.Join(tmp, MemoryFile), mem)
+	written, memSum, err = s.writeMemory(ctx, filepath.Join(into, MemoryFile), mem)
 	if err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
+		return written, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	m := Manifest{
 		Format:       FormatVersion,
@@ -154,30 +239,18 @@ func (s *saver) write(ctx context.Context, dir string, st *vmm.State, mem *memor
 	}
 	manifest, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return fmt.Errorf("snapshot %s: encode manifest: %w", dir, err)
+		return written, fmt.Errorf("snapshot %s: encode manifest: %w", dir, err)
 	}
 	manifest = append(manifest, '\n')
-	if err := s.writeFile(filepath.Join(tmp, ManifestFile), manifest); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
+	if err := s.writeFile(filepath.Join(into, ManifestFile), manifest); err != nil {
+		return written, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	if s.key != nil {
-		if err := s.writeFile(filepath.Join(tmp, MACFile), []byte(manifestMAC(s.key, manifest)+"\n")); err != nil {
-			return fmt.Errorf("snapshot %s: %w", dir, err)
+		if err := s.writeFile(filepath.Join(into, MACFile), []byte(manifestMAC(s.key, manifest)+"\n")); err != nil {
+			return written, fmt.Errorf("snapshot %s: %w", dir, err)
 		}
 	}
-	if err := syncDir(tmp); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
-	}
-	if err := s.install(tmp, dir); err != nil {
-		return fmt.Errorf("snapshot %s: %w", dir, err)
-	}
-	if err := syncDir(parent); err != nil {
-		// The snapshot is in place; only its durability is in doubt.
-		s.log.Warn("snapshot: sync parent directory", "dir", parent, "err", err)
-	}
-	s.log.Info("snapshot saved", "dir", dir, "cpus", st.CPUs, "memory_mib", st.MemoryMiB,
-		"memory_written", written, "took", time.Since(start).Round(time.Millisecond))
-	return nil
+	return written, nil
 }
 
 // writeFile creates path with b in it, synced.

@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/internal/netnsthread"
 	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -55,6 +56,9 @@ type StartConfig struct {
 	// Cgroup, when set, is a cgroup v2 folder the process starts in
 	// directly (clone3's CLONE_INTO_CGROUP): it never runs outside it.
 	Cgroup string
+	// Jail, when set, jails the process (JailConfig); nil runs it as
+	// the caller runs, in the caller's namespaces.
+	Jail   *JailConfig
 	Logger *slog.Logger
 }
 
@@ -66,6 +70,8 @@ type Process struct {
 	conn *grpc.ClientConn
 	api  vmmpb.VMMClient
 	pid  int
+	// jailUID and jailGID are a jailed process's ids (0: not jailed).
+	jailUID, jailGID int
 
 	cmd     *exec.Cmd // nil when attached
 	logPath string
@@ -97,6 +103,9 @@ func (e *ProcessError) Error() string {
 
 // Start starts a VMM process and returns once it answers on its socket.
 func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
+	if cfg.Jail != nil && cfg.Jail.IDFile != nil {
+		defer cfg.Jail.IDFile.Close() // the child has its own
+	}
 	if len(cfg.Command) == 0 {
 		return nil, errors.New("vmmproc: no VMM command")
 	}
@@ -131,13 +140,30 @@ func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
 		defer unix.Close(fd) // the child is in it once started
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if cfg.Jail != nil {
+		env, err := jailSetup(cfg, cmd.SysProcAttr)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, env)
+		cmd.ExtraFiles = []*os.File{cfg.Jail.IDFile}
+		if ns := cfg.Jail.Netns; ns != "" {
+			// Forked from a thread inside the sandbox's network
+			// namespace, the process starts in it.
+			start = func() error { return netnsthread.RunAt(ns, cmd.Start) }
+		}
+	}
+	if err := start(); err != nil {
 		if cfg.Cgroup != "" {
 			return nil, fmt.Errorf("vmmproc: start %s in cgroup %s: %w", cfg.Command[0], cfg.Cgroup, err)
 		}
 		return nil, fmt.Errorf("vmmproc: start %s: %w", cfg.Command[0], err)
 	}
 	p := &Process{sock: sock, log: log, cmd: cmd, pid: cmd.Process.Pid, logPath: logPath, exited: make(chan struct{})}
+	if cfg.Jail != nil {
+		p.jailUID, p.jailGID = cfg.Jail.UID, cfg.Jail.GID
+	}
 	go func() {
 		p.exitErr = cmd.Wait()
 		if killedBySeccomp(p.exitErr) {
@@ -219,11 +245,17 @@ func (p *Process) dial(ctx context.Context) error {
 	}
 	if p.pid == 0 {
 		p.pid = int(hello.Pid)
+		p.jailUID, p.jailGID = jailIDs(p.pid)
 	}
 	return nil
 }
 
-// PID returns the process's ID.
+// Jailed reports whether the process runs in a jail (JailConfig), and
+// its uid there.
+func (p *Process) Jailed() (bool, int) { return p.jailUID != 0, p.jailUID }
+
+// PID returns the process's ID (in the host's PID namespace, for a jailed
+// one too).
 func (p *Process) PID() int { return p.pid }
 
 // Socket returns the process's API socket.
@@ -396,8 +428,12 @@ func (p *Process) Resume(ctx context.Context) error {
 	return p.rpcErr("resume", err)
 }
 
-// Save writes a snapshot of the VM into dir with labels.
+// Save writes a snapshot of the VM into dir with labels. A jailed process
+// writes into a folder passed as a descriptor, renamed to dir after.
 func (p *Process) Save(ctx context.Context, dir string, labels map[string]string) error {
+	if p.jailUID != 0 {
+		return p.saveStaged(ctx, dir, labels)
+	}
 	_, err := p.api.Save(ctx, &vmmpb.SaveRequest{Dir: dir, Labels: labels})
 	return p.rpcErr("save", err)
 }
@@ -508,10 +544,24 @@ func (p *Process) Close(ctx context.Context) error {
 					<-p.exited
 				}
 			}
+			if p.jailUID != 0 {
+				// A jailed process cannot unlink its sockets from a
+				// folder it may not write.
+				removeSockets(p.sock, FDSocket(p.sock))
+			}
 		}
 		err = p.conn.Close()
 	})
 	return err
+}
+
+// removeSockets removes the Unix sockets at paths (and nothing else).
+func removeSockets(paths ...string) {
+	for _, path := range paths {
+		if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(path)
+		}
+	}
 }
 
 // Exited is closed when a started process has exited (nil for an attached
@@ -537,7 +587,12 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 		log.Error("vmm process: bad $"+seccomp.EnvMode, "err", err)
 		return 2
 	}
-	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode}); err != nil {
+	jc, err := readJail()
+	if err != nil {
+		log.Error("vmm process: bad jail", "err", err)
+		return 2
+	}
+	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode, Jail: jc}); err != nil {
 		log.Error("vmm process", "err", err)
 		return 1
 	}

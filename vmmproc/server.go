@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/snapshot"
@@ -64,6 +66,11 @@ type ServeConfig struct {
 	// before it runs: Serve is a VMM process's, never a library's, since
 	// the filter cannot be undone.
 	Seccomp seccomp.Mode
+	// Jail, when set, is the jail (package jail) Create enters once the
+	// VM is built, before the seccomp filter; Create adds the binds its
+	// VM needs. The process must have been started in namespaces of its
+	// own (vmmproc.Start with a JailConfig).
+	Jail *jail.Config
 }
 
 // Serve serves the VMM API until the process's VM has stopped and its
@@ -93,6 +100,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	s := newServer(cfg.KVMPath, log)
 	s.openFS = cfg.OpenFS
 	s.seccomp = cfg.Seccomp
+	s.jail, s.socket, s.hostPID = cfg.Jail, cfg.Socket, hostPID()
 	defer s.fds.closeAll()
 	defer s.holds.closeAll()
 	go s.fds.serveFDs(fdln)
@@ -129,6 +137,9 @@ type server struct {
 	kvmPath string
 	openFS  virtio.FSOpener
 	seccomp seccomp.Mode
+	jail    *jail.Config // nil: not jailed
+	socket  string
+	hostPID int // this process's ID in the host's PID namespace
 	log     *slog.Logger
 	fds     *fdStore
 	holds   *holdTable
@@ -209,7 +220,11 @@ func (s *server) Hello(context.Context, *vmmpb.HelloRequest) (*vmmpb.HelloRespon
 	if vm, err := s.current(); err == nil {
 		state = vm.State().String()
 	}
-	return &vmmpb.HelloResponse{ApiVersion: APIVersion, Pid: int64(os.Getpid()), State: state}, nil
+	pid := s.hostPID
+	if pid == 0 {
+		pid = os.Getpid()
+	}
+	return &vmmpb.HelloResponse{ApiVersion: APIVersion, Pid: int64(pid), State: state}, nil
 }
 
 // decodeStrict decodes JSON, refusing unknown fields: what crosses is the
@@ -235,6 +250,11 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
 	}
 	vm, err := s.build(req)
+	if err == nil && s.jail != nil {
+		if err = s.enterJail(req, vm); err != nil {
+			vm.Close()
+		}
+	}
 	if err == nil {
 		if err = s.confine(); err != nil {
 			vm.Close()
@@ -267,7 +287,7 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 // confine restricts the process once its VM is built and before the guest
 // runs: the seccomp filter (package seccomp) on every thread. The guest
 // never runs unfiltered; what the build opened (/dev/kvm, disks, taps) it
-// keeps. A jailer's steps go before the filter.
+// keeps. The jail's steps (enterJail) go before the filter.
 func (s *server) confine() error {
 	if s.seccomp == seccomp.Off {
 		s.log.Warn("SECCOMP FILTER OFF ($" + seccomp.EnvMode + "=off): this VMM process runs its guest with every system call open; a debugging switch only")
@@ -395,7 +415,24 @@ func (s *server) Save(ctx context.Context, req *vmmpb.SaveRequest) (*vmmpb.SaveR
 	if req.Dir == "" {
 		return nil, status.Error(codes.InvalidArgument, "no snapshot directory")
 	}
-	if err := snapshot.Save(ctx, vm, req.Dir, snapshot.WithLogger(s.log), snapshot.WithLabels(req.Labels)); err != nil {
+	opts := []snapshot.Option{snapshot.WithLogger(s.log), snapshot.WithLabels(req.Labels)}
+	if token, ok := strings.CutPrefix(req.Dir, saveFDPrefix); ok {
+		// A folder the parent made and passed (a jailed process sees no
+		// host path).
+		d, err := s.fds.take(token)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "snapshot folder: %v", err)
+		}
+		defer d.Close()
+		if err := snapshot.SaveAt(ctx, vm, d, opts...); err != nil {
+			return nil, statusFor(err)
+		}
+		return &vmmpb.SaveResponse{}, nil
+	}
+	if s.jail != nil {
+		return nil, status.Error(codes.InvalidArgument, "a jailed VMM process saves into a folder passed as a descriptor (fd:TOKEN), not a host path")
+	}
+	if err := snapshot.Save(ctx, vm, req.Dir, opts...); err != nil {
 		return nil, statusFor(err)
 	}
 	return &vmmpb.SaveResponse{}, nil

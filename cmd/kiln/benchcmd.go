@@ -259,7 +259,7 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitUsage
 	}
-	po, err := vmmProcess()
+	po, err := vmmProcess("")
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitInternal

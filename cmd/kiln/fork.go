@@ -34,6 +34,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	hostname := fs.String("hostname", "kiln", "clone i is named `NAME`-i")
 	proc := fs.Bool("vmm-process", false, "run each clone's VM in a VMM process of its own (kiln vmm)")
+	jf := addJailFlags(fs)
 	netFlag := fs.String("net", "", "for a snapshot with a network card: clone i gets tap `PREFIX`i (created when missing; PREFIX[,netns=NAME]) and a MAC address of its own")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -86,9 +87,9 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer cache.Close()
 	log := newLogger(stderr, *debug)
 	var po *sandbox.ProcessOptions
-	if *proc {
+	if *proc || *jf.on {
 		var err error
-		if po, err = vmmProcess(); err != nil {
+		if po, err = vmmProcess(jf.dir()); err != nil {
 			fmt.Fprintf(stderr, "kiln fork: --vmm-process: %v\n", err)
 			return exitRunFailed
 		}

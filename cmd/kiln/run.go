@@ -57,6 +57,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	timing := fs.Bool("time", false, "print boot and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	proc := fs.Bool("vmm-process", false, "run the VM in a VMM process of its own (kiln vmm)")
+	jf := addJailFlags(fs)
 	save := fs.String("save", "", "after CMD, save a snapshot of the running sandbox to `DIR` (which must not exist)")
 	from := fs.String("from", "", "restore the sandbox from the snapshot in `DIR` instead of booting one")
 	netFlag := fs.String("net", "", "a network card on a host tap, created when missing: `TAP[,mac=MAC][,netns=NAME]` (with --from: the restored sandbox's own tap)")
@@ -136,8 +137,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	o.Logger = newLogger(stderr, *debug)
 	o.BootTimeout = *bootTimeout
-	if *proc {
-		po, err := vmmProcess()
+	if *proc || *jf.on {
+		po, err := vmmProcess(jf.dir())
 		if err != nil {
 			fmt.Fprintf(stderr, "kiln run: --vmm-process: %v\n", err)
 			return exitRunFailed

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
 )
@@ -32,11 +33,41 @@ func cmdVMM(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 // vmmProcess returns the options that run a sandbox's VM in a `kiln vmm`
-// process of this very binary.
-func vmmProcess() (*sandbox.ProcessOptions, error) {
+// process of this very binary, jailed (package jail) when jailIDs is set:
+// the folder of the jails' id locks.
+func vmmProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	return &sandbox.ProcessOptions{Command: []string{self, "vmm"}}, nil
+	po := &sandbox.ProcessOptions{Command: []string{self, "vmm"}}
+	if jailIDs != "" {
+		ids, err := jail.NewIDs(jailIDs, jail.FirstID, jail.IDCount)
+		if err != nil {
+			return nil, err
+		}
+		po.Jail = &sandbox.JailOptions{IDs: ids}
+	}
+	return po, nil
+}
+
+// jailFlags are kiln run's and kiln fork's --jail and --jail-ids.
+type jailFlags struct {
+	on  *bool
+	ids *string
+}
+
+func addJailFlags(fs *flag.FlagSet) jailFlags {
+	return jailFlags{
+		on:  fs.Bool("jail", false, "jail each VMM process (implies --vmm-process): namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; needs root, and refuses image roots for now"),
+		ids: fs.String("jail-ids", jail.DefaultIDsDir, "with --jail, `DIR` whose jail-ids folder holds the locks of the jails' uids (kilnd's --jail-ids)"),
+	}
+}
+
+// dir is the id folder vmmProcess takes: "" without --jail.
+func (f jailFlags) dir() string {
+	if !*f.on {
+		return ""
+	}
+	return *f.ids
 }

@@ -40,6 +40,8 @@ cgroup-root = "/sys/fs/cgroup/kiln.slice/"
 memory-overcommit = 1.5
 vmm-overhead = 96
 pids-max = 2048
+jail = true
+jail-ids = "/srv/kiln-ids"
 `
 	tests := []struct {
 		name    string
@@ -67,6 +69,8 @@ pids-max = 2048
 				memoryOvercommit: 1.5,
 				vmmOverheadMiB:   96,
 				pidsMax:          2048,
+				jail:             true,
+				jailIDs:          "/srv/kiln-ids",
 				e2bTimeout:       15 * time.Second,
 			}
 			want.configFile, want.kiln = cfg.configFile, cfg.kiln

@@ -12,6 +12,7 @@ import (
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/hostnet"
+	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
 )
 
@@ -65,6 +66,14 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		PidsMax:          int(cfg.pidsMax),
 		MemoryOvercommit: cfg.memoryOvercommit,
 		SandboxIO:        cfg.sandboxIO,
+	}
+	if cfg.jail {
+		ids, err := jail.NewIDs(cfg.jailIDs, jail.FirstID, jail.IDCount)
+		if err != nil {
+			return nil, fmt.Errorf("--jail: %w (use --jail-ids)", err)
+		}
+		dcfg.Jail = &sandbox.JailOptions{IDs: ids}
+		log.Info("VMM processes are jailed", "ids", fmt.Sprintf("%d-%d", jail.FirstID, jail.FirstID+jail.IDCount-1), "locks", ids.Dir())
 	}
 	if cfg.cgroupRoot != cgroupNone {
 		cg, err := cgroup.OpenOptions(cgroup.Options{Root: cfg.cgroupRoot, Logger: log})

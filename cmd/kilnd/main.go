@@ -57,7 +57,11 @@ type config struct {
 	agent          string
 	kiln           string // the kiln binary whose vmm command runs each VM
 	debug          bool
-	logFormat      string // logText or logJSON
+	// jail jails each VMM process (--jail); jailIDs holds its id locks
+	// (--jail-ids).
+	jail      bool
+	jailIDs   string
+	logFormat string // logText or logJSON
 
 	maxSandboxes    int
 	maxMemoryMiB    uint64

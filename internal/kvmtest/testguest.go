@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -110,4 +111,48 @@ func guestBinary(tb testing.TB, name, pkg string, srcDirs ...string) string {
 		}
 	}
 	return out
+}
+
+// vmmPkg is the kiln command, whose `kiln vmm` serves a VMM process.
+const vmmPkg = "github.com/kilnvm/kiln/cmd/kiln"
+
+// VMMBinary returns a build of the kiln command without cgo, for tests
+// whose VMM processes are jailed: package jail changes every thread
+// through the Go runtime, which a cgo binary cannot (and a test binary
+// links cgo when the toolchain's CGO_ENABLED is 1, as the harness builds
+// them). Run it as [VMMBinary(t), "vmm"]. Shared and kept as the guest
+// binaries are, keyed by every package of the module; TestVMMBinary
+// builds it on the host before L1's run.
+func VMMBinary(tb testing.TB) string {
+	tb.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var dirs []string
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		switch name := d.Name(); {
+		case p == root:
+		case name == "testdata" || name == "bin" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_"):
+			return filepath.SkipDir
+		}
+		if srcs, _ := filepath.Glob(filepath.Join(p, "*.go")); len(srcs) > 0 {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return err
+			}
+			dirs = append(dirs, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("the module's packages: %v", err)
+	}
+	return guestBinary(tb, "kiln-vmm", vmmPkg, dirs...)
 }

@@ -24,3 +24,13 @@ func TestAgentBinary(t *testing.T) {
 		t.Fatalf("kiln-agent at %s: %v", p, err)
 	}
 }
+
+func TestVMMBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := VMMBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("kiln (for VMM processes) at %s: %v", p, err)
+	}
+}
