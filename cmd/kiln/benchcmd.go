@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnvm/kiln/bench"
 	"github.com/kilnvm/kiln/initramfs"
+	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmm"
 )
@@ -247,7 +248,8 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 	execs := fs.Int("execs", 20, "execs of true each way")
 	forks := fs.Int("forks", 3, "forks of one child each way")
 	restores := fs.Int("restores", 10, "restores to an answering agent each way, alternating ways (for p50/p95)")
-	confinement := fs.Bool("confinement", true, "also run a VMM process without its seccomp filter (KILN_SECCOMP=off), to show what the filter adds")
+	confinement := fs.Bool("confinement", true, "also run a VMM process without its seccomp filter (KILN_SECCOMP=off), to show what the filter adds, and, as root, a jailed one (--jail-ids), to show what the jail adds")
+	jailIDs := fs.String("jail-ids", jail.DefaultIDsDir, "with --confinement as root, `DIR` whose jail-ids folder holds the jails' uid locks")
 	mem := fs.Int("mem", 256, "guest memory in MiB")
 	kernel := fs.String("kernel", "", "kernel image; default: the cached Debian kernel")
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
@@ -273,6 +275,14 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 		off := *po
 		off.Env = append(slices.Clone(po.Env), "KILN_SECCOMP=off")
 		spec.Variants = append(spec.Variants, bench.ProcessVariant{Name: "no seccomp", Process: off})
+		if os.Geteuid() == 0 {
+			jailed, err := vmmProcess(*jailIDs)
+			if err != nil {
+				fmt.Fprintf(stderr, "kiln bench process: --jail-ids: %v\n", err)
+				return exitUsage
+			}
+			spec.Variants = append(spec.Variants, bench.ProcessVariant{Name: "jailed", Process: *jailed})
+		}
 	}
 	rep, err := bench.RunProcess(ctx, spec, stderr)
 	if err != nil {
