@@ -116,7 +116,10 @@ func allowedWork() error {
 	}()
 	<-started
 	before := threads()
-	for i := 0; i < 4; i++ {
+	// More locked goroutines than there are threads: each parks its own
+	// thread, so idle ones (the race detector's runtime keeps several)
+	// cannot take them all, and at least two threads are new.
+	for i := 0; i < len(before)+2; i++ {
 		go func() {
 			runtime.LockOSThread()
 			<-release
