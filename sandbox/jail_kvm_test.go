@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/virtio"
@@ -42,12 +41,7 @@ func TestKVMJail(t *testing.T) {
 	proc := &ProcessOptions{Command: []string{kvmtest.VMMBinary(t), "vmm"}, Jail: &JailOptions{IDs: ids}}
 	run := func(sb *Sandbox, script string) string {
 		t.Helper()
-		var out, errOut bytes.Buffer
-		st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut})
-		if err != nil || !st.Success() {
-			t.Fatalf("%q: %v %v; stderr %q", script, st, err, errOut.String())
-		}
-		return strings.TrimSpace(out.String())
+		return shOut(t, ctx, sb, script)
 	}
 	var dirs []string
 	uids := map[int]string{}

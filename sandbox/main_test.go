@@ -1,12 +1,15 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/internal/seccomptest"
@@ -60,4 +63,16 @@ func warmSnapshot(t *testing.T) string {
 		// folder of its own inside it, and records no path of dir.
 		return sb.Save(ctx, filepath.Join(dir, "snap"))
 	}) + "/snap"
+}
+
+// shOut runs script in sb's guest with sh -c and returns its stdout,
+// trimmed; a failure or a non-zero exit fails the test.
+func shOut(t *testing.T, ctx context.Context, sb *Sandbox, script string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut})
+	if err != nil || !st.Success() {
+		t.Fatalf("%q: %v %v; stderr %q", script, st, err, errOut.String())
+	}
+	return strings.TrimSpace(out.String())
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/internal/seccomptest"
 	"github.com/kilnvm/kiln/vmmproc"
@@ -48,12 +47,7 @@ func TestKVMSeccomp(t *testing.T) {
 
 	run := func(sb *Sandbox, script string) string {
 		t.Helper()
-		var out, errOut bytes.Buffer
-		st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut})
-		if err != nil || !st.Success() {
-			t.Fatalf("%q: %v %v; stderr %q", script, st, err, errOut.String())
-		}
-		return strings.TrimSpace(out.String())
+		return shOut(t, ctx, sb, script)
 	}
 	if got := run(a, "hostname; echo $((6*7))"); got != "filtered\n42" {
 		t.Fatalf("exec: %q", got)
