@@ -118,7 +118,7 @@ fuzz:
 	cache=$$($(GO) env GOCACHE)/fuzz; \
 	for pd in $$($(GO) list -f '{{.ImportPath}}={{.Dir}}' $(FUZZPKGS)); do \
 	  pkg=$${pd%%=*}; dir=$${pd#*=}; \
-	  targets=$$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$dir"/*_test.go 2>/dev/null); \
+	  targets=$$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$dir"/*_test.go 2>/dev/null || true); \
 	  [ -n "$$targets" ] || continue; \
 	  bin=$$bindir/$$(echo $$pkg | tr / _).test; \
 	  $(GO) test -c -fuzz=. -o "$$bin" $$pkg; \
