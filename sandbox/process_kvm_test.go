@@ -1,7 +1,6 @@
 package sandbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
-	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
@@ -44,12 +42,7 @@ func vmmProcess() *sandbox.ProcessOptions {
 
 func execOut(t *testing.T, ctx context.Context, sb *sandbox.Sandbox, script string) string {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	st, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errOut})
-	if err != nil || !st.Success() {
-		t.Fatalf("%q: %v %v; stderr %q", script, st, err, errOut.String())
-	}
-	return strings.TrimSpace(out.String())
+	return sandbox.ShOut(t, ctx, sb, script)
 }
 
 // TestKVMProcess runs sandboxes in VMM processes of their own, restored
