@@ -81,12 +81,25 @@ var errL1Hung = errors.New("L1 VM hung: its heartbeat stopped")
 // heartbeatFile is the file a test job in L1 keeps rewriting.
 const heartbeatFile = "heartbeat"
 
-// watchHeartbeat calls hung once the heartbeat file has stayed the same
-// (content and modification time) for after, checking every poll, until
-// stop is closed.
-func watchHeartbeat(path string, after, poll time.Duration, stop <-chan struct{}, hung func()) {
+// heartbeatWatch says what watchHeartbeat does about a silent heartbeat.
+type heartbeatWatch struct {
+	after, poll time.Duration
+	// kickEvery, when set with kick, calls kick each time a silence
+	// reaches another multiple of it (before after); resumed, when set,
+	// is called when the heartbeat beats again after a kick.
+	kickEvery     time.Duration
+	kick, resumed func(silent time.Duration)
+	hung          func()
+}
+
+// watchHeartbeat calls w.hung once the heartbeat file has stayed the same
+// (content and modification time) for w.after, checking every w.poll,
+// until stop is closed. On the way it calls w.kick every w.kickEvery of
+// silence.
+func watchHeartbeat(path string, w heartbeatWatch, stop <-chan struct{}) {
 	last, since := "", time.Now()
-	t := time.NewTicker(poll)
+	kicks := 0
+	t := time.NewTicker(w.poll)
 	defer t.Stop()
 	for {
 		select {
@@ -100,12 +113,20 @@ func watchHeartbeat(path string, after, poll time.Duration, stop <-chan struct{}
 			cur = fmt.Sprintf("%d %s", fi.ModTime().UnixNano(), data)
 		}
 		if cur != last {
-			last, since = cur, time.Now()
+			if kicks > 0 && w.resumed != nil {
+				w.resumed(time.Since(since))
+			}
+			last, since, kicks = cur, time.Now(), 0
 			continue
 		}
-		if time.Since(since) >= after {
-			hung()
+		silent := time.Since(since)
+		if silent >= w.after {
+			w.hung()
 			return
+		}
+		if w.kick != nil && w.kickEvery > 0 && silent >= time.Duration(kicks+1)*w.kickEvery {
+			kicks++
+			w.kick(silent)
 		}
 	}
 }
@@ -249,9 +270,9 @@ func qemuArgs(c l1Config, initrd string) []string {
 	args := []string{
 		"-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
 		"-m", strconv.Itoa(c.memMiB), "-smp", strconv.Itoa(c.cpus),
-		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
+		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "mon:stdio", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet panic=-1",
+		"-append", "console=ttyS0 quiet panic=-1 sysrq_always_enabled",
 		"-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + qemuEscape(c.job) + ",mount_tag=job,security_model=none,multidevs=remap",
 	}
@@ -281,6 +302,10 @@ func runL1(ctx context.Context, c l1Config) error {
 		return err
 	}
 	cmd.Stderr = cmd.Stdout
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	c.log.Info("booting L1 under QEMU TCG", "kernel", c.kernel.Version, "cpus", c.cpus, "mem_mib", c.memMiB, "timeout", c.timeout)
 	if err := cmd.Start(); err != nil {
@@ -289,11 +314,24 @@ func runL1(ctx context.Context, c l1Config) error {
 	var hung atomic.Bool
 	stopWatch := make(chan struct{})
 	if c.hangAfter > 0 {
-		go watchHeartbeat(filepath.Join(c.dir(), heartbeatFile), c.hangAfter, 5*time.Second, stopWatch, func() {
-			c.log.Warn("L1 stopped answering: killing it", "silent_for", c.hangAfter)
-			hung.Store(true)
-			cancel()
-		})
+		var kicks atomic.Int32
+		go watchHeartbeat(filepath.Join(c.dir(), heartbeatFile), heartbeatWatch{
+			after: c.hangAfter, poll: 5 * time.Second, kickEvery: kickEvery,
+			kick: func(silent time.Duration) {
+				kicks.Add(1)
+				c.log.Warn("L1 is silent: kicking it with a serial break", "silent_for", silent.Round(time.Second))
+				kickL1(stdin)
+			},
+			resumed: func(silent time.Duration) {
+				c.log.Warn("L1 answers again after a kick", "silent_for", silent.Round(time.Second), "kicks_so_far", kicks.Load())
+			},
+			hung: func() {
+				c.log.Warn("L1 stopped answering: dumping its state to the console, then killing it", "silent_for", c.hangAfter)
+				hung.Store(true)
+				postMortem(ctx, stdin, time.Second)
+				cancel()
+			},
+		}, stopWatch)
 	}
 	prefix := c.prefix
 	if prefix == "" {
@@ -317,6 +355,50 @@ func runL1(ctx context.Context, c l1Config) error {
 		return errors.New("L1 VM powered off before its job finished (see its console above)")
 	}
 	return nil
+}
+
+// muxKey is QEMU's serial multiplexer escape (-serial mon:stdio): Ctrl-A c
+// switches between the serial line and the monitor, Ctrl-A b sends a
+// break.
+const muxKey = "\x01"
+
+// sendPaced writes each of steps to w, waiting step after each; it stops
+// early when a write fails or ctx ends.
+func sendPaced(ctx context.Context, w io.Writer, step time.Duration, steps ...string) {
+	for _, s := range steps {
+		if _, err := io.WriteString(w, s); err != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(step):
+		}
+	}
+}
+
+// kickEvery is how long a heartbeat may stay silent before the harness
+// kicks L1, and kicks it again: three missed beats.
+const kickEvery = 15 * time.Second
+
+// kickL1 sends L1 a serial break: an interrupt, nothing more (with
+// sysrq_always_enabled the break only arms SysRq for a key that never
+// comes, so no byte reaches a reader of the console). L1s have been found
+// silent in HLT with interrupts enabled and their timer never firing (a
+// lost wakeup in QEMU's emulation; the monitor's stop and cont did not
+// wake them); any interrupt does, and the kernel goes on (reporting a
+// soft lockup as long as the silence).
+func kickL1(w io.Writer) { io.WriteString(w, muxKey+"b") }
+
+// postMortem writes a hung L1's state to its console before it is
+// killed: the monitor's view of the vCPU twice, a second apart (a RIP that
+// moves is a guest still running, one that does not is a stuck
+// emulation), then the kernel's magic SysRq l (backtraces of the running
+// CPUs) and w (blocked tasks) over a serial break, which answer only while
+// L1's kernel still takes interrupts.
+func postMortem(ctx context.Context, w io.Writer, step time.Duration) {
+	sendPaced(ctx, w, step, muxKey+"c", "info registers\n", "info registers\n", muxKey+"c",
+		muxKey+"b", "l", muxKey+"b", "w", "", "", "")
 }
 
 var consoleJunk = regexp.MustCompile(`\x1b\[[0-9;?]*[a-zA-Z]|\x1b[c()][0-9A-B]?|[\r\x16]`)

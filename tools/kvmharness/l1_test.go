@@ -400,7 +400,7 @@ func TestWatchHeartbeat(t *testing.T) {
 	p := filepath.Join(t.TempDir(), heartbeatFile)
 	stop := make(chan struct{})
 	hung := make(chan struct{})
-	go watchHeartbeat(p, 150*time.Millisecond, 10*time.Millisecond, stop, func() { close(hung) })
+	go watchHeartbeat(p, heartbeatWatch{after: 150 * time.Millisecond, poll: 10 * time.Millisecond, hung: func() { close(hung) }}, stop)
 	// A beating heart for a while: no alarm.
 	for i := range 20 {
 		if err := os.WriteFile(p, []byte(strconv.Itoa(i)), 0o644); err != nil {
@@ -445,5 +445,64 @@ func TestListKVMTests(t *testing.T) {
 	}
 	if script := testJobScript("/j", nil, []testBinary{u}, time.Minute); !strings.Contains(script, "-test.run '^TestKVMBoot$'") {
 		t.Fatalf("job script runs no single test:\n%s", script)
+	}
+}
+
+// A silent heartbeat is kicked halfway to the alarm; one that beats again
+// after the kick is reported resumed and raises no alarm.
+func TestWatchHeartbeatKick(t *testing.T) {
+	p := filepath.Join(t.TempDir(), heartbeatFile)
+	if err := os.WriteFile(p, []byte("0"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	kicked, resumed, hung := make(chan time.Duration, 1), make(chan time.Duration, 1), make(chan struct{})
+	go watchHeartbeat(p, heartbeatWatch{after: 400 * time.Millisecond, poll: 10 * time.Millisecond, kickEvery: 200 * time.Millisecond,
+		kick: func(d time.Duration) {
+			kicked <- d
+			os.WriteFile(p, []byte("1"), 0o644) // the kick revives it
+		},
+		resumed: func(d time.Duration) { resumed <- d },
+		hung:    func() { close(hung) }}, stop)
+	select {
+	case d := <-kicked:
+		if d < 200*time.Millisecond {
+			t.Errorf("kicked after %v of silence, want at least kickEvery (200ms)", d)
+		}
+	case <-hung:
+		t.Fatal("hung before any kick")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no kick")
+	}
+	select {
+	case <-resumed:
+	case <-hung:
+		t.Fatal("hung although the heartbeat resumed after the kick")
+	case <-time.After(5 * time.Second):
+		t.Fatal("resumed was not reported")
+	}
+	// Keep beating: still no alarm.
+	for i := range 10 {
+		os.WriteFile(p, []byte(strconv.Itoa(i+2)), 0o644)
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case <-hung:
+		t.Fatal("hung while beating")
+	default:
+	}
+}
+
+func TestKickAndPostMortemKeys(t *testing.T) {
+	var b strings.Builder
+	kickL1(&b)
+	if got, want := b.String(), "\x01b"; got != want {
+		t.Errorf("kick wrote %q, want %q", got, want)
+	}
+	b.Reset()
+	postMortem(context.Background(), &b, 0)
+	if got := b.String(); !strings.HasPrefix(got, "\x01cinfo registers\n") || !strings.Contains(got, "\x01c\x01bl\x01bw") {
+		t.Errorf("post-mortem wrote %q", got)
 	}
 }
