@@ -18,9 +18,11 @@ const SharedEnvVar = "KILN_TEST_SHARED"
 // Shared returns the folder <shared>/<name> of the folder SharedEnvVar
 // names, building it with build first when it is not there yet, so that a
 // test can make an expensive thing (a warm snapshot of a booted sandbox)
-// once per harness run and the others reuse it. The harness runs the tests
-// named TestKVMWarm... before the other KVM tests, so a warm test that
-// calls Shared has built it by the time they ask.
+// once per harness run and the others reuse it. The harness starts the
+// tests named TestKVMWarm... before the other KVM tests (the longest of
+// which run beside them), so a warm test that calls Shared has usually
+// built it by the time the short tests that use it ask; one that asks
+// first builds it too (below).
 //
 // build fills dir, a fresh temporary sibling of the final folder, which
 // is then renamed into place: a folder that is there is complete. When two

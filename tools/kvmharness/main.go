@@ -392,7 +392,7 @@ func writeDurationsFile(path string, d map[string]time.Duration) error {
 
 // runUnits runs the units in L1 VMs, o.parallel at a time (a unit whose L1
 // needs more vCPUs than -cpus takes more than one place: unitSlots): the
-// warm tests first, then the others once they have all finished. l1 is
+// warm tests first, the others as places free up, longest first. l1 is
 // every L1's configuration but for what runUnitInL1 sets. It returns one
 // result per unit, in the units' order.
 func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units []testBinary, log *slog.Logger) []unitResult {
@@ -409,12 +409,18 @@ func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units [
 	if err != nil {
 		log.Warn("ignoring tools/kvmharness/durations.txt", "err", err)
 	}
-	for n, phase := range phases(names) {
-		log.Info("running KVM tests in L1", "phase", n+1, "tests", len(phase), "at_once", min(o.parallel, len(phase)))
-		runPool(ctx, longestFirst(phase, names, weight, expected), o.parallel, weight, func(i int) {
-			results[i] = runUnitInL1(ctx, o, l1, env, units[i], log)
-		})
+	// One pool: the warm tests start first and the others beside them (a
+	// phase of its own for the warm tests left the other places idle for
+	// minutes); the tests that use a warm product are short, so they start
+	// long after it is made, and one that asks before builds its own.
+	var order []int
+	for _, phase := range phases(names) {
+		order = append(order, longestFirst(phase, names, weight, expected)...)
 	}
+	log.Info("running KVM tests in L1", "tests", len(order), "at_once", min(o.parallel, len(order)))
+	runPool(ctx, order, o.parallel, weight, func(i int) {
+		results[i] = runUnitInL1(ctx, o, l1, env, units[i], log)
+	})
 	return results
 }
 

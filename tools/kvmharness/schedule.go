@@ -10,10 +10,10 @@ import (
 	"sync"
 )
 
-// warmPrefix starts the names of the KVM tests that run before all others
-// (in tcg mode, before the parallel phase; in direct mode, in a go test run
-// of their own), so that what they leave in the shared folder
-// (kvmtest.Shared) is there when the others start.
+// warmPrefix starts the names of the KVM tests that start before all
+// others (in tcg mode, first in the pool of L1 VMs; in direct mode, in a go
+// test run of their own), so that what they leave in the shared folder
+// (kvmtest.Shared) is there by the time the tests that use it start.
 const warmPrefix = "TestKVMWarm"
 
 // l1Overhead is the memory, in MiB, one QEMU TCG process takes beyond its
