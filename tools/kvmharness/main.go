@@ -409,14 +409,7 @@ func runUnits(ctx context.Context, o options, l1 l1Config, env []string, units [
 	if err != nil {
 		log.Warn("ignoring tools/kvmharness/durations.txt", "err", err)
 	}
-	// One pool: the warm tests start first and the others beside them (a
-	// phase of its own for the warm tests left the other places idle for
-	// minutes); the tests that use a warm product are short, so they start
-	// long after it is made, and one that asks before builds its own.
-	var order []int
-	for _, phase := range phases(names) {
-		order = append(order, longestFirst(phase, names, weight, expected)...)
-	}
+	order := unitOrder(names, weight, expected)
 	log.Info("running KVM tests in L1", "tests", len(order), "at_once", min(o.parallel, len(order)))
 	runPool(ctx, order, o.parallel, weight, func(i int) {
 		results[i] = runUnitInL1(ctx, o, l1, env, units[i], log)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // warmPrefix starts the names of the KVM tests that start before all
@@ -135,4 +137,26 @@ func release(sem chan struct{}, n int) {
 	for range n {
 		<-sem
 	}
+}
+
+// unitOrder is the order in which the pool starts the units named names
+// (one pool: the warm tests start first and the others beside them; a
+// phase of its own for the warm tests left the other places idle for
+// minutes, and the tests that use a warm product are short, so they start
+// long after it is made; one that asks before builds its own). A unit that
+// takes more than one place goes before them all: it waits for an empty
+// pool, which the start is. Within each group, longest first.
+func unitOrder(names []string, weight func(int) int, expected map[string]time.Duration) []int {
+	var multi []int
+	for i := range names {
+		if weight(i) > 1 {
+			multi = append(multi, i)
+		}
+	}
+	order := longestFirst(multi, names, weight, expected)
+	for _, phase := range phases(names) {
+		phase = slices.DeleteFunc(phase, func(i int) bool { return weight(i) > 1 })
+		order = append(order, longestFirst(phase, names, weight, expected)...)
+	}
+	return order
 }

@@ -370,3 +370,24 @@ func peakRunning(log string) int {
 	}
 	return peak
 }
+
+func TestUnitOrder(t *testing.T) {
+	names := []string{"TestKVMShort", "TestKVMWarmSnap", "TestKVMBootCommand", "TestKVMLong", "TestKVMNew"}
+	weight := func(i int) int {
+		if names[i] == "TestKVMBootCommand" {
+			return 2
+		}
+		return 1
+	}
+	expected := map[string]time.Duration{"TestKVMShort": time.Second, "TestKVMLong": time.Hour, "TestKVMWarmSnap": time.Minute}
+	var got []string
+	for _, i := range unitOrder(names, weight, expected) {
+		got = append(got, names[i])
+	}
+	// The two-place unit, the warm test, then the rest longest first (an
+	// unknown one counts as unknownDuration).
+	want := []string{"TestKVMBootCommand", "TestKVMWarmSnap", "TestKVMLong", "TestKVMNew", "TestKVMShort"}
+	if !slices.Equal(got, want) {
+		t.Errorf("unitOrder = %q, want %q", got, want)
+	}
+}
