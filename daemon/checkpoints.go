@@ -362,7 +362,7 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fail(err)
 	}
-	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
+	rctx, cancel := s.bootCtx(bctx)
 	inst, err := s.createNet(rctx, spec, n)
 	if err == nil {
 		// The sandbox keeps its secrets: kept by the new VMM process,
@@ -693,7 +693,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 				s.persistLocked(b)
 				b.mu.Unlock()
 			}
-			ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
+			ctx, cancel := s.bootCtx(b.ctx)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
 			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)

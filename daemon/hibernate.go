@@ -221,7 +221,7 @@ func (s *Server) persistFrozen(ctx context.Context, b *box, f Frozen, n *netReco
 	if c.Net {
 		spec.Host.Net = hostSpec(n).Net
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	rctx, cancel := s.bootCtx(ctx)
 	defer cancel()
 	inst, err := s.create(rctx, spec)
 	if err != nil {
@@ -312,7 +312,7 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	bctx := b.ctx
 	b.mu.Unlock()
 	began := time.Now()
-	rctx, cancel := context.WithTimeout(bctx, s.cfg.BootTimeout)
+	rctx, cancel := s.bootCtx(bctx)
 	spec := CreateSpec{Dir: dir, Checkpoint: hib, Hostname: hostname(b.id), CPUs: int(cpus), MemoryMiB: int(mem)}
 	inst, err := s.createNet(rctx, spec, n)
 	if err == nil {

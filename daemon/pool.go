@@ -151,7 +151,7 @@ func (p *pool) fill() (*warmSandbox, error) {
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, s.cfg.BootTimeout)
+	ctx, cancel := s.bootCtx(p.ctx)
 	defer cancel()
 	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Checkpoint: p.t.rec.Dir, Hostname: "pool",
 		CPUs: int(p.t.rec.CPUs), MemoryMiB: int(p.t.rec.MemoryMiB)}, n) // the template's, for its cgroup

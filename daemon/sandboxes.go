@@ -415,7 +415,7 @@ func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
 	began := time.Now()
 	// Not the caller's context: a client that gives up leaves a sandbox
 	// that a retry with the same request ID finds.
-	ctx, cancel := context.WithTimeout(b.ctx, s.cfg.BootTimeout)
+	ctx, cancel := s.bootCtx(b.ctx)
 	b.mu.Lock()
 	n := b.rec.Net.clone()
 	b.mu.Unlock()

@@ -69,7 +69,8 @@ type Config struct {
 	// fork children, pool refills); more wait their turn, so that a burst
 	// of creates does not thrash the host (0: 4 per host CPU).
 	MaxStarting int
-	// BootTimeout bounds a sandbox's start (0: 5 minutes).
+	// BootTimeout bounds a sandbox's start from when it has a start slot
+	// (the wait for one does not count) (0: 5 minutes).
 	BootTimeout time.Duration
 	// TemplateTimeout bounds a template's build: its boot, setup and
 	// snapshot (0: 30 minutes).
@@ -271,15 +272,44 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// create starts a sandbox through the backend once a start slot is free.
+// create starts a sandbox through the backend. Its caller holds a start
+// slot (bootCtx, takeStartSlot); a ctx that ended while it waited for one
+// says why (its cause).
 func (s *Server) create(ctx context.Context, spec CreateSpec) (Instance, error) {
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	return s.createInCgroup(ctx, spec)
+}
+
+// takeStartSlot waits under ctx for one of the Config.MaxStarting start
+// slots and returns the func that frees it (once, however often called).
+func (s *Server) takeStartSlot(ctx context.Context) (release func(), err error) {
 	select {
 	case s.starts <- struct{}{}:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for a start slot (%d sandboxes are starting): %w", s.cfg.MaxStarting, ctx.Err())
 	}
-	defer func() { <-s.starts }()
-	return s.createInCgroup(ctx, spec)
+	var once sync.Once
+	return func() { once.Do(func() { <-s.starts }) }, nil
+}
+
+// bootCtx waits under parent for a start slot, then returns a context
+// bounded by Config.BootTimeout from that moment, so that a sandbox queued
+// behind a burst of others does not spend its boot's time in the queue
+// (100 creates at once on a slow host timed out waiting, before), and a
+// cancel that ends it and frees the slot. When parent ends before a slot
+// is free, the context is done already, its cause saying so (create
+// returns it).
+func (s *Server) bootCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	release, err := s.takeStartSlot(parent)
+	if err != nil {
+		ctx, cancel := context.WithCancelCause(parent)
+		cancel(err)
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeout(parent, s.cfg.BootTimeout)
+	return ctx, func() { cancel(); release() }
 }
 
 // Register registers the Kiln service on r.

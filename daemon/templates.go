@@ -235,8 +235,13 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		}
 		defer s.detachNet(n) // after the builder's close, below
 	}
+	release, err := s.takeStartSlot(ctx)
+	if err != nil {
+		return callErr("template "+r.ID, err)
+	}
 	inst, err := s.createNet(ctx, CreateSpec{Dir: dir, Image: r.ImageRef, CPUs: int(r.CPUs),
 		MemoryMiB: int(r.MemoryMiB), WritableMiB: int(r.DiskMiB), Hostname: "template", Init: r.Init}, n)
+	release()
 	if err != nil {
 		return callErr("template "+r.ID+": boot "+r.ImageRef, err)
 	}

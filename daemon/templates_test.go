@@ -364,3 +364,38 @@ func TestMaxStarting(t *testing.T) {
 		t.Errorf("%d live, want 8", e.be.Live())
 	}
 }
+
+// TestQueuedStartKeepsItsBootTime: the wait for a start slot does not
+// count against Config.BootTimeout. Six creates, one slot, each start
+// 150 ms under a 400 ms boot timeout: the last waits 750 ms for its
+// turn, and all six start.
+func TestQueuedStartKeepsItsBootTime(t *testing.T) {
+	e := newEnv(t, func(c *daemon.Config) { c.MaxStarting, c.BootTimeout = 1, 400*time.Millisecond })
+	e.be.CreateHook = func(ctx context.Context, spec daemon.CreateSpec) error {
+		select {
+		case <-time.After(150 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	errs := make([]error, 6)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = e.c.CreateSandbox(ctxT(t), &kilnpb.CreateSandboxRequest{RequestId: nextReq(),
+				Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("create %d: %v", i, err)
+		}
+	}
+	if e.be.Live() != 6 {
+		t.Errorf("%d live, want 6", e.be.Live())
+	}
+}
