@@ -51,7 +51,9 @@ type StartConfig struct {
 	Dir string
 	// Env is added to the process's environment.
 	Env []string
-	// StartTimeout bounds the wait for the socket; 30 s when zero.
+	// StartTimeout bounds the wait for the socket (and ctx does); 2 minutes
+	// when zero: a new process makes it in milliseconds on a host, but one
+	// of four starting at once on an emulated CPU has taken over 30 s.
 	StartTimeout time.Duration
 	// Cgroup, when set, is a cgroup v2 folder the process starts in
 	// directly (clone3's CLONE_INTO_CGROUP): it never runs outside it.
@@ -179,7 +181,7 @@ func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
 	}()
 	timeout := cfg.StartTimeout
 	if timeout <= 0 {
-		timeout = 30 * time.Second
+		timeout = 2 * time.Minute
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
