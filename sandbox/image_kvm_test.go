@@ -52,6 +52,17 @@ type imageEnv struct {
 	images *image.Images
 }
 
+// fidelityEnv serves the fidelity images from a registry of the test's
+// own, pulls kvmtest.FidelityImage into a fresh images folder and
+// returns the environment.
+func fidelityEnv(t testing.TB, ctx context.Context) *imageEnv {
+	t.Helper()
+	reg, refs := imagetest.ServeLayout(t, kvmtest.FidelityImages(t), "kiln/test")
+	e := newImageEnv(t, reg, refs)
+	e.pull(t, ctx, kvmtest.FidelityImage)
+	return e
+}
+
 func newImageEnv(t testing.TB, reg *imagetest.Registry, refs map[string]string) *imageEnv {
 	t.Helper()
 	e := &imageEnv{reg: reg, refs: refs, dir: t.TempDir()}

@@ -23,9 +23,7 @@ func TestKVMSystemd(t *testing.T) {
 	kvmtest.Kernel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	reg, refs := imagetest.ServeLayout(t, kvmtest.FidelityImages(t), "kiln/test")
-	e := newImageEnv(t, reg, refs)
-	e.pull(t, ctx, kvmtest.FidelityImage)
+	e := fidelityEnv(t, ctx)
 	ref := e.refs[kvmtest.FidelityImage]
 
 	sb, firstExec, booted, state := bootSystemd(t, ctx, e, ref)
@@ -156,9 +154,7 @@ func BenchmarkKVMSystemdBoot(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	reg, refs := imagetest.ServeLayout(b, kvmtest.FidelityImages(b), "kiln/test")
-	e := newImageEnv(b, reg, refs)
-	e.pull(b, ctx, kvmtest.FidelityImage)
+	e := fidelityEnv(b, ctx)
 	ref := e.refs[kvmtest.FidelityImage]
 	var agentSum, firstSum, bootSum time.Duration
 	n := 0
