@@ -340,7 +340,17 @@ func runL1(ctx context.Context, c l1Config) error {
 	copyConsole(c.console, stdout, prefix)
 	waitErr := cmd.Wait()
 	close(stopWatch)
-	c.log.Info("L1 powered off", "elapsed", time.Since(start).Round(time.Millisecond))
+	elapsed := time.Since(start)
+	// QEMU's CPU time against its wall time: how much of a host core
+	// this L1 kept busy (its vCPU thread and its 9p and I/O threads), the
+	// figure that says whether more L1s at once would run the suite
+	// sooner.
+	var cpu time.Duration
+	if ps := cmd.ProcessState; ps != nil {
+		cpu = ps.UserTime() + ps.SystemTime()
+	}
+	c.log.Info("L1 powered off", "elapsed", elapsed.Round(time.Millisecond),
+		"qemu_cpu", cpu.Round(time.Millisecond), "cores_busy", fmt.Sprintf("%.2f", cpu.Seconds()/max(elapsed.Seconds(), 0.001)))
 	switch {
 	case hung.Load():
 		return errL1Hung
