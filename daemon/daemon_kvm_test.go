@@ -37,7 +37,7 @@ import (
 // backend's ProcessCommand in TestKVMDaemon).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(vmmproc.ServeMain(context.Background(), "", sandbox.OpenImageFS(image.NewRoots(image.Options{}))))
+		os.Exit(sandbox.ServeVMM(context.Background(), ""))
 	}
 	os.Exit(m.Run())
 }

@@ -173,7 +173,7 @@ func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (I
 			return nil, err
 		}
 	}
-	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, Logger: sandboxLog(b.log(), dir)})
+	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, ImageRoots: b.imageRoots(), Logger: sandboxLog(b.log(), dir)})
 	if err != nil {
 		stopVMM(ctx, dir, b.log())
 		return nil, err

@@ -46,8 +46,9 @@ type Config struct {
 	// ProcessCommand starts a VMM process: ["/usr/bin/kiln", "vmm"].
 	ProcessCommand []string
 	// Jail, when set, jails every sandbox's VMM process
-	// (sandbox.ProcessOptions.Jail; kilnd --jail). Image-rooted
-	// sandboxes are refused in a jail for now.
+	// (sandbox.ProcessOptions.Jail; kilnd --jail). An image root's
+	// missing chunks are fetched by kilnd for the jailed process
+	// (image/chunkrpc).
 	Jail *sandbox.JailOptions
 
 	// Defaults of a CreateSandboxRequest's zero fields: 1 vCPU, 512 MiB,

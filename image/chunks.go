@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -26,11 +27,12 @@ const maxRunBytes = 8 << 20
 // against their ChunkDigest and then stored. It satisfies image/tree's
 // ChunkReader. Safe for concurrent use.
 type ChunkReader struct {
-	im    *Images
-	img   string // the image's name, for messages
-	layer Layer
-	ix    *tocIndex
-	rr    remoteRepo // lazy layers
+	im       *Images
+	img      string        // the image's name, for messages
+	manifest digest.Digest // the image's manifest (ChunkRequest)
+	layer    Layer
+	ix       *tocIndex
+	rr       remoteRepo // lazy layers
 
 	bmu  sync.Mutex
 	blob rangeReader // made on the first miss
@@ -151,7 +153,11 @@ func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk) error {
 	// gives up does not fail the others waiting for the same chunks.
 	fctx := context.WithoutCancel(ctx)
 	for _, run := range runs(mine) {
-		go c.fetchRun(fctx, run)
+		if c.im.opts.Fetcher != nil {
+			go c.delegateRun(fctx, run)
+		} else {
+			go c.fetchRun(fctx, run)
+		}
 	}
 	for _, f := range waits {
 		select {
@@ -189,20 +195,51 @@ func runs(chs []*chunk) [][]*chunk {
 	return out
 }
 
+// endFlights ends the flights of run's chunks, chunk i's with errs[i].
+func (c *ChunkReader) endFlights(run []*chunk, errs []error) {
+	c.im.fmu.Lock()
+	for i, ch := range run {
+		f := c.im.inflight[ch.digest]
+		delete(c.im.inflight, ch.digest)
+		f.err = errs[i]
+		close(f.done)
+	}
+	c.im.fmu.Unlock()
+}
+
+// delegateRun has Options.Fetcher fetch one run into the store (a jailed
+// VMM process's parent: this process can neither reach the registry nor
+// write the store), then checks that each chunk is there, and ends the
+// chunks' flights. What the fetcher stored was checked by its store.
+func (c *ChunkReader) delegateRun(ctx context.Context, run []*chunk) {
+	errs := make([]error, len(run))
+	defer c.endFlights(run, errs)
+	req := ChunkRequest{Manifest: c.manifest, Layer: c.layer.Digest, Chunks: make([]ChunkRef, len(run))}
+	for i, ch := range run {
+		req.Chunks[i] = ChunkRef{Offset: ch.ent.Offset, InnerOffset: ch.ent.InnerOffset, Digest: ch.digest}
+	}
+	// The fetcher's own fetch is bounded by its FetchTimeout; this one
+	// allows for that and for the round trip.
+	dctx, cancel := context.WithTimeout(ctx, c.im.fetchTimeout()+10*time.Second)
+	defer cancel()
+	if err := c.im.opts.Fetcher.FetchChunks(dctx, req); err != nil {
+		for i, ch := range run {
+			errs[i] = c.eio(ch, fmt.Errorf("fetching through the parent: %w", err))
+		}
+		return
+	}
+	for i, ch := range run {
+		if !c.im.st.Has(ch.digest) {
+			errs[i] = c.eio(ch, errors.New("the parent fetched the chunk but it is not in the store"))
+		}
+	}
+}
+
 // fetchRun fetches one run in one range request, checks and stores each
 // chunk, and ends the chunks' flights.
 func (c *ChunkReader) fetchRun(ctx context.Context, run []*chunk) {
 	errs := make([]error, len(run))
-	defer func() {
-		c.im.fmu.Lock()
-		for i, ch := range run {
-			f := c.im.inflight[ch.digest]
-			delete(c.im.inflight, ch.digest)
-			f.err = errs[i]
-			close(f.done)
-		}
-		c.im.fmu.Unlock()
-	}()
+	defer c.endFlights(run, errs)
 	fail := func(err error) {
 		for i := range errs {
 			if errs[i] == nil {
@@ -301,4 +338,61 @@ func (im *Images) warnBadChunk(layer, chunk digest.Digest, err error) {
 	im.lastWarn, im.suppressed = now, 0
 	im.wmu.Unlock()
 	im.opts.Logger.Warn("image: chunk failed its check", "layer", layer, "chunk", chunk, "err", err, slog.Int("suppressed", n))
+}
+
+// ChunkFetcher fetches chunks of a lazy layer into the store on an Images'
+// behalf (Options.Fetcher). A jailed VMM process has one: it reads the
+// store through a read-only bind but can neither reach the registry nor
+// write there, so its parent fetches for it (package image/chunkrpc; the
+// parent's Root is a ChunkFetcher).
+type ChunkFetcher interface {
+	FetchChunks(ctx context.Context, req ChunkRequest) error
+}
+
+// MaxChunkRequest is the most chunks one ChunkRequest names.
+const MaxChunkRequest = 1024
+
+// ChunkRequest names chunks of one layer of one image, to be fetched into
+// the store: plain data, as it crosses from a VMM process to its parent.
+type ChunkRequest struct {
+	Manifest digest.Digest `json:"manifest"`
+	Layer    digest.Digest `json:"layer"`
+	Chunks   []ChunkRef    `json:"chunks"`
+}
+
+// ChunkRef is one data entry of a layer's TOC: its gzip member's Offset
+// and the InnerOffset of the chunk within it, and the chunk's digest.
+type ChunkRef struct {
+	Offset      int64         `json:"offset"`
+	InnerOffset int64         `json:"innerOffset"`
+	Digest      digest.Digest `json:"digest"`
+}
+
+// FetchChunks fetches the chunks req names into the store, as a read of
+// them would: the request comes from a process that may be hostile (a
+// jailed VMM process a guest took over), so it must name this root's
+// image, one of its lazy layers and chunks of that layer's TOC, at most
+// MaxChunkRequest of them; anything else is an error naming what is
+// wrong. Chunks stored already cost nothing.
+func (r *Root) FetchChunks(ctx context.Context, req ChunkRequest) error {
+	if req.Manifest != r.Image.Manifest {
+		return fmt.Errorf("image: chunk request for image %q: this root is %s", req.Manifest, r.Image.Manifest)
+	}
+	if n := len(req.Chunks); n == 0 || n > MaxChunkRequest {
+		return fmt.Errorf("image: chunk request names %d chunks: want 1 to %d", n, MaxChunkRequest)
+	}
+	i := slices.IndexFunc(r.layers, func(l LayerReader) bool { return l.Layer.Digest == req.Layer })
+	if i < 0 {
+		return fmt.Errorf("image: chunk request: %q is not a layer of %s", req.Layer, r.Image.Name)
+	}
+	cr := r.layers[i].Chunks
+	chs := make([]*chunk, 0, len(req.Chunks))
+	for _, ref := range req.Chunks {
+		ch := cr.ix.byKey[chunkKey{ref.Offset, ref.InnerOffset}]
+		if ch == nil || ch.digest != ref.Digest {
+			return fmt.Errorf("image: chunk request: offset %d+%d (%q) is not a chunk of layer %s", ref.Offset, ref.InnerOffset, ref.Digest, req.Layer.Encoded()[:12])
+		}
+		chs = append(chs, ch)
+	}
+	return cr.fetch(ctx, chs)
 }

@@ -104,7 +104,11 @@ type Options struct {
 	// with an error wrapping context.DeadlineExceeded and syscall.EIO.
 	// 30s if zero.
 	FetchTimeout time.Duration
-	Logger       *slog.Logger
+	// Fetcher, if set, fetches lazy layers' missing chunks into the store
+	// instead of this process (a jailed VMM process's parent: see
+	// ChunkFetcher); they are read from the store once it returns.
+	Fetcher ChunkFetcher
+	Logger  *slog.Logger
 }
 
 // maxConcurrentFetches bounds the range requests in flight per Images.

@@ -56,7 +56,7 @@ func (im *Images) Layers(ctx context.Context, img *Image) ([]LayerReader, error)
 		if err != nil {
 			return nil, fmt.Errorf("image: %s: %w", img.Name, err)
 		}
-		out = append(out, LayerReader{Layer: l, TOC: toc, Chunks: &ChunkReader{im: im, img: img.Name, layer: l, ix: ix, rr: rr}})
+		out = append(out, LayerReader{Layer: l, TOC: toc, Chunks: &ChunkReader{im: im, img: img.Name, manifest: img.Manifest, layer: l, ix: ix, rr: rr}})
 	}
 	return out, nil
 }

@@ -19,6 +19,7 @@ type Root struct {
 	Tree  *tree.Tree
 
 	im     *Images
+	layers []LayerReader // FetchChunks
 	holder string
 	once   sync.Once
 }
@@ -47,7 +48,7 @@ func (im *Images) OpenRoot(ctx context.Context, name string) (*Root, error) {
 	if err := im.Pin(img, holder); err != nil {
 		return nil, fmt.Errorf("image: %s: %w", img.Name, err)
 	}
-	return &Root{Image: img, Tree: t, im: im, holder: holder}, nil
+	return &Root{Image: img, Tree: t, im: im, layers: layers, holder: holder}, nil
 }
 
 // Close releases the root's pins. The tree stays readable (a device that

@@ -58,6 +58,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 		}
 		children[i] = c
 		c.image, c.openFS, c.modules, c.snapKey = s.image, s.openFS, s.modules, s.snapKey
+		c.imageFS, c.roots = s.imageFS, s.roots
 		if opts.Net != nil {
 			if nics[i] = opts.Net(i); nics[i] == nil {
 				return nil, fmt.Errorf("sandbox: fork: ForkOptions.Net gave child %d no network card", i)

@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // TestKVMJail restores the warm snapshot into two jailed VMM processes
@@ -131,6 +133,72 @@ func TestKVMJail(t *testing.T) {
 		t.Fatalf("b after its save: %q", got)
 	}
 
+	// An image-rooted sandbox in a jail: the images folder is bound in
+	// read-only and the VMM process is in a network namespace of its own,
+	// so this process fetches the chunks its guest reads (serveChunks).
+	reg, refs := imagetest.ServeLayout(t, kvmtest.TestImages(t), "kiln/test")
+	ie := newImageEnv(t, reg, refs)
+	ie.pull(t, ctx, "debian")
+	reg.Reset()
+	begin = time.Now()
+	is := ie.startWith(t, ctx, Options{Image: ie.refs["debian"], Process: proc})
+	t.Logf("image: booted in jailed VMM process %d in %v", is.PID(), time.Since(begin).Round(time.Millisecond))
+	iuid := checkJailed(t, "image", is.PID())
+	uids[iuid] = "image"
+	dirs = append(dirs, is.Dir())
+	checkReadOnlyBind(t, "image", is.PID(), ie.dir)
+	chunkSock := vmmproc.ChunkSocket(filepath.Join(is.Dir(), vmmproc.SocketFile))
+	if fi, err := os.Stat(chunkSock); err != nil || fileUID(fi) != iuid || fi.Mode().Perm() != 0o600 {
+		t.Errorf("image: chunk socket %s: %v (uid %d), want mode 0600 owned by the jail's uid %d", chunkSock, err, fileUIDOf(fi), iuid)
+	}
+	// The folder is searchable (0711) so that the jail reaches its
+	// socket; nothing in it is open to others.
+	ents, err = os.ReadDir(is.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		fi, err := os.Lstat(filepath.Join(is.Dir(), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := fi.Mode()
+		switch {
+		case m&os.ModeSocket != 0 && m.Perm()&0o002 != 0:
+			t.Errorf("image: socket %s is mode %v: others may connect", e.Name(), m)
+		case m&os.ModeSocket == 0 && m.IsRegular() && m.Perm()&0o006 != 0:
+			t.Errorf("image: %s in the sandbox folder is mode %v: open to others", e.Name(), m)
+		case m.IsDir() && m.Perm()&0o007 != 0:
+			t.Errorf("image: folder %s in the sandbox folder is mode %v: open to others", e.Name(), m)
+		}
+	}
+	if got := run(is, `python3 -c 'import json, sqlite3; print(1)'; git --version | cut -c1-11; hostname`); got != "1\ngit version\nimg" {
+		t.Fatalf("image: python3 and git in the jail: %q", got)
+	}
+	if st := reg.Stats(); st.Requests == 0 || st.Bytes == 0 {
+		t.Errorf("image: the registry served %+v: the guest's reads fetched nothing", st)
+	}
+	t.Logf("image: the parent fetched %d bytes in %d requests for the jailed guest", reg.Stats().Bytes, reg.Stats().Requests)
+	// Its child, jailed too, reads what the parent never read.
+	ikids, err := is.Fork(ctx, 1, ForkOptions{})
+	if err != nil {
+		t.Fatalf("Fork of a jailed image-rooted sandbox: %v", err)
+	}
+	uids[checkJailed(t, "image's child", ikids[0].PID())] = "image's child"
+	dirs = append(dirs, ikids[0].Dir())
+	if got := run(ikids[0], "base32 --version | head -1"); !strings.Contains(got, "base32") {
+		t.Errorf("image's child: base32 --version: %q", got)
+	}
+
+	for _, sb := range []*Sandbox{ikids[0], is} {
+		sock := vmmproc.ChunkSocket(filepath.Join(sb.Dir(), vmmproc.SocketFile))
+		if err := sb.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+			t.Errorf("chunk socket %s after Close: %v", sock, err)
+		}
+	}
 	for _, sb := range []*Sandbox{kids[0], a, b, c} {
 		if err := sb.Close(ctx); err != nil {
 			t.Fatalf("Close: %v", err)
@@ -153,7 +221,7 @@ func TestKVMJail(t *testing.T) {
 			t.Errorf("sandbox folder %s is left", d)
 		}
 	}
-	t.Logf("4 jailed VMM processes (uids %v), closed: no id held, no mount, no folder left", sortedKeys(uids))
+	t.Logf("%d jailed VMM processes (uids %v), closed: no id held, no mount, no folder left", len(uids), sortedKeys(uids))
 }
 
 // checkJailed checks every thread of the VMM process pid: its seccomp
@@ -271,4 +339,32 @@ func fileUID(fi os.FileInfo) int {
 		return int(st.Uid)
 	}
 	return -1
+}
+
+// checkReadOnlyBind checks that path is mounted read-only in the mount
+// namespace of process pid (its jail).
+func checkReadOnlyBind(t *testing.T, name string, pid int, path string) {
+	t.Helper()
+	mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	for _, l := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 5 && f[4] == filepath.Clean(path) {
+			if !strings.HasPrefix(f[5], "ro") {
+				t.Errorf("%s: %s is mounted %s in its jail, want ro", name, path, f[5])
+			}
+			return
+		}
+	}
+	t.Errorf("%s: %s is not mounted in its jail:\n%s", name, path, mi)
+}
+
+// fileUIDOf is fileUID of fi, -1 when there is none.
+func fileUIDOf(fi os.FileInfo) int {
+	if fi == nil {
+		return -1
+	}
+	return fileUID(fi)
 }

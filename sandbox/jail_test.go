@@ -26,7 +26,8 @@ func TestJailNetns(t *testing.T) {
 		{"tap in the host's", []virtio.DeviceSpec{nic("tap0", "")}, "/proc/self/ns/net", ""},
 		{"two taps, one netns", []virtio.DeviceSpec{nic("a", "sb1"), nic("b", "/var/run/netns/sb1")}, "/var/run/netns/sb1", ""},
 		{"two netns", []virtio.DeviceSpec{nic("a", "sb1"), nic("b", "")}, "", "one network namespace"},
-		{"image root", []virtio.DeviceSpec{{ID: "rootfs", Kind: virtio.KindFS}}, "", "not supported in a jailed VMM process"},
+		{"image root: no network needed", []virtio.DeviceSpec{vsock, {ID: "rootfs", Kind: virtio.KindFS}}, "", ""},
+		{"image root and a tap", []virtio.DeviceSpec{{ID: "rootfs", Kind: virtio.KindFS}, nic("tap0", "sb1")}, "/var/run/netns/sb1", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := jailNetns(tc.devices)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
@@ -38,8 +39,9 @@ type ProcessOptions struct {
 	// Jail, when set, jails each VMM process (package jail,
 	// vmmproc.JailConfig): namespaces of its own (the network one of its
 	// tap, or an empty one), a root holding only what it needs, a uid and
-	// gid of its own, no capabilities. Image roots (fs devices) are not
-	// supported in a jail yet. The VMM command must be built without cgo.
+	// gid of its own, no capabilities. An image root's store is bound in
+	// read-only; this process fetches the chunks it misses (serveChunks).
+	// The VMM command must be built without cgo.
 	Jail *JailOptions
 }
 
@@ -73,14 +75,11 @@ func (o *JailOptions) jailConfig(devices []virtio.DeviceSpec) (*vmmproc.JailConf
 // jailNetns is the network namespace a jailed VMM process with devices
 // starts in: its taps' (a name under /var/run/netns, a path, or this
 // process's own for a tap in it), or "" (a new, empty one) without a
-// tap. An image root is refused here, before anything starts.
+// tap.
 func jailNetns(devices []virtio.DeviceSpec) (string, error) {
 	netns, seen := "", false
 	for _, d := range devices {
-		switch {
-		case d.Kind == virtio.KindFS:
-			return "", fmt.Errorf("sandbox: device %s: an image root (fs device, lazy image fetch) is not supported in a jailed VMM process yet: run it without the jail", d.ID)
-		case d.Kind != virtio.KindNet || d.Net == nil:
+		if d.Kind != virtio.KindNet || d.Net == nil {
 			continue
 		}
 		ns := "/proc/self/ns/net"
@@ -155,6 +154,8 @@ type processVM struct {
 	// vsock is the sandbox's vsock socket, which a jailed process
 	// cannot unlink itself.
 	vsock string
+	// chunks serves a jailed process's image chunk fetches (nil: none).
+	chunks *chunkServer
 }
 
 // startProcess starts a VMM process for the sandbox s, with its console
@@ -170,13 +171,23 @@ func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Wri
 		}
 		cfg.Jail = j
 	}
+	var chunks *chunkServer
+	if cfg.Jail != nil && s.imageFS != nil {
+		var err error
+		if chunks, err = serveChunks(vmmproc.ChunkSocket(filepath.Join(s.dir, vmmproc.SocketFile)), cfg.Jail.UID, cfg.Jail.GID, s.roots, *s.imageFS, s.log); err != nil {
+			return nil, err
+		}
+	}
 	p, err := vmmproc.Start(ctx, cfg)
 	if err != nil {
+		if chunks != nil {
+			chunks.Close()
+		}
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	go p.CopyConsole(cctx, w)
-	return &processVM{p: p, opts: opts, cancel: cancel, vsock: s.VsockPath()}, nil
+	return &processVM{p: p, opts: opts, cancel: cancel, vsock: s.VsockPath(), chunks: chunks}, nil
 }
 
 // describe reads the devices of the process's new VM.
@@ -239,6 +250,9 @@ func (m *processVM) release(ctx context.Context) error {
 			}
 		default: // attached: it may still run
 		}
+	}
+	if m.chunks != nil {
+		m.chunks.Close()
 	}
 	return err
 }
@@ -393,7 +407,10 @@ type AttachOptions struct {
 	// Process starts the VMM processes of the sandbox's fork children
 	// (the attached one was started by another parent).
 	Process ProcessOptions
-	Logger  *slog.Logger
+	// ImageRoots fetch a jailed VMM process's missing image chunks (new
+	// ones if nil), as Options.ImageRoots.
+	ImageRoots *image.Roots
+	Logger     *slog.Logger
 }
 
 // Attach takes over the sandbox whose VM runs in the VMM process with the
@@ -427,6 +444,9 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	s.m = m
 	s.image = imageOf(m.specs)
 	s.modules = modulesOf(m.specs)
+	if err := m.serveAttachedChunks(s, opts); err != nil {
+		return nil, err
+	}
 	s.run()
 	if err := s.connect(ctx, time.Minute); err != nil {
 		return nil, err

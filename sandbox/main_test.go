@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/internal/seccomptest"
 	"github.com/kilnvm/kiln/vmmproc"
@@ -24,7 +23,7 @@ func TestMain(m *testing.M) {
 		if trigger := os.Getenv(seccomptest.TriggerEnv); trigger != "" {
 			go seccomptest.Watch(context.Background(), trigger)
 		}
-		os.Exit(vmmproc.ServeMain(context.Background(), "", OpenImageFS(image.NewRoots(image.Options{}))))
+		os.Exit(ServeVMM(context.Background(), ""))
 	}
 	os.Exit(m.Run())
 }

@@ -140,6 +140,11 @@ type Sandbox struct {
 
 	image  string          // an image root's manifest digest; "" for none
 	openFS virtio.FSOpener // how its VM opens image roots (this process's)
+	// imageFS is its image root's spec and roots the Roots it opens
+	// through (nil without one): a jailed VMM process's parent fetches
+	// the image's missing chunks with them (serveChunks).
+	imageFS *virtio.FSSpec
+	roots   *image.Roots
 	// modules is the kernel release of its modules disk; "" for none.
 	modules string
 	// snapKey authenticates its snapshots; nil: SnapshotKeyFile's.
@@ -228,6 +233,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
 		s.image = root.spec.FS.Image
 		s.openFS = cfg.OpenFS
+		s.imageFS, s.roots = root.spec.FS, root.roots
 	}
 	cfg.Console = s.consoleWriter(opts.Console)
 	if s.m, err = s.startMachine(ctx, cfg, opts.Process); err != nil {

@@ -415,5 +415,6 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 	}
 	cfg.OpenFS = OpenImageFS(roots)
 	s.image, s.openFS = fs.Image, cfg.OpenFS
+	s.imageFS, s.roots = &fs, roots
 	return nil
 }

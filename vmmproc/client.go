@@ -256,6 +256,9 @@ func (p *Process) dial(ctx context.Context) error {
 // its uid there.
 func (p *Process) Jailed() (bool, int) { return p.jailUID != 0, p.jailUID }
 
+// JailIDs returns the uid and gid of a jailed process (0, 0 if not).
+func (p *Process) JailIDs() (uid, gid int) { return p.jailUID, p.jailGID }
+
 // PID returns the process's ID (in the host's PID namespace, for a jailed
 // one too).
 func (p *Process) PID() int { return p.pid }

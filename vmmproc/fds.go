@@ -23,6 +23,12 @@ import (
 // SCM_RIGHTS, which the server then holds under token. The server answers
 // "OK" (with the descriptor, for GET) or "ERR <reason>".
 
+// ChunkSocket returns the socket beside the API socket sock on which a
+// jailed VMM process's parent fetches image chunks for it (package
+// image/chunkrpc): in its jail the process can neither reach the registry
+// nor write the image store.
+func ChunkSocket(sock string) string { return sock + ".chunks" }
+
 // FDSocket returns the descriptor socket beside the API socket sock.
 func FDSocket(sock string) string { return sock + ".fd" }
 

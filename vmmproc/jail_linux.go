@@ -158,8 +158,10 @@ func jailBinds(kvmPath, socket string, req *vmmpb.CreateRequest, devices []virti
 			add("/dev/net/tun", false)
 		case d.Kind == virtio.KindVsock && d.Vsock != nil:
 			add(filepath.Dir(d.Vsock.Path), false)
-		case d.Kind == virtio.KindFS:
-			return nil, fmt.Errorf("device %s: an image root (fs device) is not supported in a jailed VMM process yet", d.ID)
+		case d.Kind == virtio.KindFS && d.FS != nil:
+			// Its store, read-only: the parent fetches missing chunks
+			// into it (ChunkSocket, beside the socket bound above).
+			add(d.FS.Images, true)
 		}
 	}
 	for _, b := range extra {

@@ -153,7 +153,9 @@ func TestJailBinds(t *testing.T) {
 		{"restore", snap, disks[2:3], nil, []jail.Bind{{Path: "/dev/kvm"}, {Path: "/sb/1"}, {Path: "/snaps/base", ReadOnly: true}}, ""},
 		{"fork, extra bind", fork, nil, []jail.Bind{{Path: "/opt/x", ReadOnly: true}}, []jail.Bind{{Path: "/dev/kvm"}, {Path: "/opt/x", ReadOnly: true}, {Path: "/sb/1"}}, ""},
 		{"read-write wins", fork, nil, []jail.Bind{{Path: "/sb/1", ReadOnly: true}}, []jail.Bind{{Path: "/dev/kvm"}, {Path: "/sb/1"}}, ""},
-		{"image root", fork, []virtio.DeviceSpec{{ID: "rootfs", Kind: virtio.KindFS}}, nil, nil, "not supported in a jailed VMM process"},
+		{"image root: its store read-only", fork, []virtio.DeviceSpec{{ID: "rootfs", Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: "kilnroot", Images: "/var/lib/kiln/images"}}}, nil,
+			[]jail.Bind{{Path: "/dev/kvm"}, {Path: "/sb/1"}, {Path: "/var/lib/kiln/images", ReadOnly: true}}, ""},
+		{"relative images folder", fork, []virtio.DeviceSpec{{ID: "rootfs", Kind: virtio.KindFS, FS: &virtio.FSSpec{Images: "images"}}}, nil, nil, "not an absolute path"},
 		{"relative disk", fork, []virtio.DeviceSpec{{ID: "d", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "d.ext4"}}}, nil, nil, "not an absolute path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

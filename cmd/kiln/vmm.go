@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
@@ -27,9 +26,9 @@ func cmdVMM(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kiln vmm: unexpected argument %q\n", fs.Arg(0))
 		return exitUsage
 	}
-	// Image roots open from the images folder their spec names, lazily
-	// fetching chunks from the image's registry as the parent would.
-	return vmmproc.ServeMain(ctx, *sock, sandbox.OpenImageFS(image.NewRoots(image.Options{})))
+	// Image roots open from the images folder their spec names; jailed,
+	// the parent fetches their missing chunks (sandbox.ServeVMM).
+	return sandbox.ServeVMM(ctx, *sock)
 }
 
 // vmmProcess returns the options that run a sandbox's VM in a `kiln vmm`
@@ -59,7 +58,7 @@ type jailFlags struct {
 
 func addJailFlags(fs *flag.FlagSet) jailFlags {
 	return jailFlags{
-		on:  fs.Bool("jail", false, "jail each VMM process (implies --vmm-process): namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; needs root, and refuses image roots for now"),
+		on:  fs.Bool("jail", false, "jail each VMM process (implies --vmm-process): namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; needs root (image chunks are fetched by this process for it)"),
 		ids: fs.String("jail-ids", jail.DefaultIDsDir, "with --jail, `DIR` whose jail-ids folder holds the locks of the jails' uids (kilnd's --jail-ids)"),
 	}
 }

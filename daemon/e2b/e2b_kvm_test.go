@@ -23,7 +23,7 @@ import (
 // backend's ProcessCommand in TestKVME2B).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(vmmproc.ServeMain(context.Background(), "", sandbox.OpenImageFS(image.NewRoots(image.Options{}))))
+		os.Exit(sandbox.ServeVMM(context.Background(), ""))
 	}
 	os.Exit(m.Run())
 }

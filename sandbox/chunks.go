@@ -1,0 +1,140 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/chunkrpc"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmmproc"
+	"github.com/opencontainers/go-digest"
+)
+
+// chunkServer fetches a jailed VMM process's missing image chunks on its
+// behalf (the process reads the image store through a read-only bind, and
+// has no network of the registry's): it serves vmmproc.ChunkSocket and
+// fetches what a request names, after image.Root.FetchChunks checked it
+// against the sandbox's own image. The root is opened on the first
+// request: most sandboxes from a warm template fetch nothing.
+type chunkServer struct {
+	srv *chunkrpc.Server
+
+	roots    *image.Roots
+	dir      string
+	manifest digest.Digest
+
+	mu      sync.Mutex
+	root    *image.Root
+	release func() error
+}
+
+// serveChunks serves the chunk socket at path for a process of uid and
+// gid whose image root is fs, fetching through roots (new ones if nil).
+// The jailed process reaches the socket by its path, in the sandbox's
+// folder: the folder gets search permission for others (0711: no listing;
+// its other files keep their own modes, none of them open to others) and
+// the socket is the jail uid's alone. The images folder must be readable
+// by others (0755, as kiln makes it): the jail binds it in read-only.
+func serveChunks(path string, uid, gid int, roots *image.Roots, fs virtio.FSSpec, log *slog.Logger) (*chunkServer, error) {
+	if roots == nil {
+		roots = image.NewRoots(image.Options{Logger: log})
+	}
+	if fi, err := os.Stat(fs.Images); err != nil {
+		return nil, fmt.Errorf("sandbox: images folder: %w", err)
+	} else if fi.Mode().Perm()&0o005 != 0o005 {
+		return nil, fmt.Errorf("sandbox: images folder %s is mode %#o: a jailed VMM process (uid %d) cannot read it; make it 0755", fs.Images, fi.Mode().Perm(), uid)
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o001 == 0 {
+		if err := os.Chmod(dir, perm|0o011); err != nil {
+			return nil, fmt.Errorf("sandbox: let the jail reach its chunk socket: %w", err)
+		}
+	}
+	c := &chunkServer{roots: roots, dir: fs.Images, manifest: digest.Digest(fs.Image)}
+	srv, err := chunkrpc.Listen(path, uid, gid, c, 0, log)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: the jail's image chunk socket: %w", err)
+	}
+	c.srv = srv
+	return c, nil
+}
+
+// FetchChunks opens the root on first use and fetches through it.
+func (c *chunkServer) FetchChunks(ctx context.Context, req image.ChunkRequest) error {
+	c.mu.Lock()
+	if c.root == nil {
+		r, release, err := c.roots.Open(ctx, c.dir, c.manifest)
+		if err != nil {
+			c.mu.Unlock()
+			return fmt.Errorf("sandbox: image %s: %w", c.manifest, err)
+		}
+		c.root, c.release = r, release
+	}
+	r := c.root
+	c.mu.Unlock()
+	return r.FetchChunks(ctx, req)
+}
+
+// Close stops serving and releases the root.
+func (c *chunkServer) Close() error {
+	err := c.srv.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.release != nil {
+		err = errors.Join(err, c.release())
+		c.root, c.release = nil, nil
+	}
+	return err
+}
+
+// serveAttachedChunks serves the chunk socket of an attached jailed
+// process with an image root (its parent, which served it, is gone).
+func (m *processVM) serveAttachedChunks(s *Sandbox, opts AttachOptions) error {
+	jailed, uid := m.p.Jailed()
+	if !jailed {
+		return nil
+	}
+	for _, d := range m.specs {
+		if d.Kind != virtio.KindFS || d.FS == nil {
+			continue
+		}
+		_, gid := m.p.JailIDs()
+		c, err := serveChunks(vmmproc.ChunkSocket(filepath.Join(s.dir, vmmproc.SocketFile)), uid, gid, opts.ImageRoots, *d.FS, s.log)
+		if err != nil {
+			return err
+		}
+		m.chunks = c
+		s.imageFS, s.roots = d.FS, opts.ImageRoots
+		return nil
+	}
+	return nil
+}
+
+// ServeVMM is the main of a VMM process (`kiln vmm`, or a test binary run
+// as one): vmmproc.ServeMain with image roots that open from the images
+// folder their spec names. Unjailed, the process fetches lazy chunks from
+// the registry itself, as its parent would; jailed, where it has neither
+// the registry's network nor write access to the store, its parent
+// fetches them (vmmproc.ChunkSocket, beside sock: $KILN_VMM_SOCKET when
+// sock is empty).
+func ServeVMM(ctx context.Context, sock string) int {
+	path := sock
+	if path == "" {
+		path = os.Getenv(vmmproc.SocketEnv)
+	}
+	var opts image.Options
+	if os.Getenv(vmmproc.JailEnv) != "" && path != "" {
+		opts.Fetcher = chunkrpc.Client{Path: vmmproc.ChunkSocket(path)}
+	}
+	return vmmproc.ServeMain(ctx, sock, OpenImageFS(image.NewRoots(opts)))
+}
