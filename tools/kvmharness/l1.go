@@ -316,7 +316,7 @@ func runL1(ctx context.Context, c l1Config) error {
 	if c.hangAfter > 0 {
 		var kicks atomic.Int32
 		go watchHeartbeat(filepath.Join(c.dir(), heartbeatFile), heartbeatWatch{
-			after: c.hangAfter, poll: 5 * time.Second, kickEvery: kickEvery,
+			after: c.hangAfter, poll: 2 * time.Second, kickEvery: kickEvery,
 			kick: func(silent time.Duration) {
 				kicks.Add(1)
 				c.log.Warn("L1 is silent: kicking it with a serial break", "silent_for", silent.Round(time.Second))
@@ -388,8 +388,10 @@ func sendPaced(ctx context.Context, w io.Writer, step time.Duration, steps ...st
 }
 
 // kickEvery is how long a heartbeat may stay silent before the harness
-// kicks L1, and kicks it again: three missed beats.
-const kickEvery = 15 * time.Second
+// kicks L1, and kicks it again: three missed beats (L1 beats every 2 s).
+// A frozen L1 sits idle until kicked; a busy one that missed its beats
+// takes no harm from a break.
+const kickEvery = 6 * time.Second
 
 // kickL1 sends L1 a serial break: an interrupt, nothing more (with
 // sysrq_always_enabled the break only arms SysRq for a key that never
@@ -535,7 +537,7 @@ func testJobScript(dir string, env []string, bins []testBinary, timeout time.Dur
 	s.WriteString(exportLine(env) + "\n")
 	s.WriteString(`[ -c /dev/kvm ] || echo "kvmharness-l1: no /dev/kvm in L1"` + "\n")
 	// The heartbeat tells the harness that L1 is alive.
-	fmt.Fprintf(&s, "( while :; do cut -d' ' -f1 /proc/uptime > %s; sleep 5; done ) >/dev/null 2>&1 &\nhb=$!\n", shQuote(dir+"/"+heartbeatFile))
+	fmt.Fprintf(&s, "( while :; do cut -d' ' -f1 /proc/uptime > %s; sleep 2; done ) >/dev/null 2>&1 &\nhb=$!\n", shQuote(dir+"/"+heartbeatFile))
 	for _, b := range bins {
 		fmt.Fprintf(&s, "echo %s\n", shQuote("kvmharness-l1: "+b.name()))
 		fmt.Fprintf(&s, "cd %s && ( %s -test.run %s -test.v=test2json -test.timeout=%s 2>&1; echo $? > %s ) | tee %s\n",
