@@ -69,7 +69,7 @@ jail-ids = "/srv/kiln-ids"
 				memoryOvercommit: 1.5,
 				vmmOverheadMiB:   96,
 				pidsMax:          2048,
-				jail:             true,
+				jail:             jailOn,
 				jailIDs:          "/srv/kiln-ids",
 				e2bTimeout:       15 * time.Second,
 			}

@@ -212,6 +212,13 @@ func (f fileValue) UnmarshalTOML(data any) error {
 		}
 		return fmt.Errorf("want an array of strings, not %s", tomlType(data))
 	}
+	if b, ok := data.(bool); ok {
+		// A flag of words that also takes a bool (--jail: auto, true,
+		// false).
+		if bf, isBool := f.fl.Value.(interface{ IsBoolFlag() bool }); isBool && bf.IsBoolFlag() {
+			return setStd(strconv.FormatBool(b))
+		}
+	}
 	s, ok := data.(string)
 	if !ok {
 		return fmt.Errorf("want a string, not %s", tomlType(data))

@@ -67,7 +67,14 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		MemoryOvercommit: cfg.memoryOvercommit,
 		SandboxIO:        cfg.sandboxIO,
 	}
-	if cfg.jail {
+	jailed, why, err := cfg.jail.resolve(os.Geteuid(), cfg.kiln)
+	if err != nil {
+		return nil, err
+	}
+	if !jailed && cfg.jail == jailAuto {
+		log.Warn("VMM processes are not jailed", "why", why, "hint", "--jail=true requires the jail, --jail=false turns it off")
+	}
+	if jailed {
 		ids, err := jail.NewIDs(cfg.jailIDs, jail.FirstID, jail.IDCount)
 		if err != nil {
 			return nil, fmt.Errorf("--jail: %w (use --jail-ids)", err)

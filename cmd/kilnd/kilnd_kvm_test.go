@@ -229,10 +229,10 @@ func TestKVMKilnd(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	state := filepath.Join(dir, "state")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// kilnd jails every VMM process (as its default does for a root kilnd
+	// with a cgo-free kiln; --jail=true makes it certain): kiln built
+	// without cgo, an id folder of the test's own.
+	vmmBin := kvmtest.VMMBinary(t)
 	// kilnd's delegated cgroup, as systemd's Delegate=yes would make it:
 	// every sandbox's VMM process gets a cgroup below it.
 	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+cpu +memory +pids +io"), 0); err != nil {
@@ -245,7 +245,7 @@ func TestKVMKilnd(t *testing.T) {
 	t.Cleanup(func() { removeCgroupTree(t, cgRoot) })
 	k := &kilndProc{t: t, sock: filepath.Join(dir, "kilnd.sock"), logs: t.TempDir(), pids: map[int32]bool{},
 		args: []string{"--listen", "unix:" + filepath.Join(dir, "kilnd.sock"), "--state-dir", state,
-			"--images", images, "--agent", agent, "--kiln", self, "--cgroup-root", cgRoot}}
+			"--images", images, "--agent", agent, "--kiln", vmmBin, "--jail=true", "--jail-ids", t.TempDir(), "--cgroup-root", cgRoot}}
 	t.Cleanup(k.cleanup)
 
 	c := k.start(ctx)
@@ -276,6 +276,11 @@ func TestKVMKilnd(t *testing.T) {
 		}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb.GetPid())); err != nil || strings.TrimSpace(string(b)) != "0::"+strings.TrimPrefix(cg, "/sys/fs/cgroup") {
 			t.Errorf("sandbox %s: VMM process %d is in %q (%v), want %s", sb.GetId(), sb.GetPid(), b, err, cg)
+		}
+		// Jailed: no privileges, a uid of its own.
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.GetPid())); err != nil ||
+			!strings.Contains(string(st), "\nNoNewPrivs:\t1\n") || !strings.Contains(string(st), "\nCapEff:\t0000000000000000\n") || strings.Contains(string(st), "\nUid:\t0\t") {
+			t.Errorf("sandbox %s: VMM process %d is not jailed (%v):\n%s", sb.GetId(), sb.GetPid(), err, st)
 		}
 	}
 	t.Logf("3 sandboxes after %v", time.Since(began).Round(time.Millisecond))
@@ -354,6 +359,12 @@ func TestKVMKilnd(t *testing.T) {
 	}
 	if got := sh(t, ctx, c, plain.GetId(), "echo $((6*7))"); got != "42" {
 		t.Errorf("sandbox %s after the restart: %q", plain.GetId(), got)
+	}
+	// Files of the image it never read: their chunks are fetched by this
+	// kilnd for the jailed VMM process (the last kilnd served its chunk
+	// socket until the kill).
+	if got := sh(t, ctx, c, plain.GetId(), "cat $(find / -xdev -type f ! -path '/proc/*' ! -path '/sys/*' 2>/dev/null) >/dev/null && echo read"); got != "read" {
+		t.Errorf("sandbox %s: reading the image's files after the restart: %q", plain.GetId(), got)
 	}
 	if sb, err := c.ResumeSandbox(ctx, paused.GetId()); err != nil || sb.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Fatalf("resume %s after the restart: %v, %v", paused.GetId(), sb, err)

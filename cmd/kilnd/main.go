@@ -59,7 +59,7 @@ type config struct {
 	debug          bool
 	// jail jails each VMM process (--jail); jailIDs holds its id locks
 	// (--jail-ids).
-	jail      bool
+	jail      jailMode
 	jailIDs   string
 	logFormat string // logText or logJSON
 
