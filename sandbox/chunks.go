@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/kilnvm/kiln/image"
@@ -98,26 +99,26 @@ func (c *chunkServer) Close() error {
 }
 
 // serveAttachedChunks serves the chunk socket of an attached jailed
-// process with an image root (its parent, which served it, is gone).
-func (m *processVM) serveAttachedChunks(s *Sandbox, opts AttachOptions) error {
-	jailed, uid := m.p.Jailed()
-	if !jailed {
-		return nil
+// process with an image root (its parent, which served it, is gone). One
+// that cannot be served is logged, not fatal: the sandbox runs on, and
+// only its reads of chunks not yet stored fail (EIO).
+func (m *processVM) serveAttachedChunks(s *Sandbox, opts AttachOptions) {
+	uid, gid := m.p.JailIDs()
+	if uid == 0 {
+		return
 	}
-	for _, d := range m.specs {
-		if d.Kind != virtio.KindFS || d.FS == nil {
-			continue
-		}
-		_, gid := m.p.JailIDs()
-		c, err := serveChunks(vmmproc.ChunkSocket(filepath.Join(s.dir, vmmproc.SocketFile)), uid, gid, opts.ImageRoots, *d.FS, s.log)
-		if err != nil {
-			return err
-		}
-		m.chunks = c
-		s.imageFS, s.roots = d.FS, opts.ImageRoots
-		return nil
+	i := slices.IndexFunc(m.specs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS && d.FS != nil })
+	if i < 0 {
+		return
 	}
-	return nil
+	fs := m.specs[i].FS
+	c, err := serveChunks(vmmproc.ChunkSocket(vmmSocket(s.dir)), uid, gid, opts.ImageRoots, *fs, s.log)
+	if err != nil {
+		s.log.Warn("attach: the jailed VMM process's image chunks cannot be fetched for it", "err", err)
+		return
+	}
+	m.chunks = c
+	s.imageFS, s.roots = fs, c.roots
 }
 
 // ServeVMM is the main of a VMM process (`kiln vmm`, or a test binary run

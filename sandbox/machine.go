@@ -174,7 +174,8 @@ func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Wri
 	var chunks *chunkServer
 	if cfg.Jail != nil && s.imageFS != nil {
 		var err error
-		if chunks, err = serveChunks(vmmproc.ChunkSocket(filepath.Join(s.dir, vmmproc.SocketFile)), cfg.Jail.UID, cfg.Jail.GID, s.roots, *s.imageFS, s.log); err != nil {
+		if chunks, err = serveChunks(vmmproc.ChunkSocket(vmmSocket(s.dir)), cfg.Jail.UID, cfg.Jail.GID, s.roots, *s.imageFS, s.log); err != nil {
+			cfg.Jail.IDFile.Close() // vmmproc.Start would have: the id is free again
 			return nil, err
 		}
 	}
@@ -444,9 +445,7 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	s.m = m
 	s.image = imageOf(m.specs)
 	s.modules = modulesOf(m.specs)
-	if err := m.serveAttachedChunks(s, opts); err != nil {
-		return nil, err
-	}
+	m.serveAttachedChunks(s, opts)
 	s.run()
 	if err := s.connect(ctx, time.Minute); err != nil {
 		return nil, err
