@@ -51,15 +51,8 @@ func serveChunks(path string, uid, gid int, roots *image.Roots, fs virtio.FSSpec
 	} else if fi.Mode().Perm()&0o005 != 0o005 {
 		return nil, fmt.Errorf("sandbox: images folder %s is mode %#o: a jailed VMM process (uid %d) cannot read it; make it 0755", fs.Images, fi.Mode().Perm(), uid)
 	}
-	dir := filepath.Dir(path)
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	if perm := fi.Mode().Perm(); perm&0o001 == 0 {
-		if err := os.Chmod(dir, perm|0o011); err != nil {
-			return nil, fmt.Errorf("sandbox: let the jail reach its chunk socket: %w", err)
-		}
+	if err := letJailSearch(filepath.Dir(path)); err != nil {
+		return nil, err
 	}
 	c := &chunkServer{roots: roots, dir: fs.Images, manifest: digest.Digest(fs.Image)}
 	srv, err := chunkrpc.Listen(path, uid, gid, c, 0, log)
@@ -98,27 +91,31 @@ func (c *chunkServer) Close() error {
 	return err
 }
 
-// serveAttachedChunks serves the chunk socket of an attached jailed
-// process with an image root (its parent, which served it, is gone). One
-// that cannot be served is logged, not fatal: the sandbox runs on, and
-// only its reads of chunks not yet stored fail (EIO).
-func (m *processVM) serveAttachedChunks(s *Sandbox, opts AttachOptions) {
+// serveAttachedJail serves the sockets of an attached jailed process (its
+// parent, which served them, is gone): the vsock dial socket and, with an
+// image root, the chunk socket. One that cannot be served is logged, not
+// fatal: the sandbox runs on, and only its guest's connections to the
+// host, or its reads of chunks not yet stored (EIO), fail.
+func (m *processVM) serveAttachedJail(s *Sandbox, opts AttachOptions) {
 	uid, gid := m.p.JailIDs()
 	if uid == 0 {
 		return
 	}
-	i := slices.IndexFunc(m.specs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS && d.FS != nil })
-	if i < 0 {
+	var fs *virtio.FSSpec
+	if i := slices.IndexFunc(m.specs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS && d.FS != nil }); i >= 0 {
+		fs = m.specs[i].FS
+	}
+	roots := opts.ImageRoots
+	if fs != nil && roots == nil {
+		roots = image.NewRoots(image.Options{Logger: s.log})
+	}
+	if err := m.serveJail(s, uid, gid, roots, fs); err != nil {
+		s.log.Warn("attach: the jailed VMM process's sockets cannot be served", "err", err)
 		return
 	}
-	fs := m.specs[i].FS
-	c, err := serveChunks(vmmproc.ChunkSocket(vmmSocket(s.dir)), uid, gid, opts.ImageRoots, *fs, s.log)
-	if err != nil {
-		s.log.Warn("attach: the jailed VMM process's image chunks cannot be fetched for it", "err", err)
-		return
+	if fs != nil {
+		s.imageFS, s.roots = fs, roots
 	}
-	m.chunks = c
-	s.imageFS, s.roots = fs, c.roots
 }
 
 // ServeVMM is the main of a VMM process (`kiln vmm`, or a test binary run

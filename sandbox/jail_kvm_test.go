@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -179,6 +182,7 @@ func TestKVMJail(t *testing.T) {
 		t.Errorf("image: the registry served %+v: the guest's reads fetched nothing", st)
 	}
 	t.Logf("image: the parent fetched %d bytes in %d requests for the jailed guest", reg.Stats().Bytes, reg.Stats().Requests)
+	checkGuestDial(t, ctx, is, iuid)
 	// Its child, jailed too, reads what the parent never read.
 	ikids, err := is.Fork(ctx, 1, ForkOptions{})
 	if err != nil {
@@ -191,12 +195,14 @@ func TestKVMJail(t *testing.T) {
 	}
 
 	for _, sb := range []*Sandbox{ikids[0], is} {
-		sock := vmmproc.ChunkSocket(filepath.Join(sb.Dir(), vmmproc.SocketFile))
+		api := filepath.Join(sb.Dir(), vmmproc.SocketFile)
 		if err := sb.Close(ctx); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
-		if _, err := os.Lstat(sock); !os.IsNotExist(err) {
-			t.Errorf("chunk socket %s after Close: %v", sock, err)
+		for _, sock := range []string{vmmproc.ChunkSocket(api), vmmproc.DialSocket(api)} {
+			if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+				t.Errorf("socket %s after Close: %v", sock, err)
+			}
 		}
 	}
 	for _, sb := range []*Sandbox{kids[0], a, b, c} {
@@ -222,6 +228,70 @@ func TestKVMJail(t *testing.T) {
 		}
 	}
 	t.Logf("%d jailed VMM processes (uids %v), closed: no id held, no mount, no folder left", len(uids), sortedKeys(uids))
+}
+
+// checkGuestDial has sb's guest (python3 in an image root) connect to the
+// host's vsock port 5005, where a listener waits on the sandbox's
+// vsock.sock_5005 (Firecracker's convention), and to port 5006, where
+// none does. The jailed VMM process (uid) cannot reach the root-owned
+// sandbox folder's listener itself: its parent dials it
+// (vmmproc.DialSocket, the jail uid's alone).
+func checkGuestDial(t *testing.T, ctx context.Context, sb *Sandbox, uid int) {
+	t.Helper()
+	dial := vmmproc.DialSocket(filepath.Join(sb.Dir(), vmmproc.SocketFile))
+	if fi, err := os.Stat(dial); err != nil || fileUID(fi) != uid || fi.Mode().Perm() != 0o600 {
+		t.Errorf("vsock dial socket %s: %v (uid %d), want mode 0600 owned by the jail's uid %d", dial, err, fileUIDOf(fi), uid)
+	}
+	ln, err := net.Listen("unix", sb.VsockPath()+"_5005")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	heard := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			heard <- err.Error()
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Minute))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			heard <- err.Error()
+			return
+		}
+		io.WriteString(c, "hello, guest\n")
+		heard <- strings.TrimSpace(line)
+	}()
+	got := shOut(t, ctx, sb, `python3 - <<'EOF'
+import socket
+s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+s.settimeout(60)
+s.connect((socket.VMADDR_CID_HOST, 5005))
+s.sendall(b"from the jail\n")
+print(s.makefile().readline().strip())
+u = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+u.settimeout(60)
+try:
+    u.connect((socket.VMADDR_CID_HOST, 5006))
+    print("5006: connected")
+except OSError as e:
+    print("5006:", type(e).__name__)
+EOF`)
+	lines := strings.Split(got, "\n")
+	if len(lines) != 2 || lines[0] != "hello, guest" || !strings.HasPrefix(lines[1], "5006: ") || lines[1] == "5006: connected" || lines[1] == "5006: TimeoutError" {
+		t.Errorf("guest-initiated vsock from the jail: the guest printed %q, want the host's answer, then port 5006 refused", got)
+	}
+	select {
+	case h := <-heard:
+		if h != "from the jail" {
+			t.Errorf("guest-initiated vsock from the jail: the host listener read %q", h)
+		}
+	case <-time.After(time.Minute):
+		t.Error("guest-initiated vsock from the jail: the host listener heard nothing")
+	}
+	t.Logf("image: the jailed guest connected to the host's vsock port 5005 through its parent (%s); port 5006: %s", lines[0], strings.TrimPrefix(lines[len(lines)-1], "5006: "))
 }
 
 // checkJailed checks every thread of the VMM process pid: its seccomp

@@ -156,6 +156,9 @@ type processVM struct {
 	vsock string
 	// chunks serves a jailed process's image chunk fetches (nil: none).
 	chunks *chunkServer
+	// dial dials a jailed process's guest vsock connections (nil: not
+	// jailed).
+	dial *vmmproc.DialServer
 }
 
 // startProcess starts a VMM process for the sandbox s, with its console
@@ -171,24 +174,77 @@ func startProcess(ctx context.Context, s *Sandbox, opts ProcessOptions, w io.Wri
 		}
 		cfg.Jail = j
 	}
-	var chunks *chunkServer
-	if cfg.Jail != nil && s.imageFS != nil {
-		var err error
-		if chunks, err = serveChunks(vmmproc.ChunkSocket(vmmSocket(s.dir)), cfg.Jail.UID, cfg.Jail.GID, s.roots, *s.imageFS, s.log); err != nil {
+	m := &processVM{opts: opts, vsock: s.VsockPath()}
+	if cfg.Jail != nil {
+		if err := m.serveJail(s, cfg.Jail.UID, cfg.Jail.GID, s.roots, s.imageFS); err != nil {
 			cfg.Jail.IDFile.Close() // vmmproc.Start would have: the id is free again
 			return nil, err
 		}
 	}
 	p, err := vmmproc.Start(ctx, cfg)
 	if err != nil {
-		if chunks != nil {
-			chunks.Close()
-		}
+		m.closeJail()
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	go p.CopyConsole(cctx, w)
-	return &processVM{p: p, opts: opts, cancel: cancel, vsock: s.VsockPath(), chunks: chunks}, nil
+	m.p, m.cancel = p, cancel
+	return m, nil
+}
+
+// serveJail serves what a jailed VMM process of uid and gid asks its
+// parent for: the guest's vsock connections to the host
+// (vmmproc.DialSocket) and, for an image root fs, the image's missing
+// chunks (vmmproc.ChunkSocket). The jail reaches both sockets by their
+// paths, in the sandbox's folder, which gets search permission for
+// others (0711: no listing; its other files keep their own modes, none of
+// them open to others).
+func (m *processVM) serveJail(s *Sandbox, uid, gid int, roots *image.Roots, fs *virtio.FSSpec) error {
+	if err := letJailSearch(s.dir); err != nil {
+		return err
+	}
+	d, err := vmmproc.ServeVsockDial(vmmproc.DialSocket(vmmSocket(s.dir)), uid, gid, s.VsockPath(), s.log)
+	if err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	m.dial = d
+	if fs == nil {
+		return nil
+	}
+	c, err := serveChunks(vmmproc.ChunkSocket(vmmSocket(s.dir)), uid, gid, roots, *fs, s.log)
+	if err != nil {
+		m.closeJail()
+		return err
+	}
+	m.chunks = c
+	return nil
+}
+
+// closeJail stops serving the jailed process's sockets.
+func (m *processVM) closeJail() {
+	if m.chunks != nil {
+		m.chunks.Close()
+		m.chunks = nil
+	}
+	if m.dial != nil {
+		m.dial.Close()
+		m.dial = nil
+	}
+}
+
+// letJailSearch gives others search permission on dir (a jailed VMM
+// process's uid reaches its sockets there), and nothing more.
+func letJailSearch(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o001 == 0 {
+		if err := os.Chmod(dir, perm|0o011); err != nil {
+			return fmt.Errorf("sandbox: let the jail reach its sockets: %w", err)
+		}
+	}
+	return nil
 }
 
 // describe reads the devices of the process's new VM.
@@ -252,9 +308,7 @@ func (m *processVM) release(ctx context.Context) error {
 		default: // attached: it may still run
 		}
 	}
-	if m.chunks != nil {
-		m.chunks.Close()
-	}
+	m.closeJail()
 	return err
 }
 
@@ -445,7 +499,7 @@ func Attach(ctx context.Context, dir string, opts AttachOptions) (_ *Sandbox, er
 	s.m = m
 	s.image = imageOf(m.specs)
 	s.modules = modulesOf(m.specs)
-	m.serveAttachedChunks(s, opts)
+	m.serveAttachedJail(s, opts)
 	s.run()
 	if err := s.connect(ctx, time.Minute); err != nil {
 		return nil, err

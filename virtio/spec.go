@@ -276,6 +276,9 @@ type OpenOptions struct {
 	Logger *slog.Logger
 	// FS opens the trees of fs devices; nil refuses them.
 	FS FSOpener
+	// VsockDial dials the host side of a vsock device's guest
+	// connections (VsockConfig.Dial); nil: the device dials Path_P.
+	VsockDial VsockDialer
 }
 
 // Open makes the device a spec describes: it opens the disk image, the tap
@@ -316,7 +319,7 @@ func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
 		}
 		return NewNet(cfg)
 	case KindVsock:
-		cfg := VsockConfig{CID: s.Vsock.CID, Path: s.Vsock.Path}
+		cfg := VsockConfig{CID: s.Vsock.CID, Path: s.Vsock.Path, Dial: opts.VsockDial}
 		if s.Vsock.FD > 0 {
 			f := os.NewFile(uintptr(s.Vsock.FD), s.Vsock.Path)
 			l, err := net.FileListener(f) // a duplicate: f is closed

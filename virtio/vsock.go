@@ -1,6 +1,7 @@
 package virtio
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -38,7 +39,16 @@ type VsockConfig struct {
 	// connection to the host's port P is relayed to the Unix socket
 	// Path_P.
 	Path string
+	// Dial, when set, dials the host side of a guest connection to the
+	// host's port instead of this process dialling Path_P itself (a
+	// jailed VMM process, which cannot reach Path_P, asks its parent).
+	Dial VsockDialer
 }
+
+// VsockDialer returns the host side of a guest connection to the host's
+// port: a connected Unix socket, as dialling Path_port gives. It returns
+// within ctx.
+type VsockDialer func(ctx context.Context, port uint32) (*net.UnixConn, error)
 
 // Vsock is a virtio socket device (virtio 1.x section 5.10) whose host side
 // is Unix sockets, with Firecracker's conventions: host processes connect to
@@ -49,6 +59,7 @@ type VsockConfig struct {
 type Vsock struct {
 	cid  uint64
 	path string
+	dial VsockDialer // nil: dial path_P
 	log  *slog.Logger
 	ln   *net.UnixListener
 
@@ -124,7 +135,7 @@ func NewVsockFromListener(ln *net.UnixListener, cfg VsockConfig, log *slog.Logge
 // newVsock returns a device with no listener (tests use it directly).
 func newVsock(cfg VsockConfig, log *slog.Logger) *Vsock {
 	return &Vsock{
-		cid: cfg.CID, path: cfg.Path, log: log.With("device", "vsock"),
+		cid: cfg.CID, path: cfg.Path, dial: cfg.Dial, log: log.With("device", "vsock"),
 		acceptDone: make(chan struct{}),
 		pending:    map[*net.UnixConn]bool{},
 		kick:       make(chan struct{}, 1),

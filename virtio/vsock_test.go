@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -139,6 +140,13 @@ type vsockTestGuest struct {
 
 func newVsockTestGuest(t *testing.T) *vsockTestGuest {
 	t.Helper()
+	return newVsockTestGuestDial(t, nil)
+}
+
+// newVsockTestGuestDial is newVsockTestGuest with dial as the device's
+// VsockConfig.Dial.
+func newVsockTestGuestDial(t *testing.T, dial VsockDialer) *vsockTestGuest {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "vsock")
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +158,7 @@ func newVsockTestGuest(t *testing.T) *vsockTestGuest {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { mem.Close() }) // after the device's
-	v, err := NewVsock(VsockConfig{CID: vsockTestCID, Path: path}, slog.New(slog.DiscardHandler))
+	v, err := NewVsock(VsockConfig{CID: vsockTestCID, Path: path, Dial: dial}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,6 +498,70 @@ func TestVsockGuestInitiated(t *testing.T) {
 	// Nobody listens on port 5001.
 	g.send(g.pkt(vsockOpRequest, 40001, 5001), nil)
 	g.expect(vsockOpRST, 5001, 40001)
+}
+
+// TestVsockGuestInitiatedDialer: with VsockConfig.Dial (a jailed VMM's
+// parent dialling for it), a guest connection goes to what the dialer
+// returns for its port, not to Path_P; a dialer's error, or no connection
+// from it, resets the guest's connection.
+func TestVsockGuestInitiatedDialer(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "elsewhere"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ports := make(chan uint32, 3)
+	g := newVsockTestGuestDial(t, func(ctx context.Context, port uint32) (*net.UnixConn, error) {
+		ports <- port
+		if _, ok := ctx.Deadline(); !ok {
+			return nil, errors.New("no deadline")
+		}
+		switch port {
+		case 5000:
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, "unix", filepath.Join(dir, "elsewhere"))
+			if err != nil {
+				return nil, err
+			}
+			return nc.(*net.UnixConn), nil
+		case 5001:
+			return nil, nil
+		}
+		return nil, fmt.Errorf("no listener on host port %d", port)
+	})
+	// Path_5000 exists too: the dialer, not it, is used.
+	decoy, err := net.Listen("unix", g.path+"_5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decoy.Close()
+	g.send(g.pkt(vsockOpRequest, 40000, 5000), nil)
+	g.expect(vsockOpResponse, 5000, 40000)
+	hc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	g.send(g.pkt(vsockOpRW, 40000, 5000), []byte("ping"))
+	buf := make([]byte, 4)
+	hc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(hc, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("host read %q, %v", buf, err)
+	}
+	hc.Write([]byte("pong"))
+	if _, data := g.expect(vsockOpRW, 5000, 40000); string(data) != "pong" {
+		t.Errorf("guest got %q", data)
+	}
+	g.send(g.pkt(vsockOpRequest, 40001, 5001), nil)
+	g.expect(vsockOpRST, 5001, 40001)
+	g.send(g.pkt(vsockOpRequest, 40002, 5002), nil)
+	g.expect(vsockOpRST, 5002, 40002)
+	for _, want := range []uint32{5000, 5001, 5002} {
+		if got := <-ports; got != want {
+			t.Errorf("dialer asked for port %d, want %d", got, want)
+		}
+	}
 }
 
 // TestVsockCreditToGuest: the device never sends more than the guest's

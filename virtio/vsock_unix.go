@@ -148,11 +148,10 @@ func (v *Vsock) allocPortLocked() uint32 {
 	}
 }
 
-// guestConnect dials Path_P for a guest connection request.
+// guestConnect dials Path_P (or has the device's dialer dial it) for a
+// guest connection request.
 func (v *Vsock) guestConnect(c *vsockConn) {
-	path := fmt.Sprintf("%s_%d", v.path, c.key.local)
-	d := net.Dialer{Timeout: vsockConnectTimeout}
-	nc, err := d.Dial("unix", path)
+	uc, err := v.dialHost(c.key.local)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err != nil {
@@ -163,10 +162,30 @@ func (v *Vsock) guestConnect(c *vsockConn) {
 		return
 	}
 	if c.gone {
-		nc.Close()
+		uc.Close()
 		return
 	}
-	c.host = nc.(*net.UnixConn)
+	c.host = uc
 	c.wantResponse = true
 	v.startRelayLocked(c, true)
+}
+
+// dialHost connects to the host listener of the host's port, within
+// vsockConnectTimeout.
+func (v *Vsock) dialHost(port uint32) (*net.UnixConn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), vsockConnectTimeout)
+	defer cancel()
+	if v.dial != nil {
+		uc, err := v.dial(ctx, port)
+		if err == nil && uc == nil {
+			err = errors.New("the dialer gave no connection")
+		}
+		return uc, err
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", fmt.Sprintf("%s_%d", v.path, port))
+	if err != nil {
+		return nil, err
+	}
+	return nc.(*net.UnixConn), nil
 }

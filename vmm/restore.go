@@ -22,6 +22,8 @@ type RestoreConfig struct {
 	KVMPath string          // /dev/kvm when empty
 	Logger  *slog.Logger    // slog.Default() when nil
 	OpenFS  virtio.FSOpener // as Config.OpenFS
+	// VsockDial is as Config.VsockDial.
+	VsockDial virtio.VsockDialer
 }
 
 // Check reports whether a VM can be restored from the state with cfg, and
@@ -70,7 +72,7 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 	}
 	v := newVM(Config{
 		Spec:    Spec{CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Devices: specs},
-		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger, OpenFS: cfg.OpenFS,
+		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger, OpenFS: cfg.OpenFS, VsockDial: cfg.VsockDial,
 	})
 	v.mem = mem
 	defer func() {

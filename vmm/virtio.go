@@ -71,7 +71,7 @@ type vdev struct {
 // found first. setupVirtio attaches them.
 func (v *VM) openDevices() error {
 	for i, spec := range v.specs {
-		dev, err := virtio.OpenWith(spec, virtio.OpenOptions{Logger: v.log, FS: v.cfg.OpenFS})
+		dev, err := virtio.OpenWith(spec, virtio.OpenOptions{Logger: v.log, FS: v.cfg.OpenFS, VsockDial: v.cfg.VsockDial})
 		if err != nil {
 			return &ConfigError{Err: fmt.Errorf("virtio device %d (%s): %w", i, spec.ID, err)}
 		}

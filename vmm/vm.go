@@ -65,6 +65,12 @@ type Config struct {
 	// them. Restored and forked VMs need it again (RestoreConfig.OpenFS;
 	// a fork's children take the parent's).
 	OpenFS virtio.FSOpener
+	// VsockDial dials the host side of the vsock device's guest
+	// connections (virtio.VsockConfig.Dial); nil: the device dials its
+	// socket's Path_P. A jailed VMM process's asks its parent. Restored
+	// VMs need it again (RestoreConfig.VsockDial); a fork's children,
+	// each on a vsock socket of its own, do not take the parent's.
+	VsockDial virtio.VsockDialer
 }
 
 // Validate checks the parts of the config that need no files.

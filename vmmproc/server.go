@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -302,6 +303,19 @@ func (s *server) confine() error {
 	return nil
 }
 
+// vsockDialer is how the VM's vsock device dials the host side of its
+// guest's connections: in a jail, through the parent (DialSocket, which
+// vmmproc.Start's caller serves); else itself (nil).
+func (s *server) vsockDialer() virtio.VsockDialer {
+	if s.jail == nil {
+		return nil
+	}
+	path := DialSocket(s.socket)
+	return func(ctx context.Context, port uint32) (*net.UnixConn, error) {
+		return DialVsock(ctx, path, port)
+	}
+}
+
 // build makes the VM a Create asks for.
 func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 	var overrides []virtio.DeviceSpec
@@ -310,7 +324,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 			return nil, status.Errorf(codes.InvalidArgument, "device overrides: %v", err)
 		}
 	}
-	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS}
+	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer()}
 	switch src := req.Source.(type) {
 	case *vmmpb.CreateRequest_BootSpecJson:
 		var spec vmm.Spec
@@ -320,7 +334,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		if len(overrides) > 0 {
 			return nil, status.Error(codes.InvalidArgument, "device overrides are for restores; a booted VM has its spec's devices")
 		}
-		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS})
+		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer()})
 		if err != nil {
 			return nil, statusFor(err)
 		}
