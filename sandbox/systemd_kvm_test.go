@@ -39,8 +39,7 @@ func TestKVMSystemd(t *testing.T) {
 	case "running":
 	case "degraded":
 		// Allowed (the issue asks that the failed units be named): what
-		// fails is the image's, e.g. a dockerd without the kernel
-		// modules it needs.
+		// fails is the image's units.
 		t.Logf("systemd is degraded: failed units %s; status:\n%s", failed,
 			sh(t, ctx, sb, "systemctl status --no-pager --lines=5 $(systemctl --failed --no-legend --plain | awk '{print $1}') 2>&1 || true"))
 	default:
@@ -61,6 +60,11 @@ func TestKVMSystemd(t *testing.T) {
 	}
 	if got := sh(t, ctx, sb, "hostname"); got != "img" {
 		t.Errorf("hostname %q, want img", got)
+	}
+	// The image's top layer disables Docker's units (whiteouts of their
+	// links in the layer below): systemd sees them installed, not enabled.
+	if got := sh(t, ctx, sb, "systemctl is-enabled docker.service docker.socket containerd.service || true"); got != "disabled\ndisabled\ndisabled" {
+		t.Errorf("systemctl is-enabled docker.service docker.socket containerd.service = %q, want disabled for each", got)
 	}
 
 	// A fork: the child's agent answers, systemd still runs there.

@@ -9,7 +9,7 @@
 #                                          kiln bench image)
 #   <cache>/test-rootfs/tree-v2/debian-read/  (that tree, for kiln bench
 #                                          image's QEMU virtio-9p peer)
-#   <cache>/test-rootfs/bookworm-minbase-fidelity.tar and fidelity-v1/
+#   <cache>/test-rootfs/bookworm-minbase-fidelity.tar and fidelity-v2/
 #                                          (systemd, docker.io, pytest: the
 #                                          fidelity image, its own layout)
 # where <cache> is $KILN_CACHE, else $XDG_CACHE_HOME/kiln, else
@@ -104,10 +104,11 @@ debootstrap_root() {
 }
 
 # The fidelity tests' root and its layout (tools/testimage -fidelity):
-# systemd as /sbin/init, Docker (Debian's docker.io), iptables, pytest.
+# systemd as /sbin/init, Docker (Debian's docker.io; its units disabled by
+# a top layer of whiteouts), iptables, pytest. fidelity-v2: that layer.
 fidelity_include=systemd-sysv,dbus,docker.io,iptables,kmod,procps,iproute2,ca-certificates,python3,python3-pytest,git
 fidelity_out=$cache/test-rootfs/$suite-minbase-fidelity.tar
-fidelity=$cache/test-rootfs/fidelity-v1
+fidelity=$cache/test-rootfs/fidelity-v2
 make_fidelity() {
 	[ -d "$fidelity" ] && return 0
 	[ -s "$fidelity_out" ] || [ -n "${mirror:-}" ] || find_mirror

@@ -395,9 +395,7 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 	destroy()
 
 	// The daemon's --init systemd, in a second sandbox of the image (the
-	// loop runs under the agent as init: under systemd it would share the
-	// one emulated vCPU with the dockerd and containerd the image's
-	// multi-user.target starts).
+	// loop runs under the agent as init, the default).
 	sweSystemd(t, ctx, c, ref)
 }
 

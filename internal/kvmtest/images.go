@@ -31,7 +31,7 @@ func TestImages(tb testing.TB) string {
 
 // FidelityLayout names the fidelity tests' OCI layout under
 // <cache>/test-rootfs: one image, FidelityImage.
-const FidelityLayout = "fidelity-v1"
+const FidelityLayout = "fidelity-v2"
 
 // FidelityImage is its image's name: a Debian root with systemd as
 // /sbin/init, docker.io, iptables, python3 with pytest, and git.

@@ -535,8 +535,53 @@ func writeFlat(img v1.Image, path string) error {
 // FidelityImage is the one image of the fidelity layout (-fidelity): a
 // Debian root with systemd as /sbin/init, docker.io, iptables, python3
 // with pytest, and git, in one layer, for the tests of what a guest
-// can run (Docker, systemd, a software-engineering task).
+// can run (Docker, systemd, a software-engineering task); and a second
+// layer that disables Docker's units (fidelityDisabled).
 const FidelityImage = "fidelity"
+
+// fidelityDisabled are the symbolic links Debian's docker.io makes to
+// enable its units at boot, which the fidelity image's top layer removes
+// (whiteouts), as a Dockerfile's RUN systemctl disable docker.service
+// docker.socket containerd.service would: the units stay installed, and
+// systemd's boot to multi-user.target no longer waits for a dockerd that
+// takes minutes to start on an emulated CPU (the Docker test starts
+// containerd and dockerd itself; so can a user, with systemctl start).
+var fidelityDisabled = []string{
+	"etc/systemd/system/multi-user.target.wants/containerd.service",
+	"etc/systemd/system/multi-user.target.wants/docker.service",
+	"etc/systemd/system/sockets.target.wants/docker.socket",
+}
+
+// fidelityTopTar is the fidelity image's top layer: a whiteout of each
+// of fidelityDisabled, under its folders.
+func fidelityTopTar() ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	dirs := map[string]bool{}
+	for _, p := range fidelityDisabled {
+		d := filepath.Dir(p)
+		var parts []string
+		for _, el := range strings.Split(d, "/") {
+			parts = append(parts, el)
+			dir := strings.Join(parts, "/")
+			if dirs[dir] {
+				continue
+			}
+			dirs[dir] = true
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir + "/", Mode: 0o755, ModTime: mt}); err != nil {
+				return nil, err
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: d + "/.wh." + filepath.Base(p), Mode: 0o644, ModTime: mt}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
 
 // newLayoutBuild checks that the layout out does not exist yet and returns
 // the folder it is written in first (out + ".tmp", emptied), a builder on
@@ -566,12 +611,20 @@ func runFidelity(rootfs, out string) error {
 	if err != nil {
 		return fmt.Errorf("fidelity layer: %w", err)
 	}
+	topTar, err := fidelityTopTar()
+	if err != nil {
+		return fmt.Errorf("fidelity top layer: %w", err)
+	}
+	top, err := b.layerFromBytes(topTar)
+	if err != nil {
+		return fmt.Errorf("fidelity top layer: %w", err)
+	}
 	cfg := v1.Config{
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "KILN_TEST_IMAGE=" + FidelityImage},
 		WorkingDir: "/root",
 		Cmd:        []string{"/bin/bash"},
 	}
-	img, err := newImage(cfg, []v1.Layer{base})
+	img, err := newImage(cfg, []v1.Layer{base, top})
 	if err != nil {
 		return fmt.Errorf("%s: %w", FidelityImage, err)
 	}
