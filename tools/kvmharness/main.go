@@ -37,6 +37,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -74,6 +75,9 @@ type options struct {
 	// durationsOut, when set, receives each KVM test's L1 time of this
 	// run in durations.txt's form.
 	durationsOut string
+	// run, when set, keeps only the tests it matches (go test -run), here
+	// and in L1.
+	run *regexp.Regexp
 }
 
 // defaultL1CPUs is one: with two, QEMU's multi-threaded emulation of
@@ -112,8 +116,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.initrd, "busybox-initrd", "", "write a busybox initramfs running -script to this file (gzip if it ends in .gz) and exit")
 	fs.StringVar(&o.script, "script", "", "the /init script for -busybox-initrd")
 	fs.StringVar(&o.durationsOut, "durations-out", "", "write each KVM test's L1 seconds of this run to this file (tools/kvmharness/durations.txt's form: the order of later runs)")
+	runPattern := fs.String("run", "", "run only the tests this regular expression matches (go test -run's, on top-level names): the plain tests here and the KVM tests in L1")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *runPattern != "" {
+		re, err := regexp.Compile(*runPattern)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvmharness: -run: %v\n", err)
+			return 2
+		}
+		o.run = re
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{ReplaceAttr: dropTime}))
 
@@ -249,6 +262,9 @@ func runTests(ctx context.Context, o options, mode string, pkgs []string, stdout
 func runDirect(ctx context.Context, o options, goBin string, pkgs []string, stdout io.Writer, t *tally) {
 	env := environ(kvmtest.EnvVar+"="+kvmtest.ModeRequire, kvmtest.SharedEnvVar+"="+o.shared)
 	args := []string{"-count=1", "-timeout", o.timeout.String()}
+	if o.run != nil {
+		args = append(args, "-run", o.run.String())
+	}
 	kpkgs, err := kvmPackages(ctx, goBin, pkgs)
 	if err != nil {
 		// The run below reports what is broken; it just has no warm phase.
@@ -275,7 +291,11 @@ func runDirect(ctx context.Context, o options, goBin string, pkgs []string, stdo
 // runTCG runs the plain suite here and the KVM tests in L1.
 func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout, stderr io.Writer, t *tally, log *slog.Logger) {
 	env := environ(kvmtest.EnvVar+"="+kvmtest.ModeOutside, kvmtest.SharedEnvVar+"="+o.shared)
-	args := append([]string{"-timeout", o.timeout.String()}, pkgs...)
+	args := []string{"-timeout", o.timeout.String()}
+	if o.run != nil {
+		args = append(args, "-run", o.run.String())
+	}
+	args = append(args, pkgs...)
 	if err := goTestJSON(ctx, goBin, env, args, stdout, t, true); err != nil && !t.failing() {
 		t.problem("%v", err)
 	}
@@ -330,6 +350,9 @@ func runTCG(ctx context.Context, o options, goBin string, pkgs []string, stdout,
 			continue
 		}
 		for j, name := range names {
+			if o.run != nil && !o.run.MatchString(name) {
+				continue
+			}
 			id := fmt.Sprintf("%d-%d", i, j)
 			units = append(units, testBinary{
 				pkg: p, path: path, test: name,
