@@ -198,7 +198,7 @@ func TestExecJobScript(t *testing.T) {
 		t.Skip("no /proc/uptime")
 	}
 	job, dir := t.TempDir(), t.TempDir()
-	console := runScript(t, execJobScript(job, dir, []string{"GREETING=hello there"}, []string{"sh", "-c", `echo "$GREETING from $PWD"; exit 7`}))
+	console := runScript(t, execJobScript(job, dir, []string{"GREETING=hello there"}, []string{"sh", "-c", `sleep 0.3; echo "$GREETING from $PWD"; exit 7`}))
 	if want := "hello there from " + dir + "\n"; console != want {
 		t.Errorf("console %q, want %q", console, want)
 	}
@@ -208,6 +208,11 @@ func TestExecJobScript(t *testing.T) {
 	}
 	if d, err := l1Duration(filepath.Join(job, "time")); err != nil || d < 0 || d > time.Minute {
 		t.Errorf("duration %v, %v", d, err)
+	}
+	// The heartbeat beat while the command ran (its first beat is at
+	// once), so a frozen L1 is kicked and killed as a test job's is.
+	if b, err := os.ReadFile(filepath.Join(job, heartbeatFile)); err != nil || len(strings.TrimSpace(string(b))) == 0 {
+		t.Errorf("heartbeat %q, %v; want an uptime", b, err)
 	}
 
 	job2 := t.TempDir()

@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.mode, "mode", modeAuto, "auto: direct when /dev/kvm is usable, else tcg; direct: this machine's KVM; tcg: KVM inside an emulated L1 VM")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "timeout of each test binary (go test -timeout), or of the -exec command")
 	fs.DurationVar(&o.l1Timeout, "l1-timeout", 75*time.Minute, "time the L1 VM may run before it is killed")
-	fs.DurationVar(&o.hangAfter, "l1-hang", 60*time.Second, "kill L1 when its heartbeat has been silent this long (kicking it with a serial break every 6s before), and rerun the unfinished test binaries in a fresh L1 (0: never)")
+	fs.DurationVar(&o.hangAfter, "l1-hang", 60*time.Second, "kill L1 when its heartbeat has been silent this long (kicking it with a serial break every 6s before), and rerun the unfinished test binaries in a fresh L1, or fail an -exec command (0: never)")
 	fs.IntVar(&o.memMiB, "mem", 4096, "L1 memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", defaultL1CPUs, "L1 vCPUs (see defaultL1CPUs)")
 	fs.IntVar(&o.parallel, "parallel", 0, "L1 VMs running KVM tests at once (0: this machine's CPUs divided by -cpus, as far as memory allows, at least 1)")
@@ -694,7 +694,7 @@ func execCommand(ctx context.Context, o options, mode string, argv []string, std
 	start := time.Now()
 	err = runL1(ctx, l1Config{
 		qemu: o.qemu, kernel: k, memMiB: o.memMiB, cpus: o.cpus, timeout: o.l1Timeout,
-		job: job, shared: o.shared, workdir: workdirForL1(), console: stdout, log: log,
+		job: job, shared: o.shared, workdir: workdirForL1(), console: stdout, log: log, hangAfter: o.hangAfter,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "kvmharness: %v\n", err)
