@@ -150,14 +150,14 @@ func TestKVMProcess(t *testing.T) {
 	})
 
 	t.Run("overhead of the process boundary", func(t *testing.T) {
-		rep, err := bench.RunProcess(ctx, bench.ProcessSpec{Snapshot: snap, Process: *vmmProcess(), Execs: 10, Forks: 2}, nil)
+		rep, err := bench.RunProcess(ctx, bench.ProcessSpec{Snapshot: snap, Process: *vmmProcess(), Execs: 3, Forks: 1}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var b strings.Builder
 		rep.Print(&b)
 		t.Logf("bench.RunProcess (emulated KVM):\n%s", b.String())
-		if rep.OutOfProcess().VMMPSS == 0 || len(rep.OutOfProcess().Execs) != 10 || len(rep.InProcess().Forks) != 2 || len(rep.InProcess().Restores) != 1 {
+		if rep.OutOfProcess().VMMPSS == 0 || len(rep.OutOfProcess().Execs) != 3 || len(rep.InProcess().Forks) != 1 || len(rep.InProcess().Restores) != 1 {
 			t.Fatalf("report %+v", rep)
 		}
 	})

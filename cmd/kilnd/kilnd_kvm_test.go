@@ -248,9 +248,10 @@ func TestKVMKilnd(t *testing.T) {
 			"--images", images, "--agent", agent, "--kiln", vmmBin, "--jail=true", "--jail-ids", t.TempDir(), "--cgroup-root", cgRoot}}
 	t.Cleanup(k.cleanup)
 
+	startAt := time.Now()
 	c := k.start(ctx)
 	defer func() { c.Close() }()
-	t.Logf("kilnd %d serving after %v", k.cmd.Process.Pid, time.Since(began).Round(time.Millisecond))
+	t.Logf("kilnd %d serving after %v (its own start: %v)", k.cmd.Process.Pid, time.Since(began).Round(time.Millisecond), time.Since(startAt).Round(time.Millisecond))
 
 	// Three image-rooted sandboxes, made at once.
 	sbs := make([]*kilnpb.Sandbox, 3)
