@@ -47,6 +47,9 @@ type Options struct {
 	// ProcessArgs marks VMM processes by their command line: a process
 	// whose argv contains every one of these (in order) is counted.
 	ProcessArgs []string
+	// Counters are the caller's own counters, by a name for the table:
+	// each lists what it counts now (the jail ids held, say).
+	Counters map[string]func() ([]string, error)
 }
 
 // Counts is one reading: a count per counter and, per counter, what it
@@ -129,6 +132,13 @@ func Take(opts Options) (*Counts, error) {
 			errs = append(errs, err)
 		}
 		c.set("files ("+name+")", t)
+	}
+	for name, count := range opts.Counters {
+		items, err := count()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("leakcheck: %s: %w", name, err))
+		}
+		c.set(name, items)
 	}
 	return c, errors.Join(errs...)
 }

@@ -2,9 +2,11 @@ package leakcheck_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +18,10 @@ import (
 // difference that names the leaked item, and goes once it is undone.
 func TestLeaks(t *testing.T) {
 	dir := t.TempDir()
-	opts := leakcheck.Options{Trees: map[string]string{"tmp": dir}}
+	var held []string // what the caller's own counter sees
+	opts := leakcheck.Options{Trees: map[string]string{"tmp": dir}, Counters: map[string]func() ([]string, error){
+		"ids held": func() ([]string, error) { return slices.Clone(held), nil },
+	}}
 	for _, tc := range []struct {
 		name    string
 		counter string
@@ -49,6 +54,10 @@ func TestLeaks(t *testing.T) {
 			}
 			return func() { os.RemoveAll(filepath.Join(dir, "left")) }
 		}, "+ left/behind"},
+		{"caller's counter", "ids held", func(t *testing.T) func() {
+			held = append(held, "900007")
+			return func() { held = nil }
+		}, "+ 900007"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The last subtest's goroutine may still be ending.
@@ -94,5 +103,16 @@ func TestMissingTree(t *testing.T) {
 	c, err := leakcheck.Take(leakcheck.Options{Trees: map[string]string{"gone": filepath.Join(t.TempDir(), "none")}})
 	if err != nil || c.N["files (gone)"] != 0 {
 		t.Fatalf("Take = %v, %v", c.N, err)
+	}
+}
+
+// TestCounterError: a caller's counter that fails makes Take fail,
+// naming it, with what it did count kept.
+func TestCounterError(t *testing.T) {
+	c, err := leakcheck.Take(leakcheck.Options{Counters: map[string]func() ([]string, error){
+		"ids held": func() ([]string, error) { return []string{"1"}, errors.New("probe failed") },
+	}})
+	if err == nil || !strings.Contains(err.Error(), "ids held: probe failed") || c.N["ids held"] != 1 {
+		t.Fatalf("Take = %v, %v; want the counter's error named and its one item", c.N, err)
 	}
 }
