@@ -102,7 +102,7 @@ func (m *processVM) serveAttachedJail(s *Sandbox, opts AttachOptions) {
 		return
 	}
 	var fs *virtio.FSSpec
-	if i := slices.IndexFunc(m.specs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS && d.FS != nil }); i >= 0 {
+	if i := slices.IndexFunc(m.specs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS && d.FS != nil && d.FS.Dir == "" }); i >= 0 {
 		fs = m.specs[i].FS
 	}
 	roots := opts.ImageRoots

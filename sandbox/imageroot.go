@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/hostfs"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/rofs"
@@ -57,8 +58,8 @@ func (o Options) checkInit() error {
 	if err := CheckInit(o.Init); err != nil {
 		return err
 	}
-	if o.Init == InitSystemd && o.Image == "" {
-		return errors.New("sandbox: Options.Init systemd boots an image's /sbin/init: it needs Options.Image")
+	if o.Init == InitSystemd && o.Image == "" && o.RootDir == "" {
+		return errors.New("sandbox: Options.Init systemd boots an image's /sbin/init: it needs Options.Image or RootDir")
 	}
 	return nil
 }
@@ -72,11 +73,22 @@ func (o Options) initCmdline() string {
 	return ""
 }
 
-// OpenImageFS returns the opener of image roots a VM needs for its fs
-// devices (vmm.Config.OpenFS), through roots: the devices of one image in
-// one folder share one tree.
+// OpenImageFS returns the opener of the trees a VM needs for its fs
+// devices (vmm.Config.OpenFS): image roots through roots (the devices of
+// one image in one folder share one tree), and host directories (package
+// hostfs: never following a symbolic link, never leaving the directory).
 func OpenImageFS(roots *image.Roots) virtio.FSOpener {
 	return func(spec virtio.FSSpec) (rofs.FS, io.Closer, error) {
+		if spec.Dir != "" {
+			f, err := hostfs.Open(spec.Dir)
+			if err != nil {
+				return nil, nil, err
+			}
+			return f, f, nil
+		}
+		if roots == nil {
+			return nil, nil, errors.New("no image store here")
+		}
 		r, release, err := roots.Open(context.Background(), spec.Images, digest.Digest(spec.Image))
 		if err != nil {
 			return nil, nil, err
@@ -135,6 +147,29 @@ func (o Options) resolveImage(memMiB int) (*imageRoot, error) {
 		config: d.Config,
 		roots:  roots,
 	}, nil
+}
+
+// resolveRootDir checks o.RootDir and returns its device.
+func (o Options) resolveRootDir(memMiB int) (*imageRoot, error) {
+	switch {
+	case o.Disk != "":
+		return nil, errors.New("sandbox: Options.RootDir and Options.Disk both give a root: choose one")
+	case o.Image != "":
+		return nil, errors.New("sandbox: Options.RootDir and Options.Image both give a root: choose one")
+	case o.WritableMiB < 0 || o.WritableMiB > memMiB:
+		return nil, fmt.Errorf("sandbox: Options.WritableMiB %d: want 0 (half the guest's memory) to MemoryMiB (%d): the writable layer is guest RAM", o.WritableMiB, memMiB)
+	}
+	dir, err := filepath.Abs(o.RootDir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: root directory: %w", err)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("sandbox: root directory: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("sandbox: root directory %s is not a directory", dir)
+	}
+	return &imageRoot{spec: virtio.DeviceSpec{ID: ImageDevice, Kind: virtio.KindFS,
+		FS: &virtio.FSSpec{Tag: ImageTag, Dir: dir}}}, nil
 }
 
 // imageInitrd returns the agent's initramfs base with the image's config

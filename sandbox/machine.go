@@ -111,6 +111,10 @@ type machine interface {
 	// device returns a live device by ID (in this process only).
 	device(id string) virtio.Device
 	diagnose() string
+	// pause stops the vCPUs (the guest's clock stands still); resume
+	// runs them again.
+	pause(ctx context.Context) error
+	resume(ctx context.Context) error
 	// release frees what the VM holds, after run returned.
 	release(ctx context.Context) error
 }
@@ -134,9 +138,15 @@ func (m *localVM) stop()                  { m.cancel() }
 func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error {
 	return snapshot.Save(ctx, m.vm, dir, append([]snapshot.Option{snapshot.WithLogger(log), snapshot.WithLabels(labels)}, sign...)...)
 }
-func (m *localVM) devices() []virtio.DeviceSpec   { return m.vm.Devices() }
-func (m *localVM) device(id string) virtio.Device { return m.vm.Device(id) }
-func (m *localVM) diagnose() string               { return m.vm.Diagnose() }
+func (m *localVM) devices() []virtio.DeviceSpec    { return m.vm.Devices() }
+func (m *localVM) device(id string) virtio.Device  { return m.vm.Device(id) }
+func (m *localVM) diagnose() string                { return m.vm.Diagnose() }
+func (m *localVM) pause(ctx context.Context) error { return m.vm.Pause(ctx) }
+func (m *localVM) resume(context.Context) error    { return m.vm.Resume() }
+func (m *processVM) pause(ctx context.Context) error {
+	return m.p.Pause(ctx)
+}
+func (m *processVM) resume(ctx context.Context) error { return m.p.Resume(ctx) }
 func (m *localVM) release(context.Context) error {
 	m.cancel()
 	m.holds.closeAll()

@@ -100,6 +100,13 @@ type Options struct {
 	// tree per image, however many sandboxes and clones run it); nil: the
 	// sandbox and its forks get their own.
 	ImageRoots *image.Roots
+	// RootDir, instead of Image or Disk, is a host directory that is the
+	// root: served read-only over virtio-9p (package hostfs: symbolic
+	// links are the guest's to resolve, never the host's), under the
+	// same tmpfs overlay as an image root. A containerd shim gives a
+	// container's mounted rootfs this way. Its files must not change
+	// while the sandbox runs.
+	RootDir string
 }
 
 // The IDs of the devices every sandbox may have.
@@ -186,14 +193,19 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		return nil, err
 	}
 	var root *imageRoot
-	if opts.Image == "" && opts.WritableMiB != 0 {
-		return nil, errors.New("sandbox: Options.WritableMiB caps an image root's writable layer: it needs Options.Image")
+	if opts.Image == "" && opts.RootDir == "" && opts.WritableMiB != 0 {
+		return nil, errors.New("sandbox: Options.WritableMiB caps an image root's writable layer: it needs Options.Image or RootDir")
 	}
 	if err := opts.checkInit(); err != nil {
 		return nil, err
 	}
-	if opts.Image != "" {
-		if root, err = opts.resolveImage(cfg.MemoryMiB); err != nil {
+	if opts.Image != "" || opts.RootDir != "" {
+		if opts.RootDir != "" {
+			root, err = opts.resolveRootDir(cfg.MemoryMiB)
+		} else {
+			root, err = opts.resolveImage(cfg.MemoryMiB)
+		}
+		if err != nil {
 			return nil, err
 		}
 		if cfg.Initrd, err = imageInitrd(cfg.Initrd, root.config); err != nil {
@@ -233,7 +245,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
 		s.image = root.spec.FS.Image
 		s.openFS = cfg.OpenFS
-		s.imageFS, s.roots = root.spec.FS, root.roots
+		if root.roots != nil {
+			s.imageFS, s.roots = root.spec.FS, root.roots
+		}
 	}
 	cfg.Console = s.consoleWriter(opts.Console)
 	if s.m, err = s.startMachine(ctx, cfg, opts.Process); err != nil {

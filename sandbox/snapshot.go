@@ -59,6 +59,27 @@ func (s *Sandbox) Save(ctx context.Context, dir string) error {
 	return nil
 }
 
+// Pause stops the sandbox's vCPUs until Resume: its processes stand
+// still, its memory stays; the agent does not answer meanwhile.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if err := s.m.pause(ctx); err != nil {
+		return fmt.Errorf("sandbox: pause: %w", err)
+	}
+	return nil
+}
+
+// Resume runs a paused sandbox's vCPUs again.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if err := s.m.resume(ctx); err != nil {
+		return fmt.Errorf("sandbox: resume: %w", err)
+	}
+	return nil
+}
+
 // execHostname is the command that renames the guest.
 func execHostname(name string) client.ExecOptions {
 	return client.ExecOptions{Argv: []string{"hostname", name}}
@@ -89,6 +110,11 @@ type RestoreOptions struct {
 	// host saved. (snapshot.Load itself never opens a disk path a
 	// snapshot records: each is named to it.)
 	Disks map[string]string
+	// RootDir, for a snapshot whose root was a host directory
+	// (Options.RootDir), serves this directory instead: the caller
+	// vouches that it holds the same tree (the same image's rootfs,
+	// mounted again).
+	RootDir string
 	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
 	// clones started together share the CPUs).
 	Timeout time.Duration
@@ -378,6 +404,9 @@ echo "no interface has address $1" >&2; exit 1`
 func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts RestoreOptions, cfg *vmm.RestoreConfig) error {
 	i := slices.IndexFunc(devs, func(d virtio.DeviceSpec) bool { return d.Kind == virtio.KindFS })
 	if i < 0 {
+		if opts.RootDir != "" {
+			return fmt.Errorf("sandbox: %s has no root directory: RestoreOptions.RootDir does not apply", what)
+		}
 		if opts.Image != "" || opts.Images != "" {
 			return fmt.Errorf("sandbox: %s has no image root: RestoreOptions.Image and Images do not apply", what)
 		}
@@ -385,6 +414,21 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 	}
 	dev := devs[i]
 	fs := *dev.FS
+	if fs.Dir != "" {
+		if opts.Image != "" || opts.Images != "" {
+			return fmt.Errorf("sandbox: %s's root is the host directory %s: RestoreOptions.Image and Images do not apply", what, fs.Dir)
+		}
+		if opts.RootDir != "" {
+			abs, err := filepath.Abs(opts.RootDir)
+			if err != nil {
+				return fmt.Errorf("sandbox: root directory: %w", err)
+			}
+			cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: fs.Tag, Dir: abs}})
+		}
+		cfg.OpenFS = OpenImageFS(nil)
+		s.openFS = cfg.OpenFS
+		return nil
+	}
 	roots := opts.ImageRoots
 	if roots == nil {
 		roots = image.NewRoots(image.Options{Logger: s.log})

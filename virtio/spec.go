@@ -87,16 +87,32 @@ type VsockSpec struct {
 // RNGSpec is a virtio-rng entropy device; it has no settings.
 type RNGSpec struct{}
 
-// FSSpec is an image's merged, read-only tree exported under a mount tag
-// (virtio-9p). The tree is opened through OpenOptions.FS (package image
-// knows how), by the image's manifest digest from the images folder: a
-// VMM process opens the same image from the same folder.
+// FSSpec is a read-only tree exported under a mount tag (virtio-9p): an
+// image's merged layers, or a host directory. The tree is opened through
+// OpenOptions.FS: an image by its manifest digest from the images folder
+// (package image knows how), so that a VMM process opens the same image
+// from the same folder; a directory by its path (package hostfs).
 type FSSpec struct {
 	Tag string `json:"tag"`
 	// Image is the image's manifest digest (sha256:<64 hex>).
-	Image string `json:"image"`
+	Image string `json:"image,omitempty"`
 	// Images is the images folder that holds it (absolute).
-	Images string `json:"images"`
+	Images string `json:"images,omitempty"`
+	// Dir, instead of Image and Images, is a host directory (absolute),
+	// served read-only: a container's root filesystem as containerd
+	// mounted it.
+	Dir string `json:"dir,omitempty"`
+}
+
+// Key says what an fs device's tree is, for its snapshot state: the
+// image's digest, or "dir" for any host directory (a restore may serve
+// another directory, which its caller vouches holds the same tree: a
+// container's rootfs mounted again from the same image).
+func (f FSSpec) Key() string {
+	if f.Dir != "" {
+		return "dir"
+	}
+	return f.Image
 }
 
 // MaxTagLen is the longest mount tag: Linux's 9p transport copies at most
@@ -184,6 +200,13 @@ func (s DeviceSpec) validate() error {
 		switch {
 		case len(s.FS.Tag) == 0 || len(s.FS.Tag) > MaxTagLen || !tagPattern.MatchString(s.FS.Tag):
 			return fmt.Errorf("fs: mount tag %q: want 1 to %d letters, digits, '.', '_' or '-'", s.FS.Tag, MaxTagLen)
+		case s.FS.Dir != "":
+			if s.FS.Image != "" || s.FS.Images != "" {
+				return fmt.Errorf("fs: a directory (%q) and an image (%q in %q): give one", s.FS.Dir, s.FS.Image, s.FS.Images)
+			}
+			if !filepath.IsAbs(s.FS.Dir) || filepath.Clean(s.FS.Dir) != s.FS.Dir {
+				return fmt.Errorf("fs: directory %q is not a clean absolute path", s.FS.Dir)
+			}
 		case !digestPattern.MatchString(s.FS.Image):
 			return fmt.Errorf("fs: image %q is not a manifest digest (sha256:<64 hex digits>)", s.FS.Image)
 		case !filepath.IsAbs(s.FS.Images):
@@ -339,13 +362,13 @@ func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
 		return NewRNG(), nil
 	case KindFS:
 		if opts.FS == nil {
-			return nil, &SpecError{ID: s.ID, Err: errors.New("fs: no way to open an image here (OpenOptions.FS is nil)")}
+			return nil, &SpecError{ID: s.ID, Err: errors.New("fs: no way to open a tree here (OpenOptions.FS is nil)")}
 		}
 		tree, closer, err := opts.FS(*s.FS)
 		if err != nil {
-			return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: image %s: %w", s.FS.Image, err)}
+			return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: %s: %w", s.FS.Key(), err)}
 		}
-		dev, err := newFSDevice(FSConfig{Tag: s.FS.Tag, FS: tree, Key: s.FS.Image, Logger: log}, closer)
+		dev, err := newFSDevice(FSConfig{Tag: s.FS.Tag, FS: tree, Key: s.FS.Key(), Logger: log}, closer)
 		if err != nil {
 			if closer != nil {
 				closer.Close()

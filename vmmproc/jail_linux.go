@@ -158,6 +158,10 @@ func jailBinds(kvmPath, socket string, req *vmmpb.CreateRequest, devices []virti
 			add("/dev/net/tun", false)
 		case d.Kind == virtio.KindVsock && d.Vsock != nil:
 			add(filepath.Dir(d.Vsock.Path), false)
+		case d.Kind == virtio.KindFS && d.FS != nil && d.FS.Dir != "":
+			// A host directory root, read-only: opened before the jail
+			// is entered, but read by path inside it.
+			add(d.FS.Dir, true)
 		case d.Kind == virtio.KindFS && d.FS != nil:
 			// Its store, read-only: the parent fetches missing chunks
 			// into it (ChunkSocket, beside the socket bound above).
