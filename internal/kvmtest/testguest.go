@@ -125,6 +125,21 @@ const vmmPkg = "github.com/kilnvm/kiln/cmd/kiln"
 // builds it on the host before L1's run.
 func VMMBinary(tb testing.TB) string {
 	tb.Helper()
+	return moduleBinary(tb, "kiln-vmm", vmmPkg)
+}
+
+// ShimBinary returns a build of containerd-shim-kiln-v2 (without cgo),
+// for the tests that start a containerd; kept as VMMBinary's is
+// (TestShimBinary builds it on the host, where the Go build cache is
+// writable).
+func ShimBinary(tb testing.TB) string {
+	tb.Helper()
+	return moduleBinary(tb, "containerd-shim-kiln-v2", "github.com/kilnvm/kiln/cmd/containerd-shim-kiln-v2")
+}
+
+// moduleBinary builds pkg as name, keyed by every package of the module.
+func moduleBinary(tb testing.TB, name, pkg string) string {
+	tb.Helper()
 	root, err := moduleRoot()
 	if err != nil {
 		tb.Fatal(err)
@@ -154,5 +169,5 @@ func VMMBinary(tb testing.TB) string {
 	if err != nil {
 		tb.Fatalf("the module's packages: %v", err)
 	}
-	return guestBinary(tb, "kiln-vmm", vmmPkg, dirs...)
+	return guestBinary(tb, name, pkg, dirs...)
 }

@@ -34,3 +34,13 @@ func TestVMMBinary(t *testing.T) {
 		t.Fatalf("kiln (for VMM processes) at %s: %v", p, err)
 	}
 }
+
+func TestShimBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := ShimBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("containerd-shim-kiln-v2 at %s: %v", p, err)
+	}
+}
