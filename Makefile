@@ -11,8 +11,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # version 10 or newer (tools/install-qemu.sh: bookworm-backports on Debian
 # 12): it emulates the test harness's L1 VMs and is the benchmarks' peer.
 # systemd brings systemd-analyze, which verifies packaging/'s units;
-# iproute2 the ip the network tests make their namespaces with.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2 git python3-pytest
+# iproute2 the ip the network tests make their namespaces with; containerd
+# (with ctr) and the CNI plugins the containerd shim's tests start
+# containerd and its CRI plugin with.
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2 git python3-pytest containerd containernetworking-plugins
+
+# crictl (cri-tools), pinned: the shim's CRI test drives containerd with
+# it. Debian 12 has no package of it; go install builds it into bin/.
+CRICTL_VERSION := v1.37.0
 
 KILN := bin/kiln
 AGENT := bin/kiln-agent
@@ -56,6 +62,9 @@ deps:
 	@node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); process.exit(a>=22||(a===20&&(b>18||(b===18&&c>=1)))?0:1)' || { \
 	  echo "deps: node $$(node --version) is too old for the e2b SDK (it needs 20.18.1 or newer, as its package.json says; Debian 12's nodejs is 18): install a newer Node.js"; exit 1; }
 	cd daemon/e2b/sdktest && npm ci --no-audit --no-fund
+	@[ -x bin/crictl ] && bin/crictl --version 2>/dev/null | grep -q "$(CRICTL_VERSION)" || { \
+	  echo "deps: go install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)"; \
+	  GOBIN=$$(pwd)/bin CGO_ENABLED=0 $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); }
 
 # kiln and kilnd without cgo: a jailed `kiln vmm` (package jail) changes
 # every thread's ids and capabilities through the Go runtime, which it
@@ -64,6 +73,7 @@ build: harness
 	CGO_ENABLED=0 $(GO) build -o $(KILN) ./cmd/kiln
 	CGO_ENABLED=0 $(GO) build -o bin/kilnd ./cmd/kilnd
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(AGENT) ./cmd/kiln-agent
+	CGO_ENABLED=0 $(GO) build -o bin/containerd-shim-kiln-v2 ./cmd/containerd-shim-kiln-v2
 
 harness:
 	$(GO) build -o $(HARNESS) ./tools/kvmharness

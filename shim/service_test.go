@@ -1,0 +1,476 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/events"
+	"github.com/containerd/containerd/pkg/shutdown"
+	"github.com/containerd/fifo"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kilnvm/kiln/guest/client"
+)
+
+// hostBooter is a Booter whose "VMs" run processes on the host: the Task
+// service's plumbing (FIFOs, exits, events, signals) tested without KVM.
+type hostBooter struct {
+	mu    sync.Mutex
+	boots []BootSpec
+	vms   []*hostVM
+}
+
+func (b *hostBooter) Boot(ctx context.Context, spec BootSpec) (VM, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.boots = append(b.boots, spec)
+	vm := &hostVM{}
+	b.vms = append(b.vms, vm)
+	return vm, nil
+}
+
+// hostVM runs host processes; its Pause, Resume and Save are recorded
+// (Save writes a marker file where the snapshot would be).
+type hostVM struct {
+	mu     sync.Mutex
+	calls  []string
+	closed bool
+}
+
+func (v *hostVM) record(call string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.calls = append(v.calls, call)
+}
+
+func (v *hostVM) Start(ctx context.Context, opts client.ExecOptions) (GuestProcess, error) {
+	cmd := exec.CommandContext(ctx, opts.Argv[0], opts.Argv[1:]...)
+	cmd.Env, cmd.Dir = opts.Env, "/"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &hostProc{cmd: cmd}, nil
+}
+
+func (v *hostVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := w.Write(b)
+	return int64(n), err
+}
+func (v *hostVM) Pause(context.Context) error  { v.record("pause"); return nil }
+func (v *hostVM) Resume(context.Context) error { v.record("resume"); return nil }
+func (v *hostVM) Save(_ context.Context, dir string) error {
+	v.record("save")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "state"), []byte("host processes have no snapshot"), 0o600)
+}
+func (v *hostVM) Close(context.Context) error { v.closed = true; return nil }
+
+type hostProc struct{ cmd *exec.Cmd }
+
+func (p *hostProc) Pid() int                        { return p.cmd.Process.Pid }
+func (p *hostProc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+func (p *hostProc) SignalGroup(sig syscall.Signal) error {
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+func (p *hostProc) Resize(client.PtySize) error { return nil }
+func (p *hostProc) Wait() (client.ExitStatus, error) {
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return client.ExitStatus{Code: -1, Signal: int(ws.Signal())}, nil
+		}
+		return client.ExitStatus{Code: ee.ExitCode()}, nil
+	}
+	return client.ExitStatus{}, err
+}
+
+// recorder is a shim.Publisher that keeps the events' topics.
+type recorder struct {
+	mu     sync.Mutex
+	topics []string
+	exits  []*eventstypes.TaskExit
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) Publish(ctx context.Context, topic string, ev events.Event) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.topics = append(r.topics, topic)
+	if e, ok := ev.(*eventstypes.TaskExit); ok {
+		r.exits = append(r.exits, e)
+	}
+	return nil
+}
+
+func (r *recorder) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.topics...)
+}
+
+// bundle writes a bundle with spec (its rootfs a plain folder) and returns
+// its path.
+func bundle(t *testing.T, s *specs.Spec) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func testSpec(args ...string) *specs.Spec {
+	return &specs.Spec{
+		Process: &specs.Process{Args: args, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/"},
+		Root:    &specs.Root{Path: "rootfs"},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.MountNamespace},
+		}},
+	}
+}
+
+// fifos makes stdin/stdout/stderr FIFOs, opens containerd's ends, and
+// collects the outputs.
+type testIO struct {
+	stdin, stdout, stderr string
+	in                    io.WriteCloser
+	out, err              *bytes.Buffer
+	wg                    sync.WaitGroup
+}
+
+func newIO(t *testing.T, withStdin bool) *testIO {
+	t.Helper()
+	dir := t.TempDir()
+	tio := &testIO{stdout: filepath.Join(dir, "out"), stderr: filepath.Join(dir, "err"), out: &bytes.Buffer{}, err: &bytes.Buffer{}}
+	ctx := context.Background()
+	for _, p := range []struct {
+		path string
+		buf  *bytes.Buffer
+	}{{tio.stdout, tio.out}, {tio.stderr, tio.err}} {
+		f, err := fifo.OpenFifo(ctx, p.path, syscall.O_RDONLY|syscall.O_CREAT|syscall.O_NONBLOCK, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tio.wg.Add(1)
+		go func(f io.ReadCloser, buf *bytes.Buffer) {
+			defer tio.wg.Done()
+			io.Copy(buf, f)
+			f.Close()
+		}(f, p.buf)
+	}
+	if withStdin {
+		tio.stdin = filepath.Join(dir, "in")
+		f, err := fifo.OpenFifo(ctx, tio.stdin, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_NONBLOCK, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tio.in = f
+	}
+	return tio
+}
+
+func newTestService(t *testing.T) (*Service, *recorder, *hostBooter) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ctx, sd := shutdown.WithShutdown(ctx)
+	t.Cleanup(func() { sd.Shutdown(); cancel() })
+	rec := &recorder{}
+	boot := &hostBooter{}
+	cfg, _ := Config{}.withDefaults()
+	return NewService(ctx, cfg, boot, rec, sd, slog.New(slog.NewTextHandler(io.Discard, nil))), rec, boot
+}
+
+func waitTopics(t *testing.T, rec *recorder, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := rec.got()
+		if strings.Join(got, " ") == strings.Join(want, " ") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events %q, want %q", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestServiceRunToExit(t *testing.T) {
+	s, rec, boot := newTestService(t)
+	ctx := context.Background()
+	tio := newIO(t, true)
+	b := bundle(t, testSpec("sh", "-c", "cat; echo err >&2; exit 3"))
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: b, Stdin: tio.stdin, Stdout: tio.stdout, Stderr: tio.stderr}); err != nil {
+		t.Fatal(err)
+	}
+	if len(boot.boots) != 1 || boot.boots[0].RootDir != filepath.Join(b, "rootfs") || boot.boots[0].CPUs != 1 || boot.boots[0].MemoryMiB != 512 {
+		t.Fatalf("boots %+v", boot.boots)
+	}
+	st, err := s.State(ctx, &taskAPI.StateRequest{ID: "c1"})
+	if err != nil || st.Status != task.Status_CREATED {
+		t.Fatalf("State = %v, %v; want created", st, err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	tio.in.Write([]byte("hi\n"))
+	tio.in.Close()
+	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
+	if err != nil || w.ExitStatus != 3 {
+		t.Fatalf("Wait = %v, %v; want exit 3", w, err)
+	}
+	tio.wg.Wait()
+	if tio.out.String() != "hi\n" || tio.err.String() != "err\n" {
+		t.Fatalf("stdout %q, stderr %q", tio.out, tio.err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "c1", Signal: 9}); !errdefs.IsNotFound(err) {
+		t.Errorf("Kill of an exited process = %v, want NotFound", err)
+	}
+	d, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c1"})
+	if err != nil || d.ExitStatus != 3 {
+		t.Fatalf("Delete = %v, %v", d, err)
+	}
+	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete")
+	if _, err := s.State(ctx, &taskAPI.StateRequest{ID: "c1"}); !errdefs.IsNotFound(err) {
+		t.Errorf("State after Delete = %v, want NotFound", err)
+	}
+}
+
+func TestServiceExecAndKill(t *testing.T) {
+	s, rec, _ := newTestService(t)
+	ctx := context.Background()
+	tio := newIO(t, false)
+	b := bundle(t, testSpec("sleep", "600"))
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c2", Bundle: b, Stdout: tio.stdout, Stderr: tio.stderr}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c2"}); err != nil {
+		t.Fatal(err)
+	}
+	eio := newIO(t, false)
+	ps, _ := json.Marshal(&specs.Process{Args: []string{"sh", "-c", "echo from-exec; exit 5"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "c2", ExecID: "e1", Stdout: eio.stdout, Stderr: eio.stderr, Spec: &anypb.Any{Value: ps}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "c2", ExecID: "e1", Spec: &anypb.Any{Value: ps}}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a second exec e1 = %v, want AlreadyExists", err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c2", ExecID: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "c2", ExecID: "e1"})
+	if err != nil || w.ExitStatus != 5 {
+		t.Fatalf("Wait(e1) = %v, %v", w, err)
+	}
+	eio.wg.Wait()
+	if eio.out.String() != "from-exec\n" {
+		t.Errorf("exec stdout %q", eio.out)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c2", ExecID: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	pids, err := s.Pids(ctx, &taskAPI.PidsRequest{ID: "c2"})
+	if err != nil || len(pids.Processes) != 1 {
+		t.Fatalf("Pids = %v, %v; want the init process", pids, err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c2"}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Delete of a running container = %v, want FailedPrecondition", err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "c2", Signal: 0}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("Kill with signal 0 = %v, want InvalidArgument", err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "c2", Signal: uint32(syscall.SIGKILL)}); err != nil {
+		t.Fatal(err)
+	}
+	w, err = s.Wait(ctx, &taskAPI.WaitRequest{ID: "c2"})
+	if err != nil || w.ExitStatus != 137 {
+		t.Fatalf("Wait after SIGKILL = %v, %v; want 137", w, err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c2"}); err != nil {
+		t.Fatal(err)
+	}
+	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/exec-added", "/tasks/exec-started", "/tasks/exit", "/tasks/exit", "/tasks/delete")
+	rec.mu.Lock()
+	last := rec.exits[len(rec.exits)-1]
+	rec.mu.Unlock()
+	if last.ID != "c2" || last.ExitStatus != 137 {
+		t.Errorf("last exit event %+v, want c2 with 137", last)
+	}
+}
+
+// TestServiceCheckpointPaused: containerd's client pauses a task around
+// its checkpoint; the VM runs again just for the save (the agent must
+// quiesce the guest) and is paused after it, still paused as containerd
+// left it. The checkpoint lands in the path given; a relative path, or a
+// pod's sandbox container, is refused.
+func TestServiceCheckpointPaused(t *testing.T) {
+	s, rec, boot := newTestService(t)
+	ctx := context.Background()
+	tio := newIO(t, false)
+	b := bundle(t, testSpec("sleep", "600"))
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c3", Bundle: b, Stdout: tio.stdout, Stderr: tio.stderr}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "c3", Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "state")); err != nil {
+		t.Errorf("the checkpoint is not in its path: %v", err)
+	}
+	vm := boot.vms[0]
+	vm.mu.Lock()
+	calls := strings.Join(vm.calls, " ")
+	vm.mu.Unlock()
+	if calls != "pause resume save pause" {
+		t.Errorf("VM calls %q, want pause resume save pause", calls)
+	}
+	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "c3"}); err != nil || st.Status != task.Status_PAUSED {
+		t.Errorf("State after the checkpoint = %v, %v; want paused", st, err)
+	}
+	if _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "c3", Path: "relative"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("Checkpoint to a relative path = %v, want InvalidArgument", err)
+	}
+	if _, err := s.Resume(ctx, &taskAPI.ResumeRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "c3", Signal: uint32(syscall.SIGKILL)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/paused", "/tasks/checkpointed", "/tasks/resumed", "/tasks/exit", "/tasks/delete")
+}
+
+func TestServiceRefusesSpecs(t *testing.T) {
+	devSpec := testSpec("true")
+	devSpec.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/kvm", Type: "c", Major: 10, Minor: 232}}
+	hostPID := testSpec("true")
+	hostPID.Linux.Namespaces = hostPID.Linux.Namespaces[1:]
+	noArgs := testSpec()
+	bigCPU := testSpec("true")
+	bigCPU.Annotations = map[string]string{AnnotationVCPUs: "1000"}
+	badMem := testSpec("true")
+	badMem.Annotations = map[string]string{AnnotationMemoryMiB: "lots"}
+	for _, tt := range []struct {
+		name string
+		spec *specs.Spec
+		want string
+		is   func(error) bool
+	}{
+		{"device", devSpec, "host device", errdefs.IsNotImplemented},
+		{"host PID namespace", hostPID, "PID namespace", errdefs.IsNotImplemented},
+		{"no args", noArgs, "no process", errdefs.IsInvalidArgument},
+		{"too many vCPUs", bigCPU, "vCPUs", errdefs.IsInvalidArgument},
+		{"bad memory annotation", badMem, AnnotationMemoryMiB, errdefs.IsInvalidArgument},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, rec, boot := newTestService(t)
+			_, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "x", Bundle: bundle(t, tt.spec)})
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !tt.is(err) {
+				t.Fatalf("Create = %v; want an error naming %q of the right kind", err, tt.want)
+			}
+			if len(boot.boots) != 0 || len(rec.got()) != 0 {
+				t.Errorf("a refused spec booted %d VMs and sent %q", len(boot.boots), rec.got())
+			}
+		})
+	}
+}
+
+func TestServicePod(t *testing.T) {
+	s, rec, boot := newTestService(t)
+	ctx := context.Background()
+	pause := testSpec("/pause")
+	pause.Annotations = map[string]string{criContainerType: criTypeSandbox, criSandboxID: "pod1"}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle(t, pause)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(boot.boots) != 0 {
+		t.Fatalf("the pod's sandbox container booted a VM")
+	}
+	st, err := s.Start(ctx, &taskAPI.StartRequest{ID: "pod1"})
+	if err != nil || st.Pid != uint32(os.Getpid()) {
+		t.Fatalf("Start(pod1) = %v, %v", st, err)
+	}
+	app := testSpec("sleep", "600")
+	app.Annotations = map[string]string{"io.kubernetes.cri.container-type": "container", criSandboxID: "pod1", AnnotationVCPUs: "2", AnnotationMemoryMiB: "1024"}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app", Bundle: bundle(t, app)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(boot.boots) != 1 || boot.boots[0].CPUs != 2 || boot.boots[0].MemoryMiB != 1024 {
+		t.Fatalf("boots %+v; want one of 2 vCPUs and 1024 MiB", boot.boots)
+	}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, app)}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "one application container per pod") {
+		t.Errorf("a second application container = %v, want NotImplemented", err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "pod1", Signal: 15}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "pod1"})
+	if err != nil || w.ExitStatus != 128+15 {
+		t.Fatalf("Wait(pod1) = %v, %v", w, err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "app"}); err != nil { // created, never started
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "pod1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/create", "/tasks/exit", "/tasks/exit", "/tasks/delete", "/tasks/delete")
+}
+
+func TestServiceStats(t *testing.T) {
+	s, _, _ := newTestService(t)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c", Bundle: bundle(t, testSpec("true"))}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Stats(ctx, &taskAPI.StatsRequest{ID: "c"})
+	if err != nil || r.Stats == nil || !strings.HasSuffix(r.Stats.TypeUrl, "cgroups.v2.Metrics") {
+		t.Fatalf("Stats = %v, %v", r, err)
+	}
+}

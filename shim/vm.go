@@ -1,0 +1,164 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/sandbox"
+)
+
+// BootSpec is what the shim asks of a Booter: a VM for one container.
+type BootSpec struct {
+	ID        string // the container's ID
+	Bundle    string // its bundle folder (the VM's host files go in bundle/kiln)
+	RootDir   string // its mounted rootfs: the VM's root
+	CPUs      int
+	MemoryMiB int
+	Hostname  string
+	// Checkpoint, when set, is a checkpoint's folder (Service.Checkpoint
+	// wrote a snapshot under it): the VM is restored from it instead.
+	Checkpoint string
+}
+
+// Booter starts a container's VM. The seam lets the Task service be
+// tested without KVM.
+type Booter interface {
+	Boot(ctx context.Context, spec BootSpec) (VM, error)
+}
+
+// VM is a booted container's machine.
+type VM interface {
+	// Start starts a process in the guest; ctx bounds its life.
+	Start(ctx context.Context, opts client.ExecOptions) (GuestProcess, error)
+	// ReadFile copies a guest file to w.
+	ReadFile(ctx context.Context, path string, w io.Writer) (int64, error)
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Save writes a snapshot of the VM into dir.
+	Save(ctx context.Context, dir string) error
+	// Close stops the VM and frees what it holds.
+	Close(ctx context.Context) error
+}
+
+// GuestProcess is a process started in a VM.
+type GuestProcess interface {
+	Pid() int
+	Signal(sig syscall.Signal) error
+	SignalGroup(sig syscall.Signal) error
+	Resize(size client.PtySize) error
+	// Wait waits for its exit, once its output has been written.
+	Wait() (client.ExitStatus, error)
+}
+
+// SandboxBooter boots VMs as Kiln sandboxes in the shim's process.
+type SandboxBooter struct {
+	Runtime sandbox.Runtime
+	Logger  *slog.Logger
+	// SnapshotKey authenticates checkpoints (nil: the host's key file,
+	// sandbox.SnapshotKeyFile).
+	SnapshotKey []byte
+	// RunDir holds each VM's folder; DefaultRunDir when empty.
+	RunDir string
+}
+
+// Boot starts (or restores) the container's sandbox: spec.RootDir is its
+// root over virtio-9p.
+func (b SandboxBooter) Boot(ctx context.Context, spec BootSpec) (_ VM, err error) {
+	dir, err := b.vmDir(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if spec.Checkpoint != "" {
+		snap := filepath.Join(spec.Checkpoint, checkpointDir)
+		s, err := sandbox.Restore(ctx, snap, sandbox.RestoreOptions{Dir: dir, RootDir: spec.RootDir,
+			Hostname: spec.Hostname, Logger: b.Logger, SnapshotKey: b.SnapshotKey})
+		if err != nil {
+			return nil, fmt.Errorf("restoring checkpoint %s: %w", spec.Checkpoint, err)
+		}
+		return sandboxVM{s, dir}, nil
+	}
+	s, err := sandbox.Start(ctx, sandbox.Options{
+		Runtime: b.Runtime, RootDir: spec.RootDir, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB,
+		Hostname: spec.Hostname, Dir: dir, Logger: b.Logger, SnapshotKey: b.SnapshotKey,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("booting the VM: %w", err)
+	}
+	return sandboxVM{s, dir}, nil
+}
+
+// DefaultRunDir holds the VMs' folders (their vsock sockets): not the
+// bundle, whose path under containerd's state with a 64-digit CRI ID
+// makes a socket path longer than a sockaddr_un holds (108 bytes).
+const DefaultRunDir = "/run/kiln-shim"
+
+// vmDir makes a VM's folder: in RunDir (DefaultRunDir when empty), else
+// the temporary directory when that cannot be made.
+func (b SandboxBooter) vmDir(id string) (string, error) {
+	run := b.RunDir
+	if run == "" {
+		run = DefaultRunDir
+	}
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		run = os.TempDir()
+	}
+	dir, err := os.MkdirTemp(run, shortID(id)+"-")
+	if err != nil {
+		return "", fmt.Errorf("VM folder: %w", err)
+	}
+	return dir, nil
+}
+
+// sandboxVM is a container's sandbox and its folder, removed by Close.
+type sandboxVM struct {
+	s   *sandbox.Sandbox
+	dir string
+}
+
+func (v sandboxVM) Start(ctx context.Context, opts client.ExecOptions) (GuestProcess, error) {
+	p, err := v.s.Client().Start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (v sandboxVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	return v.s.Client().ReadFile(ctx, path, w)
+}
+func (v sandboxVM) Pause(ctx context.Context) error            { return v.s.Pause(ctx) }
+func (v sandboxVM) Resume(ctx context.Context) error           { return v.s.Resume(ctx) }
+func (v sandboxVM) Save(ctx context.Context, dir string) error { return v.s.Save(ctx, dir) }
+func (v sandboxVM) Close(ctx context.Context) error {
+	err := v.s.Close(ctx)
+	if rerr := os.RemoveAll(v.dir); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// unmarshalProcess decodes an exec's OCI process spec, bounded.
+func unmarshalProcess(b []byte, p *specs.Process) error {
+	if len(b) > maxSpecBytes {
+		return fmt.Errorf("%d bytes, more than the %d accepted", len(b), maxSpecBytes)
+	}
+	if len(b) == 0 {
+		return errors.New("empty")
+	}
+	return json.Unmarshal(b, p)
+}
