@@ -11,12 +11,17 @@
 // below the directory are hidden. Fifos, sockets and device nodes are
 // listed with their attributes but never opened.
 //
-// Inode numbers are the host's (st_ino): a directory is expected to be
-// one filesystem (an overlay mount whose layers share one filesystem, as
-// containerd's overlayfs snapshotter makes them, gives stable, unique
-// numbers), and entries of another device are hidden. The tree must not
-// change while it is served; FS notices when an inode's path no longer
-// names it and looks again, but a guest may see a half-changed tree.
+// Inode numbers are derived from paths (a 64-bit FNV-1a hash of the path
+// beneath the directory), not taken from the host: the same tree mounted
+// again (a container's rootfs from the same image, for a restored
+// checkpoint) gives the same numbers, as a restored 9P server's fid table
+// needs, whereas an overlay mount's own st_ino differ per mount. Hard
+// links are so separate files to the guest (with the host's link count);
+// two paths whose hashes collide make the second EIO, never the wrong
+// file. The directory is expected to be one filesystem; entries of another
+// device are hidden. The tree must not change while it is served: a path
+// that has gone is looked for again (by a walk), but a guest may see a
+// half-changed tree.
 //
 // Unlike an image tree, every method but Root makes system calls.
 package hostfs
@@ -25,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path"
@@ -60,7 +66,7 @@ type FS struct {
 	root    *os.File // O_PATH|O_DIRECTORY
 	dir     string
 	dev     uint64 // the directory's device: entries of another are hidden
-	rootIno uint64
+	rootIno uint64 // inoOf(".")
 
 	mu       sync.Mutex
 	paths    map[uint64]string // inode → a path beneath the root that named it ("." for the root)
@@ -106,8 +112,8 @@ func Open(dir string) (*FS, error) {
 		root:    root,
 		dir:     dir,
 		dev:     unix.Mkdev(st.Dev_major, st.Dev_minor),
-		rootIno: st.Ino,
-		paths:   map[uint64]string{st.Ino: "."},
+		rootIno: inoOf("."),
+		paths:   map[uint64]string{inoOf("."): "."},
 		files:   map[uint64]*openFile{},
 	}, nil
 }
@@ -130,27 +136,31 @@ func (fs *FS) Close() error {
 // Root is the directory's inode number.
 func (fs *FS) Root() uint64 { return fs.rootIno }
 
-// errStale says that an inode's remembered path names another file now.
-var errStale = errors.New("stale path")
+// inoOf is the inode number of the path p beneath the root ("." for the
+// root itself): FNV-1a, never 0.
+func inoOf(p string) uint64 {
+	h := fnv.New64a()
+	io.WriteString(h, p)
+	if ino := h.Sum64(); ino != 0 {
+		return ino
+	}
+	return 1
+}
 
 // openIno opens ino's remembered path with flags (O_NOFOLLOW and
-// O_CLOEXEC are added), checks that it still names ino, and returns the
-// descriptor and the file's attributes. A path that names another file
-// now is looked for again (once, by a walk of the tree); an inode never
-// seen gives ENOENT.
+// O_CLOEXEC are added) and returns the descriptor and the file's
+// attributes. An inode not remembered (a restored server asks for the
+// numbers another process handed out), or whose path has gone, is looked
+// for by a walk of the tree (once); one still unknown gives ENOENT.
 func (fs *FS) openIno(ino uint64, flags int) (int, unix.Statx_t, error) {
 	for try := 0; ; try++ {
 		p, ok := fs.pathOf(ino)
 		if ok {
 			fd, st, err := fs.openPath(p, flags)
-			if err == nil && st.Ino == ino {
+			if err == nil {
 				return fd, st, nil
 			}
-			if err == nil {
-				unix.Close(fd)
-				err = errStale
-			}
-			if !errors.Is(err, errStale) && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ELOOP) {
+			if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ELOOP) {
 				return -1, st, err
 			}
 			fs.forget(ino)
@@ -200,14 +210,22 @@ func (fs *FS) forget(ino uint64) {
 	fs.complete = false
 }
 
-// remember records that p names ino.
-func (fs *FS) remember(ino uint64, p string) {
+// remember records p, and returns its inode number; another path of the
+// same number (a hash collision) is EIO.
+func (fs *FS) remember(p string) (uint64, error) {
+	ino := inoOf(p)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if _, ok := fs.paths[ino]; ok || len(fs.paths) >= MaxEntries {
-		return
+	if q, ok := fs.paths[ino]; ok {
+		if q != p {
+			return 0, fmt.Errorf("hostfs: %s and %s have the same inode number %#x: %w", q, p, ino, unix.EIO)
+		}
+		return ino, nil
 	}
-	fs.paths[ino] = p
+	if len(fs.paths) < MaxEntries {
+		fs.paths[ino] = p
+	}
+	return ino, nil
 }
 
 // walk visits the whole tree, remembering every inode's path, unless the
@@ -253,12 +271,12 @@ func (fs *FS) Getattr(ino uint64) (rofs.Attr, error) {
 		return rofs.Attr{}, err
 	}
 	unix.Close(fd)
-	return attrOf(&st), nil
+	return attrOf(ino, &st), nil
 }
 
-func attrOf(st *unix.Statx_t) rofs.Attr {
+func attrOf(ino uint64, st *unix.Statx_t) rofs.Attr {
 	return rofs.Attr{
-		Ino:   st.Ino,
+		Ino:   ino,
 		Mode:  uint32(st.Mode),
 		UID:   st.Uid,
 		GID:   st.Gid,
@@ -296,8 +314,7 @@ func (fs *FS) Lookup(dir uint64, name string) (uint64, error) {
 	if !fs.visible(&est) {
 		return 0, fmt.Errorf("hostfs: %s is a mount point or on another filesystem: %w", path.Join(p, name), unix.ENOENT)
 	}
-	fs.remember(est.Ino, path.Join(p, name))
-	return est.Ino, nil
+	return fs.remember(path.Join(p, name))
 }
 
 // visible reports whether an entry is served: one of the root's device,
@@ -351,8 +368,11 @@ func (fs *FS) readDir(fd int, p string) ([]rofs.Dirent, error) {
 			if err := unix.Statx(fd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO|unix.STATX_TYPE, &st); err != nil || !fs.visible(&st) {
 				continue // gone since, or a mount point
 			}
-			fs.remember(st.Ino, path.Join(p, name))
-			ents = append(ents, rofs.Dirent{Name: name, Ino: st.Ino, Mode: uint32(st.Mode) & unix.S_IFMT})
+			ino, err := fs.remember(path.Join(p, name))
+			if err != nil {
+				continue // a collision: the entry is not listed
+			}
+			ents = append(ents, rofs.Dirent{Name: name, Ino: ino, Mode: uint32(st.Mode) & unix.S_IFMT})
 		}
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name < ents[j].Name })

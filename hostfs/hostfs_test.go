@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -97,12 +98,8 @@ func TestServe(t *testing.T) {
 	dir, _ := tree(t)
 	fs := open(t, dir)
 
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	if fs.Root() != st.Ino {
-		t.Errorf("Root = %d, want the directory's inode %d", fs.Root(), st.Ino)
+	if a, err := fs.Getattr(fs.Root()); err != nil || a.Mode&unix.S_IFMT != unix.S_IFDIR || a.Ino != fs.Root() {
+		t.Errorf("Getattr(root) = %+v, %v", a, err)
 	}
 	ents, err := fs.ReadDir(fs.Root())
 	if err != nil {
@@ -147,13 +144,15 @@ func TestServe(t *testing.T) {
 		t.Errorf("ReadAt past the end = %d, %v; want 0, io.EOF", n, err)
 	}
 
+	// Hard links are files of their own (inode numbers come from
+	// paths), with the host's link count and the same bytes.
 	h1, _ := walkPath(fs, "etc/hostname")
 	h2, err := walkPath(fs, "hardlink")
-	if err != nil || h1 != h2 {
-		t.Errorf("a hard link's inode %d (%v), want %d", h2, err, h1)
+	if err != nil || h1 == h2 {
+		t.Errorf("a hard link's inode %d (%v), want one of its own (not %d)", h2, err, h1)
 	}
-	if a, _ := fs.Getattr(h1); a.Nlink != 2 {
-		t.Errorf("hostname's nlink %d, want 2", a.Nlink)
+	if a, _ := fs.Getattr(h2); a.Nlink != 2 || string(readAll(t, fs, h2)) != "kiln\n" {
+		t.Errorf("the hard link: nlink %d, want 2, or its bytes differ", a.Nlink)
 	}
 
 	sh, _ := walkPath(fs, "bin/sh")
@@ -252,9 +251,10 @@ func TestMountHidden(t *testing.T) {
 	}
 }
 
-// TestRestore: a second FS over the same directory (a restored VMM
-// process) answers for inodes the first one handed out, which it has never
-// looked up, by walking the tree once.
+// TestRestore: an FS over a copy of the directory (the same image's rootfs
+// mounted again, its host inode numbers all different, for a restored
+// checkpoint) answers for the inodes the first one handed out, which it
+// has never looked up, by walking the tree once.
 func TestRestore(t *testing.T) {
 	dir, _ := tree(t)
 	first := open(t, dir)
@@ -263,8 +263,16 @@ func TestRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh, _ := walkPath(first, "bin/sh")
+	root := first.Root()
 
-	second := open(t, dir)
+	again := filepath.Join(t.TempDir(), "again")
+	if out, err := exec.Command("cp", "-a", dir, again).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	second := open(t, again)
+	if second.Root() != root {
+		t.Errorf("the copy's root inode %d, want the first's %d", second.Root(), root)
+	}
 	if a, err := second.Getattr(f); err != nil || a.Size != 10000 {
 		t.Fatalf("restored Getattr(f) = %+v, %v", a, err)
 	}
@@ -276,12 +284,21 @@ func TestRestore(t *testing.T) {
 		t.Errorf("Getattr of an unknown inode: %v", err)
 	}
 
-	// A renamed file is found again under its new name.
-	if err := os.Rename(filepath.Join(dir, "etc", "deep"), filepath.Join(dir, "etc", "moved")); err != nil {
+	if got := readAll(t, second, f); len(got) != 10000 {
+		t.Errorf("read %d bytes of f through the copy, want 10000", len(got))
+	}
+	// A file gone from the tree is ENOENT, after one more walk.
+	if err := os.RemoveAll(filepath.Join(again, "etc", "deep")); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAll(t, second, f); len(got) != 10000 {
-		t.Errorf("after a rename: read %d bytes, want 10000", len(got))
+	second.mu.Lock()
+	if of := second.files[f]; of != nil {
+		of.evicted = true
+		delete(second.files, f)
+	}
+	second.mu.Unlock()
+	if _, err := second.Getattr(f); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("Getattr of a removed file: %v, want ENOENT", err)
 	}
 }
 
@@ -389,10 +406,12 @@ func FuzzLookup(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { fs.Close() })
-	inTree := map[uint64]bool{}
+	// Every inode the tree has, by path, and the file each is.
+	inTree := map[uint64]string{}
 	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err == nil {
-			inTree[fi.Sys().(*syscall.Stat_t).Ino] = true
+			rel, _ := filepath.Rel(dir, p)
+			inTree[inoOf(rel)] = p
 		}
 		return nil
 	})
@@ -406,13 +425,41 @@ func FuzzLookup(f *testing.F) {
 			if err != nil {
 				return
 			}
-			if !inTree[next] {
+			hostPath, ok := inTree[next]
+			if !ok {
 				t.Fatalf("walk %q reached inode %d, not in the tree", p, next)
 			}
 			ino = next
-			if a, err := fs.Getattr(ino); err != nil || a.Ino != ino {
+			a, err := fs.Getattr(ino)
+			if err != nil || a.Ino != ino {
 				t.Fatalf("Getattr(%d) after walking %q = %+v, %v", ino, p, a, err)
+			}
+			var st syscall.Stat_t
+			if err := syscall.Lstat(hostPath, &st); err != nil || st.Mode != a.Mode || st.Size != a.Size {
+				t.Fatalf("walk %q: attributes %+v, the host's %s has mode %o size %d (%v)", p, a, hostPath, st.Mode, st.Size, err)
 			}
 		}
 	})
+}
+
+// TestCollision: two paths with one inode number (a hash collision,
+// forced here) make the second EIO, never the first's file.
+func TestCollision(t *testing.T) {
+	dir, _ := tree(t)
+	fs := open(t, dir)
+	fs.mu.Lock()
+	fs.paths[inoOf("etc")] = "bin/elsewhere"
+	fs.mu.Unlock()
+	if ino, err := fs.Lookup(fs.Root(), "etc"); !errors.Is(err, unix.EIO) {
+		t.Errorf("Lookup of a colliding path = %d, %v; want EIO", ino, err)
+	}
+	ents, err := fs.ReadDir(fs.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name == "etc" {
+			t.Errorf("ReadDir lists the colliding etc")
+		}
+	}
 }
