@@ -86,6 +86,18 @@ func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
+// UnaryInterceptor gives every RPC's error its status code (NotFound,
+// AlreadyExists, FailedPrecondition, ...), as containerd's own shims do
+// with errdefs.ToGRPC: containerd tells those apart (a Kill of a process
+// already gone is NotFound, which its CRI plugin ignores), and without a
+// code every error reaches it as Unknown. The shim package installs it.
+func (s *Service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
+	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
+		resp, err := method(ctx, unmarshal)
+		return resp, errdefs.ToGRPC(err)
+	}
+}
+
 // forward publishes events in order, off the RPCs' paths.
 func (s *Service) forward() {
 	for e := range s.events {
@@ -147,6 +159,20 @@ func (s *Service) get(id string) (*container, error) {
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
 	}
 	return c, nil
+}
+
+// proc is container id's process execID (its init process when empty);
+// s.mu held.
+func (s *Service) proc(id, execID string) (*container, *process, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := c.proc(execID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, p, nil
 }
 
 func (c *container) proc(execID string) (*process, error) {
@@ -250,11 +276,7 @@ func (s *Service) pidOf(p *process) uint32 {
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.proc(r.ExecID)
+	c, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
@@ -466,11 +488,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.proc(r.ExecID)
+	c, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
@@ -524,11 +542,7 @@ func (s *Service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.proc(r.ExecID)
+	c, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
@@ -660,11 +674,7 @@ const checkpointDir = "kiln-snapshot"
 func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.proc(r.ExecID)
+	c, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
@@ -688,11 +698,7 @@ func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, err := s.get(r.ID)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.proc(r.ExecID)
+	_, p, err := s.proc(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -23,7 +24,10 @@ import (
 	"github.com/containerd/containerd/events"
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/fifo"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kilnvm/kiln/guest/client"
@@ -472,5 +476,39 @@ func TestServiceStats(t *testing.T) {
 	r, err := s.Stats(ctx, &taskAPI.StatsRequest{ID: "c"})
 	if err != nil || r.Stats == nil || !strings.HasSuffix(r.Stats.TypeUrl, "cgroups.v2.Metrics") {
 		t.Fatalf("Stats = %v, %v", r, err)
+	}
+}
+
+// TestServiceErrorCodes: errors cross ttrpc with their status codes
+// (through the interceptor the shim package installs), so containerd can
+// tell a process already gone (NotFound) from a failure.
+func TestServiceErrorCodes(t *testing.T) {
+	s, _, _ := newTestService(t)
+	icpt := s.UnaryInterceptor()
+	call := func(err error) error {
+		_, got := icpt(context.Background(), func(any) error { return nil }, &ttrpc.UnaryServerInfo{FullMethod: "/containerd.task.v2.Task/Kill"},
+			func(context.Context, func(any) error) (any, error) { return nil, err })
+		return got
+	}
+	_, err := s.Kill(context.Background(), &taskAPI.KillRequest{ID: "nope", Signal: 9})
+	for _, tt := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{err, codes.NotFound},
+		{fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition), codes.FailedPrecondition},
+		{fmt.Errorf("x: %w", errdefs.ErrNotImplemented), codes.Unimplemented},
+		{errors.New("plain"), codes.Unknown},
+	} {
+		got := call(tt.err)
+		if st, _ := status.FromError(got); st.Code() != tt.want {
+			t.Errorf("%v crossed as %v, want %v", tt.err, st.Code(), tt.want)
+		}
+		if back := errdefs.FromGRPC(got); tt.want == codes.NotFound && !errdefs.IsNotFound(back) {
+			t.Errorf("containerd's side reads %v as %v, not NotFound", got, back)
+		}
+	}
+	if call(nil) != nil {
+		t.Error("a nil error crossed as non-nil")
 	}
 }
