@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +55,31 @@ func TestLeaks(t *testing.T) {
 			}
 			return func() { os.RemoveAll(filepath.Join(dir, "left")) }
 		}, "+ left/behind"},
+		{"thread blocked in a call", "threads (not parked)", func(t *testing.T) func() {
+			// A thread stuck in a blocking read (a raw syscall, not the
+			// netpoller), as a leaked worker would be.
+			var p [2]int
+			if err := syscall.Pipe(p[:]); err != nil {
+				t.Fatal(err)
+			}
+			started := make(chan struct{})
+			go func() {
+				runtime.LockOSThread()
+				close(started)
+				var b [1]byte
+				syscall.Read(p[0], b[:])
+			}()
+			<-started
+			for deadline := time.Now().Add(5 * time.Second); !inPipeRead() && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			return func() {
+				syscall.Write(p[1], []byte{0})
+				syscall.Close(p[1])
+				time.Sleep(10 * time.Millisecond)
+				syscall.Close(p[0])
+			}
+		}, "pipe_read"},
 		{"caller's counter", "ids held", func(t *testing.T) func() {
 			held = append(held, "900007")
 			return func() { held = nil }
@@ -115,4 +141,15 @@ func TestCounterError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "ids held: probe failed") || c.N["ids held"] != 1 {
 		t.Fatalf("Take = %v, %v; want the counter's error named and its one item", c.N, err)
 	}
+}
+
+// inPipeRead reports whether a thread of this process waits in a pipe read.
+func inPipeRead() bool {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, t := range tasks {
+		if w, _ := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "wchan")); strings.Contains(string(w), "pipe") {
+			return true
+		}
+	}
+	return false
 }
