@@ -240,7 +240,14 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 		bootCtx, cancel := context.WithTimeout(ctx, s.cfg.bootTimeout())
 		defer cancel()
-		spec := BootSpec{ID: r.ID, Bundle: r.Bundle, RootDir: c.rootfs, CPUs: cpus, MemoryMiB: mem, Hostname: hostname, Checkpoint: r.Checkpoint}
+		var network *PodNetwork
+		if ns := s.podNetns(spec); ns != "" {
+			if network, err = inspectPodNetwork(ns, resolvConf(spec)); err != nil {
+				return nil, fmt.Errorf("create %s: %w", r.ID, err)
+			}
+		}
+		spec := BootSpec{ID: r.ID, Bundle: r.Bundle, RootDir: c.rootfs, CPUs: cpus, MemoryMiB: mem, Hostname: hostname,
+			Checkpoint: r.Checkpoint, Network: network}
 		if c.vm, err = s.boot.Boot(bootCtx, spec); err != nil {
 			return nil, fmt.Errorf("create %s: %w", r.ID, err)
 		}
@@ -258,6 +265,33 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		Checkpoint: r.Checkpoint, Pid: s.pidOf(c.init),
 	})
 	return &taskAPI.CreateTaskResponse{Pid: s.pidOf(c.init)}, nil
+}
+
+// podNetns is the network namespace whose network c's VM takes over, or
+// "" for none. CRI gives an app container its pod's namespace as
+// /proc/<sandbox PID>/ns/net, and a pod sandbox here runs no process:
+// its PID is the shim's, so that path is the shim's own namespace (the
+// node's, or containerd's). The pod's real one is in its sandbox
+// container's spec. The shim's own namespace is never taken over.
+// s.mu held.
+func (s *Service) podNetns(spec *specs.Spec) string {
+	ns := netnsPath(spec)
+	if ns == "" {
+		return ""
+	}
+	if sameNetns(ns, "/proc/self/ns/net") {
+		ns = ""
+		for _, o := range s.containers {
+			if isPodSandbox(o.spec) {
+				ns = netnsPath(o.spec)
+				break
+			}
+		}
+		if ns == "" || sameNetns(ns, "/proc/self/ns/net") {
+			return ""
+		}
+	}
+	return ns
 }
 
 // pidOf is a process's guest PID; a pod sandbox's (which runs nothing)

@@ -89,11 +89,13 @@ func (c *ctrd) logs() string {
 
 // startContainerd starts containerd (Debian's package) with the shim on
 // its PATH and the shim's config in its environment, and waits for it.
-// With privateVarLib, containerd runs in a mount namespace of its own
-// with a tmpfs on /var/lib: the CNI plugins and libcni keep their state
+// With private, containerd runs in mount and network namespaces of its
+// own: a tmpfs on /var/lib (the CNI plugins and libcni keep their state
 // under /var/lib/cni, which no config moves, and in the harness's L1 the
-// host's / is read-only.
-func startContainerd(t testing.TB, shimCfg string, extra string, privateVarLib bool, disable ...string) *ctrd {
+// host's / is read-only), and the CNI bridge, its addresses and the
+// pods' namespaces in a network the test made (run crictl there with
+// c.inNetns).
+func startContainerd(t testing.TB, shimCfg string, extra string, private bool, disable ...string) *ctrd {
 	t.Helper()
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
@@ -133,13 +135,13 @@ disabled_plugins = [%s]
 		t.Fatal(err)
 	}
 	c.cmd = exec.Command(bin, "--config", cfgPath)
-	if privateVarLib {
+	if private {
 		unshare, err := exec.LookPath("unshare")
 		if err != nil {
 			t.Fatalf("unshare (util-linux): %v", err)
 		}
-		c.cmd = exec.Command(unshare, "--mount", "--propagation", "private", "--", "sh", "-c",
-			`mount -t tmpfs -o size=64m,mode=0755 kiln-test-varlib /var/lib && exec "$0" "$@"`, bin, "--config", cfgPath)
+		c.cmd = exec.Command(unshare, "--mount", "--net", "--propagation", "private", "--", "sh", "-c",
+			`mount -t tmpfs -o size=64m,mode=0755 kiln-test-varlib /var/lib && ip link set lo up && exec "$0" "$@"`, bin, "--config", cfgPath)
 	}
 	c.cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), shim.ConfigEnv+"="+shimCfg)
 	w := syncBuffer{c.logM, c.log}
@@ -604,7 +606,8 @@ func TestKVMShimCtr(t *testing.T) {
 
 // TestKVMShimCRI runs a pod on the shim through containerd's CRI plugin
 // with crictl, as a kubelet would: runp with the kiln handler, create and
-// start a container, exec in it, stopp and rmp.
+// start a container, exec in it, its network (CNI's bridge), stopp and
+// rmp.
 func TestKVMShimCRI(t *testing.T) {
 	kvmtest.Require(t)
 	crictl := crictlPath(t)
@@ -613,9 +616,10 @@ func TestKVMShimCRI(t *testing.T) {
 	if err := os.MkdirAll(cni, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// A bridge without an address (isGateway false, no masquerade): the
-	// pod's only address is in the network namespace CRI makes for it.
-	conf := `{"cniVersion": "0.4.0", "name": "kilntest", "plugins": [{"type": "bridge", "bridge": "kilntest0", "isGateway": false, "ipMasq": false,
+	// A bridge with the gateway's address, in containerd's own network
+	// namespace (startContainerd's private): the pod's VM takes over the
+	// veth CNI gives the pod, and reaches the gateway.
+	conf := `{"cniVersion": "0.4.0", "name": "kilntest", "plugins": [{"type": "bridge", "bridge": "kilntest0", "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.213.77.0/24"}]]}}, {"type": "loopback"}]}`
 	if err := os.WriteFile(filepath.Join(cni, "10-kilntest.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -646,7 +650,10 @@ func TestKVMShimCRI(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), ctrTimeout)
 		defer cancel()
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, crictl, append([]string{"--runtime-endpoint", "unix://" + c.sock, "--image-endpoint", "unix://" + c.sock, "--timeout", "4m"}, args...)...)
+		// In containerd's network namespace: CRI's streaming server
+		// (exec) listens on its loopback.
+		cmd := exec.CommandContext(ctx, "nsenter", append([]string{fmt.Sprintf("--net=/proc/%d/ns/net", c.cmd.Process.Pid), "--", crictl,
+			"--runtime-endpoint", "unix://" + c.sock, "--image-endpoint", "unix://" + c.sock, "--timeout", "4m"}, args...)...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Run(); err != nil {
@@ -687,6 +694,18 @@ func TestKVMShimCRI(t *testing.T) {
 	if out := cri("exec", "--sync", cid, "uname", "-r"); out != kvmtest.Kernel(t).Version {
 		t.Errorf("crictl exec uname -r: %q, want the guest kernel's %q", out, kvmtest.Kernel(t).Version)
 	}
+	// The pod's network: the guest has the address CNI gave the pod,
+	// and reaches the bridge's gateway through the veth.
+	podIP := cri("inspectp", "-o", "go-template", "--template", "{{.status.network.ip}}", pod)
+	if !strings.HasPrefix(podIP, "10.213.77.") {
+		t.Fatalf("crictl inspectp: pod IP %q, want one of 10.213.77.0/24", podIP)
+	}
+	if out := cri("exec", cid, "ip", "-4", "-o", "addr", "show"); !strings.Contains(out, " "+podIP+"/24 ") {
+		t.Errorf("the guest's addresses:\n%s\nwant %s/24 (the pod's)", out, podIP)
+	}
+	if out := cri("exec", cid, "ping", "-c", "2", "-W", "20", "10.213.77.1"); !strings.Contains(out, "2 packets received") {
+		t.Errorf("ping of the pod's gateway from the guest:\n%s", out)
+	}
 	cri("stopp", pod)
 	cri("rmp", pod)
 	if out := cri("pods", "-q"); out != "" {
@@ -704,7 +723,9 @@ func TestKVMShimCRI(t *testing.T) {
 // ratio, and the shim's RSS while a container runs. Not in make test (6
 // boots): see docs/bench.md for the command.
 func BenchmarkKVMShimRun(b *testing.B) {
-	kvmtest.Require(b)
+	if err := kvmtest.Usable(); err != nil {
+		b.Skipf("needs /dev/kvm: %v", err)
+	}
 	cfgPath, rt := shimConfig(b)
 	c := startContainerd(b, cfgPath, "", false, "io.containerd.grpc.v1.cri")
 	archive := kvmtest.BusyboxArchive(b, testImage)

@@ -148,6 +148,32 @@ func vmSize(s *specs.Spec, defCPUs, defMiB int) (cpus, memMiB int, err error) {
 	return cpus, memMiB, nil
 }
 
+// netnsPath is the path of the network namespace s joins (CRI's pod
+// namespace, where CNI made the pod's interface), or "" for one of its
+// own (no network for the VM).
+func netnsPath(s *specs.Spec) string {
+	if s.Linux == nil {
+		return ""
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
+}
+
+// resolvConf is the host file s mounts on /etc/resolv.conf (CRI's, for
+// the pod's DNS), or "".
+func resolvConf(s *specs.Spec) string {
+	for _, m := range s.Mounts {
+		if filepath.Clean(m.Destination) == "/etc/resolv.conf" && filepath.IsAbs(m.Source) {
+			return m.Source
+		}
+	}
+	return ""
+}
+
 func resources(s *specs.Spec) *specs.LinuxResources {
 	if s.Linux == nil {
 		return nil

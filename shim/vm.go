@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/virtio"
 )
 
 // BootSpec is what the shim asks of a Booter: a VM for one container.
@@ -28,6 +29,9 @@ type BootSpec struct {
 	// Checkpoint, when set, is a checkpoint's folder (Service.Checkpoint
 	// wrote a snapshot under it): the VM is restored from it instead.
 	Checkpoint string
+	// Network, when set, is the pod's network for the VM to take over
+	// (a network card on a tap beside CNI's interface).
+	Network *PodNetwork
 }
 
 // Booter starts a container's VM. The seam lets the Task service be
@@ -86,18 +90,42 @@ func (b SandboxBooter) Boot(ctx context.Context, spec BootSpec) (_ VM, err error
 	if spec.Checkpoint != "" {
 		snap := filepath.Join(spec.Checkpoint, checkpointDir)
 		s, err := sandbox.Restore(ctx, snap, sandbox.RestoreOptions{Dir: dir, RootDir: spec.RootDir,
-			Hostname: spec.Hostname, Logger: b.Logger, SnapshotKey: b.SnapshotKey})
+			Hostname: spec.Hostname, Logger: b.Logger, SnapshotKey: b.SnapshotKey, Net: spec.Network.nic()})
 		if err != nil {
 			return nil, fmt.Errorf("restoring checkpoint %s: %w", spec.Checkpoint, err)
 		}
-		return sandboxVM{s, dir}, nil
+		return joinNetwork(ctx, s, dir, spec.Network)
 	}
 	s, err := sandbox.Start(ctx, sandbox.Options{
 		Runtime: b.Runtime, RootDir: spec.RootDir, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB,
-		Hostname: spec.Hostname, Dir: dir, Logger: b.Logger, SnapshotKey: b.SnapshotKey,
+		Hostname: spec.Hostname, Dir: dir, Logger: b.Logger, SnapshotKey: b.SnapshotKey, Net: spec.Network.nic(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("booting the VM: %w", err)
+	}
+	return joinNetwork(ctx, s, dir, spec.Network)
+}
+
+// nic is the VM's network card for n (nil: none).
+func (n *PodNetwork) nic() *virtio.NetSpec {
+	if n == nil {
+		return nil
+	}
+	return &virtio.NetSpec{Tap: n.Tap, Netns: n.Netns, MAC: n.MAC}
+}
+
+// joinNetwork connects a started sandbox's tap to the pod's interface and
+// gives the guest the pod's addresses; on failure it closes the sandbox.
+func joinNetwork(ctx context.Context, s *sandbox.Sandbox, dir string, n *PodNetwork) (VM, error) {
+	if n != nil {
+		err := n.connect()
+		if err == nil {
+			err = s.ConfigureNetwork(ctx, client.NetworkConfig{MAC: n.MAC, Addresses: n.Addresses, Gateway: n.Gateway, MTU: n.MTU, Nameservers: n.Nameservers})
+		}
+		if err != nil {
+			s.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("the pod's network: %w", err)
+		}
 	}
 	return sandboxVM{s, dir}, nil
 }

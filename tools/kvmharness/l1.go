@@ -25,8 +25,9 @@ import (
 // shares; the optional ones are what a VMM's tests may use in L1: taps,
 // veths, and the nf_tables expressions package hostnet's rules use
 // (conntrack state, NAT masquerade, reject) with conntrack's netlink (its
-// policy updates cut connections), and overlay and bridge for containerd
-// and its CNI bridge (the containerd shim's tests). Dependencies (irqbypass, ccp,
+// policy updates cut connections), and overlay, bridge and tc's ingress,
+// u32 and mirred for containerd, its CNI bridge and the shim's pod
+// network (the containerd shim's tests). Dependencies (irqbypass, ccp,
 // virtio_ring, netfs, fscache, nfnetlink, nf_conntrack, nf_nat...) follow;
 // soft ones do not: crc32c_generic comes before nf_tables, whose libcrc32c
 // asks the crypto API for crc32c (L1 has no modprobe to load it then).
@@ -35,7 +36,7 @@ func l1Modules() (required, optional []string) {
 		[]string{"tun", "veth", "vhost_net", "vhost_vsock",
 			"crc32c_generic", "nf_tables", "nft_ct", "nft_chain_nat", "nft_nat", "nft_masq",
 			"nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nf_conntrack_netlink",
-			"overlay", "bridge"}
+			"overlay", "bridge", "sch_ingress", "cls_u32", "act_mirred"}
 }
 
 // l1Config describes one L1 VM.
