@@ -129,6 +129,9 @@ type container struct {
 	init    *process
 	execs   map[string]*process
 	paused  bool
+	// creating: its Create is booting the VM (without s.mu); every
+	// other call is refused until it returns.
+	creating bool
 }
 
 // process is a container's init or an exec.
@@ -157,6 +160,9 @@ func (s *Service) get(id string) (*container, error) {
 	c := s.containers[id]
 	if c == nil {
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
+	}
+	if c.creating {
+		return nil, fmt.Errorf("container %q is still being created: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	return c, nil
 }
@@ -187,84 +193,111 @@ func (c *container) proc(execID string) (*process, error) {
 }
 
 // Create mounts the container's rootfs and boots its VM; the init
-// process waits for Start.
+// process waits for Start. The boot runs without the service's lock, so
+// the pod's other calls (State of its sandbox container, a CRI listing)
+// do not wait on it; the container is held meanwhile, refused to every
+// call (FailedPrecondition) until its Create returns.
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.containers[r.ID]; ok {
-		return nil, fmt.Errorf("container %q: %w", r.ID, errdefs.ErrAlreadyExists)
-	}
-	spec, err := readSpec(r.Bundle)
+	c, boot, err := s.prepare(r)
+	s.mu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return nil, err
 	}
-	if err := checkSpec(spec); err != nil {
-		if errors.Is(err, ErrUnsupported) {
-			return nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrNotImplemented)
-		}
-		return nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-	}
-	if r.ParentCheckpoint != "" {
-		return nil, fmt.Errorf("create %s: a parent checkpoint: %w", r.ID, errdefs.ErrNotImplemented)
-	}
-	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
-	if err := io.check(); err != nil {
-		return nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-	}
-	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}}
-	c.init = &process{cid: r.ID, stdio: io, status: task.Status_CREATED, done: make(chan struct{})}
-	if !isPodSandbox(spec) {
-		for _, o := range s.containers {
-			if o.vm != nil {
-				return nil, fmt.Errorf("create %s: the pod already runs container %s: the kiln runtime runs one application container per pod for now: %w", r.ID, o.id, errdefs.ErrNotImplemented)
-			}
-		}
-		if c.init.opts, err = execOptions(spec.Process); err != nil {
-			return nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
-		cpus, mem, err := vmSize(spec, s.cfg.CPUs, s.cfg.MemoryMiB)
-		if err != nil {
-			return nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
-		if c.rootfs, c.mounted, err = mountRootfs(r.Bundle, r.Rootfs); err != nil {
-			return nil, fmt.Errorf("create %s: %w", r.ID, err)
-		}
+	if boot != nil {
 		defer func() {
 			if err != nil && c.mounted {
 				unmountRootfs(c.rootfs, s.log)
 			}
 		}()
-		hostname := spec.Hostname
-		if hostname == "" {
-			hostname = shortID(r.ID)
-		}
 		bootCtx, cancel := context.WithTimeout(ctx, s.cfg.bootTimeout())
-		defer cancel()
-		var network *PodNetwork
-		if ns := s.podNetns(spec); ns != "" {
-			if network, err = inspectPodNetwork(ns, resolvConf(spec)); err != nil {
-				return nil, fmt.Errorf("create %s: %w", r.ID, err)
-			}
+		vm, berr := s.boot.Boot(bootCtx, *boot)
+		cancel()
+		if berr != nil {
+			s.mu.Lock()
+			delete(s.containers, r.ID)
+			s.mu.Unlock()
+			return nil, fmt.Errorf("create %s: %w", r.ID, berr)
 		}
-		spec := BootSpec{ID: r.ID, Bundle: r.Bundle, RootDir: c.rootfs, CPUs: cpus, MemoryMiB: mem, Hostname: hostname,
-			Checkpoint: r.Checkpoint, Network: network}
-		if c.vm, err = s.boot.Boot(bootCtx, spec); err != nil {
-			return nil, fmt.Errorf("create %s: %w", r.ID, err)
-		}
-		s.log.Info("VM up", "container", r.ID, "cpus", cpus, "memory_mib", mem, "from_checkpoint", r.Checkpoint != "")
+		s.log.Info("VM up", "container", r.ID, "cpus", boot.CPUs, "memory_mib", boot.MemoryMiB, "from_checkpoint", r.Checkpoint != "")
 		// The boot read the kernel and initramfs into the heap (tens of
 		// MiB, garbage now): hand them back to the host at once rather
 		// than when the scavenger gets to them, since this process
 		// lives as long as the pod.
 		debug.FreeOSMemory()
+		s.mu.Lock()
+		c.vm = vm
+	} else {
+		s.mu.Lock()
 	}
-	s.containers[r.ID] = c
+	defer s.mu.Unlock()
+	c.creating = false
 	s.send(runtime.TaskCreateEventTopic, &eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
 		IO:         &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
 		Checkpoint: r.Checkpoint, Pid: s.pidOf(c.init),
 	})
 	return &taskAPI.CreateTaskResponse{Pid: s.pidOf(c.init)}, nil
+}
+
+// prepare checks a Create, mounts the rootfs of an application
+// container and holds its ID (creating); it returns what to boot (nil for
+// a pod's sandbox container, which runs no VM). s.mu held.
+func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSpec, err error) {
+	if _, ok := s.containers[r.ID]; ok {
+		return nil, nil, fmt.Errorf("container %q: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := checkSpec(spec); err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrNotImplemented)
+		}
+		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	if r.ParentCheckpoint != "" {
+		return nil, nil, fmt.Errorf("create %s: a parent checkpoint: %w", r.ID, errdefs.ErrNotImplemented)
+	}
+	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+	if err := io.check(); err != nil {
+		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}, creating: true}
+	c.init = &process{cid: r.ID, stdio: io, status: task.Status_CREATED, done: make(chan struct{})}
+	if isPodSandbox(spec) {
+		s.containers[r.ID] = c
+		return c, nil, nil
+	}
+	for _, o := range s.containers {
+		if !isPodSandbox(o.spec) {
+			return nil, nil, fmt.Errorf("create %s: the pod already runs container %s: the kiln runtime runs one application container per pod for now: %w", r.ID, o.id, errdefs.ErrNotImplemented)
+		}
+	}
+	if c.init.opts, err = execOptions(spec.Process); err != nil {
+		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	cpus, mem, err := vmSize(spec, s.cfg.CPUs, s.cfg.MemoryMiB)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	var network *PodNetwork
+	if ns := s.podNetns(spec); ns != "" {
+		if network, err = inspectPodNetwork(ns, resolvConf(spec)); err != nil {
+			return nil, nil, fmt.Errorf("create %s: %w", r.ID, err)
+		}
+	}
+	if c.rootfs, c.mounted, err = mountRootfs(r.Bundle, r.Rootfs); err != nil {
+		return nil, nil, fmt.Errorf("create %s: %w", r.ID, err)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = shortID(r.ID)
+	}
+	s.containers[r.ID] = c
+	return c, &BootSpec{ID: r.ID, Bundle: r.Bundle, RootDir: c.rootfs, CPUs: cpus, MemoryMiB: mem, Hostname: hostname,
+		Checkpoint: r.Checkpoint, Network: network}, nil
 }
 
 // podNetns is the network namespace whose network c's VM takes over, or

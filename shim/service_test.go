@@ -39,9 +39,18 @@ type hostBooter struct {
 	mu    sync.Mutex
 	boots []BootSpec
 	vms   []*hostVM
+	// gate, when set, holds every boot until it is closed (a slow boot).
+	gate chan struct{}
 }
 
 func (b *hostBooter) Boot(ctx context.Context, spec BootSpec) (VM, error) {
+	if b.gate != nil {
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.boots = append(b.boots, spec)
@@ -510,5 +519,46 @@ func TestServiceErrorCodes(t *testing.T) {
 	}
 	if call(nil) != nil {
 		t.Error("a nil error crossed as non-nil")
+	}
+}
+
+// TestServiceCreateUnlocked: while an app container's VM boots, the pod's
+// other calls answer (its sandbox container's State), the booting one is
+// refused as not ready yet, and a second app container is refused.
+func TestServiceCreateUnlocked(t *testing.T) {
+	s, _, boot := newTestService(t)
+	boot.gate = make(chan struct{})
+	ctx := context.Background()
+	sb := testSpec("pause")
+	sb.Annotations = map[string]string{criContainerType: criTypeSandbox}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: bundle(t, sb)}); err != nil {
+		t.Fatal(err)
+	}
+	tio := newIO(t, false)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app", Bundle: bundle(t, testSpec("true")), Stdout: tio.stdout, Stderr: tio.stderr})
+		done <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := s.State(ctx, &taskAPI.StateRequest{ID: "app"}); errdefs.IsFailedPrecondition(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the booting container never showed as being created")
+		}
+	}
+	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "pod"}); err != nil || st.Status != task.Status_CREATED {
+		t.Errorf("State of the sandbox during the boot = %v, %v", st, err)
+	}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, testSpec("true"))}); !errdefs.IsNotImplemented(err) {
+		t.Errorf("a second app container during the boot = %v, want NotImplemented", err)
+	}
+	close(boot.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "app"}); err != nil || st.Status != task.Status_CREATED {
+		t.Errorf("State after the boot = %v, %v", st, err)
 	}
 }
