@@ -142,13 +142,16 @@ type process struct {
 	stdio  stdio
 	status task.Status
 
-	gp       GuestProcess
-	pid      uint32
-	stdin    *io.PipeWriter // the guest's stdin, fed from the FIFO
-	exitCode uint32
-	exitedAt time.Time
-	cancel   context.CancelFunc
-	done     chan struct{} // closed once it has exited
+	gp    GuestProcess
+	pid   uint32
+	stdin *io.PipeWriter // the guest's stdin, fed from the FIFO
+	// stdinHold is the shim's writer on the stdin FIFO: CloseIO closes
+	// it, and the guest's stdin ends once the FIFO is drained.
+	stdinHold io.Closer
+	exitCode  uint32
+	exitedAt  time.Time
+	cancel    context.CancelFunc
+	done      chan struct{} // closed once it has exited
 }
 
 type stdio struct {
@@ -394,7 +397,7 @@ func (s *Service) startProcess(ctx context.Context, c *container, p *process) (e
 	opts.Stdout, opts.Stderr = streams.stdout, streams.stderr
 	if streams.stdin != nil {
 		pr, pw := io.Pipe()
-		p.stdin = pw
+		p.stdin, p.stdinHold = pw, streams.stdinHold
 		opts.Stdin = pr
 		go func() {
 			_, err := io.Copy(pw, streams.stdin)
@@ -769,8 +772,8 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 	if err != nil {
 		return nil, err
 	}
-	if r.Stdin && p.stdin != nil {
-		p.stdin.Close()
+	if r.Stdin && p.stdinHold != nil {
+		p.stdinHold.Close()
 	}
 	return &ptypes.Empty{}, nil
 }

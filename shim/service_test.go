@@ -260,7 +260,12 @@ func TestServiceRunToExit(t *testing.T) {
 	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c1"}); err != nil {
 		t.Fatal(err)
 	}
+	// As ctr does: write, then CloseIO at once (before the shim has read
+	// what was written: it must still reach the guest), then close.
 	tio.in.Write([]byte("hi\n"))
+	if _, err := s.CloseIO(ctx, &taskAPI.CloseIORequest{ID: "c1", Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
 	tio.in.Close()
 	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
 	if err != nil || w.ExitStatus != 3 {

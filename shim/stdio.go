@@ -38,7 +38,13 @@ func trimFifo(p string) string {
 
 // streams are a process's open FIFOs.
 type streams struct {
-	stdin          io.ReadCloser
+	stdin io.ReadCloser
+	// stdinHold is the shim's own writer on the stdin FIFO (as runc's
+	// shim holds one): the reader sees EOF only once it is closed too
+	// (CloseIO) and every byte written before has been read. Closing the
+	// reader's side at CloseIO instead would drop what the client wrote
+	// just before it (ctr writes, then calls CloseIO at once).
+	stdinHold      io.Closer
 	stdout, stderr io.Writer
 	closers        []io.Closer
 	once           sync.Once
@@ -74,6 +80,12 @@ func openStdio(ctx context.Context, p stdio) (_ *streams, err error) {
 		}
 		s.stdin = f
 		s.closers = append(s.closers, f)
+		w, err := fifo.OpenFifo(context.WithoutCancel(ctx), trimFifo(p.stdin), syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return nil, fmt.Errorf("opening stdin %s for writing: %w", p.stdin, err)
+		}
+		s.stdinHold = w
+		s.closers = append(s.closers, w)
 	}
 	open := func(path string) (io.Writer, error) {
 		f, err := fifo.OpenFifo(ctx, trimFifo(path), syscall.O_WRONLY, 0)
