@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -124,6 +125,21 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		return shim.StopStatus{}, fmt.Errorf("unmounting %s's rootfs: %w", id, err)
 	}
-	os.RemoveAll(filepath.Join(bundle, "kiln"))
+	removeVMDir(bundle, id)
 	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
+}
+
+// removeVMDir removes the VM folder the bundle links to (vmLink), if the
+// link names one of this container's (an absolute path whose name starts
+// with its short ID), and the link.
+func removeVMDir(bundle, id string) {
+	link := filepath.Join(bundle, vmLink)
+	target, err := os.Readlink(link)
+	if err != nil {
+		return
+	}
+	if filepath.IsAbs(target) && strings.HasPrefix(filepath.Base(target), shortID(id)+"-") {
+		os.RemoveAll(target)
+	}
+	os.Remove(link)
 }

@@ -1,6 +1,9 @@
 package shim
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -87,4 +90,77 @@ func TestParseMetrics(t *testing.T) {
 	}
 	// Garbage from a hostile guest parses to zeros, not a panic.
 	parseMetrics([]byte("MemTotal:\nMemAvailable: x\n"), []byte("cpu\ncpu 1"), []byte("1/"))
+}
+
+// TestVMDirLink: a VM's folder is linked from its bundle, and the delete
+// command's cleanup removes it through the link, but never a folder that
+// is not this container's.
+func TestVMDirLink(t *testing.T) {
+	bundle := t.TempDir()
+	b := SandboxBooter{RunDir: t.TempDir()}
+	dir, err := b.vmDir("0123456789abcdef", bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if target, err := os.Readlink(filepath.Join(bundle, vmLink)); err != nil || target != dir {
+		t.Fatalf("bundle link -> %q, %v; want %q", target, err, dir)
+	}
+	removeVMDir(bundle, "0123456789abcdef")
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the VM folder is still there: %v", err)
+	}
+	other := t.TempDir()
+	if err := os.Symlink(other, filepath.Join(bundle, vmLink)); err != nil {
+		t.Fatal(err)
+	}
+	removeVMDir(bundle, "0123456789abcdef")
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a folder that is not the container's was removed: %v", err)
+	}
+}
+
+// FuzzParseMetrics: the guest writes the /proc files Stats parses; any
+// bytes give metrics (zeros where unparsable), never a panic.
+func FuzzParseMetrics(f *testing.F) {
+	f.Add([]byte("MemTotal: 1000 kB\nMemAvailable: 400 kB\n"), []byte("cpu  10 0 5 100\n"), []byte("0.00 0.01 0.05 1/42 100\n"))
+	f.Add([]byte("MemTotal:\nMemAvailable: 99999999999999999999 kB\n"), []byte("cpu\ncpu 1"), []byte("1/"))
+	f.Fuzz(func(t *testing.T, meminfo, stat, loadavg []byte) {
+		m := parseMetrics(meminfo, stat, loadavg)
+		if m.Memory == nil || m.CPU == nil || m.Pids == nil {
+			t.Fatal("a section is missing")
+		}
+		if m.CPU.UsageUsec != m.CPU.UserUsec+m.CPU.SystemUsec {
+			t.Fatalf("usage %d != user %d + system %d", m.CPU.UsageUsec, m.CPU.UserUsec, m.CPU.SystemUsec)
+		}
+	})
+}
+
+// FuzzSpec: a bundle's config.json is a request; whatever it holds, the
+// checks Create runs on it (spec, size, process) answer with an error or
+// a VM within the bounds, never a panic.
+func FuzzSpec(f *testing.F) {
+	ok, _ := json.Marshal(testSpec("sh", "-c", "true"))
+	f.Add(ok)
+	f.Add([]byte(`{"process":{"args":["x"],"cwd":"rel"},"root":{"path":"rootfs"},"linux":{"namespaces":[{"type":"pid"}]}}`))
+	f.Add([]byte(`{"annotations":{"io.kiln.vcpus":"-1","io.kiln.memory-mib":"1e9"}}`))
+	f.Fuzz(func(t *testing.T, config []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		spec, err := readSpec(dir)
+		if err != nil {
+			return
+		}
+		if checkSpec(spec) != nil {
+			return
+		}
+		cpus, mem, err := vmSize(spec, 1, 512)
+		if err == nil && (cpus < 1 || cpus > maxVCPUs || mem < minMemoryMiB || mem > maxMemoryMiB) {
+			t.Fatalf("vmSize = %d vCPUs, %d MiB: out of bounds", cpus, mem)
+		}
+		execOptions(spec.Process)
+		netnsPath(spec)
+		resolvConf(spec)
+	})
 }

@@ -21,7 +21,7 @@ import (
 // BootSpec is what the shim asks of a Booter: a VM for one container.
 type BootSpec struct {
 	ID        string // the container's ID
-	Bundle    string // its bundle folder (the VM's host files go in bundle/kiln)
+	Bundle    string // its bundle folder (links to the VM's folder: vmLink)
 	RootDir   string // its mounted rootfs: the VM's root
 	CPUs      int
 	MemoryMiB int
@@ -78,7 +78,7 @@ type SandboxBooter struct {
 // Boot starts (or restores) the container's sandbox: spec.RootDir is its
 // root over virtio-9p.
 func (b SandboxBooter) Boot(ctx context.Context, spec BootSpec) (_ VM, err error) {
-	dir, err := b.vmDir(spec.ID)
+	dir, err := b.vmDir(spec.ID, spec.Bundle)
 	if err != nil {
 		return nil, err
 	}
@@ -135,9 +135,14 @@ func joinNetwork(ctx context.Context, s *sandbox.Sandbox, dir string, n *PodNetw
 // makes a socket path longer than a sockaddr_un holds (108 bytes).
 const DefaultRunDir = "/run/kiln-shim"
 
+// vmLink is the bundle's symbolic link to its VM's folder: the delete
+// command (Manager.Stop) removes the folder of a shim that died.
+const vmLink = "kiln-vm"
+
 // vmDir makes a VM's folder: in RunDir (DefaultRunDir when empty), else
-// the temporary directory when that cannot be made.
-func (b SandboxBooter) vmDir(id string) (string, error) {
+// the temporary directory when that cannot be made; the bundle links to
+// it (vmLink).
+func (b SandboxBooter) vmDir(id, bundle string) (string, error) {
 	run := b.RunDir
 	if run == "" {
 		run = DefaultRunDir
@@ -148,6 +153,12 @@ func (b SandboxBooter) vmDir(id string) (string, error) {
 	dir, err := os.MkdirTemp(run, shortID(id)+"-")
 	if err != nil {
 		return "", fmt.Errorf("VM folder: %w", err)
+	}
+	link := filepath.Join(bundle, vmLink)
+	os.Remove(link) // a restored task's bundle may hold one
+	if err := os.Symlink(dir, link); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("VM folder: linking it from the bundle: %w", err)
 	}
 	return dir, nil
 }
