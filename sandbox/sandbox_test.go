@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmm"
 )
 
 func TestVMConfig(t *testing.T) {
@@ -214,5 +216,30 @@ func TestWritableMiBRefused(t *testing.T) {
 		if _, err := Start(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want an error saying %q", tc.o, err, tc.want)
 		}
+	}
+}
+
+// TestRestoreRootDirNamed: a snapshot whose root was a host directory is
+// restored only onto a directory the caller names, never the path the
+// snapshot records (as disks); with one named, the device serves it.
+func TestRestoreRootDirNamed(t *testing.T) {
+	devs := []virtio.DeviceSpec{{ID: ImageDevice, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: ImageTag, Dir: "/"}}}
+	s := &Sandbox{}
+	var cfg vmm.RestoreConfig
+	if err := s.restoreImage("snapshot /s", devs, RestoreOptions{}, &cfg); err == nil || !strings.Contains(err.Error(), "RestoreOptions.RootDir") {
+		t.Errorf("restore without RootDir: %v, want an error naming RestoreOptions.RootDir", err)
+	}
+	if len(cfg.Devices) != 0 {
+		t.Errorf("a refused restore set devices %+v", cfg.Devices)
+	}
+	dir := t.TempDir()
+	if err := s.restoreImage("snapshot /s", devs, RestoreOptions{RootDir: dir}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Devices) != 1 || cfg.Devices[0].FS.Dir != dir || cfg.OpenFS == nil {
+		t.Errorf("devices %+v, want the fs device on %s", cfg.Devices, dir)
+	}
+	if err := s.restoreImage("snapshot /s", devs, RestoreOptions{RootDir: dir, Image: "x"}, &cfg); err == nil {
+		t.Error("RootDir with Image accepted")
 	}
 }

@@ -111,9 +111,9 @@ type RestoreOptions struct {
 	// snapshot records: each is named to it.)
 	Disks map[string]string
 	// RootDir, for a snapshot whose root was a host directory
-	// (Options.RootDir), serves this directory instead: the caller
-	// vouches that it holds the same tree (the same image's rootfs,
-	// mounted again).
+	// (Options.RootDir), is the directory to serve, required (as disks
+	// are, it is never taken from the snapshot): the caller vouches that
+	// it holds the same tree (the same image's rootfs, mounted again).
 	RootDir string
 	// Timeout bounds the wait for the agent; 0 means 5 minutes (restored
 	// clones started together share the CPUs).
@@ -418,13 +418,16 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 		if opts.Image != "" || opts.Images != "" {
 			return fmt.Errorf("sandbox: %s's root is the host directory %s: RestoreOptions.Image and Images do not apply", what, fs.Dir)
 		}
-		if opts.RootDir != "" {
-			abs, err := filepath.Abs(opts.RootDir)
-			if err != nil {
-				return fmt.Errorf("sandbox: root directory: %w", err)
-			}
-			cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: fs.Tag, Dir: abs}})
+		// As a disk is, the directory is named by the caller, never
+		// taken from the snapshot.
+		if opts.RootDir == "" {
+			return fmt.Errorf("sandbox: %s's root is a host directory: RestoreOptions.RootDir must name the directory to serve", what)
 		}
+		abs, err := filepath.Abs(opts.RootDir)
+		if err != nil {
+			return fmt.Errorf("sandbox: root directory: %w", err)
+		}
+		cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: fs.Tag, Dir: abs}})
 		cfg.OpenFS = OpenImageFS(nil)
 		s.openFS = cfg.OpenFS
 		return nil
