@@ -11,17 +11,22 @@
 // below the directory are hidden. Fifos, sockets and device nodes are
 // listed with their attributes but never opened.
 //
-// Inode numbers are derived from paths (a 64-bit FNV-1a hash of the path
-// beneath the directory), not taken from the host: the same tree mounted
-// again (a container's rootfs from the same image, for a restored
-// checkpoint) gives the same numbers, as a restored 9P server's fid table
-// needs, whereas an overlay mount's own st_ino differ per mount. Hard
-// links are so separate files to the guest (with the host's link count);
-// two paths whose hashes collide make the second EIO, never the wrong
-// file. The directory is expected to be one filesystem; entries of another
-// device are hidden. The tree must not change while it is served: a path
-// that has gone is looked for again (by a walk), but a guest may see a
+// Inode numbers are derived from paths, not taken from the host: the top
+// 8 bits are the FS's tree tag (0 for Open; Trees gives each of its trees
+// its own), the low 56 bits a 64-bit FNV-1a hash of the path beneath the
+// directory, cut to 56 bits (never 0). The same tree mounted again (a
+// container's rootfs from the same image, for a restored checkpoint)
+// gives the same numbers, as a restored 9P server's fid table needs,
+// whereas an overlay mount's own st_ino differ per mount. Hard links are
+// so separate files to the guest (with the host's link count); two paths
+// whose numbers collide make the second EIO, never the wrong file. The
+// directory is expected to be one filesystem; entries of another device
+// are hidden. The tree must not change while it is served: a path that
+// has gone is looked for again (by a walk), but a guest may see a
 // half-changed tree.
+//
+// Trees serves several directories through one FS: a default tree at the
+// root and named trees, added and removed while it is served.
 //
 // Unlike an image tree, every method but Root makes system calls.
 package hostfs
@@ -66,7 +71,8 @@ type FS struct {
 	root    *os.File // O_PATH|O_DIRECTORY
 	dir     string
 	dev     uint64 // the directory's device: entries of another are hidden
-	rootIno uint64 // inoOf(".")
+	tag     uint8  // the top 8 bits of every inode number
+	rootIno uint64 // inoOf(tag, ".")
 
 	mu       sync.Mutex
 	paths    map[uint64]string // inode → a path beneath the root that named it ("." for the root)
@@ -85,8 +91,12 @@ type openFile struct {
 
 var _ rofs.FS = (*FS)(nil)
 
-// Open serves dir, which must be a directory. Close releases it.
-func Open(dir string) (*FS, error) {
+// Open serves dir, which must be a directory, with tree tag 0. Close
+// releases it.
+func Open(dir string) (*FS, error) { return openTag(dir, 0) }
+
+// openTag serves dir with inode numbers of tree tag tag.
+func openTag(dir string, tag uint8) (*FS, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("hostfs: open %s: %w", dir, err)
@@ -112,8 +122,9 @@ func Open(dir string) (*FS, error) {
 		root:    root,
 		dir:     dir,
 		dev:     unix.Mkdev(st.Dev_major, st.Dev_minor),
-		rootIno: inoOf("."),
-		paths:   map[uint64]string{inoOf("."): "."},
+		tag:     tag,
+		rootIno: inoOf(tag, "."),
+		paths:   map[uint64]string{inoOf(tag, "."): "."},
 		files:   map[uint64]*openFile{},
 	}, nil
 }
@@ -136,15 +147,23 @@ func (fs *FS) Close() error {
 // Root is the directory's inode number.
 func (fs *FS) Root() uint64 { return fs.rootIno }
 
+// tagShift places a tree's tag in the top 8 bits of its inode numbers.
+const tagShift = 56
+
+// tagOf is the tree tag of inode number ino.
+func tagOf(ino uint64) uint8 { return uint8(ino >> tagShift) }
+
 // inoOf is the inode number of the path p beneath the root ("." for the
-// root itself): FNV-1a, never 0.
-func inoOf(p string) uint64 {
+// root itself) in the tree of tag tag: the tag, then FNV-1a cut to 56
+// bits, never 0.
+func inoOf(tag uint8, p string) uint64 {
 	h := fnv.New64a()
 	io.WriteString(h, p)
-	if ino := h.Sum64(); ino != 0 {
-		return ino
+	low := h.Sum64() & (1<<tagShift - 1)
+	if low == 0 {
+		low = 1
 	}
-	return 1
+	return uint64(tag)<<tagShift | low
 }
 
 // openIno opens ino's remembered path with flags (O_NOFOLLOW and
@@ -153,6 +172,9 @@ func inoOf(p string) uint64 {
 // numbers another process handed out), or whose path has gone, is looked
 // for by a walk of the tree (once); one still unknown gives ENOENT.
 func (fs *FS) openIno(ino uint64, flags int) (int, unix.Statx_t, error) {
+	if tagOf(ino) != fs.tag { // another tree's: no walk finds it here
+		return -1, unix.Statx_t{}, fmt.Errorf("hostfs: inode %#x is not of tree %d: %w", ino, fs.tag, unix.ENOENT)
+	}
 	for try := 0; ; try++ {
 		p, ok := fs.pathOf(ino)
 		if ok {
@@ -213,7 +235,7 @@ func (fs *FS) forget(ino uint64) {
 // remember records p, and returns its inode number; another path of the
 // same number (a hash collision) is EIO.
 func (fs *FS) remember(p string) (uint64, error) {
-	ino := inoOf(p)
+	ino := inoOf(fs.tag, p)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if q, ok := fs.paths[ino]; ok {

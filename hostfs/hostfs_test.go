@@ -411,7 +411,7 @@ func FuzzLookup(f *testing.F) {
 	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err == nil {
 			rel, _ := filepath.Rel(dir, p)
-			inTree[inoOf(rel)] = p
+			inTree[inoOf(0, rel)] = p
 		}
 		return nil
 	})
@@ -448,7 +448,7 @@ func TestCollision(t *testing.T) {
 	dir, _ := tree(t)
 	fs := open(t, dir)
 	fs.mu.Lock()
-	fs.paths[inoOf("etc")] = "bin/elsewhere"
+	fs.paths[inoOf(0, "etc")] = "bin/elsewhere"
 	fs.mu.Unlock()
 	if ino, err := fs.Lookup(fs.Root(), "etc"); !errors.Is(err, unix.EIO) {
 		t.Errorf("Lookup of a colliding path = %d, %v; want EIO", ino, err)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/rofs"
 )
 
 // tmsg builds a T-message from fields written in order: uint8, uint16,
@@ -202,6 +204,79 @@ func TestAttachRaw(t *testing.T) {
 	resp := r.do(tmsg(tattach, 1, uint32(2), uint32(NoFid), "", "", uint32(0)))
 	if resp.typ != tattach+1 || resp.body[0] != qtDir || binary.LittleEndian.Uint64(resp.body[5:]) != tree.root {
 		t.Errorf("second attach: %s % x", resp, resp.body)
+	}
+}
+
+// namedTree is a memFS that serves some of its directories as named trees.
+type namedTree struct {
+	*memFS
+	names map[string]uint64 // aname → the tree's root
+}
+
+func (n namedTree) AttachRoot(aname string) (uint64, error) {
+	ino, ok := n.names[aname]
+	if !ok {
+		return 0, fmt.Errorf("memfs: no tree %q: %w", aname, unix.ENOENT)
+	}
+	return ino, nil
+}
+
+func (n namedTree) IsRoot(ino uint64) bool {
+	for _, r := range n.names {
+		if r == ino {
+			return true
+		}
+	}
+	return false
+}
+
+var _ NamedRoots = namedTree{}
+
+func TestAttachNamedRaw(t *testing.T) {
+	tree := testTree()
+	named := namedTree{tree, map[string]uint64{
+		"deep":  tree.paths["/deep/a"],
+		"etc":   tree.paths["/etc"],
+		"file":  tree.paths["/big"],
+		"stale": 99999,
+	}}
+	tests := []struct {
+		name  string
+		fs    rofs.FS
+		aname string
+		want  uint64     // the root's qid path
+		errno unix.Errno // or the Rlerror
+	}{
+		{"root", named, "", tree.root, 0},
+		{"slash", named, "/", tree.root, 0},
+		{"named", named, "deep", tree.paths["/deep/a"], 0},
+		{"another named", named, "etc", tree.paths["/etc"], 0},
+		{"unknown name", named, "nothere", 0, unix.ENOENT},
+		{"a file", named, "file", 0, unix.ENOTDIR},
+		{"stale root", named, "stale", 0, unix.ENOENT},
+		{"no named trees", tree, "deep", 0, unix.ENOENT},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &raw{t: t, s: NewServer(tt.fs, Options{}), root: 1, nextFid: 100}
+			r.do(tmsg(tversion, NoTag, uint32(64<<10), "9P2000.L"))
+			resp := r.do(tmsg(tattach, 1, uint32(1), uint32(NoFid), "", tt.aname, uint32(0)))
+			if tt.errno != 0 {
+				if resp.errno() != tt.errno || r.s.Fids() != 0 {
+					t.Fatalf("attach %q: %s, %d fids; want Rlerror %v", tt.aname, resp, r.s.Fids(), tt.errno)
+				}
+				return
+			}
+			if resp.typ != tattach+1 || resp.body[0] != qtDir || binary.LittleEndian.Uint64(resp.body[5:]) != tt.want {
+				t.Fatalf("attach %q: %s % x, want root %d", tt.aname, resp, resp.body, tt.want)
+			}
+			// ".." at a named tree's root stays there: the tree above it is
+			// not reached.
+			resp = r.do(tmsg(twalk, 2, uint32(1), uint32(2), uint16(2), "..", ".."))
+			if resp.typ != twalk+1 || binary.LittleEndian.Uint64(resp.body[2+13+5:]) != tt.want {
+				t.Errorf("../.. from %q: %s", tt.aname, resp)
+			}
+		})
 	}
 }
 

@@ -66,6 +66,19 @@ type Stats struct {
 	Panics    uint64 // handler panics recovered (a bug: each is logged)
 }
 
+// NamedRoots is implemented by an FS that serves named trees besides its
+// root: a Tattach whose aname is neither "" nor "/" attaches the tree of
+// that name. The named trees' inode numbers are the FS's own (a fid of any
+// tree is served by the same FS methods), distinct from every other tree's.
+type NamedRoots interface {
+	// AttachRoot returns the root directory's inode number of the tree
+	// named aname: an error wrapping ENOENT when there is none.
+	AttachRoot(aname string) (uint64, error)
+	// IsRoot reports whether ino is the root of a named tree served now,
+	// so that a restored fid may start there.
+	IsRoot(ino uint64) bool
+}
+
 // Server is a 9P2000.L server over a read-only tree. Its methods are safe
 // for concurrent use.
 type Server struct {
@@ -572,13 +585,24 @@ func (s *Server) attach(d *decoder, e *encoder) error {
 	if afid != NoFid {
 		return fmt.Errorf("afid %d: no authentication is required, afid must be NOFID: %w", afid, unix.EINVAL)
 	}
-	if aname != "" && aname != "/" {
-		return fmt.Errorf("aname %q: only the root (\"\" or \"/\") can be attached: %w", aname, unix.ENOENT)
-	}
 	root := s.fs.Root()
+	if aname != "" && aname != "/" {
+		named, ok := s.fs.(NamedRoots)
+		if !ok {
+			return fmt.Errorf("aname %q: only the root (\"\" or \"/\") can be attached: %w", aname, unix.ENOENT)
+		}
+		ino, err := named.AttachRoot(aname)
+		if err != nil {
+			return fmt.Errorf("aname %q: %w", aname, err)
+		}
+		root = ino
+	}
 	a, err := s.fs.Getattr(root)
 	if err != nil {
 		return fmt.Errorf("root inode %d: %w", root, err)
+	}
+	if a.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("aname %q: root inode %d is not a directory: %w", aname, root, unix.ENOTDIR)
 	}
 	if err := s.addFid(f, &fid{node: &node{ino: root}, mode: a.Mode}); err != nil {
 		return err

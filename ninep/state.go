@@ -66,10 +66,10 @@ func (s *Server) SaveState() (json.RawMessage, error) {
 }
 
 // RestoreState replaces the session with a saved one, checking it against
-// the tree: every fid's path must start at the root and name inodes that
-// exist, directories all but the last, and an open fid must name what can
-// be opened. Nothing changes when it fails. Call it with no request in
-// flight.
+// the tree: every fid's path must start at the root (or, for an FS with
+// NamedRoots, a named tree's root) and name inodes that exist, directories
+// all but the last, and an open fid must name what can be opened. Nothing
+// changes when it fails. Call it with no request in flight.
 func (s *Server) RestoreState(data json.RawMessage) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -125,7 +125,10 @@ func (s *Server) restoreFid(fs FidState, nodes map[uint64]*node) (*fid, error) {
 		return nil, fmt.Errorf("empty path")
 	}
 	if root := s.fs.Root(); fs.Path[0] != root {
-		return nil, fmt.Errorf("path starts at inode %d, the tree's root is %d", fs.Path[0], root)
+		named, ok := s.fs.(NamedRoots)
+		if !ok || !named.IsRoot(fs.Path[0]) {
+			return nil, fmt.Errorf("path starts at inode %d, the tree's root is %d and no named tree's root is it", fs.Path[0], root)
+		}
 	}
 	var n *node
 	var mode uint32

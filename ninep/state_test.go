@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/rofs"
 )
 
 type lockedWriter struct {
@@ -137,6 +139,37 @@ func TestRestoreStateRefuses(t *testing.T) {
 	s := NewServer(tree, Options{MaxFids: 1})
 	if err := s.RestoreState(good(func(s *State) { s.Fids = append(s.Fids, FidState{Fid: 2, Path: []uint64{tree.root}}) })); err == nil || !strings.Contains(err.Error(), "at most 1") {
 		t.Errorf("too many fids: %v", err)
+	}
+}
+
+// TestStateNamedRoot checks that a fid under a named tree's root is saved
+// and restored, and refused by a server whose FS no longer serves it.
+func TestStateNamedRoot(t *testing.T) {
+	tree := testTree()
+	named := namedTree{tree, map[string]uint64{"deep": tree.paths["/deep/a"]}}
+	r := &raw{t: t, s: NewServer(named, Options{}), root: 1, nextFid: 100}
+	r.do(tmsg(tversion, NoTag, uint32(64<<10), "9P2000.L"))
+	if resp := r.do(tmsg(tattach, 1, uint32(1), uint32(NoFid), "", "deep", uint32(0))); resp.typ != tattach+1 {
+		t.Fatalf("attach: %s", resp)
+	}
+	f := r.walkTo("b/c")
+	st, err := r.s.SaveState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := NewServer(namedTree{testTree(), named.names}, Options{})
+	if err := s2.RestoreState(st); err != nil {
+		t.Fatalf("RestoreState: %v", err)
+	}
+	r2 := &raw{t: t, s: s2}
+	resp := r2.do(tmsg(twalk, 1, f, uint32(3), uint16(3), "..", "..", ".."))
+	if resp.typ != twalk+1 || binary.LittleEndian.Uint64(resp.body[2+2*13+5:]) != tree.paths["/deep/a"] {
+		t.Errorf("../../.. from b/c of tree deep: %s", resp)
+	}
+	for _, fs := range []rofs.FS{testTree(), namedTree{testTree(), map[string]uint64{"other": tree.paths["/etc"]}}} {
+		if err := NewServer(fs, Options{}).RestoreState(st); err == nil || !strings.Contains(err.Error(), "no named tree's root") {
+			t.Errorf("RestoreState without the named tree: %v", err)
+		}
 	}
 }
 
