@@ -76,15 +76,17 @@ func (o Options) initCmdline() string {
 // OpenImageFS returns the opener of the trees a VM needs for its fs
 // devices (vmm.Config.OpenFS): image roots through roots (the devices of
 // one image in one folder share one tree), and host directories (package
-// hostfs: never following a symbolic link, never leaving the directory).
+// hostfs: never following a symbolic link, never leaving the directory),
+// each a *hostfs.Trees, to which further named trees can be added while
+// it is served (Sandbox.ServeDir).
 func OpenImageFS(roots *image.Roots) virtio.FSOpener {
 	return func(spec virtio.FSSpec) (rofs.FS, io.Closer, error) {
 		if spec.Dir != "" {
-			f, err := hostfs.Open(spec.Dir)
+			t, err := hostfs.NewTrees(spec.Dir)
 			if err != nil {
 				return nil, nil, err
 			}
-			return f, f, nil
+			return t, t, nil
 		}
 		if roots == nil {
 			return nil, nil, errors.New("no image store here")
@@ -100,6 +102,94 @@ func OpenImageFS(roots *image.Roots) virtio.FSOpener {
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
+
+// keepTrees wraps open so that the *hostfs.Trees it first opens for the
+// root directory's device (tag ImageTag) become the sandbox's, for
+// ServeDir. Later opens (a fork's children, which open through their
+// parent's opener) leave them be.
+func (s *Sandbox) keepTrees(open virtio.FSOpener) virtio.FSOpener {
+	return func(spec virtio.FSSpec) (rofs.FS, io.Closer, error) {
+		fs, closer, err := open(spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		if t, ok := fs.(*hostfs.Trees); ok && spec.Tag == ImageTag {
+			s.treesMu.Lock()
+			if s.trees == nil {
+				s.trees = t
+			}
+			s.treesMu.Unlock()
+		}
+		return fs, closer, nil
+	}
+}
+
+// rootTrees returns the trees of the sandbox's root directory's device,
+// for ServeDir and StopServingDir (op).
+func (s *Sandbox) rootTrees(op string) (*hostfs.Trees, error) {
+	s.treesMu.Lock()
+	t := s.trees
+	s.treesMu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	dirRoot := false
+	if s.m != nil {
+		for _, d := range s.m.devices() {
+			if d.ID == ImageDevice && d.Kind == virtio.KindFS && d.FS != nil && d.FS.Dir != "" {
+				dirRoot = true
+			}
+		}
+	}
+	switch _, local := s.m.(*localVM); {
+	case !dirRoot:
+		return nil, fmt.Errorf("sandbox: %s needs a sandbox rooted at a host directory (Options.RootDir)", op)
+	case !local:
+		return nil, fmt.Errorf("sandbox: %s: the sandbox's VM runs in a VMM process of its own (ProcessOptions), which serves its root directory", op)
+	}
+	return nil, fmt.Errorf("sandbox: %s: this sandbox did not open its root directory's device (a fork's child shares its parent's)", op)
+}
+
+// ServeDir serves the host directory dir, read-only, as the named tree
+// name of the sandbox's root device (Options.RootDir), while the sandbox
+// runs: the guest reaches it under its image root's 9p mount, at
+// hostfs.TreesDir/NAME (guest/pid1 keeps that mount at /run/kiln/image;
+// a virtio-9p device takes one mount), or attaches it by 9P aname. A name is 1 to
+// 128 of [A-Za-z0-9_.-]; one served already is refused, and a sandbox
+// serves at most hostfs.MaxTrees directories in its life (a name served
+// again takes a new tree). It needs the VM in this process, not in a VMM
+// process (ProcessOptions). A snapshot or fork taken while the guest has
+// such a tree mounted does not restore: the restored device serves only
+// the root directory.
+func (s *Sandbox) ServeDir(name, dir string) error {
+	t, err := s.rootTrees("ServeDir")
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("sandbox: ServeDir %q: %w", name, err)
+	}
+	if err := t.Add(name, abs); err != nil {
+		return fmt.Errorf("sandbox: ServeDir %q (%s): %w", name, abs, err)
+	}
+	return nil
+}
+
+// StopServingDir stops serving the tree name that ServeDir added, once the
+// guest's requests in flight on it have ended, and closes it. The guest
+// should unmount it first: its later requests on the tree fail with
+// ESTALE.
+func (s *Sandbox) StopServingDir(name string) error {
+	t, err := s.rootTrees("StopServingDir")
+	if err != nil {
+		return err
+	}
+	if err := t.Remove(name); err != nil {
+		return fmt.Errorf("sandbox: StopServingDir %q: %w", name, err)
+	}
+	return nil
+}
 
 // imageRoot is what Start needs of Options.Image: the device, the image's
 // config, and the roots to open it through.

@@ -2,13 +2,19 @@ package sandbox
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/hostfs"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/initramfs"
+	"github.com/kilnvm/kiln/virtio"
 )
 
 // TestImageInitrd: the base, padded to 4 bytes, then the config's
@@ -40,5 +46,93 @@ func TestImageInitrd(t *testing.T) {
 	}
 	if _, err := imageInitrd(filepath.Join(dir, "missing"), cfg); err == nil {
 		t.Error("a missing base: no error")
+	}
+}
+
+// TestServeDirRefused: ServeDir and StopServingDir on sandboxes without a
+// root directory of this process's fail with an error, never a panic.
+func TestServeDirRefused(t *testing.T) {
+	dirDev := virtio.DeviceSpec{ID: ImageDevice, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: ImageTag, Dir: t.TempDir()}}
+	tests := []struct {
+		name string
+		s    *Sandbox
+		want string
+	}{
+		{"zero sandbox", &Sandbox{}, "Options.RootDir"},
+		{"no root directory", &Sandbox{m: &processVM{}}, "Options.RootDir"},
+		{"VMM process", &Sandbox{m: &processVM{specs: []virtio.DeviceSpec{dirDev}}}, "VMM process"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.s.ServeDir("ctr2", t.TempDir()); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ServeDir: %v, want an error containing %q", err, tt.want)
+			}
+			if err := tt.s.StopServingDir("ctr2"); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("StopServingDir: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestServeDir: the trees the root directory's opener makes become the
+// sandbox's (a fork child's open through the same opener does not replace
+// them), and ServeDir and StopServingDir add and remove named trees.
+func TestServeDir(t *testing.T) {
+	s := &Sandbox{}
+	open := s.keepTrees(OpenImageFS(nil))
+	fs, closer, err := open(virtio.FSSpec{Tag: ImageTag, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	trees, ok := fs.(*hostfs.Trees)
+	if !ok || s.trees != trees {
+		t.Fatalf("opened %T; the sandbox keeps %p", fs, s.trees)
+	}
+	for _, spec := range []virtio.FSSpec{{Tag: ImageTag, Dir: t.TempDir()}, {Tag: "other", Dir: t.TempDir()}} {
+		_, c, err := open(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if s.trees != trees {
+			t.Fatalf("a second open (tag %s) replaced the sandbox's trees", spec.Tag)
+		}
+	}
+	if _, _, err := open(virtio.FSSpec{Tag: ImageTag, Dir: filepath.Join(t.TempDir(), "missing")}); err == nil {
+		t.Error("opening a missing directory succeeded")
+	}
+
+	ctr := t.TempDir()
+	if err := s.ServeDir("ctr2", ctr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trees.AttachRoot("ctr2"); err != nil {
+		t.Errorf("AttachRoot after ServeDir: %v", err)
+	}
+	for _, tt := range []struct {
+		name, dir string
+		want      error
+	}{
+		{"ctr2", ctr, unix.EEXIST},
+		{"a/b", ctr, unix.EINVAL},
+		{"ctr3", filepath.Join(ctr, "missing"), unix.ENOENT},
+	} {
+		if err := s.ServeDir(tt.name, tt.dir); !errors.Is(err, tt.want) || !strings.Contains(err.Error(), "sandbox: ServeDir") {
+			t.Errorf("ServeDir(%q, %s): %v, want %v", tt.name, tt.dir, err, tt.want)
+		}
+	}
+	if err := s.StopServingDir("ctr2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trees.AttachRoot("ctr2"); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("AttachRoot after StopServingDir: %v", err)
+	}
+	if err := s.StopServingDir("ctr2"); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("StopServingDir twice: %v", err)
+	}
+	closer.Close()
+	if err := s.ServeDir("ctr4", ctr); err == nil {
+		t.Error("ServeDir after the device closed its trees succeeded")
 	}
 }

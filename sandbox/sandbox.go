@@ -20,6 +20,7 @@ import (
 
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/guestkernel"
+	"github.com/kilnvm/kiln/hostfs"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
@@ -152,6 +153,10 @@ type Sandbox struct {
 	// the image's missing chunks with them (serveChunks).
 	imageFS *virtio.FSSpec
 	roots   *image.Roots
+	// trees are its root directory's device's trees (Options.RootDir) as
+	// this process opened them (keepTrees), for ServeDir; nil otherwise.
+	treesMu sync.Mutex
+	trees   *hostfs.Trees
 	// modules is the kernel release of its modules disk; "" for none.
 	modules string
 	// snapKey authenticates its snapshots; nil: SnapshotKeyFile's.
@@ -244,6 +249,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if root != nil {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
 		s.image = root.spec.FS.Image
+		if root.spec.FS.Dir != "" {
+			cfg.OpenFS = s.keepTrees(cfg.OpenFS)
+		}
 		s.openFS = cfg.OpenFS
 		if root.roots != nil {
 			s.imageFS, s.roots = root.spec.FS, root.roots

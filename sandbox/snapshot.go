@@ -428,7 +428,7 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 			return fmt.Errorf("sandbox: root directory: %w", err)
 		}
 		cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: fs.Tag, Dir: abs}})
-		cfg.OpenFS = OpenImageFS(nil)
+		cfg.OpenFS = s.keepTrees(OpenImageFS(nil))
 		s.openFS = cfg.OpenFS
 		return nil
 	}
