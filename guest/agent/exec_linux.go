@@ -170,6 +170,13 @@ func (s *Server) startChild(spec *execSpec, p *process, attr *syscall.ProcAttr, 
 		}
 	}
 	argv := trampolineArgv(spec.path, spec.argv, spec.uid, spec.gid, spec.groups)
+	if spec.chroot != "" {
+		// A mount namespace of its own (Go makes / private in it first),
+		// rooted at the container root; the trampoline is found through
+		// the root's /proc (MountRoot mounted one).
+		attr.Sys.Chroot = spec.chroot
+		attr.Sys.Unshareflags |= syscall.CLONE_NEWNS
+	}
 	child, err := s.reaper.ForkExec(s.trampoline, argv, attr)
 	if err != nil && p.cg != nil && !isResourceErr(err) {
 		// The kernel cannot start processes in cgroups (no clone3, not a
@@ -205,6 +212,9 @@ func (s *Server) startChild(spec *execSpec, p *process, attr *syscall.ProcAttr, 
 	}
 	p.child = child
 	closeChildEnds()
+	if spec.rootName != "" {
+		s.noteProcess(spec.rootName, child.Pid())
+	}
 
 	// The report pipe closes without a byte once the target is exec'd.
 	repR.SetReadDeadline(time.Now().Add(trampolineTimeout))
@@ -271,8 +281,20 @@ func (s *Server) Exec(stream agentpb.Agent_ExecServer) error {
 	if start == nil {
 		return status.Error(codes.InvalidArgument, "exec: the first request must carry start")
 	}
-	spec, err := newExecSpec(start, s.cfg.Defaults, "/")
-	if err != nil {
+	var spec *execSpec
+	if name := start.GetRoot(); name != "" {
+		// A container root: the image defaults are the guest's own
+		// root's, not its; the host names what it wants.
+		r, err := s.rootFor(name)
+		if err != nil {
+			return err
+		}
+		spec, err = newExecSpecIn(start, nil, r.path+"/", r.path)
+		if err != nil {
+			return err
+		}
+		spec.rootName = name
+	} else if spec, err = newExecSpec(start, s.cfg.Defaults, "/"); err != nil {
 		return err
 	}
 	if id := start.GetDetachId(); id != "" {

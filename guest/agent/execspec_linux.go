@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -47,6 +48,12 @@ type execSpec struct {
 	groups []uint32
 	// pty, when set, is the size of the terminal to run on.
 	pty *agentpb.PtySize
+	// chroot, when set, is the container root (MountRoot) the process
+	// runs in, in a mount namespace of its own; path and dir are then
+	// paths in it.
+	chroot string
+	// rootName is that root's name.
+	rootName string
 }
 
 // checkPtySize checks a terminal size from a client.
@@ -61,6 +68,13 @@ func checkPtySize(field string, p *agentpb.PtySize) error {
 // fills what start leaves unset (ExecDefaults), with the image's account
 // files under root.
 func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execSpec, error) {
+	return newExecSpecIn(start, d, root, "")
+}
+
+// newExecSpecIn is newExecSpec for a process that runs in chroot (a
+// container root; "" for the guest's own): its working directory,
+// executable and account files are resolved in it.
+func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot string) (*execSpec, error) {
 	argv := start.GetArgv()
 	switch {
 	case len(argv) == 0:
@@ -148,7 +162,7 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 		return nil, invalidf("exec: working directory %s is not an absolute path", quoteShort(dir))
 	}
 	dir = filepath.Clean(dir)
-	if fi, err := os.Stat(dir); err != nil {
+	if fi, err := statIn(chroot, dir); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "exec: working directory %s: %s", dir, errText(err))
 	} else if !fi.IsDir() {
 		return nil, status.Errorf(codes.InvalidArgument, "exec: working directory %s: not a directory", dir)
@@ -158,7 +172,7 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 	if !ok {
 		pathEnv = DefaultPath
 	}
-	path, err := lookPath(argv[0], pathEnv, dir)
+	path, err := lookPathIn(chroot, argv[0], pathEnv, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +189,7 @@ func newExecSpec(start *agentpb.ExecStart, d *ExecDefaults, root string) (*execS
 		timeout:  timeout,
 		hasStdin: start.GetHasStdin(),
 		pty:      start.GetPty(),
+		chroot:   chroot,
 	}
 	if named != nil {
 		spec.groups = append([]uint32{}, named.groups...)
@@ -231,6 +246,12 @@ func envValue(env []string, key string) (string, bool) {
 // such file, PermissionDenied if it is not executable, InvalidArgument if
 // it is a directory.
 func lookPath(file, pathEnv, dir string) (string, error) {
+	return lookPathIn("", file, pathEnv, dir)
+}
+
+// lookPathIn is lookPath in chroot ("" for the guest's root): the
+// paths it returns and tries are paths in it.
+func lookPathIn(chroot, file, pathEnv, dir string) (string, error) {
 	abs := func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
@@ -239,7 +260,7 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 	}
 	if strings.Contains(file, "/") {
 		p := abs(file)
-		if err := checkExecutable(p); err != nil {
+		if err := checkExecutableIn(chroot, p); err != nil {
 			return "", execStatus(p, err)
 		}
 		return p, nil
@@ -250,7 +271,7 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 			d = "."
 		}
 		p := abs(filepath.Join(d, file))
-		err := checkExecutable(p)
+		err := checkExecutableIn(chroot, p)
 		if err == nil {
 			return p, nil
 		}
@@ -264,9 +285,32 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 	return "", status.Errorf(codes.NotFound, "exec: %s: executable file not found in PATH=%s", quoteShort(file), quoteShort(pathEnv))
 }
 
+// statIn stats p, a path in chroot ("" for the guest's root), resolved
+// in it: its symbolic links, absolute ones included, cannot leave it.
+func statIn(chroot, p string) (fs.FileInfo, error) {
+	if chroot == "" {
+		return os.Stat(p)
+	}
+	rfd, err := unix.Open(chroot, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: p, Err: err}
+	}
+	defer unix.Close(rfd)
+	fd, err := unix.Openat2(rfd, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+	if err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: p, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return f.Stat()
+}
+
 // checkExecutable reports why p is not an executable regular file.
-func checkExecutable(p string) error {
-	fi, err := os.Stat(p)
+func checkExecutable(p string) error { return checkExecutableIn("", p) }
+
+// checkExecutableIn is checkExecutable for p in chroot.
+func checkExecutableIn(chroot, p string) error {
+	fi, err := statIn(chroot, p)
 	if err != nil {
 		return err
 	}

@@ -111,6 +111,9 @@ type Server struct {
 
 	// netMu serializes ConfigureNetwork calls.
 	netMu sync.Mutex
+
+	// roots are the container roots MountRoot mounted.
+	roots rootTable
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system

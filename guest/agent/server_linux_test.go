@@ -84,6 +84,7 @@ type testAgent struct {
 	*client.Client
 	sock string
 	sys  *fakeSystem
+	srv  *agent.Server
 }
 
 // startAgent serves cfg on a Unix socket in a temporary directory (with a
@@ -118,7 +119,7 @@ func startAgent(t *testing.T, cfg agent.Config) *testAgent {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &testAgent{Client: c, sock: sock, sys: sys}
+	return &testAgent{Client: c, sock: sock, sys: sys, srv: srv}
 }
 
 func unixDialer(path string) client.DialFunc {

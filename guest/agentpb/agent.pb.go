@@ -80,7 +80,188 @@ func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Op.Descriptor instead.
 func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30, 0}
+	return file_agent_proto_rawDescGZIP(), []int{34, 0}
+}
+
+type MountRootRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 128 bytes of A-Z a-z 0-9 . _ -, not "." or "..": the root's
+	// name here and the tree's attach name on the device.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The cap on the root's writable layer (tmpfs) in MiB; 0: tmpfs's
+	// default (half the guest's memory).
+	WritableMib   uint32 `protobuf:"varint,2,opt,name=writable_mib,json=writableMib,proto3" json:"writable_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountRootRequest) Reset() {
+	*x = MountRootRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountRootRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountRootRequest) ProtoMessage() {}
+
+func (x *MountRootRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountRootRequest.ProtoReflect.Descriptor instead.
+func (*MountRootRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MountRootRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MountRootRequest) GetWritableMib() uint32 {
+	if x != nil {
+		return x.WritableMib
+	}
+	return 0
+}
+
+type MountRootResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the root is mounted in the guest.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountRootResponse) Reset() {
+	*x = MountRootResponse{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountRootResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountRootResponse) ProtoMessage() {}
+
+func (x *MountRootResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountRootResponse.ProtoReflect.Descriptor instead.
+func (*MountRootResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MountRootResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type UnmountRootRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnmountRootRequest) Reset() {
+	*x = UnmountRootRequest{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnmountRootRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnmountRootRequest) ProtoMessage() {}
+
+func (x *UnmountRootRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnmountRootRequest.ProtoReflect.Descriptor instead.
+func (*UnmountRootRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UnmountRootRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UnmountRootResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnmountRootResponse) Reset() {
+	*x = UnmountRootResponse{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnmountRootResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnmountRootResponse) ProtoMessage() {}
+
+func (x *UnmountRootResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnmountRootResponse.ProtoReflect.Descriptor instead.
+func (*UnmountRootResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 type ExecStart struct {
@@ -117,14 +298,18 @@ type ExecStart struct {
 	// controlling terminal (in a session of its own): stdout carries what
 	// the terminal shows (there is no stderr), stdin is typed into it, and
 	// closing stdin types ^D (EOF at the start of a line).
-	Pty           *PtySize `protobuf:"bytes,10,opt,name=pty,proto3" json:"pty,omitempty"`
+	Pty *PtySize `protobuf:"bytes,10,opt,name=pty,proto3" json:"pty,omitempty"`
+	// Non-empty: run in the container root of this name (MountRoot), in a
+	// mount namespace of its own whose root it is: argv[0], cwd and user
+	// are resolved in it. An unknown root is NOT_FOUND.
+	Root          string `protobuf:"bytes,11,opt,name=root,proto3" json:"root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -136,7 +321,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -149,7 +334,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -222,6 +407,13 @@ func (x *ExecStart) GetPty() *PtySize {
 	return nil
 }
 
+func (x *ExecStart) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
 // A terminal's size, in characters: 1 to 65535 each.
 type PtySize struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -233,7 +425,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +437,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +450,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -286,7 +478,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +490,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +503,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -344,7 +536,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +548,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +561,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -471,7 +663,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +675,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +688,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -523,7 +715,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +727,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +740,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -594,7 +786,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +798,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +811,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -701,7 +893,7 @@ type ListDetachedRequest struct {
 
 func (x *ListDetachedRequest) Reset() {
 	*x = ListDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +905,7 @@ func (x *ListDetachedRequest) String() string {
 func (*ListDetachedRequest) ProtoMessage() {}
 
 func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +918,7 @@ func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type DetachedProcess struct {
@@ -747,7 +939,7 @@ type DetachedProcess struct {
 
 func (x *DetachedProcess) Reset() {
 	*x = DetachedProcess{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +951,7 @@ func (x *DetachedProcess) String() string {
 func (*DetachedProcess) ProtoMessage() {}
 
 func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +964,7 @@ func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
 func (*DetachedProcess) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DetachedProcess) GetId() string {
@@ -833,7 +1025,7 @@ type ListDetachedResponse struct {
 
 func (x *ListDetachedResponse) Reset() {
 	*x = ListDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1037,7 @@ func (x *ListDetachedResponse) String() string {
 func (*ListDetachedResponse) ProtoMessage() {}
 
 func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1050,7 @@ func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
@@ -878,7 +1070,7 @@ type SignalDetachedRequest struct {
 
 func (x *SignalDetachedRequest) Reset() {
 	*x = SignalDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +1082,7 @@ func (x *SignalDetachedRequest) String() string {
 func (*SignalDetachedRequest) ProtoMessage() {}
 
 func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1095,7 @@ func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedRequest.ProtoReflect.Descriptor instead.
 func (*SignalDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SignalDetachedRequest) GetId() string {
@@ -928,7 +1120,7 @@ type SignalDetachedResponse struct {
 
 func (x *SignalDetachedResponse) Reset() {
 	*x = SignalDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1132,7 @@ func (x *SignalDetachedResponse) String() string {
 func (*SignalDetachedResponse) ProtoMessage() {}
 
 func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1145,7 @@ func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedResponse.ProtoReflect.Descriptor instead.
 func (*SignalDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type WaitDetachedRequest struct {
@@ -965,7 +1157,7 @@ type WaitDetachedRequest struct {
 
 func (x *WaitDetachedRequest) Reset() {
 	*x = WaitDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1169,7 @@ func (x *WaitDetachedRequest) String() string {
 func (*WaitDetachedRequest) ProtoMessage() {}
 
 func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1182,7 @@ func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitDetachedRequest.ProtoReflect.Descriptor instead.
 func (*WaitDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WaitDetachedRequest) GetId() string {
@@ -1009,7 +1201,7 @@ type ForgetDetachedRequest struct {
 
 func (x *ForgetDetachedRequest) Reset() {
 	*x = ForgetDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1213,7 @@ func (x *ForgetDetachedRequest) String() string {
 func (*ForgetDetachedRequest) ProtoMessage() {}
 
 func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1226,7 @@ func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ForgetDetachedRequest) GetId() string {
@@ -1052,7 +1244,7 @@ type ForgetDetachedResponse struct {
 
 func (x *ForgetDetachedResponse) Reset() {
 	*x = ForgetDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1256,7 @@ func (x *ForgetDetachedResponse) String() string {
 func (*ForgetDetachedResponse) ProtoMessage() {}
 
 func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1269,7 @@ func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type AttachDetachedRequest struct {
@@ -1089,7 +1281,7 @@ type AttachDetachedRequest struct {
 
 func (x *AttachDetachedRequest) Reset() {
 	*x = AttachDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1293,7 @@ func (x *AttachDetachedRequest) String() string {
 func (*AttachDetachedRequest) ProtoMessage() {}
 
 func (x *AttachDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1306,7 @@ func (x *AttachDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachDetachedRequest.ProtoReflect.Descriptor instead.
 func (*AttachDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AttachDetachedRequest) GetId() string {
@@ -1141,7 +1333,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1345,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1358,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1210,7 +1402,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1414,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1427,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -1288,7 +1480,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1492,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1505,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1332,7 +1524,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1536,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1549,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Chunk) GetData() []byte {
@@ -1378,7 +1570,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1582,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1595,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1445,7 +1637,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1649,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1662,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1563,7 +1755,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1767,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1780,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1616,7 +1808,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1820,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1833,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1667,7 +1859,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1871,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1884,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1731,7 +1923,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1935,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1948,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type RemoveRequest struct {
@@ -1770,7 +1962,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1974,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1987,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1820,7 +2012,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +2024,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +2037,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type MoveRequest struct {
@@ -1859,7 +2051,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2063,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2076,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MoveRequest) GetSource() string {
@@ -1913,7 +2105,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2117,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2130,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -1970,7 +2162,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2174,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2187,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -2034,7 +2226,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2238,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2251,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type HealthResponse struct {
@@ -2071,7 +2263,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2275,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2288,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2114,7 +2306,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2318,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2331,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type InfoResponse struct {
@@ -2160,7 +2352,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2364,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2377,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -2261,7 +2453,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2465,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2478,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *QuiesceRequest) GetDropCaches() bool {
@@ -2304,7 +2496,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2508,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2521,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type ReseedRequest struct {
@@ -2342,7 +2534,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2546,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2559,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2388,7 +2580,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2592,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2605,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReseedResponse) GetCredited() bool {
@@ -2433,7 +2625,7 @@ type SetClockRequest struct {
 
 func (x *SetClockRequest) Reset() {
 	*x = SetClockRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2637,7 @@ func (x *SetClockRequest) String() string {
 func (*SetClockRequest) ProtoMessage() {}
 
 func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2650,7 @@ func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockRequest.ProtoReflect.Descriptor instead.
 func (*SetClockRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SetClockRequest) GetUnixNanos() int64 {
@@ -2476,7 +2668,7 @@ type SetClockResponse struct {
 
 func (x *SetClockResponse) Reset() {
 	*x = SetClockResponse{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2680,7 @@ func (x *SetClockResponse) String() string {
 func (*SetClockResponse) ProtoMessage() {}
 
 func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2693,7 @@ func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockResponse.ProtoReflect.Descriptor instead.
 func (*SetClockResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 type PowerOffRequest struct {
@@ -2512,7 +2704,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2716,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2729,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 type PowerOffResponse struct {
@@ -2548,7 +2740,7 @@ type PowerOffResponse struct {
 
 func (x *PowerOffResponse) Reset() {
 	*x = PowerOffResponse{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2752,7 @@ func (x *PowerOffResponse) String() string {
 func (*PowerOffResponse) ProtoMessage() {}
 
 func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2765,7 @@ func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffResponse.ProtoReflect.Descriptor instead.
 func (*PowerOffResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 type SetHostnameRequest struct {
@@ -2586,7 +2778,7 @@ type SetHostnameRequest struct {
 
 func (x *SetHostnameRequest) Reset() {
 	*x = SetHostnameRequest{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2790,7 @@ func (x *SetHostnameRequest) String() string {
 func (*SetHostnameRequest) ProtoMessage() {}
 
 func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2803,7 @@ func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameRequest.ProtoReflect.Descriptor instead.
 func (*SetHostnameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SetHostnameRequest) GetName() string {
@@ -2629,7 +2821,7 @@ type SetHostnameResponse struct {
 
 func (x *SetHostnameResponse) Reset() {
 	*x = SetHostnameResponse{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2833,7 @@ func (x *SetHostnameResponse) String() string {
 func (*SetHostnameResponse) ProtoMessage() {}
 
 func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2846,7 @@ func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameResponse.ProtoReflect.Descriptor instead.
 func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 type ConfigureNetworkRequest struct {
@@ -2681,7 +2873,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2885,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2898,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ConfigureNetworkRequest) GetInterface() string {
@@ -2761,7 +2953,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2965,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2978,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ConfigureNetworkResponse) GetInterface() string {
@@ -2800,7 +2992,15 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\rkiln.agent.v1\"\x98\x02\n" +
+	"\vagent.proto\x12\rkiln.agent.v1\"I\n" +
+	"\x10MountRootRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
+	"\fwritable_mib\x18\x02 \x01(\rR\vwritableMib\"'\n" +
+	"\x11MountRootResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"(\n" +
+	"\x12UnmountRootRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
+	"\x13UnmountRootResponse\"\xac\x02\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -2813,7 +3013,8 @@ const file_agent_proto_rawDesc = "" +
 	"\tdetach_id\x18\b \x01(\tR\bdetachId\x12\x12\n" +
 	"\x04user\x18\t \x01(\tR\x04user\x12(\n" +
 	"\x03pty\x18\n" +
-	" \x01(\v2\x16.kiln.agent.v1.PtySizeR\x03ptyB\x06\n" +
+	" \x01(\v2\x16.kiln.agent.v1.PtySizeR\x03pty\x12\x12\n" +
+	"\x04root\x18\v \x01(\tR\x04rootB\x06\n" +
 	"\x04_uidB\x06\n" +
 	"\x04_gid\"1\n" +
 	"\aPtySize\x12\x12\n" +
@@ -2971,7 +3172,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12 \n" +
 	"\vnameservers\x18\x06 \x03(\tR\vnameservers\"8\n" +
 	"\x18ConfigureNetworkResponse\x12\x1c\n" +
-	"\tinterface\x18\x01 \x01(\tR\tinterface2\x92\r\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface2\xb8\x0e\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
@@ -2994,7 +3195,9 @@ const file_agent_proto_rawDesc = "" +
 	"\bSetClock\x12\x1e.kiln.agent.v1.SetClockRequest\x1a\x1f.kiln.agent.v1.SetClockResponse\x12K\n" +
 	"\bPowerOff\x12\x1e.kiln.agent.v1.PowerOffRequest\x1a\x1f.kiln.agent.v1.PowerOffResponse\x12T\n" +
 	"\vSetHostname\x12!.kiln.agent.v1.SetHostnameRequest\x1a\".kiln.agent.v1.SetHostnameResponse\x12c\n" +
-	"\x10ConfigureNetwork\x12&.kiln.agent.v1.ConfigureNetworkRequest\x1a'.kiln.agent.v1.ConfigureNetworkResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
+	"\x10ConfigureNetwork\x12&.kiln.agent.v1.ConfigureNetworkRequest\x1a'.kiln.agent.v1.ConfigureNetworkResponse\x12N\n" +
+	"\tMountRoot\x12\x1f.kiln.agent.v1.MountRootRequest\x1a .kiln.agent.v1.MountRootResponse\x12T\n" +
+	"\vUnmountRoot\x12!.kiln.agent.v1.UnmountRootRequest\x1a\".kiln.agent.v1.UnmountRootResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -3009,117 +3212,125 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_agent_proto_goTypes = []any{
 	(WatchEvent_Op)(0),               // 0: kiln.agent.v1.WatchEvent.Op
-	(*ExecStart)(nil),                // 1: kiln.agent.v1.ExecStart
-	(*PtySize)(nil),                  // 2: kiln.agent.v1.PtySize
-	(*ExecSignal)(nil),               // 3: kiln.agent.v1.ExecSignal
-	(*ExecRequest)(nil),              // 4: kiln.agent.v1.ExecRequest
-	(*ExecStarted)(nil),              // 5: kiln.agent.v1.ExecStarted
-	(*ExecExit)(nil),                 // 6: kiln.agent.v1.ExecExit
-	(*ExecResponse)(nil),             // 7: kiln.agent.v1.ExecResponse
-	(*ListDetachedRequest)(nil),      // 8: kiln.agent.v1.ListDetachedRequest
-	(*DetachedProcess)(nil),          // 9: kiln.agent.v1.DetachedProcess
-	(*ListDetachedResponse)(nil),     // 10: kiln.agent.v1.ListDetachedResponse
-	(*SignalDetachedRequest)(nil),    // 11: kiln.agent.v1.SignalDetachedRequest
-	(*SignalDetachedResponse)(nil),   // 12: kiln.agent.v1.SignalDetachedResponse
-	(*WaitDetachedRequest)(nil),      // 13: kiln.agent.v1.WaitDetachedRequest
-	(*ForgetDetachedRequest)(nil),    // 14: kiln.agent.v1.ForgetDetachedRequest
-	(*ForgetDetachedResponse)(nil),   // 15: kiln.agent.v1.ForgetDetachedResponse
-	(*AttachDetachedRequest)(nil),    // 16: kiln.agent.v1.AttachDetachedRequest
-	(*WriteFileHeader)(nil),          // 17: kiln.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),         // 18: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),          // 19: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),                    // 20: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),              // 21: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),                 // 22: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),              // 23: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 24: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 25: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 26: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 27: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 28: kiln.agent.v1.RemoveResponse
-	(*MoveRequest)(nil),              // 29: kiln.agent.v1.MoveRequest
-	(*WatchRequest)(nil),             // 30: kiln.agent.v1.WatchRequest
-	(*WatchEvent)(nil),               // 31: kiln.agent.v1.WatchEvent
-	(*HealthRequest)(nil),            // 32: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 33: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),              // 34: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 35: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),           // 36: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),          // 37: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),            // 38: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),           // 39: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),          // 40: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),         // 41: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),          // 42: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),         // 43: kiln.agent.v1.PowerOffResponse
-	(*SetHostnameRequest)(nil),       // 44: kiln.agent.v1.SetHostnameRequest
-	(*SetHostnameResponse)(nil),      // 45: kiln.agent.v1.SetHostnameResponse
-	(*ConfigureNetworkRequest)(nil),  // 46: kiln.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 47: kiln.agent.v1.ConfigureNetworkResponse
+	(*MountRootRequest)(nil),         // 1: kiln.agent.v1.MountRootRequest
+	(*MountRootResponse)(nil),        // 2: kiln.agent.v1.MountRootResponse
+	(*UnmountRootRequest)(nil),       // 3: kiln.agent.v1.UnmountRootRequest
+	(*UnmountRootResponse)(nil),      // 4: kiln.agent.v1.UnmountRootResponse
+	(*ExecStart)(nil),                // 5: kiln.agent.v1.ExecStart
+	(*PtySize)(nil),                  // 6: kiln.agent.v1.PtySize
+	(*ExecSignal)(nil),               // 7: kiln.agent.v1.ExecSignal
+	(*ExecRequest)(nil),              // 8: kiln.agent.v1.ExecRequest
+	(*ExecStarted)(nil),              // 9: kiln.agent.v1.ExecStarted
+	(*ExecExit)(nil),                 // 10: kiln.agent.v1.ExecExit
+	(*ExecResponse)(nil),             // 11: kiln.agent.v1.ExecResponse
+	(*ListDetachedRequest)(nil),      // 12: kiln.agent.v1.ListDetachedRequest
+	(*DetachedProcess)(nil),          // 13: kiln.agent.v1.DetachedProcess
+	(*ListDetachedResponse)(nil),     // 14: kiln.agent.v1.ListDetachedResponse
+	(*SignalDetachedRequest)(nil),    // 15: kiln.agent.v1.SignalDetachedRequest
+	(*SignalDetachedResponse)(nil),   // 16: kiln.agent.v1.SignalDetachedResponse
+	(*WaitDetachedRequest)(nil),      // 17: kiln.agent.v1.WaitDetachedRequest
+	(*ForgetDetachedRequest)(nil),    // 18: kiln.agent.v1.ForgetDetachedRequest
+	(*ForgetDetachedResponse)(nil),   // 19: kiln.agent.v1.ForgetDetachedResponse
+	(*AttachDetachedRequest)(nil),    // 20: kiln.agent.v1.AttachDetachedRequest
+	(*WriteFileHeader)(nil),          // 21: kiln.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),         // 22: kiln.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),          // 23: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                    // 24: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),              // 25: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),                 // 26: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),              // 27: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 28: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 29: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 30: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 31: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 32: kiln.agent.v1.RemoveResponse
+	(*MoveRequest)(nil),              // 33: kiln.agent.v1.MoveRequest
+	(*WatchRequest)(nil),             // 34: kiln.agent.v1.WatchRequest
+	(*WatchEvent)(nil),               // 35: kiln.agent.v1.WatchEvent
+	(*HealthRequest)(nil),            // 36: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 37: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),              // 38: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 39: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),           // 40: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),          // 41: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),            // 42: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),           // 43: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),          // 44: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 45: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),          // 46: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),         // 47: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),       // 48: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),      // 49: kiln.agent.v1.SetHostnameResponse
+	(*ConfigureNetworkRequest)(nil),  // 50: kiln.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 51: kiln.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	2,  // 0: kiln.agent.v1.ExecStart.pty:type_name -> kiln.agent.v1.PtySize
-	1,  // 1: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
-	3,  // 2: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	2,  // 3: kiln.agent.v1.ExecRequest.resize:type_name -> kiln.agent.v1.PtySize
-	5,  // 4: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
-	6,  // 5: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
-	6,  // 6: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
-	9,  // 7: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
-	3,  // 8: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	17, // 9: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
-	22, // 10: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
+	6,  // 0: kiln.agent.v1.ExecStart.pty:type_name -> kiln.agent.v1.PtySize
+	5,  // 1: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
+	7,  // 2: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	6,  // 3: kiln.agent.v1.ExecRequest.resize:type_name -> kiln.agent.v1.PtySize
+	9,  // 4: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
+	10, // 5: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
+	10, // 6: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
+	13, // 7: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
+	7,  // 8: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	21, // 9: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
+	26, // 10: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
 	0,  // 11: kiln.agent.v1.WatchEvent.op:type_name -> kiln.agent.v1.WatchEvent.Op
-	22, // 12: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
-	4,  // 13: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
-	8,  // 14: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
-	11, // 15: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
-	13, // 16: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
-	14, // 17: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
-	16, // 18: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
-	18, // 19: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
-	19, // 20: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
-	21, // 21: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
-	23, // 22: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
-	25, // 23: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
-	27, // 24: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
-	29, // 25: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
-	30, // 26: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
-	32, // 27: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
-	34, // 28: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
-	36, // 29: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
-	38, // 30: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
-	40, // 31: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
-	42, // 32: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
-	44, // 33: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
-	46, // 34: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
-	7,  // 35: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	10, // 36: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
-	12, // 37: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
-	9,  // 38: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
-	15, // 39: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
-	7,  // 40: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
-	22, // 41: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	20, // 42: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	22, // 43: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	24, // 44: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	26, // 45: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	28, // 46: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	22, // 47: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
-	31, // 48: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
-	33, // 49: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	35, // 50: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	37, // 51: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	39, // 52: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	41, // 53: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	43, // 54: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	45, // 55: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
-	47, // 56: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
-	35, // [35:57] is the sub-list for method output_type
-	13, // [13:35] is the sub-list for method input_type
+	26, // 12: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
+	8,  // 13: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
+	12, // 14: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
+	15, // 15: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
+	17, // 16: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
+	18, // 17: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
+	20, // 18: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
+	22, // 19: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
+	23, // 20: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
+	25, // 21: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
+	27, // 22: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
+	29, // 23: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
+	31, // 24: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
+	33, // 25: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
+	34, // 26: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
+	36, // 27: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
+	38, // 28: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
+	40, // 29: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
+	42, // 30: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
+	44, // 31: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
+	46, // 32: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
+	48, // 33: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
+	50, // 34: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
+	1,  // 35: kiln.agent.v1.Agent.MountRoot:input_type -> kiln.agent.v1.MountRootRequest
+	3,  // 36: kiln.agent.v1.Agent.UnmountRoot:input_type -> kiln.agent.v1.UnmountRootRequest
+	11, // 37: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	14, // 38: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	16, // 39: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	13, // 40: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	19, // 41: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	11, // 42: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
+	26, // 43: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	24, // 44: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	26, // 45: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	28, // 46: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	30, // 47: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	32, // 48: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	26, // 49: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
+	35, // 50: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
+	37, // 51: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	39, // 52: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	41, // 53: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	43, // 54: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	45, // 55: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	47, // 56: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	49, // 57: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	51, // 58: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
+	2,  // 59: kiln.agent.v1.Agent.MountRoot:output_type -> kiln.agent.v1.MountRootResponse
+	4,  // 60: kiln.agent.v1.Agent.UnmountRoot:output_type -> kiln.agent.v1.UnmountRootResponse
+	37, // [37:61] is the sub-list for method output_type
+	13, // [13:37] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -3130,21 +3341,21 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[3].OneofWrappers = []any{
+	file_agent_proto_msgTypes[4].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_agent_proto_msgTypes[21].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3154,7 +3365,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   47,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,8 @@ const (
 	Agent_PowerOff_FullMethodName         = "/kiln.agent.v1.Agent/PowerOff"
 	Agent_SetHostname_FullMethodName      = "/kiln.agent.v1.Agent/SetHostname"
 	Agent_ConfigureNetwork_FullMethodName = "/kiln.agent.v1.Agent/ConfigureNetwork"
+	Agent_MountRoot_FullMethodName        = "/kiln.agent.v1.Agent/MountRoot"
+	Agent_UnmountRoot_FullMethodName      = "/kiln.agent.v1.Agent/UnmountRoot"
 )
 
 // AgentClient is the client API for Agent service.
@@ -123,6 +125,19 @@ type AgentClient interface {
 	// naming the nameservers, written atomically. A bad field is
 	// INVALID_ARGUMENT naming it; no such card NOT_FOUND.
 	ConfigureNetwork(ctx context.Context, in *ConfigureNetworkRequest, opts ...grpc.CallOption) (*ConfigureNetworkResponse, error)
+	// MountRoot mounts a tree the host serves beside the guest's image
+	// root (on the same virtio-9p device, under /run/kiln/image/.kiln-trees/
+	// NAME) as a container root: the tree read-only under a tmpfs overlay,
+	// with /proc, /sys and the guest's /dev inside, and the guest's
+	// /etc/hosts, /etc/hostname and /etc/resolv.conf copied in. Exec with
+	// ExecStart.root = name then runs in it. A bad name is
+	// INVALID_ARGUMENT, a name in use ALREADY_EXISTS, a tree the host does
+	// not serve NOT_FOUND.
+	MountRoot(ctx context.Context, in *MountRootRequest, opts ...grpc.CallOption) (*MountRootResponse, error)
+	// UnmountRoot kills the processes running in a container root (those
+	// Exec started with its name) and unmounts it; its writes are gone.
+	// An unknown name is NOT_FOUND.
+	UnmountRoot(ctx context.Context, in *UnmountRootRequest, opts ...grpc.CallOption) (*UnmountRootResponse, error)
 }
 
 type agentClient struct {
@@ -386,6 +401,26 @@ func (c *agentClient) ConfigureNetwork(ctx context.Context, in *ConfigureNetwork
 	return out, nil
 }
 
+func (c *agentClient) MountRoot(ctx context.Context, in *MountRootRequest, opts ...grpc.CallOption) (*MountRootResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MountRootResponse)
+	err := c.cc.Invoke(ctx, Agent_MountRoot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) UnmountRoot(ctx context.Context, in *UnmountRootRequest, opts ...grpc.CallOption) (*UnmountRootResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnmountRootResponse)
+	err := c.cc.Invoke(ctx, Agent_UnmountRoot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -462,6 +497,19 @@ type AgentServer interface {
 	// naming the nameservers, written atomically. A bad field is
 	// INVALID_ARGUMENT naming it; no such card NOT_FOUND.
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
+	// MountRoot mounts a tree the host serves beside the guest's image
+	// root (on the same virtio-9p device, under /run/kiln/image/.kiln-trees/
+	// NAME) as a container root: the tree read-only under a tmpfs overlay,
+	// with /proc, /sys and the guest's /dev inside, and the guest's
+	// /etc/hosts, /etc/hostname and /etc/resolv.conf copied in. Exec with
+	// ExecStart.root = name then runs in it. A bad name is
+	// INVALID_ARGUMENT, a name in use ALREADY_EXISTS, a tree the host does
+	// not serve NOT_FOUND.
+	MountRoot(context.Context, *MountRootRequest) (*MountRootResponse, error)
+	// UnmountRoot kills the processes running in a container root (those
+	// Exec started with its name) and unmounts it; its writes are gone.
+	// An unknown name is NOT_FOUND.
+	UnmountRoot(context.Context, *UnmountRootRequest) (*UnmountRootResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -537,6 +585,12 @@ func (UnimplementedAgentServer) SetHostname(context.Context, *SetHostnameRequest
 }
 func (UnimplementedAgentServer) ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ConfigureNetwork not implemented")
+}
+func (UnimplementedAgentServer) MountRoot(context.Context, *MountRootRequest) (*MountRootResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MountRoot not implemented")
+}
+func (UnimplementedAgentServer) UnmountRoot(context.Context, *UnmountRootRequest) (*UnmountRootResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UnmountRoot not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -912,6 +966,42 @@ func _Agent_ConfigureNetwork_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_MountRoot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MountRootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).MountRoot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_MountRoot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).MountRoot(ctx, req.(*MountRootRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_UnmountRoot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnmountRootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).UnmountRoot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_UnmountRoot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).UnmountRoot(ctx, req.(*UnmountRootRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -986,6 +1076,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConfigureNetwork",
 			Handler:    _Agent_ConfigureNetwork_Handler,
+		},
+		{
+			MethodName: "MountRoot",
+			Handler:    _Agent_MountRoot_Handler,
+		},
+		{
+			MethodName: "UnmountRoot",
+			Handler:    _Agent_UnmountRoot_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -277,6 +277,27 @@ func (c *Client) SetHostname(ctx context.Context, name string) error {
 	return nil
 }
 
+// MountRoot mounts the tree name that the host serves beside the guest's
+// image root (sandbox.Sandbox.ServeDir) as a container root in the guest
+// (read-only under a writable tmpfs of writableMiB, 0: half the guest's
+// memory), and returns its path in the guest. ExecOptions.Root then runs
+// processes in it.
+func (c *Client) MountRoot(ctx context.Context, name string, writableMiB uint32) (string, error) {
+	resp, err := c.api.MountRoot(ctx, &agentpb.MountRootRequest{Name: name, WritableMib: writableMiB})
+	if err != nil {
+		return "", fmt.Errorf("client: mount root %q: %w", name, err)
+	}
+	return resp.GetPath(), nil
+}
+
+// UnmountRoot kills the processes of container root name and unmounts it.
+func (c *Client) UnmountRoot(ctx context.Context, name string) error {
+	if _, err := c.api.UnmountRoot(ctx, &agentpb.UnmountRootRequest{Name: name}); err != nil {
+		return fmt.Errorf("client: unmount root %q: %w", name, err)
+	}
+	return nil
+}
+
 // NetworkConfig is what ConfigureNetwork gives the guest's network card.
 type NetworkConfig struct {
 	// Interface names the card; empty: the guest's first non-loopback

@@ -52,6 +52,10 @@ type ExecOptions struct {
 	// gets what it shows (Stderr nothing), Stdin is typed into it, its
 	// EOF types ^D; Process.Resize changes the size.
 	Pty *PtySize
+	// Root, when set, runs the process in the container root of this
+	// name (Client.MountRoot), in a mount namespace of its own: Argv[0],
+	// Dir and User are resolved in it, and no image defaults apply.
+	Root string
 }
 
 // PtySize is a terminal's size in characters (1 to 65535 each).
@@ -148,6 +152,7 @@ func (c *Client) Start(ctx context.Context, opts ExecOptions) (*Process, error) 
 		HasStdin: opts.Stdin != nil,
 		DetachId: opts.DetachID,
 		User:     opts.User,
+		Root:     opts.Root,
 	}
 	if opts.Pty != nil {
 		start.Pty = &agentpb.PtySize{Rows: opts.Pty.Rows, Cols: opts.Pty.Cols}

@@ -27,6 +27,12 @@ const (
 const (
 	ImageLower = "/kiln/lower"
 	ImageRW    = "/kiln/rw"
+	// ImageTree is where the 9p tree stays reachable in the final root
+	// (a bind of ImageLower under /run, which moves along): a virtio-9p
+	// device takes one mount, so what else the host serves on it (a
+	// pod's further containers, hostfs.TreesDir) is reached through
+	// this one.
+	ImageTree = "/run/kiln/image"
 )
 
 // ImageMountOptions are the 9p mount options of an image root: read-only,
@@ -124,6 +130,12 @@ func (s *Sys) SwitchRootImage(tag, flags string, upperMiB int, modulesDir string
 	ov := "lowerdir=" + ImageLower + ",upperdir=" + ImageRW + "/upper,workdir=" + ImageRW + "/work"
 	if err := s.Mount("overlay", NewRoot, "overlay", 0, ov); err != nil {
 		return fmt.Errorf("switching root: mounting the overlay (%s) on %s: %w", ov, NewRoot, err)
+	}
+	if err := s.MkdirAll(ImageTree, 0o755); err != nil {
+		return fmt.Errorf("switching root: creating %s: %w", ImageTree, err)
+	}
+	if err := s.Mount(ImageLower, ImageTree, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("switching root: binding %s on %s: %w", ImageLower, ImageTree, err)
 	}
 	if err := s.bindContainerStorage(ContainerStorageDirs, log); err != nil {
 		return fmt.Errorf("switching root: %w", err)

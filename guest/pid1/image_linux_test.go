@@ -20,6 +20,8 @@ var imageCalls = append([]string{
 	"mkdir /kiln/rw/upper -rwxr-xr-x",
 	"mkdir /kiln/rw/work -rwxr-xr-x",
 	"mount overlay /newroot overlay 0 lowerdir=/kiln/lower,upperdir=/kiln/rw/upper,workdir=/kiln/rw/work",
+	"mkdir /run/kiln/image -rwxr-xr-x",
+	"mount /kiln/lower /run/kiln/image  bind ",
 }, switchCalls[2:]...)
 
 func TestSwitchRootImage(t *testing.T) {

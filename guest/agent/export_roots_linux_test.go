@@ -1,0 +1,21 @@
+package agent
+
+import "path/filepath"
+
+// AddTestRoot makes dir/root container root name of s, as MountRoot
+// would after its mounts (which need a virtio-9p device); UnmountRoot
+// removes dir.
+func (s *Server) AddTestRoot(name, dir string) {
+	s.roots.mu.Lock()
+	defer s.roots.mu.Unlock()
+	if s.roots.m == nil {
+		s.roots.m = map[string]*containerRoot{}
+	}
+	s.roots.m[name] = &containerRoot{name: name, dir: dir, path: filepath.Join(dir, "root"), mntns: map[uint64]bool{}}
+}
+
+// Exported for the tests of package agent_test.
+var (
+	CheckRootName = checkRootName
+	IsZombieStat  = isZombieStat
+)
