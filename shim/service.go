@@ -40,6 +40,7 @@ import (
 	"github.com/containerd/containerd/runtime/v2/shim"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnvm/kiln/guest/client"
@@ -60,6 +61,19 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container
+	// pod is the pod's VM, shared by its application containers: the
+	// first boots it with its rootfs as the VM's root, each other's
+	// rootfs is a container root in it (VM.MountRoot). nil until the
+	// first, and again once the last is deleted.
+	pod *podVM
+}
+
+// podVM is a pod's VM and the application containers that use it.
+type podVM struct {
+	ready chan struct{} // closed once the boot has ended
+	vm    VM            // the booted VM; nil while booting or if it failed
+	err   error         // why the boot failed
+	users int           // the containers using it (or waiting for it)
 }
 
 type event struct {
@@ -123,12 +137,16 @@ type container struct {
 	id      string
 	bundle  string
 	spec    *specs.Spec
-	rootfs  string // bundle/rootfs, the VM's root
+	rootfs  string // bundle/rootfs, the VM's root or a container root in it
 	mounted bool   // Create mounted it (containerd gave mounts)
-	vm      VM
-	init    *process
-	execs   map[string]*process
-	paused  bool
+	vm      VM     // the pod's VM (pod.vm); nil for a pod's sandbox container
+	pod     *podVM
+	// guestRoot is the container root (VM.MountRoot) its processes run
+	// in; "" for the container whose rootfs is the VM's root.
+	guestRoot string
+	init      *process
+	execs     map[string]*process
+	paused    bool
 	// creating: its Create is booting the VM (without s.mu); every
 	// other call is refused until it returns.
 	creating bool
@@ -207,19 +225,32 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, err
 	}
-	if boot != nil {
+	if c.pod != nil {
 		defer func() {
-			if err != nil && c.mounted {
-				unmountRootfs(c.rootfs, s.log)
+			if err != nil {
+				s.mu.Lock()
+				delete(s.containers, r.ID)
+				s.mu.Unlock()
+				if c.mounted {
+					unmountRootfs(c.rootfs, s.log)
+				}
+				s.release(ctx, c.pod)
 			}
 		}()
+	}
+	switch {
+	case boot != nil:
 		bootCtx, cancel := context.WithTimeout(ctx, s.cfg.bootTimeout())
 		vm, berr := s.boot.Boot(bootCtx, *boot)
 		cancel()
+		s.mu.Lock()
+		c.pod.vm, c.pod.err = vm, berr
+		if berr != nil && s.pod == c.pod {
+			s.pod = nil // the next container boots anew
+		}
+		close(c.pod.ready)
+		s.mu.Unlock()
 		if berr != nil {
-			s.mu.Lock()
-			delete(s.containers, r.ID)
-			s.mu.Unlock()
 			return nil, fmt.Errorf("create %s: %w", r.ID, berr)
 		}
 		s.log.Info("VM up", "container", r.ID, "cpus", boot.CPUs, "memory_mib", boot.MemoryMiB, "from_checkpoint", r.Checkpoint != "")
@@ -228,10 +259,24 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		// than when the scavenger gets to them, since this process
 		// lives as long as the pod.
 		debug.FreeOSMemory()
-		s.mu.Lock()
-		c.vm = vm
-	} else {
-		s.mu.Lock()
+	case c.pod != nil:
+		// A further container of the pod: its rootfs joins the VM.
+		select {
+		case <-c.pod.ready:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("create %s: waiting for the pod's VM: %w", r.ID, ctx.Err())
+		}
+		if c.pod.err != nil {
+			return nil, fmt.Errorf("create %s: the pod's VM did not boot: %w", r.ID, c.pod.err)
+		}
+		if err := c.pod.vm.MountRoot(ctx, r.ID, c.rootfs); err != nil {
+			return nil, fmt.Errorf("create %s: its root in the pod's VM: %w", r.ID, err)
+		}
+		s.log.Info("container joined the pod's VM", "container", r.ID)
+	}
+	s.mu.Lock()
+	if c.pod != nil {
+		c.vm = c.pod.vm
 	}
 	defer s.mu.Unlock()
 	c.creating = false
@@ -273,13 +318,24 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 		s.containers[r.ID] = c
 		return c, nil, nil
 	}
-	for _, o := range s.containers {
-		if !isPodSandbox(o.spec) {
-			return nil, nil, fmt.Errorf("create %s: the pod already runs container %s: the kiln runtime runs one application container per pod for now: %w", r.ID, o.id, errdefs.ErrNotImplemented)
-		}
-	}
 	if c.init.opts, err = execOptions(spec.Process); err != nil {
 		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	if s.pod != nil {
+		// The pod's VM is up (or booting): this container joins it.
+		if r.Checkpoint != "" {
+			return nil, nil, fmt.Errorf("create %s: restoring a checkpoint into a pod whose VM runs already: %w", r.ID, errdefs.ErrNotImplemented)
+		}
+		if err := checkRootName(r.ID); err != nil {
+			return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+		if c.rootfs, c.mounted, err = mountRootfs(r.Bundle, r.Rootfs); err != nil {
+			return nil, nil, fmt.Errorf("create %s: %w", r.ID, err)
+		}
+		s.pod.users++
+		c.pod, c.guestRoot = s.pod, r.ID
+		s.containers[r.ID] = c
+		return c, nil, nil
 	}
 	cpus, mem, err := vmSize(spec, s.cfg.CPUs, s.cfg.MemoryMiB)
 	if err != nil {
@@ -299,6 +355,8 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 		hostname = shortID(r.ID)
 	}
 	s.containers[r.ID] = c
+	s.pod = &podVM{ready: make(chan struct{}), users: 1}
+	c.pod = s.pod
 	return c, &BootSpec{ID: r.ID, Bundle: r.Bundle, RootDir: c.rootfs, CPUs: cpus, MemoryMiB: mem, Hostname: hostname,
 		Checkpoint: r.Checkpoint, Network: network}, nil
 }
@@ -394,6 +452,7 @@ func (s *Service) startProcess(ctx context.Context, c *container, p *process) (e
 		}
 	}()
 	opts := p.opts
+	opts.Root = c.guestRoot
 	opts.Stdout, opts.Stderr = streams.stdout, streams.stderr
 	if streams.stdin != nil {
 		pr, pw := io.Pipe()
@@ -499,12 +558,25 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if p.cancel != nil {
 		p.cancel()
 	}
-	if c.vm != nil {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		if err := c.vm.Close(closeCtx); err != nil {
-			s.log.Warn("stopping the VM", "container", c.id, "err", err)
+	if c.guestRoot != "" && c.vm != nil {
+		// Its processes go with its root; the VM stays for the others.
+		umCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		if err := c.vm.UnmountRoot(umCtx, c.guestRoot); err != nil {
+			s.log.Warn("removing the container's root from the pod's VM", "container", c.id, "err", err)
 		}
 		cancel()
+	}
+	if c.pod != nil {
+		last := s.release(ctx, c.pod)
+		if !last && c.guestRoot == "" && c.mounted {
+			// The VM's root outlives its container while the pod's
+			// others run: detach the rootfs, which the VM's open
+			// descriptor keeps until it stops.
+			if err := unix.Unmount(c.rootfs, unix.MNT_DETACH); err != nil {
+				s.log.Warn("detaching the rootfs", "dir", c.rootfs, "err", err)
+			}
+			c.mounted = false
+		}
 	}
 	if c.mounted {
 		unmountRootfs(c.rootfs, s.log)
@@ -512,6 +584,41 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.send(runtime.TaskDeleteEventTopic, &eventstypes.TaskDelete{ContainerID: c.id, Pid: resp.Pid,
 		ExitStatus: resp.ExitStatus, ExitedAt: resp.ExitedAt, ID: c.id})
 	return resp, nil
+}
+
+// release drops one user of pod, and stops its VM after the last (if it
+// booted); it reports whether that was the last.
+func (s *Service) release(ctx context.Context, pod *podVM) bool {
+	s.mu.Lock()
+	pod.users--
+	last := pod.users == 0
+	if last && s.pod == pod {
+		s.pod = nil
+	}
+	s.mu.Unlock()
+	if !last {
+		return false
+	}
+	<-pod.ready // a boot in flight ends (its Create holds a user until then)
+	if pod.vm != nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		if err := pod.vm.Close(closeCtx); err != nil {
+			s.log.Warn("stopping the VM", "err", err)
+		}
+		cancel()
+	}
+	return true
+}
+
+// sharing names another live application container of c's pod, or "".
+// s.mu held.
+func (s *Service) sharing(c *container) string {
+	for _, o := range s.containers {
+		if o != c && o.pod != nil && o.pod == c.pod {
+			return o.id
+		}
+	}
+	return ""
 }
 
 // Exec adds a process to a running container; Start starts it.
@@ -684,6 +791,9 @@ func (s *Service) pauseResume(ctx context.Context, id string, pause bool) (*ptyp
 	if c.paused == pause {
 		return &ptypes.Empty{}, nil
 	}
+	if o := s.sharing(c); o != "" && pause {
+		return nil, fmt.Errorf("pause %s: its VM also runs container %s of the pod, which would stop too: %w", id, o, errdefs.ErrFailedPrecondition)
+	}
 	if pause {
 		err = c.vm.Pause(ctx)
 	} else {
@@ -716,6 +826,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	if c.vm == nil {
 		return nil, fmt.Errorf("checkpoint %s: a pod's sandbox container has no VM: %w", r.ID, errdefs.ErrNotImplemented)
+	}
+	if o := s.sharing(c); o != "" {
+		return nil, fmt.Errorf("checkpoint %s: its VM also runs container %s of the pod: a checkpoint holds one container: %w", r.ID, o, errdefs.ErrFailedPrecondition)
 	}
 	if r.Path == "" || !filepath.IsAbs(r.Path) {
 		return nil, fmt.Errorf("checkpoint %s: path %q is not absolute: %w", r.ID, r.Path, errdefs.ErrInvalidArgument)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -65,6 +66,7 @@ type hostVM struct {
 	mu     sync.Mutex
 	calls  []string
 	closed bool
+	roots  map[string]string // container roots: name → host directory
 }
 
 func (v *hostVM) record(call string) {
@@ -76,6 +78,15 @@ func (v *hostVM) record(call string) {
 func (v *hostVM) Start(ctx context.Context, opts client.ExecOptions) (GuestProcess, error) {
 	cmd := exec.CommandContext(ctx, opts.Argv[0], opts.Argv[1:]...)
 	cmd.Env, cmd.Dir = opts.Env, "/"
+	if opts.Root != "" { // a host process cannot chroot here: it runs in the root's folder
+		v.mu.Lock()
+		dir, ok := v.roots[opts.Root]
+		v.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("root %s is not mounted", opts.Root)
+		}
+		cmd.Dir = dir
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -101,7 +112,38 @@ func (v *hostVM) Save(_ context.Context, dir string) error {
 	}
 	return os.WriteFile(filepath.Join(dir, "state"), []byte("host processes have no snapshot"), 0o600)
 }
-func (v *hostVM) Close(context.Context) error { v.closed = true; return nil }
+func (v *hostVM) Close(context.Context) error { v.record("close"); v.closed = true; return nil }
+
+func (v *hostVM) MountRoot(_ context.Context, name, dir string) error {
+	v.record("mountroot " + name)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.roots[name]; ok {
+		return fmt.Errorf("root %s is mounted", name)
+	}
+	if v.roots == nil {
+		v.roots = map[string]string{}
+	}
+	v.roots[name] = dir
+	return nil
+}
+
+func (v *hostVM) UnmountRoot(_ context.Context, name string) error {
+	v.record("unmountroot " + name)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.roots[name]; !ok {
+		return fmt.Errorf("root %s is not mounted", name)
+	}
+	delete(v.roots, name)
+	return nil
+}
+
+func (v *hostVM) callList() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.calls)
+}
 
 type hostProc struct{ cmd *exec.Cmd }
 
@@ -462,8 +504,14 @@ func TestServicePod(t *testing.T) {
 	if len(boot.boots) != 1 || boot.boots[0].CPUs != 2 || boot.boots[0].MemoryMiB != 1024 {
 		t.Fatalf("boots %+v; want one of 2 vCPUs and 1024 MiB", boot.boots)
 	}
-	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, app)}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "one application container per pod") {
-		t.Errorf("a second application container = %v, want NotImplemented", err)
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, app)}); err != nil {
+		t.Fatalf("a second application container: %v", err)
+	}
+	if len(boot.boots) != 1 {
+		t.Fatalf("the second container booted a VM of its own: %+v", boot.boots)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "app2"}); err != nil { // created, never started
+		t.Fatal(err)
 	}
 	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "pod1", Signal: 15}); err != nil {
 		t.Fatal(err)
@@ -478,7 +526,117 @@ func TestServicePod(t *testing.T) {
 	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "pod1"}); err != nil {
 		t.Fatal(err)
 	}
-	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/create", "/tasks/exit", "/tasks/exit", "/tasks/delete", "/tasks/delete")
+	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/create", "/tasks/create", "/tasks/exit", "/tasks/delete", "/tasks/exit", "/tasks/exit", "/tasks/delete", "/tasks/delete")
+	if got := boot.vms[0].callList(); !slices.Equal(got, []string{"mountroot app2", "unmountroot app2", "close"}) {
+		t.Errorf("VM calls %q", got)
+	}
+}
+
+// TestServicePodContainers: a pod's application containers share one VM:
+// the first's rootfs is its root, each other's a container root its
+// processes run in; the VM outlives the first while others run, stops
+// with the last, and what would stop or save them all is refused while
+// they share it.
+func TestServicePodContainers(t *testing.T) {
+	s, _, boot := newTestService(t)
+	ctx := context.Background()
+	pause := testSpec("/pause")
+	pause.Annotations = map[string]string{criContainerType: criTypeSandbox, criSandboxID: "pod1"}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle(t, pause)}); err != nil {
+		t.Fatal(err)
+	}
+	appSpec := func(args ...string) *specs.Spec {
+		sp := testSpec(args...)
+		sp.Annotations = map[string]string{criContainerType: "container", criSandboxID: "pod1"}
+		return sp
+	}
+	// The second container's Create waits for the first's boot.
+	boot.gate = make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		_, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "web", Bundle: bundle(t, appSpec("sleep", "600"))})
+		errs <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		booting := s.pod != nil
+		s.mu.Unlock()
+		if booting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("web's Create never began its boot")
+		}
+	}
+	side := bundle(t, appSpec("sh", "-c", "cat marker; exit 7"))
+	if err := os.WriteFile(filepath.Join(side, "rootfs", "marker"), []byte("side's own root\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sideIO := newIO(t, false)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		close(boot.gate)
+	}()
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "side", Bundle: side, Stdout: sideIO.stdout, Stderr: sideIO.stderr}); err != nil {
+		t.Fatalf("Create(side): %v", err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("Create(web): %v", err)
+	}
+	if len(boot.boots) != 1 {
+		t.Fatalf("%d boots, want the pod's one", len(boot.boots))
+	}
+	vm := boot.vms[0]
+	for _, id := range []string{"web", "side"} {
+		if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: id}); err != nil {
+			t.Fatalf("Start(%s): %v", id, err)
+		}
+	}
+	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "side"})
+	if err != nil || w.ExitStatus != 7 {
+		t.Fatalf("Wait(side) = %v, %v", w, err)
+	}
+	sideIO.wg.Wait()
+	if out := sideIO.out.String(); out != "side's own root\n" {
+		t.Errorf("side's output %q: it did not run in its own root", out)
+	}
+	// Stopping or saving the VM would stop or save the others too.
+	if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "web"}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "side") {
+		t.Errorf("Pause(web) beside side = %v, want FailedPrecondition naming side", err)
+	}
+	if _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "web", Path: t.TempDir()}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Checkpoint(web) beside side = %v, want FailedPrecondition", err)
+	}
+	// A checkpoint cannot be restored into a running pod's VM.
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "restored", Bundle: bundle(t, appSpec("true")), Checkpoint: t.TempDir()}); !errdefs.IsNotImplemented(err) {
+		t.Errorf("Create from a checkpoint into the pod = %v, want NotImplemented", err)
+	}
+	// The VM's root container goes first: the VM stays for side.
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "web", Signal: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(vm.callList(), "close") {
+		t.Fatalf("the VM stopped with its first container while side remains: %q", vm.callList())
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "side"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := vm.callList(); !slices.Equal(got, []string{"mountroot side", "unmountroot side", "close"}) {
+		t.Errorf("VM calls %q", got)
+	}
+	// The pod's next application container boots a VM anew.
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "again", Bundle: bundle(t, appSpec("true"))}); err != nil {
+		t.Fatal(err)
+	}
+	if len(boot.boots) != 2 {
+		t.Errorf("%d boots, want a second once the pod had no VM", len(boot.boots))
+	}
 }
 
 func TestServiceStats(t *testing.T) {
@@ -529,7 +687,7 @@ func TestServiceErrorCodes(t *testing.T) {
 
 // TestServiceCreateUnlocked: while an app container's VM boots, the pod's
 // other calls answer (its sandbox container's State), the booting one is
-// refused as not ready yet, and a second app container is refused.
+// refused as not ready yet, and a second app container waits to join it.
 func TestServiceCreateUnlocked(t *testing.T) {
 	s, _, boot := newTestService(t)
 	boot.gate = make(chan struct{})
@@ -556,12 +714,26 @@ func TestServiceCreateUnlocked(t *testing.T) {
 	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "pod"}); err != nil || st.Status != task.Status_CREATED {
 		t.Errorf("State of the sandbox during the boot = %v, %v", st, err)
 	}
-	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, testSpec("true"))}); !errdefs.IsNotImplemented(err) {
-		t.Errorf("a second app container during the boot = %v, want NotImplemented", err)
+	// A second app container waits for the pod's VM, then joins it.
+	done2 := make(chan error, 1)
+	go func() {
+		_, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "app2", Bundle: bundle(t, testSpec("true"))})
+		done2 <- err
+	}()
+	select {
+	case err := <-done2:
+		t.Fatalf("a second app container's Create returned during the boot: %v", err)
+	case <-time.After(100 * time.Millisecond):
 	}
 	close(boot.gate)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if err := <-done2; err != nil {
+		t.Fatalf("a second app container after the boot: %v", err)
+	}
+	if len(boot.boots) != 1 {
+		t.Errorf("%d boots, want the pod's one", len(boot.boots))
 	}
 	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "app"}); err != nil || st.Status != task.Status_CREATED {
 		t.Errorf("State after the boot = %v, %v", st, err)

@@ -675,6 +675,7 @@ func TestKVMShimCRI(t *testing.T) {
 		"metadata":      map[string]any{"name": "kiln-pod", "namespace": "default", "uid": "kiln-pod-uid", "attempt": 0},
 		"log_directory": filepath.Join(dir, "logs"),
 		"annotations":   map[string]string{shim.AnnotationMemoryMiB: "256"},
+		"dns_config":    map[string]any{"servers": []string{"10.213.77.53"}},
 		"linux":         map[string]any{},
 	})
 	ctrJSON := filepath.Join(dir, "container.json")
@@ -705,6 +706,47 @@ func TestKVMShimCRI(t *testing.T) {
 	}
 	if out := cri("exec", cid, "ping", "-c", "2", "-W", "20", "10.213.77.1"); !strings.Contains(out, "2 packets received") {
 		t.Errorf("ping of the pod's gateway from the guest:\n%s", out)
+	}
+	// A second container in the pod: the same VM (its kernel, its
+	// network), its own root (the first's files are not in it), its own
+	// processes; it goes while the first runs on.
+	if out := cri("exec", cid, "sh", "-c", "echo first > /tmp/mine; hostname"); out == "" {
+		t.Errorf("crictl exec hostname in the first container: nothing")
+	}
+	side := filepath.Join(dir, "side.json")
+	writeJSON(t, side, map[string]any{
+		"metadata": map[string]any{"name": "side"},
+		"image":    map[string]any{"image": testImage},
+		"command":  []string{"sh", "-c", "echo side-started > /tmp/side; exec sleep 600"},
+		"log_path": "side.log",
+		"linux":    map[string]any{},
+	})
+	cid2 := cri("create", pod, side, podJSON)
+	cri("start", cid2)
+	if out := cri("exec", "--sync", cid2, "uname", "-r"); out != kvmtest.Kernel(t).Version {
+		t.Errorf("second container: uname -r %q, want the guest kernel's %q", out, kvmtest.Kernel(t).Version)
+	}
+	for deadline := time.Now().Add(time.Minute); cri("exec", cid2, "sh", "-c", "cat /tmp/side || true") != "side-started"; time.Sleep(time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second container's process never wrote /tmp/side in its root")
+		}
+	}
+	if out := cri("exec", cid2, "sh", "-c", "test -e /tmp/mine && echo shared || echo own"); out != "own" {
+		t.Errorf("the first container's /tmp/mine in the second's root: %q, want own", out)
+	}
+	if out := cri("exec", cid, "sh", "-c", "test -e /tmp/side && echo shared || echo own"); out != "own" {
+		t.Errorf("the second container's /tmp/side in the first's root: %q, want own", out)
+	}
+	if out := cri("exec", cid2, "ip", "-4", "-o", "addr", "show"); !strings.Contains(out, " "+podIP+"/24 ") {
+		t.Errorf("the second container's addresses:\n%s\nwant the pod's %s/24", out, podIP)
+	}
+	if out := cri("exec", cid2, "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver 10.213.77.53") {
+		t.Errorf("the second container's /etc/resolv.conf: %q, want the pod's nameserver 10.213.77.53", out)
+	}
+	cri("stop", "--timeout", "5", cid2)
+	cri("rm", cid2)
+	if out := cri("exec", cid, "cat", "/tmp/mine"); out != "first" {
+		t.Errorf("the first container after the second's removal: %q, want first", out)
 	}
 	cri("stopp", pod)
 	cri("rmp", pod)

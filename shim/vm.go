@@ -50,6 +50,13 @@ type VM interface {
 	Resume(ctx context.Context) error
 	// Save writes a snapshot of the VM into dir.
 	Save(ctx context.Context, dir string) error
+	// MountRoot serves the host directory dir to the guest as container
+	// root name (a pod's further container); a process started with
+	// ExecOptions.Root = name runs in it.
+	MountRoot(ctx context.Context, name, dir string) error
+	// UnmountRoot kills root name's processes, unmounts it in the guest
+	// and stops serving its directory.
+	UnmountRoot(ctx context.Context, name string) error
 	// Close stops the VM and frees what it holds.
 	Close(ctx context.Context) error
 }
@@ -183,6 +190,22 @@ func (v sandboxVM) ReadFile(ctx context.Context, path string, w io.Writer) (int6
 func (v sandboxVM) Pause(ctx context.Context) error            { return v.s.Pause(ctx) }
 func (v sandboxVM) Resume(ctx context.Context) error           { return v.s.Resume(ctx) }
 func (v sandboxVM) Save(ctx context.Context, dir string) error { return v.s.Save(ctx, dir) }
+func (v sandboxVM) MountRoot(ctx context.Context, name, dir string) error {
+	if err := v.s.ServeDir(name, dir); err != nil {
+		return err
+	}
+	if _, err := v.s.Client().MountRoot(ctx, name, 0); err != nil {
+		v.s.StopServingDir(name)
+		return err
+	}
+	return nil
+}
+
+func (v sandboxVM) UnmountRoot(ctx context.Context, name string) error {
+	err := v.s.Client().UnmountRoot(ctx, name)
+	return errors.Join(err, v.s.StopServingDir(name))
+}
+
 func (v sandboxVM) Close(ctx context.Context) error {
 	err := v.s.Close(ctx)
 	if rerr := os.RemoveAll(v.dir); rerr != nil && err == nil {
