@@ -14,6 +14,13 @@ func (s *Server) AddTestRoot(name, dir string) {
 	s.roots.m[name] = &containerRoot{name: name, dir: dir, path: filepath.Join(dir, "root"), mntns: map[uint64]bool{}}
 }
 
+// SetTestDirs moves the folders of the host's trees and the guest's
+// volumes (TreesDir, VolumesDir) for a test.
+func (s *Server) SetTestDirs(trees, volumes string) { s.treesDir, s.volumesDir = trees, volumes }
+
+// SetTestRootsDir moves RootsDir for a test.
+func (s *Server) SetTestRootsDir(dir string) { s.rootsDir = dir }
+
 // Exported for the tests of package agent_test.
 var (
 	CheckRootName = checkRootName

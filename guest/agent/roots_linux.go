@@ -81,7 +81,7 @@ func (s *Server) MountRoot(ctx context.Context, req *agentpb.MountRootRequest) (
 	if err := checkRootName(name); err != nil {
 		return nil, err
 	}
-	tree := filepath.Join(TreesDir, name)
+	tree := filepath.Join(s.treesDir, name)
 	if fi, err := os.Stat(tree); err != nil || !fi.IsDir() {
 		return nil, status.Errorf(codes.NotFound, "root %s: the host serves no tree %s", name, tree)
 	}
@@ -97,7 +97,7 @@ func (s *Server) MountRoot(ctx context.Context, req *agentpb.MountRootRequest) (
 		s.roots.mu.Unlock()
 		return nil, status.Errorf(codes.ResourceExhausted, "root %s: %d roots are mounted, the most a guest holds", name, maxRoots)
 	}
-	dir := filepath.Join(RootsDir, name)
+	dir := filepath.Join(s.rootsDir, name)
 	r := &containerRoot{name: name, dir: dir, path: filepath.Join(dir, "root"), mntns: map[uint64]bool{}, gone: true}
 	s.roots.m[name] = r // held (gone) while it is mounted
 	s.roots.mu.Unlock()

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"debug/elf"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -183,5 +184,173 @@ func copyLibraries(t *testing.T, root string) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestAddMounts: volumes go into a container root at destinations
+// resolved in it (an absolute link included), made where missing: a tree
+// read-only, a guest volume shared by the roots that name it, a tmpfs, a
+// file; bad requests name what is wrong.
+func TestAddMounts(t *testing.T) {
+	base := t.TempDir()
+	root := filepath.Join(base, "root")
+	trees, volumes := t.TempDir(), t.TempDir()
+	for _, d := range []string{filepath.Join(root, "etc"), filepath.Join(trees, "cfg")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(trees, "cfg", "key"), []byte("value\n"), 0o644)
+	// An absolute link in the root: resolved in it, not in the guest.
+	if err := os.Symlink("/etc", filepath.Join(root, "conf")); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, agent.Config{})
+	a.srv.SetTestDirs(trees, volumes)
+	a.srv.AddTestRoot("c1", base)
+	ctx := testContext(t, 30*time.Second)
+	err := a.AddMounts(ctx, "c1", []client.Mount{
+		{Destination: "/conf/cfg", Kind: client.MountTree, Name: "cfg"},
+		{Destination: "/data/shared", Kind: client.MountVolume, Name: "scratch"},
+		{Destination: "/scratch-ro", Kind: client.MountVolume, Name: "scratch", ReadOnly: true},
+		{Destination: "/mem", Kind: client.MountTmpfs, Size: 1 << 20},
+		{Destination: "/etc/hosts", Kind: client.MountFile, Data: []byte("10.0.0.9 pod\n"), Mode: 0o640},
+	})
+	if err != nil {
+		t.Fatalf("AddMounts: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, m := range []string{"etc/cfg", "data/shared", "scratch-ro", "mem"} {
+			unix.Unmount(filepath.Join(root, m), unix.MNT_DETACH)
+		}
+	})
+	if b, err := os.ReadFile(filepath.Join(root, "etc", "cfg", "key")); err != nil || string(b) != "value\n" {
+		t.Errorf("the tree at /conf/cfg (= the root's /etc/cfg): %q, %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc", "cfg", "new"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("writing into a tree: %v, want EROFS (trees are read-only)", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "data", "shared", "f"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("writing the volume: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "scratch-ro", "f")); err != nil || string(b) != "x" {
+		t.Errorf("the volume's second mount: %q, %v; want the first's file", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "scratch-ro", "g"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("writing the read-only mount: %v, want EROFS", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Join(root, "mem"), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Errorf("/mem: statfs %+v, %v; want a tmpfs", st.Type, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "etc", "hosts")); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("/etc/hosts: %v, %v; want a 0640 file", fi, err)
+	} else if b, _ := os.ReadFile(filepath.Join(root, "etc", "hosts")); string(b) != "10.0.0.9 pod\n" {
+		t.Errorf("/etc/hosts: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join("/", "cfg")); err == nil {
+		t.Errorf("a mount landed outside the root")
+	}
+
+	for _, tc := range []struct {
+		name string
+		root string
+		m    client.Mount
+		code codes.Code
+		want string
+	}{
+		{"relative", "c1", client.Mount{Destination: "x", Kind: client.MountTmpfs}, codes.InvalidArgument, "absolute"},
+		{"the root", "c1", client.Mount{Destination: "/", Kind: client.MountTmpfs}, codes.InvalidArgument, "root"},
+		{"proc", "c1", client.Mount{Destination: "/proc/x", Kind: client.MountTmpfs}, codes.InvalidArgument, "/proc"},
+		{"dev", "c1", client.Mount{Destination: "/dev/termination-log", Kind: client.MountFile}, codes.InvalidArgument, "/dev"},
+		{"agent state", "", client.Mount{Destination: "/run/kiln/roots", Kind: client.MountTmpfs}, codes.InvalidArgument, "/run/kiln"},
+		{"unknown tree", "c1", client.Mount{Destination: "/t", Kind: client.MountTree, Name: "nope"}, codes.NotFound, "nope"},
+		{"bad volume", "c1", client.Mount{Destination: "/t", Kind: client.MountVolume, Name: "../x"}, codes.InvalidArgument, "../x"},
+		{"big file", "c1", client.Mount{Destination: "/big", Kind: client.MountFile, Data: make([]byte, 1<<20+1)}, codes.InvalidArgument, "at most"},
+		{"unknown root", "c2", client.Mount{Destination: "/t", Kind: client.MountTmpfs}, codes.NotFound, "c2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantCode(t, a.AddMounts(ctx, tc.root, []client.Mount{tc.m}), tc.code, tc.want)
+		})
+	}
+}
+
+// TestMountRoot: MountRoot makes a tree the host serves a container root:
+// the tree under a writable overlay (writes stay out of the tree), with
+// proc, sysfs and the guest's /dev, and the guest's /etc files copied in
+// (a link the tree puts there is replaced, never followed);
+// UnmountRoot takes it all down.
+func TestMountRoot(t *testing.T) {
+	trees, roots := t.TempDir(), t.TempDir()
+	tree := filepath.Join(trees, "web")
+	for _, d := range []string{"etc", "bin"} {
+		if err := os.MkdirAll(filepath.Join(tree, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(tree, "bin", "app"), []byte("app\n"), 0o755)
+	// A hostile tree: its /etc/hosts links to the guest's /etc/passwd,
+	// its /proc is a link to the guest's /etc.
+	os.Symlink("/etc/passwd", filepath.Join(tree, "etc", "hosts"))
+	os.Symlink("/etc", filepath.Join(tree, "proc"))
+	a := startAgent(t, agent.Config{})
+	a.srv.SetTestDirs(trees, t.TempDir())
+	a.srv.SetTestRootsDir(roots)
+	ctx := testContext(t, 30*time.Second)
+	path, err := a.MountRoot(ctx, "web", 0)
+	if err != nil {
+		if strings.Contains(err.Error(), "operation not permitted") {
+			t.Skipf("this host lets no test mount overlay, proc or sysfs: %v", err)
+		}
+		t.Fatalf("MountRoot: %v", err)
+	}
+	if path != filepath.Join(roots, "web", "root") {
+		t.Errorf("MountRoot = %s", path)
+	}
+	if b, err := os.ReadFile(filepath.Join(path, "bin", "app")); err != nil || string(b) != "app\n" {
+		t.Errorf("the tree in the root: %q, %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(path, "bin", "new"), []byte("x"), 0o644); err != nil {
+		t.Errorf("writing in the root: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(tree, "bin", "new")); err == nil {
+		t.Error("a write in the root reached the tree")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Join(path, "proc"), &st); err != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		t.Errorf("the root's /proc: %#x, %v; want proc (the tree's link replaced)", st.Type, err)
+	}
+	if err := unix.Statfs(filepath.Join(path, "sys"), &st); err != nil || st.Type != unix.SYSFS_MAGIC {
+		t.Errorf("the root's /sys: %#x, %v", st.Type, err)
+	}
+	if _, err := os.Stat(filepath.Join(path, "dev", "null")); err != nil {
+		t.Errorf("the root's /dev/null: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(path, "etc", "hosts")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		// The guest (this host) has /etc/hosts: the copy replaces the link.
+		if _, herr := os.Stat("/etc/hosts"); herr == nil {
+			t.Error("the tree's /etc/hosts link was kept, not replaced by the guest's file")
+		}
+	}
+	if b, _ := os.ReadFile("/etc/passwd"); len(b) > 0 {
+		if h, _ := os.ReadFile(filepath.Join(path, "etc", "hosts")); string(h) == string(b) {
+			t.Error("the guest's /etc/hosts copy went through the tree's link")
+		}
+	}
+	_, err = a.MountRoot(ctx, "web", 0)
+	wantCode(t, err, codes.AlreadyExists, "web")
+	_, err = a.MountRoot(ctx, "nope", 0)
+	wantCode(t, err, codes.NotFound, "nope")
+	_, err = a.MountRoot(ctx, "../web", 0)
+	wantCode(t, err, codes.InvalidArgument)
+
+	if err := a.UnmountRoot(ctx, "web"); err != nil {
+		t.Fatalf("UnmountRoot: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(roots, "web")); !os.IsNotExist(err) {
+		t.Errorf("the root's folder after UnmountRoot: %v", err)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), roots) {
+		t.Errorf("mounts left under %s:\n%s", roots, b)
 	}
 }

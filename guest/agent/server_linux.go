@@ -114,6 +114,9 @@ type Server struct {
 
 	// roots are the container roots MountRoot mounted.
 	roots rootTable
+	// rootsDir, treesDir and volumesDir are RootsDir, TreesDir and
+	// VolumesDir (tests move them).
+	rootsDir, treesDir, volumesDir string
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system
@@ -150,6 +153,9 @@ func NewServer(cfg Config) *Server {
 		reaper:     cfg.Reaper,
 		trampoline: cfg.TrampolinePath,
 		detached:   newDetachedTable(cfg.MaxDetached),
+		rootsDir:   RootsDir,
+		treesDir:   TreesDir,
+		volumesDir: VolumesDir,
 	}
 	if s.sys == nil {
 		s.sys = LinuxSystem()

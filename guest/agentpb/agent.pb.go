@@ -80,7 +80,252 @@ func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Op.Descriptor instead.
 func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34, 0}
+	return file_agent_proto_rawDescGZIP(), []int{37, 0}
+}
+
+type AddMountsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The container root's name; empty: the guest's own root.
+	Root          string       `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	Mounts        []*RootMount `protobuf:"bytes,2,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMountsRequest) Reset() {
+	*x = AddMountsRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMountsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMountsRequest) ProtoMessage() {}
+
+func (x *AddMountsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMountsRequest.ProtoReflect.Descriptor instead.
+func (*AddMountsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AddMountsRequest) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *AddMountsRequest) GetMounts() []*RootMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+type RootMount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absolute path in the root.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Types that are valid to be assigned to Source:
+	//
+	//	*RootMount_Tree
+	//	*RootMount_Volume
+	//	*RootMount_Tmpfs
+	//	*RootMount_File
+	Source isRootMount_Source `protobuf_oneof:"source"`
+	// Bind read-only (tree: always).
+	Readonly bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// A tmpfs's size cap in bytes (0: tmpfs's default); a file's mode
+	// (permission bits; 0: 0644).
+	Size          uint64 `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
+	Mode          uint32 `protobuf:"varint,8,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RootMount) Reset() {
+	*x = RootMount{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RootMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RootMount) ProtoMessage() {}
+
+func (x *RootMount) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RootMount.ProtoReflect.Descriptor instead.
+func (*RootMount) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RootMount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *RootMount) GetSource() isRootMount_Source {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *RootMount) GetTree() string {
+	if x != nil {
+		if x, ok := x.Source.(*RootMount_Tree); ok {
+			return x.Tree
+		}
+	}
+	return ""
+}
+
+func (x *RootMount) GetVolume() string {
+	if x != nil {
+		if x, ok := x.Source.(*RootMount_Volume); ok {
+			return x.Volume
+		}
+	}
+	return ""
+}
+
+func (x *RootMount) GetTmpfs() bool {
+	if x != nil {
+		if x, ok := x.Source.(*RootMount_Tmpfs); ok {
+			return x.Tmpfs
+		}
+	}
+	return false
+}
+
+func (x *RootMount) GetFile() []byte {
+	if x != nil {
+		if x, ok := x.Source.(*RootMount_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *RootMount) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
+}
+
+func (x *RootMount) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *RootMount) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type isRootMount_Source interface {
+	isRootMount_Source()
+}
+
+type RootMount_Tree struct {
+	// A tree the host serves beside the image root (hostfs.TreesDir),
+	// bound read-only.
+	Tree string `protobuf:"bytes,2,opt,name=tree,proto3,oneof"`
+}
+
+type RootMount_Volume struct {
+	// A folder of the guest's own (/run/kiln/volumes/NAME, made on
+	// first use), shared by every root that names it: a pod's emptyDir.
+	Volume string `protobuf:"bytes,3,opt,name=volume,proto3,oneof"`
+}
+
+type RootMount_Tmpfs struct {
+	// A fresh tmpfs.
+	Tmpfs bool `protobuf:"varint,4,opt,name=tmpfs,proto3,oneof"`
+}
+
+type RootMount_File struct {
+	// A regular file of these bytes (at most 1 MiB), written in place.
+	File []byte `protobuf:"bytes,5,opt,name=file,proto3,oneof"`
+}
+
+func (*RootMount_Tree) isRootMount_Source() {}
+
+func (*RootMount_Volume) isRootMount_Source() {}
+
+func (*RootMount_Tmpfs) isRootMount_Source() {}
+
+func (*RootMount_File) isRootMount_Source() {}
+
+type AddMountsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMountsResponse) Reset() {
+	*x = AddMountsResponse{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMountsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMountsResponse) ProtoMessage() {}
+
+func (x *AddMountsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMountsResponse.ProtoReflect.Descriptor instead.
+func (*AddMountsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 type MountRootRequest struct {
@@ -97,7 +342,7 @@ type MountRootRequest struct {
 
 func (x *MountRootRequest) Reset() {
 	*x = MountRootRequest{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -109,7 +354,7 @@ func (x *MountRootRequest) String() string {
 func (*MountRootRequest) ProtoMessage() {}
 
 func (x *MountRootRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -122,7 +367,7 @@ func (x *MountRootRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountRootRequest.ProtoReflect.Descriptor instead.
 func (*MountRootRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MountRootRequest) GetName() string {
@@ -149,7 +394,7 @@ type MountRootResponse struct {
 
 func (x *MountRootResponse) Reset() {
 	*x = MountRootResponse{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +406,7 @@ func (x *MountRootResponse) String() string {
 func (*MountRootResponse) ProtoMessage() {}
 
 func (x *MountRootResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +419,7 @@ func (x *MountRootResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountRootResponse.ProtoReflect.Descriptor instead.
 func (*MountRootResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MountRootResponse) GetPath() string {
@@ -193,7 +438,7 @@ type UnmountRootRequest struct {
 
 func (x *UnmountRootRequest) Reset() {
 	*x = UnmountRootRequest{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +450,7 @@ func (x *UnmountRootRequest) String() string {
 func (*UnmountRootRequest) ProtoMessage() {}
 
 func (x *UnmountRootRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +463,7 @@ func (x *UnmountRootRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountRootRequest.ProtoReflect.Descriptor instead.
 func (*UnmountRootRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UnmountRootRequest) GetName() string {
@@ -236,7 +481,7 @@ type UnmountRootResponse struct {
 
 func (x *UnmountRootResponse) Reset() {
 	*x = UnmountRootResponse{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +493,7 @@ func (x *UnmountRootResponse) String() string {
 func (*UnmountRootResponse) ProtoMessage() {}
 
 func (x *UnmountRootResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +506,7 @@ func (x *UnmountRootResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountRootResponse.ProtoReflect.Descriptor instead.
 func (*UnmountRootResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 type ExecStart struct {
@@ -309,7 +554,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +566,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +579,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -425,7 +670,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +682,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +695,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -478,7 +723,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +735,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +748,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -536,7 +781,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +793,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +806,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -663,7 +908,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +920,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +933,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecStarted) GetPid() int32 {
@@ -715,7 +960,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +972,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +985,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -786,7 +1031,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +1043,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +1056,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -893,7 +1138,7 @@ type ListDetachedRequest struct {
 
 func (x *ListDetachedRequest) Reset() {
 	*x = ListDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1150,7 @@ func (x *ListDetachedRequest) String() string {
 func (*ListDetachedRequest) ProtoMessage() {}
 
 func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1163,7 @@ func (x *ListDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ListDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 type DetachedProcess struct {
@@ -939,7 +1184,7 @@ type DetachedProcess struct {
 
 func (x *DetachedProcess) Reset() {
 	*x = DetachedProcess{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1196,7 @@ func (x *DetachedProcess) String() string {
 func (*DetachedProcess) ProtoMessage() {}
 
 func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1209,7 @@ func (x *DetachedProcess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachedProcess.ProtoReflect.Descriptor instead.
 func (*DetachedProcess) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DetachedProcess) GetId() string {
@@ -1025,7 +1270,7 @@ type ListDetachedResponse struct {
 
 func (x *ListDetachedResponse) Reset() {
 	*x = ListDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1282,7 @@ func (x *ListDetachedResponse) String() string {
 func (*ListDetachedResponse) ProtoMessage() {}
 
 func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1295,7 @@ func (x *ListDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ListDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListDetachedResponse) GetProcesses() []*DetachedProcess {
@@ -1070,7 +1315,7 @@ type SignalDetachedRequest struct {
 
 func (x *SignalDetachedRequest) Reset() {
 	*x = SignalDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1327,7 @@ func (x *SignalDetachedRequest) String() string {
 func (*SignalDetachedRequest) ProtoMessage() {}
 
 func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1340,7 @@ func (x *SignalDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedRequest.ProtoReflect.Descriptor instead.
 func (*SignalDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignalDetachedRequest) GetId() string {
@@ -1120,7 +1365,7 @@ type SignalDetachedResponse struct {
 
 func (x *SignalDetachedResponse) Reset() {
 	*x = SignalDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1377,7 @@ func (x *SignalDetachedResponse) String() string {
 func (*SignalDetachedResponse) ProtoMessage() {}
 
 func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1390,7 @@ func (x *SignalDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalDetachedResponse.ProtoReflect.Descriptor instead.
 func (*SignalDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type WaitDetachedRequest struct {
@@ -1157,7 +1402,7 @@ type WaitDetachedRequest struct {
 
 func (x *WaitDetachedRequest) Reset() {
 	*x = WaitDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1414,7 @@ func (x *WaitDetachedRequest) String() string {
 func (*WaitDetachedRequest) ProtoMessage() {}
 
 func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1427,7 @@ func (x *WaitDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitDetachedRequest.ProtoReflect.Descriptor instead.
 func (*WaitDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitDetachedRequest) GetId() string {
@@ -1201,7 +1446,7 @@ type ForgetDetachedRequest struct {
 
 func (x *ForgetDetachedRequest) Reset() {
 	*x = ForgetDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1458,7 @@ func (x *ForgetDetachedRequest) String() string {
 func (*ForgetDetachedRequest) ProtoMessage() {}
 
 func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1471,7 @@ func (x *ForgetDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedRequest.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForgetDetachedRequest) GetId() string {
@@ -1244,7 +1489,7 @@ type ForgetDetachedResponse struct {
 
 func (x *ForgetDetachedResponse) Reset() {
 	*x = ForgetDetachedResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1501,7 @@ func (x *ForgetDetachedResponse) String() string {
 func (*ForgetDetachedResponse) ProtoMessage() {}
 
 func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1514,7 @@ func (x *ForgetDetachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetDetachedResponse.ProtoReflect.Descriptor instead.
 func (*ForgetDetachedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type AttachDetachedRequest struct {
@@ -1281,7 +1526,7 @@ type AttachDetachedRequest struct {
 
 func (x *AttachDetachedRequest) Reset() {
 	*x = AttachDetachedRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1538,7 @@ func (x *AttachDetachedRequest) String() string {
 func (*AttachDetachedRequest) ProtoMessage() {}
 
 func (x *AttachDetachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1551,7 @@ func (x *AttachDetachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachDetachedRequest.ProtoReflect.Descriptor instead.
 func (*AttachDetachedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AttachDetachedRequest) GetId() string {
@@ -1333,7 +1578,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1590,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1603,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1402,7 +1647,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1659,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1672,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -1480,7 +1725,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1737,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1750,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1524,7 +1769,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1781,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1794,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Chunk) GetData() []byte {
@@ -1570,7 +1815,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1827,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +1840,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1637,7 +1882,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1894,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1907,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1755,7 +2000,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +2012,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +2025,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1808,7 +2053,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2065,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2078,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1859,7 +2104,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2116,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2129,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1923,7 +2168,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2180,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2193,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 type RemoveRequest struct {
@@ -1962,7 +2207,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2219,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2232,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2012,7 +2257,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2269,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2282,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type MoveRequest struct {
@@ -2051,7 +2296,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2308,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2321,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MoveRequest) GetSource() string {
@@ -2105,7 +2350,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2362,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2375,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -2162,7 +2407,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2419,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2432,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -2226,7 +2471,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2483,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2496,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 type HealthResponse struct {
@@ -2263,7 +2508,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +2520,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +2533,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2306,7 +2551,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2563,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2576,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type InfoResponse struct {
@@ -2352,7 +2597,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2609,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2622,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -2453,7 +2698,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2710,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2723,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *QuiesceRequest) GetDropCaches() bool {
@@ -2496,7 +2741,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2753,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2766,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 type ReseedRequest struct {
@@ -2534,7 +2779,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2791,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2804,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2580,7 +2825,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2837,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2850,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReseedResponse) GetCredited() bool {
@@ -2625,7 +2870,7 @@ type SetClockRequest struct {
 
 func (x *SetClockRequest) Reset() {
 	*x = SetClockRequest{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +2882,7 @@ func (x *SetClockRequest) String() string {
 func (*SetClockRequest) ProtoMessage() {}
 
 func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +2895,7 @@ func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockRequest.ProtoReflect.Descriptor instead.
 func (*SetClockRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SetClockRequest) GetUnixNanos() int64 {
@@ -2668,7 +2913,7 @@ type SetClockResponse struct {
 
 func (x *SetClockResponse) Reset() {
 	*x = SetClockResponse{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2925,7 @@ func (x *SetClockResponse) String() string {
 func (*SetClockResponse) ProtoMessage() {}
 
 func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2938,7 @@ func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockResponse.ProtoReflect.Descriptor instead.
 func (*SetClockResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 type PowerOffRequest struct {
@@ -2704,7 +2949,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2961,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2974,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 type PowerOffResponse struct {
@@ -2740,7 +2985,7 @@ type PowerOffResponse struct {
 
 func (x *PowerOffResponse) Reset() {
 	*x = PowerOffResponse{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2997,7 @@ func (x *PowerOffResponse) String() string {
 func (*PowerOffResponse) ProtoMessage() {}
 
 func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +3010,7 @@ func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffResponse.ProtoReflect.Descriptor instead.
 func (*PowerOffResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 type SetHostnameRequest struct {
@@ -2778,7 +3023,7 @@ type SetHostnameRequest struct {
 
 func (x *SetHostnameRequest) Reset() {
 	*x = SetHostnameRequest{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +3035,7 @@ func (x *SetHostnameRequest) String() string {
 func (*SetHostnameRequest) ProtoMessage() {}
 
 func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +3048,7 @@ func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameRequest.ProtoReflect.Descriptor instead.
 func (*SetHostnameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetHostnameRequest) GetName() string {
@@ -2821,7 +3066,7 @@ type SetHostnameResponse struct {
 
 func (x *SetHostnameResponse) Reset() {
 	*x = SetHostnameResponse{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3078,7 @@ func (x *SetHostnameResponse) String() string {
 func (*SetHostnameResponse) ProtoMessage() {}
 
 func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3091,7 @@ func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameResponse.ProtoReflect.Descriptor instead.
 func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 type ConfigureNetworkRequest struct {
@@ -2873,7 +3118,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3130,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3143,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ConfigureNetworkRequest) GetInterface() string {
@@ -2953,7 +3198,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3210,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3223,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ConfigureNetworkResponse) GetInterface() string {
@@ -2992,7 +3237,21 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\rkiln.agent.v1\"I\n" +
+	"\vagent.proto\x12\rkiln.agent.v1\"X\n" +
+	"\x10AddMountsRequest\x12\x12\n" +
+	"\x04root\x18\x01 \x01(\tR\x04root\x120\n" +
+	"\x06mounts\x18\x02 \x03(\v2\x18.kiln.agent.v1.RootMountR\x06mounts\"\xd9\x01\n" +
+	"\tRootMount\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x14\n" +
+	"\x04tree\x18\x02 \x01(\tH\x00R\x04tree\x12\x18\n" +
+	"\x06volume\x18\x03 \x01(\tH\x00R\x06volume\x12\x16\n" +
+	"\x05tmpfs\x18\x04 \x01(\bH\x00R\x05tmpfs\x12\x14\n" +
+	"\x04file\x18\x05 \x01(\fH\x00R\x04file\x12\x1a\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x12\n" +
+	"\x04size\x18\a \x01(\x04R\x04size\x12\x12\n" +
+	"\x04mode\x18\b \x01(\rR\x04modeB\b\n" +
+	"\x06source\"\x13\n" +
+	"\x11AddMountsResponse\"I\n" +
 	"\x10MountRootRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fwritable_mib\x18\x02 \x01(\rR\vwritableMib\"'\n" +
@@ -3172,7 +3431,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12 \n" +
 	"\vnameservers\x18\x06 \x03(\tR\vnameservers\"8\n" +
 	"\x18ConfigureNetworkResponse\x12\x1c\n" +
-	"\tinterface\x18\x01 \x01(\tR\tinterface2\xb8\x0e\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface2\x88\x0f\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
@@ -3197,7 +3456,8 @@ const file_agent_proto_rawDesc = "" +
 	"\vSetHostname\x12!.kiln.agent.v1.SetHostnameRequest\x1a\".kiln.agent.v1.SetHostnameResponse\x12c\n" +
 	"\x10ConfigureNetwork\x12&.kiln.agent.v1.ConfigureNetworkRequest\x1a'.kiln.agent.v1.ConfigureNetworkResponse\x12N\n" +
 	"\tMountRoot\x12\x1f.kiln.agent.v1.MountRootRequest\x1a .kiln.agent.v1.MountRootResponse\x12T\n" +
-	"\vUnmountRoot\x12!.kiln.agent.v1.UnmountRootRequest\x1a\".kiln.agent.v1.UnmountRootResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
+	"\vUnmountRoot\x12!.kiln.agent.v1.UnmountRootRequest\x1a\".kiln.agent.v1.UnmountRootResponse\x12N\n" +
+	"\tAddMounts\x12\x1f.kiln.agent.v1.AddMountsRequest\x1a .kiln.agent.v1.AddMountsResponseB&Z$github.com/kilnvm/kiln/guest/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -3212,128 +3472,134 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_agent_proto_goTypes = []any{
 	(WatchEvent_Op)(0),               // 0: kiln.agent.v1.WatchEvent.Op
-	(*MountRootRequest)(nil),         // 1: kiln.agent.v1.MountRootRequest
-	(*MountRootResponse)(nil),        // 2: kiln.agent.v1.MountRootResponse
-	(*UnmountRootRequest)(nil),       // 3: kiln.agent.v1.UnmountRootRequest
-	(*UnmountRootResponse)(nil),      // 4: kiln.agent.v1.UnmountRootResponse
-	(*ExecStart)(nil),                // 5: kiln.agent.v1.ExecStart
-	(*PtySize)(nil),                  // 6: kiln.agent.v1.PtySize
-	(*ExecSignal)(nil),               // 7: kiln.agent.v1.ExecSignal
-	(*ExecRequest)(nil),              // 8: kiln.agent.v1.ExecRequest
-	(*ExecStarted)(nil),              // 9: kiln.agent.v1.ExecStarted
-	(*ExecExit)(nil),                 // 10: kiln.agent.v1.ExecExit
-	(*ExecResponse)(nil),             // 11: kiln.agent.v1.ExecResponse
-	(*ListDetachedRequest)(nil),      // 12: kiln.agent.v1.ListDetachedRequest
-	(*DetachedProcess)(nil),          // 13: kiln.agent.v1.DetachedProcess
-	(*ListDetachedResponse)(nil),     // 14: kiln.agent.v1.ListDetachedResponse
-	(*SignalDetachedRequest)(nil),    // 15: kiln.agent.v1.SignalDetachedRequest
-	(*SignalDetachedResponse)(nil),   // 16: kiln.agent.v1.SignalDetachedResponse
-	(*WaitDetachedRequest)(nil),      // 17: kiln.agent.v1.WaitDetachedRequest
-	(*ForgetDetachedRequest)(nil),    // 18: kiln.agent.v1.ForgetDetachedRequest
-	(*ForgetDetachedResponse)(nil),   // 19: kiln.agent.v1.ForgetDetachedResponse
-	(*AttachDetachedRequest)(nil),    // 20: kiln.agent.v1.AttachDetachedRequest
-	(*WriteFileHeader)(nil),          // 21: kiln.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),         // 22: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),          // 23: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),                    // 24: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),              // 25: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),                 // 26: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),              // 27: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 28: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 29: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 30: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 31: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 32: kiln.agent.v1.RemoveResponse
-	(*MoveRequest)(nil),              // 33: kiln.agent.v1.MoveRequest
-	(*WatchRequest)(nil),             // 34: kiln.agent.v1.WatchRequest
-	(*WatchEvent)(nil),               // 35: kiln.agent.v1.WatchEvent
-	(*HealthRequest)(nil),            // 36: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 37: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),              // 38: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 39: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),           // 40: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),          // 41: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),            // 42: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),           // 43: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),          // 44: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),         // 45: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),          // 46: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),         // 47: kiln.agent.v1.PowerOffResponse
-	(*SetHostnameRequest)(nil),       // 48: kiln.agent.v1.SetHostnameRequest
-	(*SetHostnameResponse)(nil),      // 49: kiln.agent.v1.SetHostnameResponse
-	(*ConfigureNetworkRequest)(nil),  // 50: kiln.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 51: kiln.agent.v1.ConfigureNetworkResponse
+	(*AddMountsRequest)(nil),         // 1: kiln.agent.v1.AddMountsRequest
+	(*RootMount)(nil),                // 2: kiln.agent.v1.RootMount
+	(*AddMountsResponse)(nil),        // 3: kiln.agent.v1.AddMountsResponse
+	(*MountRootRequest)(nil),         // 4: kiln.agent.v1.MountRootRequest
+	(*MountRootResponse)(nil),        // 5: kiln.agent.v1.MountRootResponse
+	(*UnmountRootRequest)(nil),       // 6: kiln.agent.v1.UnmountRootRequest
+	(*UnmountRootResponse)(nil),      // 7: kiln.agent.v1.UnmountRootResponse
+	(*ExecStart)(nil),                // 8: kiln.agent.v1.ExecStart
+	(*PtySize)(nil),                  // 9: kiln.agent.v1.PtySize
+	(*ExecSignal)(nil),               // 10: kiln.agent.v1.ExecSignal
+	(*ExecRequest)(nil),              // 11: kiln.agent.v1.ExecRequest
+	(*ExecStarted)(nil),              // 12: kiln.agent.v1.ExecStarted
+	(*ExecExit)(nil),                 // 13: kiln.agent.v1.ExecExit
+	(*ExecResponse)(nil),             // 14: kiln.agent.v1.ExecResponse
+	(*ListDetachedRequest)(nil),      // 15: kiln.agent.v1.ListDetachedRequest
+	(*DetachedProcess)(nil),          // 16: kiln.agent.v1.DetachedProcess
+	(*ListDetachedResponse)(nil),     // 17: kiln.agent.v1.ListDetachedResponse
+	(*SignalDetachedRequest)(nil),    // 18: kiln.agent.v1.SignalDetachedRequest
+	(*SignalDetachedResponse)(nil),   // 19: kiln.agent.v1.SignalDetachedResponse
+	(*WaitDetachedRequest)(nil),      // 20: kiln.agent.v1.WaitDetachedRequest
+	(*ForgetDetachedRequest)(nil),    // 21: kiln.agent.v1.ForgetDetachedRequest
+	(*ForgetDetachedResponse)(nil),   // 22: kiln.agent.v1.ForgetDetachedResponse
+	(*AttachDetachedRequest)(nil),    // 23: kiln.agent.v1.AttachDetachedRequest
+	(*WriteFileHeader)(nil),          // 24: kiln.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),         // 25: kiln.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),          // 26: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                    // 27: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),              // 28: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),                 // 29: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),              // 30: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 31: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 32: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 33: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 34: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 35: kiln.agent.v1.RemoveResponse
+	(*MoveRequest)(nil),              // 36: kiln.agent.v1.MoveRequest
+	(*WatchRequest)(nil),             // 37: kiln.agent.v1.WatchRequest
+	(*WatchEvent)(nil),               // 38: kiln.agent.v1.WatchEvent
+	(*HealthRequest)(nil),            // 39: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 40: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),              // 41: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 42: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),           // 43: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),          // 44: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),            // 45: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),           // 46: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),          // 47: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 48: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),          // 49: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),         // 50: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),       // 51: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),      // 52: kiln.agent.v1.SetHostnameResponse
+	(*ConfigureNetworkRequest)(nil),  // 53: kiln.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 54: kiln.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	6,  // 0: kiln.agent.v1.ExecStart.pty:type_name -> kiln.agent.v1.PtySize
-	5,  // 1: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
-	7,  // 2: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	6,  // 3: kiln.agent.v1.ExecRequest.resize:type_name -> kiln.agent.v1.PtySize
-	9,  // 4: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
-	10, // 5: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
-	10, // 6: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
-	13, // 7: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
-	7,  // 8: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
-	21, // 9: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
-	26, // 10: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
-	0,  // 11: kiln.agent.v1.WatchEvent.op:type_name -> kiln.agent.v1.WatchEvent.Op
-	26, // 12: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
-	8,  // 13: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
-	12, // 14: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
-	15, // 15: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
-	17, // 16: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
-	18, // 17: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
-	20, // 18: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
-	22, // 19: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
-	23, // 20: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
-	25, // 21: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
-	27, // 22: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
-	29, // 23: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
-	31, // 24: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
-	33, // 25: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
-	34, // 26: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
-	36, // 27: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
-	38, // 28: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
-	40, // 29: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
-	42, // 30: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
-	44, // 31: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
-	46, // 32: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
-	48, // 33: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
-	50, // 34: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
-	1,  // 35: kiln.agent.v1.Agent.MountRoot:input_type -> kiln.agent.v1.MountRootRequest
-	3,  // 36: kiln.agent.v1.Agent.UnmountRoot:input_type -> kiln.agent.v1.UnmountRootRequest
-	11, // 37: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	14, // 38: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
-	16, // 39: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
-	13, // 40: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
-	19, // 41: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
-	11, // 42: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
-	26, // 43: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	24, // 44: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	26, // 45: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	28, // 46: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	30, // 47: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	32, // 48: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	26, // 49: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
-	35, // 50: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
-	37, // 51: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	39, // 52: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	41, // 53: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	43, // 54: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	45, // 55: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	47, // 56: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	49, // 57: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
-	51, // 58: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
-	2,  // 59: kiln.agent.v1.Agent.MountRoot:output_type -> kiln.agent.v1.MountRootResponse
-	4,  // 60: kiln.agent.v1.Agent.UnmountRoot:output_type -> kiln.agent.v1.UnmountRootResponse
-	37, // [37:61] is the sub-list for method output_type
-	13, // [13:37] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	2,  // 0: kiln.agent.v1.AddMountsRequest.mounts:type_name -> kiln.agent.v1.RootMount
+	9,  // 1: kiln.agent.v1.ExecStart.pty:type_name -> kiln.agent.v1.PtySize
+	8,  // 2: kiln.agent.v1.ExecRequest.start:type_name -> kiln.agent.v1.ExecStart
+	10, // 3: kiln.agent.v1.ExecRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	9,  // 4: kiln.agent.v1.ExecRequest.resize:type_name -> kiln.agent.v1.PtySize
+	12, // 5: kiln.agent.v1.ExecResponse.started:type_name -> kiln.agent.v1.ExecStarted
+	13, // 6: kiln.agent.v1.ExecResponse.exit:type_name -> kiln.agent.v1.ExecExit
+	13, // 7: kiln.agent.v1.DetachedProcess.exit:type_name -> kiln.agent.v1.ExecExit
+	16, // 8: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
+	10, // 9: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
+	24, // 10: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
+	29, // 11: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
+	0,  // 12: kiln.agent.v1.WatchEvent.op:type_name -> kiln.agent.v1.WatchEvent.Op
+	29, // 13: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
+	11, // 14: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
+	15, // 15: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
+	18, // 16: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
+	20, // 17: kiln.agent.v1.Agent.WaitDetached:input_type -> kiln.agent.v1.WaitDetachedRequest
+	21, // 18: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
+	23, // 19: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
+	25, // 20: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
+	26, // 21: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
+	28, // 22: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
+	30, // 23: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
+	32, // 24: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
+	34, // 25: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
+	36, // 26: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
+	37, // 27: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
+	39, // 28: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
+	41, // 29: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
+	43, // 30: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
+	45, // 31: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
+	47, // 32: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
+	49, // 33: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
+	51, // 34: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
+	53, // 35: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
+	4,  // 36: kiln.agent.v1.Agent.MountRoot:input_type -> kiln.agent.v1.MountRootRequest
+	6,  // 37: kiln.agent.v1.Agent.UnmountRoot:input_type -> kiln.agent.v1.UnmountRootRequest
+	1,  // 38: kiln.agent.v1.Agent.AddMounts:input_type -> kiln.agent.v1.AddMountsRequest
+	14, // 39: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	17, // 40: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	19, // 41: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	16, // 42: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	22, // 43: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	14, // 44: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
+	29, // 45: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	27, // 46: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	29, // 47: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	31, // 48: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	33, // 49: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	35, // 50: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	29, // 51: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
+	38, // 52: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
+	40, // 53: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	42, // 54: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	44, // 55: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	46, // 56: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	48, // 57: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	50, // 58: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	52, // 59: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	54, // 60: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
+	5,  // 61: kiln.agent.v1.Agent.MountRoot:output_type -> kiln.agent.v1.MountRootResponse
+	7,  // 62: kiln.agent.v1.Agent.UnmountRoot:output_type -> kiln.agent.v1.UnmountRootResponse
+	3,  // 63: kiln.agent.v1.Agent.AddMounts:output_type -> kiln.agent.v1.AddMountsResponse
+	39, // [39:64] is the sub-list for method output_type
+	14, // [14:39] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3341,21 +3607,27 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[4].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_agent_proto_msgTypes[1].OneofWrappers = []any{
+		(*RootMount_Tree)(nil),
+		(*RootMount_Volume)(nil),
+		(*RootMount_Tmpfs)(nil),
+		(*RootMount_File)(nil),
+	}
+	file_agent_proto_msgTypes[7].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[21].OneofWrappers = []any{
+	file_agent_proto_msgTypes[24].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3365,7 +3637,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

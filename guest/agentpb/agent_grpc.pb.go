@@ -47,6 +47,7 @@ const (
 	Agent_ConfigureNetwork_FullMethodName = "/kiln.agent.v1.Agent/ConfigureNetwork"
 	Agent_MountRoot_FullMethodName        = "/kiln.agent.v1.Agent/MountRoot"
 	Agent_UnmountRoot_FullMethodName      = "/kiln.agent.v1.Agent/UnmountRoot"
+	Agent_AddMounts_FullMethodName        = "/kiln.agent.v1.Agent/AddMounts"
 )
 
 // AgentClient is the client API for Agent service.
@@ -138,6 +139,13 @@ type AgentClient interface {
 	// Exec started with its name) and unmounts it; its writes are gone.
 	// An unknown name is NOT_FOUND.
 	UnmountRoot(ctx context.Context, in *UnmountRootRequest, opts ...grpc.CallOption) (*UnmountRootResponse, error)
+	// AddMounts mounts volumes into a container root (MountRoot), or into
+	// the guest's own root when root is empty, in order: each destination
+	// is resolved in the root (its symbolic links cannot leave it) and
+	// made if missing. A bad field is INVALID_ARGUMENT naming it; an
+	// unknown root or tree NOT_FOUND. What was mounted before a failure
+	// stays.
+	AddMounts(ctx context.Context, in *AddMountsRequest, opts ...grpc.CallOption) (*AddMountsResponse, error)
 }
 
 type agentClient struct {
@@ -421,6 +429,16 @@ func (c *agentClient) UnmountRoot(ctx context.Context, in *UnmountRootRequest, o
 	return out, nil
 }
 
+func (c *agentClient) AddMounts(ctx context.Context, in *AddMountsRequest, opts ...grpc.CallOption) (*AddMountsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddMountsResponse)
+	err := c.cc.Invoke(ctx, Agent_AddMounts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -510,6 +528,13 @@ type AgentServer interface {
 	// Exec started with its name) and unmounts it; its writes are gone.
 	// An unknown name is NOT_FOUND.
 	UnmountRoot(context.Context, *UnmountRootRequest) (*UnmountRootResponse, error)
+	// AddMounts mounts volumes into a container root (MountRoot), or into
+	// the guest's own root when root is empty, in order: each destination
+	// is resolved in the root (its symbolic links cannot leave it) and
+	// made if missing. A bad field is INVALID_ARGUMENT naming it; an
+	// unknown root or tree NOT_FOUND. What was mounted before a failure
+	// stays.
+	AddMounts(context.Context, *AddMountsRequest) (*AddMountsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -591,6 +616,9 @@ func (UnimplementedAgentServer) MountRoot(context.Context, *MountRootRequest) (*
 }
 func (UnimplementedAgentServer) UnmountRoot(context.Context, *UnmountRootRequest) (*UnmountRootResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method UnmountRoot not implemented")
+}
+func (UnimplementedAgentServer) AddMounts(context.Context, *AddMountsRequest) (*AddMountsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddMounts not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -1002,6 +1030,24 @@ func _Agent_UnmountRoot_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_AddMounts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddMountsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).AddMounts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_AddMounts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).AddMounts(ctx, req.(*AddMountsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1084,6 +1130,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UnmountRoot",
 			Handler:    _Agent_UnmountRoot_Handler,
+		},
+		{
+			MethodName: "AddMounts",
+			Handler:    _Agent_AddMounts_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -298,6 +298,59 @@ func (c *Client) UnmountRoot(ctx context.Context, name string) error {
 	return nil
 }
 
+// MountKind is what a Mount mounts.
+type MountKind int
+
+const (
+	// MountTree binds, read-only, a tree the host serves beside the
+	// guest's image root (sandbox.Sandbox.ServeDir): Mount.Name.
+	MountTree MountKind = iota + 1
+	// MountVolume binds the guest's own folder Mount.Name, shared by every
+	// root that names it (a pod's emptyDir).
+	MountVolume
+	// MountTmpfs mounts a fresh tmpfs (Mount.Size caps it).
+	MountTmpfs
+	// MountFile writes Mount.Data as a file (Mount.Mode; at most 1 MiB).
+	MountFile
+)
+
+// Mount is a volume AddMounts puts at Destination.
+type Mount struct {
+	Destination string
+	Kind        MountKind
+	Name        string
+	Data        []byte
+	ReadOnly    bool
+	Size        uint64
+	Mode        uint32
+}
+
+// AddMounts mounts ms, in order, into container root root (MountRoot),
+// or into the guest's own root when root is "".
+func (c *Client) AddMounts(ctx context.Context, root string, ms []Mount) error {
+	req := &agentpb.AddMountsRequest{Root: root}
+	for i, m := range ms {
+		rm := &agentpb.RootMount{Destination: m.Destination, Readonly: m.ReadOnly, Size: m.Size, Mode: m.Mode}
+		switch m.Kind {
+		case MountTree:
+			rm.Source = &agentpb.RootMount_Tree{Tree: m.Name}
+		case MountVolume:
+			rm.Source = &agentpb.RootMount_Volume{Volume: m.Name}
+		case MountTmpfs:
+			rm.Source = &agentpb.RootMount_Tmpfs{Tmpfs: true}
+		case MountFile:
+			rm.Source = &agentpb.RootMount_File{File: m.Data}
+		default:
+			return fmt.Errorf("client: add mounts: mount %d (%s): unknown kind %d", i, m.Destination, m.Kind)
+		}
+		req.Mounts = append(req.Mounts, rm)
+	}
+	if _, err := c.api.AddMounts(ctx, req); err != nil {
+		return fmt.Errorf("client: add mounts to root %q: %w", root, err)
+	}
+	return nil
+}
+
 // NetworkConfig is what ConfigureNetwork gives the guest's network card.
 type NetworkConfig struct {
 	// Interface names the card; empty: the guest's first non-loopback
