@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -66,6 +67,9 @@ type Service struct {
 	// rootfs is a container root in it (VM.MountRoot). nil until the
 	// first, and again once the last is deleted.
 	pod *podVM
+	// trees counts the containers using each read-only volume served
+	// beside the VM's root (VM.ServeDir), by tree name.
+	trees map[string]int
 }
 
 // podVM is a pod's VM and the application containers that use it.
@@ -144,9 +148,13 @@ type container struct {
 	// guestRoot is the container root (VM.MountRoot) its processes run
 	// in; "" for the container whose rootfs is the VM's root.
 	guestRoot string
-	init      *process
-	execs     map[string]*process
-	paused    bool
+	// volumes are its spec's mounts as the VM takes them; trees the
+	// read-only volumes it holds served (Service.trees).
+	volumes []volume
+	trees   []string
+	init    *process
+	execs   map[string]*process
+	paused  bool
 	// creating: its Create is booting the VM (without s.mu); every
 	// other call is refused until it returns.
 	creating bool
@@ -234,6 +242,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 				if c.mounted {
 					unmountRootfs(c.rootfs, s.log)
 				}
+				s.releaseTrees(c)
 				s.release(ctx, c.pod)
 			}
 		}()
@@ -273,6 +282,11 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			return nil, fmt.Errorf("create %s: its root in the pod's VM: %w", r.ID, err)
 		}
 		s.log.Info("container joined the pod's VM", "container", r.ID)
+	}
+	if c.pod != nil && r.Checkpoint == "" { // a restored VM has its mounts
+		if err := s.attachVolumes(ctx, c); err != nil {
+			return nil, fmt.Errorf("create %s: its volumes: %w", r.ID, err)
+		}
 	}
 	s.mu.Lock()
 	if c.pod != nil {
@@ -320,6 +334,19 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 	}
 	if c.init.opts, err = execOptions(spec.Process); err != nil {
 		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	if c.volumes, err = planVolumes(spec); err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrNotImplemented)
+		}
+		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
+	if r.Checkpoint != "" {
+		for _, v := range c.volumes {
+			if v.mount.Kind == client.MountTree {
+				return nil, nil, fmt.Errorf("create %s from a checkpoint: the read-only host folder %s (on %s) is not part of a checkpoint: %w", r.ID, v.source, v.mount.Destination, errdefs.ErrNotImplemented)
+			}
+		}
 	}
 	if s.pod != nil {
 		// The pod's VM is up (or booting): this container joins it.
@@ -566,6 +593,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		}
 		cancel()
 	}
+	s.releaseTrees(c)
 	if c.pod != nil {
 		last := s.release(ctx, c.pod)
 		if !last && c.guestRoot == "" && c.mounted {
@@ -608,6 +636,58 @@ func (s *Service) release(ctx context.Context, pod *podVM) bool {
 		cancel()
 	}
 	return true
+}
+
+// attachVolumes serves c's read-only volumes not served yet and mounts
+// its volumes into its root.
+func (s *Service) attachVolumes(ctx context.Context, c *container) error {
+	var ms []client.Mount
+	for _, v := range c.volumes {
+		ms = append(ms, v.mount)
+		if v.mount.Kind != client.MountTree || slices.Contains(c.trees, v.mount.Name) {
+			continue
+		}
+		s.mu.Lock()
+		if s.trees == nil {
+			s.trees = map[string]int{}
+		}
+		first := s.trees[v.mount.Name] == 0
+		s.trees[v.mount.Name]++
+		c.trees = append(c.trees, v.mount.Name)
+		s.mu.Unlock()
+		if first {
+			if err := c.pod.vm.ServeDir(v.mount.Name, v.source); err != nil {
+				return fmt.Errorf("serving %s: %w", v.source, err)
+			}
+		}
+	}
+	if len(ms) == 0 {
+		return nil
+	}
+	return c.pod.vm.AddMounts(ctx, c.guestRoot, ms)
+}
+
+// releaseTrees drops c's uses of read-only volumes, and stops serving
+// those no container uses any more.
+func (s *Service) releaseTrees(c *container) {
+	s.mu.Lock()
+	var stop []string
+	for _, name := range c.trees {
+		if s.trees[name]--; s.trees[name] <= 0 {
+			delete(s.trees, name)
+			stop = append(stop, name)
+		}
+	}
+	c.trees = nil
+	s.mu.Unlock()
+	if c.pod == nil || c.pod.vm == nil {
+		return
+	}
+	for _, name := range stop {
+		if err := c.pod.vm.StopServingDir(name); err != nil {
+			s.log.Warn("stopping a read-only volume", "container", c.id, "tree", name, "err", err)
+		}
+	}
 }
 
 // sharing names another live application container of c's pod, or "".
@@ -829,6 +909,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	if o := s.sharing(c); o != "" {
 		return nil, fmt.Errorf("checkpoint %s: its VM also runs container %s of the pod: a checkpoint holds one container: %w", r.ID, o, errdefs.ErrFailedPrecondition)
+	}
+	if len(c.trees) > 0 {
+		return nil, fmt.Errorf("checkpoint %s: it mounts read-only host folders (%d), which a restored VM would not have: %w", r.ID, len(c.trees), errdefs.ErrFailedPrecondition)
 	}
 	if r.Path == "" || !filepath.IsAbs(r.Path) {
 		return nil, fmt.Errorf("checkpoint %s: path %q is not absolute: %w", r.ID, r.Path, errdefs.ErrInvalidArgument)

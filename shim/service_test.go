@@ -139,6 +139,25 @@ func (v *hostVM) UnmountRoot(_ context.Context, name string) error {
 	return nil
 }
 
+func (v *hostVM) ServeDir(name, dir string) error {
+	v.record("serve " + name + " " + dir)
+	return nil
+}
+
+func (v *hostVM) StopServingDir(name string) error {
+	v.record("stopserving " + name)
+	return nil
+}
+
+func (v *hostVM) AddMounts(_ context.Context, root string, ms []client.Mount) error {
+	var parts []string
+	for _, m := range ms {
+		parts = append(parts, fmt.Sprintf("%d:%s:%s", m.Kind, m.Destination, m.Name))
+	}
+	v.record("mounts " + root + " " + strings.Join(parts, ","))
+	return nil
+}
+
 func (v *hostVM) callList() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -678,12 +678,29 @@ func TestKVMShimCRI(t *testing.T) {
 		"dns_config":    map[string]any{"servers": []string{"10.213.77.53"}},
 		"linux":         map[string]any{},
 	})
+	// Volumes as the kubelet gives them: a read-only folder (a
+	// ConfigMap's) and an emptyDir both containers mount.
+	cfgDir := filepath.Join(dir, "pods/kiln-pod-uid/volumes/kubernetes.io~configmap/cfg")
+	cacheDir := filepath.Join(dir, "pods/kiln-pod-uid/volumes/kubernetes.io~empty-dir/cache")
+	for _, d := range []string{cfgDir, cacheDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cfgDir, "key"), []byte("value\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	volumes := []map[string]any{
+		{"container_path": "/etc/cfg", "host_path": cfgDir, "readonly": true},
+		{"container_path": "/cache", "host_path": cacheDir},
+	}
 	ctrJSON := filepath.Join(dir, "container.json")
 	writeJSON(t, ctrJSON, map[string]any{
 		"metadata": map[string]any{"name": "app"},
 		"image":    map[string]any{"image": testImage},
 		"command":  []string{"sleep", "600"},
 		"log_path": "app.log",
+		"mounts":   volumes,
 		"linux":    map[string]any{},
 	})
 	pod := cri("runp", "--runtime", "kiln", podJSON)
@@ -719,6 +736,7 @@ func TestKVMShimCRI(t *testing.T) {
 		"image":    map[string]any{"image": testImage},
 		"command":  []string{"sh", "-c", "echo side-started > /tmp/side; exec sleep 600"},
 		"log_path": "side.log",
+		"mounts":   volumes,
 		"linux":    map[string]any{},
 	})
 	cid2 := cri("create", pod, side, podJSON)
@@ -742,6 +760,23 @@ func TestKVMShimCRI(t *testing.T) {
 	}
 	if out := cri("exec", cid2, "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver 10.213.77.53") {
 		t.Errorf("the second container's /etc/resolv.conf: %q, want the pod's nameserver 10.213.77.53", out)
+	}
+	// The volumes: the read-only folder in both, read-only; the emptyDir
+	// shared (in guest RAM: the host's folder stays empty).
+	for _, id := range []string{cid, cid2} {
+		if out := cri("exec", id, "cat", "/etc/cfg/key"); out != "value" {
+			t.Errorf("/etc/cfg/key in %.12s: %q, want value", id, out)
+		}
+		if out := cri("exec", id, "sh", "-c", "touch /etc/cfg/new 2>/dev/null && echo wrote || echo refused"); out != "refused" {
+			t.Errorf("writing the read-only volume in %.12s: %q", id, out)
+		}
+	}
+	cri("exec", cid, "sh", "-c", "echo from-app > /cache/note")
+	if out := cri("exec", cid2, "cat", "/cache/note"); out != "from-app" {
+		t.Errorf("the emptyDir in the second container: %q, want the first's from-app", out)
+	}
+	if out := cri("exec", cid, "cat", "/etc/resolv.conf"); !strings.Contains(out, "nameserver 10.213.77.53") {
+		t.Errorf("the first container's /etc/resolv.conf (CRI's file): %q", out)
 	}
 	cri("stop", "--timeout", "5", cid2)
 	cri("rm", cid2)

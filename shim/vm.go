@@ -57,6 +57,13 @@ type VM interface {
 	// UnmountRoot kills root name's processes, unmounts it in the guest
 	// and stops serving its directory.
 	UnmountRoot(ctx context.Context, name string) error
+	// ServeDir serves the host directory dir read-only beside the VM's
+	// root as tree name (a read-only volume); StopServingDir ends that.
+	ServeDir(name, dir string) error
+	StopServingDir(name string) error
+	// AddMounts mounts volumes into container root root ("" for the VM's
+	// root).
+	AddMounts(ctx context.Context, root string, ms []client.Mount) error
 	// Close stops the VM and frees what it holds.
 	Close(ctx context.Context) error
 }
@@ -204,6 +211,12 @@ func (v sandboxVM) MountRoot(ctx context.Context, name, dir string) error {
 func (v sandboxVM) UnmountRoot(ctx context.Context, name string) error {
 	err := v.s.Client().UnmountRoot(ctx, name)
 	return errors.Join(err, v.s.StopServingDir(name))
+}
+
+func (v sandboxVM) ServeDir(name, dir string) error  { return v.s.ServeDir(name, dir) }
+func (v sandboxVM) StopServingDir(name string) error { return v.s.StopServingDir(name) }
+func (v sandboxVM) AddMounts(ctx context.Context, root string, ms []client.Mount) error {
+	return v.s.Client().AddMounts(ctx, root, ms)
 }
 
 func (v sandboxVM) Close(ctx context.Context) error {
