@@ -16,6 +16,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -148,6 +149,9 @@ type container struct {
 	// guestRoot is the container root (VM.MountRoot) its processes run
 	// in; "" for the container whose rootfs is the VM's root.
 	guestRoot string
+	// adopt, for a task restored from a checkpoint, is the detached ID of
+	// the checkpointed init process its Start takes over.
+	adopt string
 	// volumes are its spec's mounts as the VM takes them; trees the
 	// read-only volumes it holds served (Service.trees).
 	volumes []volume
@@ -342,6 +346,11 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 	}
 	if r.Checkpoint != "" {
+		meta, err := readCheckpointMeta(r.Checkpoint)
+		if err != nil {
+			return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+		c.adopt = meta.Init
 		for _, v := range c.volumes {
 			if v.mount.Kind == client.MountTree {
 				return nil, nil, fmt.Errorf("create %s from a checkpoint: the read-only host folder %s (on %s) is not part of a checkpoint: %w", r.ID, v.source, v.mount.Destination, errdefs.ErrNotImplemented)
@@ -478,9 +487,30 @@ func (s *Service) startProcess(ctx context.Context, c *container, p *process) (e
 			streams.Close()
 		}
 	}()
+	if p.id == "" && c.adopt != "" {
+		// A restored task: its init is the checkpointed one, still
+		// running in the restored VM; it has no stdin any more.
+		if streams.stdinHold != nil {
+			streams.stdinHold.Close()
+		}
+		pctx, pcancel := context.WithCancel(s.ctx)
+		gp, err := c.vm.Adopt(pctx, c.adopt, streams.stdout, streams.stderr)
+		if err != nil {
+			pcancel()
+			return fmt.Errorf("taking over the checkpointed process: %w", err)
+		}
+		p.gp, p.pid, p.cancel, p.status = gp, uint32(gp.Pid()), pcancel, task.Status_RUNNING
+		go s.waitProcess(c, p, streams)
+		return nil
+	}
 	opts := p.opts
 	opts.Root = c.guestRoot
 	opts.Stdout, opts.Stderr = streams.stdout, streams.stderr
+	if p.id == "" {
+		// Detached: it outlives the agent's connection, so a VM restored
+		// from a checkpoint still runs it for the new task to adopt.
+		opts.DetachID = initDetachID(c.id)
+	}
 	if streams.stdin != nil {
 		pr, pw := io.Pipe()
 		p.stdin, p.stdinHold = pw, streams.stdinHold
@@ -929,12 +959,90 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := c.vm.Save(ctx, filepath.Join(r.Path, checkpointDir)); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
 	}
+	if c.init.status == task.Status_RUNNING {
+		id := initDetachID(c.id)
+		if c.adopt != "" {
+			id = c.adopt // a restored task's init keeps its first ID
+		}
+		if err := writeCheckpointMeta(r.Path, checkpointMeta{Init: id}); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
+		}
+	}
 	s.send(runtime.TaskCheckpointedEventTopic, &eventstypes.TaskCheckpointed{ContainerID: r.ID})
 	return &ptypes.Empty{}, nil
 }
 
 // checkpointDir is the snapshot's folder in a checkpoint's path.
 const checkpointDir = "kiln-snapshot"
+
+// checkpointMetaFile, beside checkpointDir, says what a task restored
+// from the checkpoint takes over.
+const checkpointMetaFile = "kiln-shim.json"
+
+// checkpointMeta is checkpointMetaFile's content.
+type checkpointMeta struct {
+	// Init is the detached ID of the init process that ran when the
+	// checkpoint was taken ("": none ran; the restored task runs its
+	// spec's process anew).
+	Init string `json:"init,omitempty"`
+}
+
+// initDetachID is the agent's detached ID of container id's init.
+func initDetachID(id string) string { return "init:" + id }
+
+func writeCheckpointMeta(dir string, m checkpointMeta) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, checkpointMetaFile), b, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", checkpointMetaFile, err)
+	}
+	return nil
+}
+
+// readCheckpointMeta reads a checkpoint's checkpointMetaFile (none: a
+// checkpoint whose task ran nothing), which must be small and name a
+// valid detached ID: a checkpoint is not trusted.
+func readCheckpointMeta(dir string) (checkpointMeta, error) {
+	var m checkpointMeta
+	f, err := os.Open(filepath.Join(dir, checkpointMetaFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return m, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4097))
+	if err != nil {
+		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
+	}
+	if len(b) > 4096 {
+		return m, fmt.Errorf("checkpoint %s: more than 4096 bytes", checkpointMetaFile)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
+	}
+	if m.Init != "" && !validDetachID(m.Init) {
+		return m, fmt.Errorf("checkpoint %s: init %q is not a detached process ID", checkpointMetaFile, m.Init)
+	}
+	return m, nil
+}
+
+// validDetachID reports whether id is 1 to 128 bytes of A-Z a-z 0-9 . _
+// - : (the agent's rule).
+func validDetachID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
 
 // ResizePty resizes a process's terminal.
 func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {

@@ -158,6 +158,13 @@ func (v *hostVM) AddMounts(_ context.Context, root string, ms []client.Mount) er
 	return nil
 }
 
+// Adopt stands a fresh host process in for the restored VM's copy of the
+// checkpointed one (host processes cannot be restored).
+func (v *hostVM) Adopt(ctx context.Context, id string, stdout, stderr io.Writer) (GuestProcess, error) {
+	v.record("adopt " + id)
+	return v.Start(ctx, client.ExecOptions{Argv: []string{"sleep", "600"}, Stdout: stdout, Stderr: stderr})
+}
+
 func (v *hostVM) callList() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -441,6 +448,9 @@ func TestServiceCheckpointPaused(t *testing.T) {
 	vm.mu.Lock()
 	calls := strings.Join(vm.calls, " ")
 	vm.mu.Unlock()
+	if m, err := readCheckpointMeta(dir); err != nil || m.Init != "init:c3" {
+		t.Errorf("the checkpoint's %s: %+v, %v; want init init:c3", checkpointMetaFile, m, err)
+	}
 	if calls != "pause resume save pause" {
 		t.Errorf("VM calls %q, want pause resume save pause", calls)
 	}
@@ -463,6 +473,54 @@ func TestServiceCheckpointPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTopics(t, rec, "/tasks/create", "/tasks/start", "/tasks/paused", "/tasks/checkpointed", "/tasks/resumed", "/tasks/exit", "/tasks/delete")
+}
+
+// TestServiceRestoreAdopts: a task created from a checkpoint takes over
+// the checkpointed init process (detached in the guest, so the restored
+// VM still runs it) rather than running its spec's process anew; a
+// checkpoint whose metadata is not valid is refused at Create.
+func TestServiceRestoreAdopts(t *testing.T) {
+	s, _, boot := newTestService(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	if err := writeCheckpointMeta(dir, checkpointMeta{Init: "init:orig"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "r", Bundle: bundle(t, testSpec("false")), Checkpoint: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if boot.boots[0].Checkpoint != dir {
+		t.Errorf("boot %+v, want a restore of %s", boot.boots[0], dir)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "r", Signal: uint32(syscall.SIGKILL)}); err != nil {
+		t.Fatal(err)
+	}
+	// The spec's process (false) would exit 1 at once: the adopted one
+	// ran until killed.
+	if w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "r"}); err != nil || w.ExitStatus != 137 {
+		t.Errorf("Wait = %v, %v; want the adopted process killed (137)", w, err)
+	}
+	if got := boot.vms[0].callList(); !slices.Equal(got, []string{"adopt init:orig"}) {
+		t.Errorf("VM calls %q, want the adoption of init:orig", got)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+
+	for name, meta := range map[string]string{
+		"not json":  "{",
+		"bad id":    `{"init":"../x y"}`,
+		"too large": `{"init":"` + strings.Repeat("a", 5000) + `"}`,
+	} {
+		d := t.TempDir()
+		os.WriteFile(filepath.Join(d, checkpointMetaFile), []byte(meta), 0o600)
+		if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "bad", Bundle: bundle(t, testSpec("true")), Checkpoint: d}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: Create = %v, want InvalidArgument", name, err)
+		}
+	}
 }
 
 func TestServiceRefusesSpecs(t *testing.T) {

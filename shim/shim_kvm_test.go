@@ -484,10 +484,10 @@ func TestKVMShimCtr(t *testing.T) {
 	// Checkpoint and restore, the shim's path to fork: ctr checkpoints a
 	// running container (its task paused around it) into a checkpoint
 	// image, the original goes on, and a container restored from the
-	// checkpoint has the VM as it was then: its init process appends a
-	// line to /tmp/boots at each start, so the restored container's
-	// file holds the checkpoint's line and its own start's (a cold boot
-	// would hold one), and not the original's change after the
+	// checkpoint has the VM as it was then, its init process included:
+	// the restored task takes over the checkpointed process (the same
+	// guest PID, not started again: /tmp/boots, a line per start, holds
+	// the one line) and does not see the original's change after the
 	// checkpoint.
 	t.Run("checkpoint and restore", func(t *testing.T) {
 		const ref = "kiln.test/checkpoint:tc"
@@ -527,14 +527,31 @@ func TestKVMShimCtr(t *testing.T) {
 		start = time.Now()
 		c.must("container", "restore", "--live", "tr", ref)
 		t.Logf("bench: ctr container restore --live: %v", time.Since(start).Round(time.Millisecond))
-		if got := read("tr", "r1"); got != "boot boot" {
-			t.Errorf("/tmp/boots in the restored container: %q, want \"boot boot\" (the checkpoint's line, then its own start's)", got)
+		if got := read("tr", "r1"); got != "boot" {
+			t.Errorf("/tmp/boots in the restored container: %q, want \"boot\" (the checkpoint's line; its init not started again)", got)
+		}
+		pids := map[string]string{}
+		for _, line := range strings.Split(c.must("task", "ls"), "\n") {
+			if f := strings.Fields(line); len(f) >= 3 {
+				pids[f[0]] = f[1]
+			}
+		}
+		if pids["tr"] == "" || pids["tr"] != pids["tc"] {
+			t.Errorf("task PIDs %v: want tr's init to be tc's, taken over (the same guest PID)", pids)
 		}
 		if got := read("tc", "r2"); got != "boot after" {
 			t.Errorf("/tmp/boots in the original: %q, want \"boot after\"", got)
 		}
 		for _, id := range []string{"tc", "tr"} {
 			c.must("task", "kill", "-s", "KILL", id)
+		}
+		// The adopted process's exit is the restored task's.
+		deadline = time.Now().Add(time.Minute)
+		for !strings.Contains(c.must("task", "ls"), "STOPPED") || strings.Count(c.must("task", "ls"), "STOPPED") < 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the tasks never stopped after their kill:\n%s", c.must("task", "ls"))
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 		for _, id := range []string{"tc", "tr"} {
 			deadline := time.Now().Add(time.Minute)

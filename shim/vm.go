@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -64,6 +66,10 @@ type VM interface {
 	// AddMounts mounts volumes into container root root ("" for the VM's
 	// root).
 	AddMounts(ctx context.Context, root string, ms []client.Mount) error
+	// Adopt takes over the detached process id (ExecOptions.DetachID)
+	// that a restored VM runs: its output from now on goes to stdout and
+	// stderr; ctx bounds the attachment, not the process.
+	Adopt(ctx context.Context, id string, stdout, stderr io.Writer) (GuestProcess, error)
 	// Close stops the VM and frees what it holds.
 	Close(ctx context.Context) error
 }
@@ -188,7 +194,77 @@ func (v sandboxVM) Start(ctx context.Context, opts client.ExecOptions) (GuestPro
 	if err != nil {
 		return nil, err
 	}
+	if opts.DetachID != "" {
+		return forgetting{p, v.s.Client(), opts.DetachID}, nil
+	}
 	return p, nil
+}
+
+// forgetting is a detached process the agent forgets once it has exited
+// and its status is read.
+type forgetting struct {
+	*client.Process
+	c  *client.Client
+	id string
+}
+
+func (p forgetting) Wait() (client.ExitStatus, error) {
+	st, err := p.Process.Wait()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		p.c.ForgetDetached(ctx, p.id)
+		cancel()
+	}
+	return st, err
+}
+
+func (v sandboxVM) Adopt(ctx context.Context, id string, stdout, stderr io.Writer) (GuestProcess, error) {
+	c := v.s.Client()
+	ps, err := c.ListDetached(ctx)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(ps, func(p client.DetachedProcess) bool { return p.ID == id })
+	if i < 0 {
+		return nil, fmt.Errorf("the restored VM runs no process %s", id)
+	}
+	a := &adopted{c: c, id: id, pid: ps[i].Pid, done: make(chan struct{})}
+	go func() {
+		a.status, a.err = c.AttachDetached(ctx, id, stdout, stderr)
+		if a.err == nil {
+			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c.ForgetDetached(fctx, id)
+			cancel()
+		}
+		close(a.done)
+	}()
+	return a, nil
+}
+
+// adopted is a detached process a restored VM runs, taken over by a new
+// task.
+type adopted struct {
+	c      *client.Client
+	id     string
+	pid    int
+	done   chan struct{}
+	status client.ExitStatus
+	err    error
+}
+
+func (a *adopted) Pid() int { return a.pid }
+func (a *adopted) Signal(sig syscall.Signal) error {
+	return a.c.SignalDetached(context.Background(), a.id, sig, false)
+}
+func (a *adopted) SignalGroup(sig syscall.Signal) error {
+	return a.c.SignalDetached(context.Background(), a.id, sig, true)
+}
+func (a *adopted) Resize(client.PtySize) error {
+	return errors.New("a restored process's terminal is not resized")
+}
+func (a *adopted) Wait() (client.ExitStatus, error) {
+	<-a.done
+	return a.status, a.err
 }
 
 func (v sandboxVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
