@@ -159,6 +159,8 @@ type container struct {
 	init    *process
 	execs   map[string]*process
 	paused  bool
+	// checkpointing: a Checkpoint is saving its VM (without s.mu).
+	checkpointing bool
 	// creating: its Create is booting the VM (without s.mu); every
 	// other call is refused until it returns.
 	creating bool
@@ -361,6 +363,11 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 		// The pod's VM is up (or booting): this container joins it.
 		if r.Checkpoint != "" {
 			return nil, nil, fmt.Errorf("create %s: restoring a checkpoint into a pod whose VM runs already: %w", r.ID, errdefs.ErrNotImplemented)
+		}
+		for _, o := range s.containers {
+			if o.pod == s.pod && o.checkpointing {
+				return nil, nil, fmt.Errorf("create %s: the pod's VM is being checkpointed (container %s): %w", r.ID, o.id, errdefs.ErrFailedPrecondition)
+			}
 		}
 		if err := checkRootName(r.ID); err != nil {
 			return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
@@ -592,6 +599,10 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if p.status == task.Status_RUNNING {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("delete %s: it is running: %w", describe(c, p), errdefs.ErrFailedPrecondition)
+	}
+	if r.ExecID == "" && c.checkpointing {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("delete %s: a checkpoint of it is being taken: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
 	if p.status == task.Status_CREATED {
 		s.exited(c, p, 0)
@@ -898,6 +909,9 @@ func (s *Service) pauseResume(ctx context.Context, id string, pause bool) (*ptyp
 	if c.vm == nil {
 		return nil, fmt.Errorf("container %s: a pod's sandbox container has no VM to pause: %w", id, errdefs.ErrNotImplemented)
 	}
+	if c.checkpointing {
+		return nil, fmt.Errorf("container %s: a checkpoint of it is being taken: %w", id, errdefs.ErrFailedPrecondition)
+	}
 	if c.paused == pause {
 		return &ptypes.Empty{}, nil
 	}
@@ -923,16 +937,63 @@ func (s *Service) pauseResume(ctx context.Context, id string, pause bool) (*ptyp
 
 // Checkpoint saves the container's VM as a Kiln snapshot in r.Path; a task
 // created with that checkpoint restores it (its VM as saved: memory,
-// files, processes; then Start runs the spec's process in it anew). The
-// container keeps running. A paused container (containerd's client
+// files, processes; its Start takes over the checkpointed init process).
+// The container keeps running. A paused container (containerd's client
 // pauses a task around its checkpoint) runs just long enough for the
 // agent to quiesce the guest, and is paused again.
 func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (_ *ptypes.Empty, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock() // no Pause, Resume or Delete meanwhile
+	c, err := s.checkpointable(r)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	// The save runs without the service's lock (the pod's other calls
+	// answer meanwhile); Pause, Resume, Delete, another Checkpoint and a
+	// container joining the VM are refused until it ends.
+	c.checkpointing = true
+	paused, running := c.paused, c.init.status == task.Status_RUNNING
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		c.checkpointing = false
+		s.mu.Unlock()
+	}()
+	if paused {
+		if err := c.vm.Resume(ctx); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: resuming it to quiesce the guest: %w", r.ID, err)
+		}
+		defer func() {
+			if perr := c.vm.Pause(context.WithoutCancel(ctx)); perr != nil && err == nil {
+				err = fmt.Errorf("checkpoint %s: pausing it again: %w", r.ID, perr)
+			}
+		}()
+	}
+	if err := c.vm.Save(ctx, filepath.Join(r.Path, checkpointDir)); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
+	}
+	if running {
+		id := initDetachID(c.id)
+		if c.adopt != "" {
+			id = c.adopt // a restored task's init keeps its first ID
+		}
+		if err := writeCheckpointMeta(r.Path, checkpointMeta{Init: id}); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
+		}
+	}
+	s.send(runtime.TaskCheckpointedEventTopic, &eventstypes.TaskCheckpointed{ContainerID: r.ID})
+	return &ptypes.Empty{}, nil
+}
+
+// checkpointable returns the container a Checkpoint names, if it can be
+// checkpointed; s.mu held.
+func (s *Service) checkpointable(r *taskAPI.CheckpointTaskRequest) (*container, error) {
 	c, err := s.get(r.ID)
 	if err != nil {
 		return nil, err
+	}
+	if c.checkpointing {
+		return nil, fmt.Errorf("checkpoint %s: a checkpoint of it is being taken: %w", r.ID, errdefs.ErrFailedPrecondition)
 	}
 	if c.vm == nil {
 		return nil, fmt.Errorf("checkpoint %s: a pod's sandbox container has no VM: %w", r.ID, errdefs.ErrNotImplemented)
@@ -946,30 +1007,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if r.Path == "" || !filepath.IsAbs(r.Path) {
 		return nil, fmt.Errorf("checkpoint %s: path %q is not absolute: %w", r.ID, r.Path, errdefs.ErrInvalidArgument)
 	}
-	if c.paused {
-		if err := c.vm.Resume(ctx); err != nil {
-			return nil, fmt.Errorf("checkpoint %s: resuming it to quiesce the guest: %w", r.ID, err)
-		}
-		defer func() {
-			if perr := c.vm.Pause(context.WithoutCancel(ctx)); perr != nil && err == nil {
-				err = fmt.Errorf("checkpoint %s: pausing it again: %w", r.ID, perr)
-			}
-		}()
-	}
-	if err := c.vm.Save(ctx, filepath.Join(r.Path, checkpointDir)); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
-	}
-	if c.init.status == task.Status_RUNNING {
-		id := initDetachID(c.id)
-		if c.adopt != "" {
-			id = c.adopt // a restored task's init keeps its first ID
-		}
-		if err := writeCheckpointMeta(r.Path, checkpointMeta{Init: id}); err != nil {
-			return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
-		}
-	}
-	s.send(runtime.TaskCheckpointedEventTopic, &eventstypes.TaskCheckpointed{ContainerID: r.ID})
-	return &ptypes.Empty{}, nil
+	return c, nil
 }
 
 // checkpointDir is the snapshot's folder in a checkpoint's path.

@@ -67,6 +67,8 @@ type hostVM struct {
 	calls  []string
 	closed bool
 	roots  map[string]string // container roots: name → host directory
+	// saveGate, when set, holds Save until it is closed (a slow save).
+	saveGate chan struct{}
 }
 
 func (v *hostVM) record(call string) {
@@ -106,6 +108,9 @@ func (v *hostVM) ReadFile(ctx context.Context, path string, w io.Writer) (int64,
 func (v *hostVM) Pause(context.Context) error  { v.record("pause"); return nil }
 func (v *hostVM) Resume(context.Context) error { v.record("resume"); return nil }
 func (v *hostVM) Save(_ context.Context, dir string) error {
+	if v.saveGate != nil {
+		<-v.saveGate
+	}
 	v.record("save")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -814,5 +819,56 @@ func TestServiceCreateUnlocked(t *testing.T) {
 	}
 	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "app"}); err != nil || st.Status != task.Status_CREATED {
 		t.Errorf("State after the boot = %v, %v", st, err)
+	}
+}
+
+// TestServiceCheckpointUnlocked: while a checkpoint saves, the service
+// answers (State), and what would change the VM under it (Pause, Delete,
+// a second Checkpoint) is refused.
+func TestServiceCheckpointUnlocked(t *testing.T) {
+	s, _, boot := newTestService(t)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "c", Bundle: bundle(t, testSpec("sleep", "600"))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	vm := boot.vms[0]
+	vm.saveGate = make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()})
+		done <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		saving := s.containers["c"].checkpointing
+		s.mu.Unlock()
+		if saving {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the checkpoint never began")
+		}
+	}
+	if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "c"}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Pause during the checkpoint = %v, want FailedPrecondition", err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "c"}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Delete during the checkpoint = %v, want FailedPrecondition", err)
+	}
+	if st, err := s.State(ctx, &taskAPI.StateRequest{ID: "c"}); err != nil || st.Status != task.Status_RUNNING {
+		t.Errorf("State during the checkpoint = %v, %v", st, err)
+	}
+	if _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "c", Path: t.TempDir()}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("a second Checkpoint = %v, want FailedPrecondition", err)
+	}
+	close(vm.saveGate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: "c"}); err != nil {
+		t.Errorf("Pause after the checkpoint: %v", err)
 	}
 }
