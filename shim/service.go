@@ -45,6 +45,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 )
 
@@ -1062,24 +1063,10 @@ func readCheckpointMeta(dir string) (checkpointMeta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
 	}
-	if m.Init != "" && !validDetachID(m.Init) {
+	if m.Init != "" && !agentpb.ValidDetachedID(m.Init) {
 		return m, fmt.Errorf("checkpoint %s: init %q is not a detached process ID", checkpointMetaFile, m.Init)
 	}
 	return m, nil
-}
-
-// validDetachID reports whether id is 1 to 128 bytes of A-Z a-z 0-9 . _
-// - : (the agent's rule).
-func validDetachID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for _, c := range []byte(id) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
-			return false
-		}
-	}
-	return true
 }
 
 // ResizePty resizes a process's terminal.

@@ -12,6 +12,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 )
 
@@ -223,16 +224,10 @@ func execOptions(p *specs.Process) (client.ExecOptions, error) {
 }
 
 // checkRootName checks that a container ID can name its root in the
-// pod's VM (the guest agent's rule: 1 to 128 bytes of A-Z a-z 0-9 . _ -,
-// not . or ..). containerd's own IDs always can.
+// pod's VM (agentpb.ValidRootName). containerd's own IDs always can.
 func checkRootName(id string) error {
-	if id == "" || len(id) > 128 || id == "." || id == ".." {
-		return fmt.Errorf("container ID %q cannot name a root in the pod's VM: want 1 to 128 bytes, not . or ..", id)
-	}
-	for _, c := range []byte(id) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("container ID %q cannot name a root in the pod's VM: only A-Z a-z 0-9 . _ - are allowed", id)
-		}
+	if !agentpb.ValidRootName(id) {
+		return fmt.Errorf("container ID %q cannot name a root in the pod's VM: want 1 to %d bytes of A-Z a-z 0-9 . _ -, not . or ..", id, agentpb.MaxRootNameLen)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
 func TestVMSize(t *testing.T) {
@@ -185,7 +187,7 @@ func FuzzCheckpointMeta(f *testing.F) {
 			t.Fatal(err)
 		}
 		m, err := readCheckpointMeta(dir)
-		if err == nil && m.Init != "" && !validDetachID(m.Init) {
+		if err == nil && m.Init != "" && !agentpb.ValidDetachedID(m.Init) {
 			t.Fatalf("readCheckpointMeta accepted init %q", m.Init)
 		}
 	})

@@ -33,9 +33,6 @@ const RootsDir = "/run/kiln/roots"
 // hostfs.TreesDir.
 const TreesDir = "/run/kiln/image/.kiln-trees"
 
-// maxRootName is the longest root name.
-const maxRootName = 128
-
 // maxRoots bounds the container roots one guest holds.
 const maxRoots = 64
 
@@ -64,13 +61,8 @@ type rootTable struct {
 
 // checkRootName checks a root name from the host.
 func checkRootName(name string) error {
-	if name == "" || len(name) > maxRootName || name == "." || name == ".." {
-		return invalidf("root name %s: want 1 to %d bytes, not . or ..", quoteShort(name), maxRootName)
-	}
-	for _, c := range []byte(name) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return invalidf("root name %s: only A-Z a-z 0-9 . _ - are allowed", quoteShort(name))
-		}
+	if !agentpb.ValidRootName(name) {
+		return invalidf("root name %s: want 1 to %d bytes of A-Z a-z 0-9 . _ -, not . or ..", quoteShort(name), agentpb.MaxRootNameLen)
 	}
 	return nil
 }

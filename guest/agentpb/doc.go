@@ -48,3 +48,37 @@ const (
 	MaxPtyDimension  = 65535
 	MaxUserNameBytes = 256
 )
+
+// MaxRootNameLen is the longest name of a container root (MountRoot) and
+// of a tree or volume AddMounts names.
+const MaxRootNameLen = 128
+
+// ValidRootName reports whether name may name a container root, or a tree
+// or volume of AddMounts: 1 to MaxRootNameLen bytes of A-Z a-z 0-9 . _ -,
+// not "." or "..". The agent refuses any other; a host checks first.
+func ValidRootName(name string) bool {
+	if name == "" || len(name) > MaxRootNameLen || name == "." || name == ".." {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidDetachedID reports whether id may name a detached process
+// (ExecStart.detach_id): 1 to MaxDetachedIDLen bytes of A-Z a-z 0-9 . _
+// - :.
+func ValidDetachedID(id string) bool {
+	if id == "" || len(id) > MaxDetachedIDLen {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
