@@ -145,7 +145,18 @@ fuzz:
 	  done; \
 	done
 
-bench:
+# make bench: the benchmark suite where KVM works (this machine's, or an
+# emulated L1's through the harness), each measure beside QEMU microvm in the
+# same run; the results files (JSON: machine, kernel, commit, KVM mode, every
+# sample), then the tables and SVG plots `kiln bench report` makes of them,
+# all in $(BENCH_OUT). Then the package benchmarks that need no KVM.
+BENCH_OUT ?= bench-out
+BENCH_RUNS ?= 5
+bench: build harness kernel
+	@mkdir -p $(BENCH_OUT)
+	$(HARNESS) -exec -shared $(abspath $(BENCH_OUT)) -timeout 30m -- \
+	  sh -c '$(KILN) bench boot -n $(BENCH_RUNS) --json "$$KILN_TEST_SHARED/boot.json"'
+	$(KILN) bench report -o $(BENCH_OUT) $(BENCH_OUT)/*.json
 	$(GO) test -run '^$$' -bench . ./bench/...
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: kiln, kilnd and kiln-agent

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
+	"github.com/kilnvm/kiln/bench/results"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
@@ -37,13 +38,17 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if len(args) > 0 && args[0] == "daemon" {
 		return cmdBenchDaemon(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "report" {
+		return cmdBenchReport(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "boot" {
-		fmt.Fprintln(stderr, "usage: kiln bench boot [-n RUNS] [--kernel K] [--cpus N] [--mem MiB]")
+		fmt.Fprintln(stderr, "usage: kiln bench boot [-n RUNS] [--kernel K] [--cpus N] [--mem MiB] [--json FILE]")
 		fmt.Fprintln(stderr, "       kiln bench start [-n RUNS] [--kernel debian|minimal|PATH]... [--execs N] [--cpus N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench snapshot [flags]   (kiln bench snapshot -h)")
 		fmt.Fprintln(stderr, "       kiln bench process [--execs N] [--forks N] [--mem MiB]")
 		fmt.Fprintln(stderr, "       kiln bench image [flags]      (kiln bench image -h)")
 		fmt.Fprintln(stderr, "       kiln bench daemon [flags]     (kiln bench daemon -h)")
+		fmt.Fprintln(stderr, "       kiln bench report [-o DIR] RESULTS.json...")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("kiln bench boot", flag.ContinueOnError)
@@ -53,6 +58,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	cpus := fs.Int("cpus", 1, "vCPUs")
 	mem := fs.Int("mem", 256, "memory in MiB")
 	qemu := fs.String("qemu", "qemu-system-x86_64", "the peer VMM binary")
+	jsonOut := fs.String("json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
+	kvmMode := fs.String("kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -89,6 +96,17 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	fmt.Fprintf(stdout, "median: kiln %v, qemu microvm %v, ratio kiln/qemu %.2f\n",
 		bench.Median(c.Kiln).Round(time.Millisecond), bench.Median(c.Peer).Round(time.Millisecond), c.Ratio())
+	if *jsonOut != "" {
+		r := newResults(*kvmMode)
+		params := map[string]string{"kernel": filepath.Base(*kernel), "cpus": fmt.Sprint(*cpus), "memory_mib": fmt.Sprint(*mem)}
+		r.AddDurations("boot-to-userspace", results.VMMKiln, params, c.Kiln)
+		r.AddDurations("boot-to-userspace", results.VMMQEMU, params, c.Peer)
+		if err := r.WriteFile(*jsonOut); err != nil {
+			fmt.Fprintf(stderr, "kiln bench: %v\n", err)
+			return exitInternal
+		}
+		fmt.Fprintf(stdout, "results: %s (KVM %s)\n", *jsonOut, r.KVMMode)
+	}
 	return exitOK
 }
 
