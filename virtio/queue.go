@@ -40,8 +40,10 @@ var ErrStale = errors.New("virtqueue chain is from before a reset")
 
 // Queue is one split virtqueue. The transport sets the exported fields from
 // the driver's register writes before the device is activated; after that
-// only the device uses it, through Pop, Push and Notify, from one goroutine
-// at a time. Reset (by the transport) may run concurrently with them.
+// only the device uses it, through Pop, Push and Notify, which are safe to
+// call from several goroutines (a device that serves requests concurrently
+// pops on one and pushes on others). Reset (by the transport) may run
+// concurrently with them.
 type Queue struct {
 	// Size is the number of descriptors (a power of 2, at most the
 	// device's maximum for this queue).
