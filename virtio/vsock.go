@@ -206,9 +206,18 @@ func (v *Vsock) Activate(mem *memory.Memory, features uint64, queues []*Queue) e
 	return nil
 }
 
-// QueueNotify implements Device: it only wakes the worker, so the vCPU
-// never waits for the device's lock.
-func (v *Vsock) QueueNotify(index int) { v.wake() }
+// QueueNotify implements Device. When the device's lock is free it does
+// the work at once on the caller's goroutine (normally the one reading the
+// queue's ioeventfd), saving a hand-off to the worker on every packet;
+// otherwise it wakes the worker, so that a vCPU never waits for the lock.
+func (v *Vsock) QueueNotify(index int) {
+	if !v.mu.TryLock() {
+		v.wake()
+		return
+	}
+	v.serveLocked()
+	v.mu.Unlock()
+}
 
 // Reset implements Device: it stops serving the queues and drops every
 // connection.
@@ -276,22 +285,32 @@ func (v *Vsock) serve(kick, stop <-chan struct{}, done chan<- struct{}) {
 			return
 		case <-kick:
 		}
-		if err := v.process(); err != nil {
-			v.log.Error("vsock queue malformed: stopped serving", "err", err)
-			v.mu.Lock()
-			v.broken = true
-			v.dropAllLocked()
-			v.mu.Unlock()
-			<-stop
-			return
-		}
+		v.mu.Lock()
+		v.serveLocked()
+		v.mu.Unlock()
 	}
 }
 
-// process does all the work there is; an error means a queue is malformed.
-func (v *Vsock) process() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+// serveLocked does all the work there is, on whichever goroutine holds the
+// lock: the worker, QueueNotify's caller or a host reader with new data. A
+// wake-up pending for the worker is taken first, since this pass sees
+// everything made available before it. A malformed queue stops the device
+// (broken) until reset.
+func (v *Vsock) serveLocked() {
+	select {
+	case <-v.kick:
+	default:
+	}
+	if err := v.processLocked(); err != nil {
+		v.log.Error("vsock queue malformed: stopped serving", "err", err)
+		v.broken = true
+		v.dropAllLocked()
+	}
+}
+
+// processLocked does all the work there is; an error means a queue is
+// malformed.
+func (v *Vsock) processLocked() error {
 	if !v.active || v.broken {
 		return nil
 	}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Per-connection buffering.
@@ -67,6 +69,7 @@ type vsockConn struct {
 	lastFwdSent uint32 // fwdCnt last advertised to the guest
 	peerNoSend  bool   // the guest will send no more
 	hostWClosed bool   // toHost flushed and the host's write side closed
+	hostWriting bool   // hostWriter is writing outside the lock
 }
 
 func (v *Vsock) newConnLocked(key vsockKey, uc *net.UnixConn, state int) *vsockConn {
@@ -184,19 +187,29 @@ func (v *Vsock) hostReader(c *vsockConn) {
 			return
 		}
 		v.scheduleLocked(c)
+		if c.queued {
+			// Hand the data to the guest from here rather than wake
+			// the worker to do it: one goroutine switch less per packet.
+			v.serveLocked()
+		}
 		v.mu.Unlock()
 	}
 }
 
 // hostWriter writes c.toHost to the host socket, and advances fwdCnt.
+// While it writes without the lock it sets hostWriting, so that
+// writeHostLocked does not write beside it out of order.
 func (v *Vsock) hostWriter(c *vsockConn) {
 	if len(c.okLine) > 0 {
-		if _, err := c.host.Write(c.okLine); err != nil {
-			v.mu.Lock()
+		_, err := c.host.Write(c.okLine)
+		v.mu.Lock()
+		c.hostWriting = false
+		if err != nil {
 			v.resetLocked(c)
 			v.mu.Unlock()
 			return
 		}
+		v.mu.Unlock()
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -217,9 +230,11 @@ func (v *Vsock) hostWriter(c *vsockConn) {
 		}
 		b := c.toHost
 		c.toHost = c.spare[:0]
+		c.hostWriting = true
 		v.mu.Unlock()
 		n, err := c.host.Write(b)
 		v.mu.Lock()
+		c.hostWriting = false
 		if c.gone {
 			return
 		}
@@ -242,6 +257,45 @@ func (v *Vsock) hostWriter(c *vsockConn) {
 	}
 }
 
+// writeHostLocked writes what it can of c.toHost to the host socket
+// without blocking, from the goroutine that took the data from the guest:
+// a small message then reaches the host without waking hostWriter. What
+// the socket does not take now (it is full, or failed) stays in c.toHost
+// for hostWriter, which blocks and handles errors. Call it only while
+// hostWriter is not writing (hostWriting false), so that order holds.
+func (v *Vsock) writeHostLocked(c *vsockConn) {
+	if c.host == nil || len(c.toHost) == 0 {
+		return
+	}
+	rc, err := c.host.SyscallConn()
+	if err != nil {
+		return
+	}
+	n := 0
+	rc.Write(func(fd uintptr) bool {
+		for n < len(c.toHost) {
+			k, err := unix.Write(int(fd), c.toHost[n:])
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || k <= 0 {
+				break
+			}
+			n += k
+		}
+		return true // never wait for the poller: hostWriter does that
+	})
+	if n == 0 {
+		return
+	}
+	c.fwdCnt += uint32(n)
+	c.toHost = c.toHost[:copy(c.toHost, c.toHost[n:])]
+	if c.fwdCnt-c.lastFwdSent >= vsockBufAlloc/4 {
+		c.wantCredit = true
+		v.scheduleLocked(c)
+	}
+}
+
 // finishIfDoneLocked closes c when neither side will send more: its host
 // socket is closed and the guest gets an RST, which ends the connection.
 func (v *Vsock) finishIfDoneLocked(c *vsockConn) {
@@ -260,6 +314,7 @@ func (v *Vsock) startRelayLocked(c *vsockConn, startReader bool) {
 	if c.connectTimeout != nil {
 		c.connectTimeout.Stop()
 	}
+	c.hostWriting = len(c.okLine) > 0 // the OK line goes first
 	go v.hostWriter(c)
 	if startReader {
 		go v.hostReader(c)
@@ -323,7 +378,12 @@ func (v *Vsock) handlePacketLocked(h *vsockHdr, payload io.Reader) error {
 			return fmt.Errorf("reading %d-byte payload: %w", h.Len, err)
 		}
 		c.rxCnt += h.Len
-		c.cond.Broadcast()
+		if n == 0 && !c.hostWriting {
+			v.writeHostLocked(c)
+		}
+		if len(c.toHost) > 0 {
+			c.cond.Broadcast()
+		}
 	case vsockOpShutdown:
 		if h.Flags&vsockShutdownRcv != 0 {
 			c.peerNoRcv = true
