@@ -3,6 +3,8 @@ package memory
 import (
 	"errors"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func testLayout() Layout {
@@ -112,5 +114,54 @@ func TestPrivateMappingDoesNotWriteFile(t *testing.T) {
 	m.ReadAt(b, 0)
 	if b[0] != 1 {
 		t.Fatalf("a copy-on-write mapping's write reached the file: %d", b[0])
+	}
+}
+
+// TestPopulate: Populate makes a range's pages resident (where the kernel
+// has MADV_POPULATE_WRITE), keeps what they hold, widens an unaligned range
+// to whole pages, and refuses a range outside one region as Slice does.
+func TestPopulate(t *testing.T) {
+	m, err := New("test", testLayout())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.WriteAt([]byte("kept"), 4<<20+100); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		addr, n uint64
+		ok      bool
+	}{
+		{"unaligned inside the first region", 10, 3 * 4096, true},
+		{"whole second region", 4 << 20, 2 << 20, true},
+		{"empty", 8192, 0, true},
+		{"crosses region end", 1<<20 - 8, 16, false},
+		{"hole", 2 << 20, 1, false},
+		{"overflowing length", 4 << 20, ^uint64(0), false},
+	}
+	for _, tt := range tests {
+		err := m.Populate(tt.addr, tt.n)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: Populate(%#x, %#x) err = %v, want ok=%v", tt.name, tt.addr, tt.n, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: error %v does not wrap ErrOutOfRange", tt.name, err)
+		}
+	}
+	got := make([]byte, 4)
+	if err := m.ReadAt(got, 4<<20+100); err != nil || string(got) != "kept" {
+		t.Errorf("after Populate the memory holds %q, %v; want what was written", got, err)
+	}
+	// The memfd's allocated blocks tell the pages allocated behind it.
+	var st unix.Stat_t
+	if err := unix.Fstat(m.fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := m.Slice(4<<20, 2<<20)
+	supported := !errors.Is(unix.Madvise(s, unix.MADV_POPULATE_WRITE), unix.EINVAL)
+	if allocated := st.Blocks * 512; supported && allocated < 2<<20+3*4096 {
+		t.Errorf("%d bytes allocated behind the memory after Populate, want at least the %d populated", allocated, 2<<20+3*4096)
 	}
 }

@@ -14,6 +14,9 @@ const (
 	// consoleFlushTimeout bounds how long Close waits for the console
 	// writer to take what is still buffered.
 	consoleFlushTimeout = time.Second
+	// consolePauseFlush bounds how long Pause waits for the console
+	// writer to take what the guest wrote before it was paused.
+	consolePauseFlush = 100 * time.Millisecond
 )
 
 // consoleBuffer sits between the UART and Config.Console: the UART's
@@ -32,6 +35,7 @@ type consoleBuffer struct {
 	pending  []byte
 	spare    []byte
 	stopping bool
+	writing  bool // run is in a write to out
 
 	dropped atomic.Uint64
 	wake    chan struct{} // one token: pending has bytes or stopping
@@ -79,6 +83,7 @@ func (b *consoleBuffer) run() {
 			b.mu.Lock()
 			chunk, stopping := b.pending, b.stopping
 			b.pending, b.spare = b.spare[:0], nil
+			b.writing = len(chunk) > 0
 			b.mu.Unlock()
 			if len(chunk) == 0 {
 				if stopping {
@@ -91,8 +96,27 @@ func (b *consoleBuffer) run() {
 			b.out.Write(chunk)
 			b.mu.Lock()
 			b.spare = chunk[:0]
+			b.writing = false
 			b.mu.Unlock()
 		}
+	}
+}
+
+// flush waits, at most timeout, until the writer has taken everything
+// buffered so far and returned from its write. It reports whether it did.
+func (b *consoleBuffer) flush(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		b.mu.Lock()
+		idle := len(b.pending) == 0 && !b.writing
+		b.mu.Unlock()
+		if idle {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
 	}
 }
 

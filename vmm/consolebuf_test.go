@@ -142,3 +142,60 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 var _ io.Writer = writerFunc(nil)
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// slowWriter takes every write, each after a delay.
+type slowWriter struct {
+	mu  sync.Mutex
+	got bytes.Buffer
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(20 * time.Millisecond)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.got.Write(p)
+}
+
+func (w *slowWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.got.String()
+}
+
+// TestConsoleBufferFlush: flush returns once a slow writer has everything
+// written before it (what Pause relies on: a paused guest's console does
+// not grow after Pause returns), and gives up on a writer that blocks.
+func TestConsoleBufferFlush(t *testing.T) {
+	w := &slowWriter{}
+	b := newConsoleBuffer(w, 1<<10, nil)
+	b.Write([]byte("first "))
+	b.Write([]byte("second"))
+	if !b.flush(5 * time.Second) {
+		t.Fatal("flush gave up on a writer that takes everything")
+	}
+	if got := w.String(); got != "first second" {
+		t.Errorf("after flush the writer has %q, want everything written before it", got)
+	}
+	if !b.flush(time.Millisecond) {
+		t.Error("flush of an idle buffer failed")
+	}
+	b.close(time.Second)
+
+	s := newStuckWriter()
+	b = newConsoleBuffer(s, 1<<10, nil)
+	b.Write([]byte("taken"))
+	if !b.flush(5 * time.Second) {
+		t.Fatal("flush gave up before the first write, which the writer takes")
+	}
+	b.Write([]byte("stuck"))
+	<-s.blocked
+	start := time.Now()
+	if b.flush(30 * time.Millisecond) {
+		t.Error("flush reported a blocked writer done")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("flush took %v, past its timeout", d)
+	}
+	close(s.release)
+	b.close(time.Second)
+}

@@ -24,7 +24,9 @@ import (
 )
 
 // counterScript counts in a tmpfs file every 100 ms and prints each count;
-// once it reaches 5 it prints the marker. It never ends by itself. (The
+// once it reaches 5 it prints the marker. The count is replaced by a rename,
+// so that the loop waiting for 5 never reads the file empty (it then
+// failed "bad number" and printed the marker at count 1). It never ends by itself. (The
 // shell starts a background job with stdin from /dev/null: devtmpfs.)
 const counterScript = `
 mount -t devtmpfs devtmpfs /dev
@@ -34,7 +36,8 @@ echo 0 > /mnt/count
 (
   while true; do
     n=$(( $(cat /mnt/count) + 1 ))
-    echo $n > /mnt/count
+    echo $n > /mnt/count.new
+    mv /mnt/count.new /mnt/count
     echo "count $n"
     sleep 0.1
   done

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 )
 
 // Kind is the format of a kernel image.
@@ -36,8 +37,20 @@ func (k Kind) String() string {
 // Segment is a piece of the image to copy into guest memory.
 type Segment struct {
 	Addr   uint64 // guest-physical load address
-	Data   []byte // bytes from the file
-	MemLen uint64 // bytes the segment occupies (>= len(Data); the rest is zero)
+	Data   []byte // bytes from the file; nil when parsed by ParseFile from an ELF
+	MemLen uint64 // bytes the segment occupies (>= its file bytes; the rest is zero)
+	// FileOff and FileLen locate the segment's bytes in the image file when
+	// Data is nil (ParseFile of an ELF kernel): the loader reads them
+	// straight into guest memory instead of through a copy of the file.
+	FileOff, FileLen uint64
+}
+
+// FileBytes is how many bytes of the file the segment holds.
+func (s Segment) FileBytes() uint64 {
+	if s.Data != nil {
+		return uint64(len(s.Data))
+	}
+	return s.FileLen
 }
 
 // Image is a parsed kernel.
@@ -116,8 +129,34 @@ func Parse(data []byte) (*Image, error) {
 	return nil, ErrNotKernel
 }
 
+// maxNoteBytes bounds an ELF note segment ParseFile reads (the PVH note is
+// a few dozen bytes; Debian's whole .notes is under 1 KiB).
+const maxNoteBytes = 1 << 20
+
+// ParseFile is Parse of an image read through r, size bytes long. An ELF
+// kernel is parsed from its headers and notes alone: its segments are
+// left in the file (FileOff, FileLen), so that a 70 MiB vmlinux is never
+// held in memory twice. Anything else is read whole and given to Parse.
+func ParseFile(r io.ReaderAt, size int64) (*Image, error) {
+	if size < 0 || size > maxImageSize {
+		return nil, fmt.Errorf("kernel image of %d bytes: at most %d MiB allowed", size, maxImageSize>>20)
+	}
+	var magic [4]byte
+	if n, _ := r.ReadAt(magic[:], 0); n == len(magic) && bytes.Equal(magic[:], []byte(elf.ELFMAG)) {
+		return parseELFFrom(io.NewSectionReader(r, 0, size), uint64(size), nil)
+	}
+	data := make([]byte, size)
+	if n, err := r.ReadAt(data, 0); int64(n) < size {
+		return nil, fmt.Errorf("reading kernel image: %d of %d bytes: %w", n, size, err)
+	}
+	return Parse(data)
+}
+
 func parseBzImage(data []byte) (*Image, error) {
 	le := binary.LittleEndian
+	if len(data) < offInitSize+4 {
+		return nil, fmt.Errorf("bzImage: %d bytes, shorter than a setup header of boot protocol 2.12 (%d)", len(data), offInitSize+4)
+	}
 	if le.Uint16(data[offBootFlag:]) != 0xaa55 {
 		return nil, fmt.Errorf("bzImage: boot flag %#x, want 0xaa55", le.Uint16(data[offBootFlag:]))
 	}
@@ -175,7 +214,14 @@ func parseBzImage(data []byte) (*Image, error) {
 const xenElfNotePhys32Entry = 18
 
 func parseELF(data []byte) (*Image, error) {
-	f, err := elf.NewFile(bytes.NewReader(data))
+	return parseELFFrom(bytes.NewReader(data), uint64(len(data)), data)
+}
+
+// parseELFFrom parses an ELF kernel of size bytes read through ra. With
+// data (the whole file, as ra reads it) segments alias it; without, they
+// name their place in the file.
+func parseELFFrom(ra io.ReaderAt, size uint64, data []byte) (*Image, error) {
+	f, err := elf.NewFile(ra)
 	if err != nil {
 		return nil, fmt.Errorf("ELF kernel: %w", err)
 	}
@@ -186,19 +232,37 @@ func parseELF(data []byte) (*Image, error) {
 	for _, p := range f.Progs {
 		switch p.Type {
 		case elf.PT_LOAD:
-			if p.Filesz > p.Memsz || p.Off+p.Filesz > uint64(len(data)) || p.Off+p.Filesz < p.Off {
+			if p.Filesz > p.Memsz || p.Off+p.Filesz > size || p.Off+p.Filesz < p.Off {
 				return nil, fmt.Errorf("ELF kernel: segment at %#x has file size %#x past the file (truncated?)", p.Paddr, p.Filesz)
 			}
 			if p.Paddr < KernelLoadAddr || p.Paddr+p.Memsz < p.Paddr {
 				return nil, fmt.Errorf("ELF kernel: segment at physical %#x+%#x is below 1 MiB or wraps", p.Paddr, p.Memsz)
 			}
-			img.Segments = append(img.Segments, Segment{Addr: p.Paddr, Data: data[p.Off : p.Off+p.Filesz], MemLen: p.Memsz})
+			seg := Segment{Addr: p.Paddr, MemLen: p.Memsz}
+			if data != nil {
+				seg.Data = data[p.Off : p.Off+p.Filesz]
+			} else {
+				seg.FileOff, seg.FileLen = p.Off, p.Filesz
+			}
+			img.Segments = append(img.Segments, seg)
 			img.End = max(img.End, p.Paddr+p.Memsz)
 		case elf.PT_NOTE:
-			if p.Off+p.Filesz > uint64(len(data)) || p.Off+p.Filesz < p.Off {
+			if p.Off+p.Filesz > size || p.Off+p.Filesz < p.Off {
 				return nil, fmt.Errorf("ELF kernel: note segment past the end of the file")
 			}
-			if e, ok := pvhEntry(data[p.Off : p.Off+p.Filesz]); ok {
+			var notes []byte
+			if data != nil {
+				notes = data[p.Off : p.Off+p.Filesz]
+			} else {
+				if p.Filesz > maxNoteBytes {
+					return nil, fmt.Errorf("ELF kernel: note segment of %d bytes, at most %d read", p.Filesz, maxNoteBytes)
+				}
+				notes = make([]byte, p.Filesz)
+				if _, err := ra.ReadAt(notes, int64(p.Off)); err != nil {
+					return nil, fmt.Errorf("ELF kernel: reading notes: %w", err)
+				}
+			}
+			if e, ok := pvhEntry(notes); ok {
 				img.PVHEntry = e
 			}
 		}

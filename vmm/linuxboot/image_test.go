@@ -1,6 +1,8 @@
 package linuxboot
 
 import (
+	"bytes"
+	"debug/elf"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -151,4 +153,130 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// segmentBytes is a segment's file bytes: Data, or read from the file.
+func segmentBytes(t *testing.T, s Segment, file []byte) []byte {
+	t.Helper()
+	if s.Data != nil {
+		return s.Data
+	}
+	if s.FileOff+s.FileLen > uint64(len(file)) {
+		t.Fatalf("segment at %#x names file bytes %#x+%#x past the file's %d", s.Addr, s.FileOff, s.FileLen, len(file))
+	}
+	return file[s.FileOff : s.FileOff+s.FileLen]
+}
+
+// checkSameImage fails unless ParseFile's image is Parse's, segment bytes
+// included.
+func checkSameImage(t *testing.T, data []byte, want, got *Image) {
+	t.Helper()
+	if got.Kind != want.Kind || got.Entry64 != want.Entry64 || got.PVHEntry != want.PVHEntry || got.End != want.End ||
+		!bytes.Equal(got.Setup, want.Setup) || got.CmdlineSize != want.CmdlineSize || got.InitrdAddrMax != want.InitrdAddrMax ||
+		len(got.Segments) != len(want.Segments) {
+		t.Fatalf("ParseFile = %+v, Parse = %+v", got, want)
+	}
+	for i := range want.Segments {
+		w, g := want.Segments[i], got.Segments[i]
+		if g.Addr != w.Addr || g.MemLen != w.MemLen || g.FileBytes() != w.FileBytes() ||
+			!bytes.Equal(segmentBytes(t, g, data), segmentBytes(t, w, data)) {
+			t.Fatalf("segment %d: ParseFile %#x+%#x, Parse %#x+%#x, or different bytes", i, g.Addr, g.MemLen, w.Addr, w.MemLen)
+		}
+	}
+}
+
+func TestParseFileELFLeavesSegmentsInFile(t *testing.T) {
+	data := fakeELF(t)
+	img, err := ParseFile(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range img.Segments {
+		if s.Data != nil || s.FileLen == 0 {
+			t.Errorf("segment at %#x: Data %d bytes, FileLen %d; want it left in the file", s.Addr, len(s.Data), s.FileLen)
+		}
+	}
+	checkSameImage(t, data, want, img)
+	if _, err := ParseFile(bytes.NewReader(data), int64(len(data))-1); err == nil {
+		t.Error("ParseFile of a file cut short of its segments succeeded")
+	}
+	if _, err := ParseFile(bytes.NewReader(nil), -1); err == nil {
+		t.Error("ParseFile of a negative size succeeded")
+	}
+	if _, err := ParseFile(bytes.NewReader(nil), maxImageSize+1); err == nil {
+		t.Error("ParseFile over the size limit succeeded")
+	}
+}
+
+// FuzzParseFile checks that ParseFile, which leaves an ELF's segments in the
+// file, accepts exactly what Parse accepts and describes the same image.
+func FuzzParseFile(f *testing.F) {
+	f.Add(fakeBzImage(4096))
+	f.Add([]byte("\x7fELF\x02\x01\x01"))
+	f.Add([]byte{})
+	f.Add(fakeELF(f))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		want, werr := Parse(data)
+		got, gerr := ParseFile(bytes.NewReader(data), int64(len(data)))
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("Parse error %v, ParseFile error %v", werr, gerr)
+		}
+		if werr != nil {
+			return
+		}
+		checkSameImage(t, data, want, got)
+	})
+}
+
+// fakeELF builds a small ELF64 x86-64 kernel: two loadable segments (the
+// second with a zero tail) and a note segment with the PVH entry note.
+func fakeELF(t testing.TB) []byte {
+	le := binary.LittleEndian
+	const ehsz, phsz, nph = 64, 56, 3
+	note := make([]byte, 12+4+4)
+	le.PutUint32(note, 4) // namesz: "Xen\0"
+	le.PutUint32(note[4:], 4)
+	le.PutUint32(note[8:], xenElfNotePhys32Entry)
+	copy(note[12:], "Xen\x00")
+	le.PutUint32(note[16:], 0x1000040)
+	seg1 := bytes.Repeat([]byte{0xa5}, 3000)
+	seg2 := bytes.Repeat([]byte{0x5a}, 1000)
+	off1 := uint64(ehsz + phsz*nph)
+	off2 := off1 + uint64(len(seg1))
+	offN := off2 + uint64(len(seg2))
+	hdr := make([]byte, ehsz)
+	copy(hdr, elf.ELFMAG)
+	hdr[4], hdr[5], hdr[6] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
+	le.PutUint16(hdr[16:], uint16(elf.ET_EXEC))
+	le.PutUint16(hdr[18:], uint16(elf.EM_X86_64))
+	le.PutUint32(hdr[20:], uint32(elf.EV_CURRENT))
+	le.PutUint64(hdr[24:], 0x1000000) // e_entry
+	le.PutUint64(hdr[32:], ehsz)      // e_phoff
+	le.PutUint16(hdr[52:], ehsz)
+	le.PutUint16(hdr[54:], phsz)
+	le.PutUint16(hdr[56:], nph)
+	le.PutUint16(hdr[58:], 64) // e_shentsize, no sections
+	ph := func(typ elf.ProgType, off, paddr, filesz, memsz uint64) []byte {
+		p := make([]byte, phsz)
+		le.PutUint32(p, uint32(typ))
+		le.PutUint64(p[8:], off)
+		le.PutUint64(p[16:], paddr|0xffffffff80000000)
+		le.PutUint64(p[24:], paddr)
+		le.PutUint64(p[32:], filesz)
+		le.PutUint64(p[40:], memsz)
+		return p
+	}
+	var b []byte
+	b = append(b, hdr...)
+	b = append(b, ph(elf.PT_LOAD, off1, 0x1000000, uint64(len(seg1)), uint64(len(seg1)))...)
+	b = append(b, ph(elf.PT_LOAD, off2, 0x1200000, uint64(len(seg2)), 8192)...)
+	b = append(b, ph(elf.PT_NOTE, offN, 0x1300000, uint64(len(note)), uint64(len(note)))...)
+	b = append(b, seg1...)
+	b = append(b, seg2...)
+	b = append(b, note...)
+	return b
 }
