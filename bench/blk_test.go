@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -13,7 +11,7 @@ import (
 	"github.com/kilnvm/kiln/vmm"
 )
 
-const blkImageMiB = 64
+const blkImageMiB = DefaultBlkMiB
 
 // BenchmarkBlockRead reads a 64 MiB virtio-blk disk sequentially in the guest
 // (dd, 1 MiB blocks) on Kiln and on QEMU microvm, b.N times each, and
@@ -28,13 +26,15 @@ func BenchmarkBlockRead(b *testing.B) {
 		b.Skip("qemu-system-x86_64 not installed (make deps)")
 	}
 	k := kvmtest.Kernel(b)
-	image := filepath.Join(b.TempDir(), "disk.img")
-	data := make([]byte, blkImageMiB<<20)
-	rand.Read(data)
-	if err := os.WriteFile(image, data, 0o644); err != nil {
+	dir := b.TempDir()
+	image := filepath.Join(dir, "disk.img")
+	if err := WriteRandomDisk(image, blkImageMiB); err != nil {
 		b.Fatal(err)
 	}
-	initrd := kvmtest.ModulesInitrd(b, []string{"virtio_mmio", "virtio_blk"}, BlkReadScript)
+	initrd := filepath.Join(dir, "initrd.cpio")
+	if err := ModulesInitrd(k, BlkModules, BlkReadScript, initrd, nil); err != nil {
+		b.Fatal(err)
+	}
 	s := BootSpec{Kernel: k.Vmlinux, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: 1, MemoryMiB: 512}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()

@@ -10,8 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +60,12 @@ func (m *markerWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func (m *markerWriter) logString() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.log.String()
+}
+
 func (m *markerWriter) tail() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -67,9 +76,83 @@ func (m *markerWriter) tail() string {
 	return string(b)
 }
 
+// InitLine is what a benchmark guest's /init prints after Marker: the
+// kernel's own log line of starting it, with the kernel's timestamp (seconds
+// since the kernel's clock started, early in its setup).
+const InitLine = "KILN-BENCH-INIT"
+
+// BootScript is the /init a boot benchmark guest runs: the marker first (the
+// clock stops there), then the kernel's "Run /init" log line for the phase
+// breakdown, then power off.
+const BootScript = "echo " + Marker + "\necho \"" + InitLine + " $(dmesg | grep -m1 'Run /init')\"\npoweroff -f\n"
+
+// BootPhases is one boot, split where the host and the guest can tell:
+// Total is VM creation (Kiln) or process start (QEMU) to the marker;
+// Kernel is the guest kernel's own time from its clock starting to
+// running /init (its log's timestamp); Setup is Kiln's vmm.New (memory,
+// kernel and initramfs loaded, ACPI tables, vCPUs made), zero for QEMU,
+// whose setup the host cannot see. Kernel is zero when the guest's log had
+// no such line.
+type BootPhases struct {
+	Total, Setup, Kernel time.Duration
+	// VMM is Kiln's Setup split by phase (vmm.VM.SetupTimes).
+	VMM vmm.SetupTimes
+}
+
+// SetupPhases names the phases of vmm.SetupTimes, in New's order, with
+// their values in t.
+func SetupPhases(t vmm.SetupTimes) []struct {
+	Name string
+	D    time.Duration
+} {
+	return []struct {
+		Name string
+		D    time.Duration
+	}{{"kernel", t.Kernel}, {"initrd", t.Initrd}, {"devices", t.Devices}, {"memory", t.Memory},
+		{"machine", t.Machine}, {"load", t.Load}, {"vcpus", t.VCPUs}}
+}
+
+// BeforeKernel is the time outside the guest kernel's clock: the VMM's
+// setup, firmware (QEMU's qboot), kernel entry and its earliest setup
+// before its clock starts, and /init's first line. Zero when Kernel is
+// unknown.
+func (p BootPhases) BeforeKernel() time.Duration {
+	if p.Kernel <= 0 || p.Kernel > p.Total {
+		return 0
+	}
+	return p.Total - p.Kernel
+}
+
+// parseInitLine finds InitLine in a console log and returns the kernel
+// timestamp on it ("KILN-BENCH-INIT [    0.812345] Run /init as init
+// process"); false when there is none or it does not parse.
+func parseInitLine(log string) (time.Duration, bool) {
+	i := strings.Index(log, InitLine+" [")
+	if i < 0 {
+		return 0, false
+	}
+	rest := log[i+len(InitLine)+2:]
+	j := strings.IndexByte(rest, ']')
+	if j < 0 || j > 32 {
+		return 0, false
+	}
+	secs, err := strconv.ParseFloat(strings.TrimSpace(rest[:j]), 64)
+	if err != nil || secs < 0 || secs > 1e6 || math.IsNaN(secs) {
+		return 0, false
+	}
+	return time.Duration(secs * float64(time.Second)), true
+}
+
 // BootKiln measures VM creation to the marker on Kiln's serial console, then
 // waits for the guest to power off.
 func BootKiln(ctx context.Context, s BootSpec) (time.Duration, error) {
+	p, err := BootKilnPhases(ctx, s)
+	return p.Total, err
+}
+
+// BootKilnPhases is BootKiln with the boot's phases.
+func BootKilnPhases(ctx context.Context, s BootSpec) (BootPhases, error) {
+	var p BootPhases
 	w := newMarkerWriter()
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
@@ -77,8 +160,10 @@ func BootKiln(ctx context.Context, s BootSpec) (time.Duration, error) {
 		Console: w,
 	})
 	if err != nil {
-		return 0, err
+		return p, err
 	}
+	p.Setup = time.Since(start)
+	p.VMM = vm.SetupTimes()
 	defer vm.Close()
 	type result struct {
 		exit vmm.Exit
@@ -89,21 +174,21 @@ func BootKiln(ctx context.Context, s BootSpec) (time.Duration, error) {
 		e, err := vm.Run(ctx)
 		ran <- result{e, err}
 	}()
-	var d time.Duration
 	select {
 	case <-w.seen:
-		d = time.Since(start)
+		p.Total = time.Since(start)
 	case r := <-ran:
-		return 0, fmt.Errorf("kiln guest stopped before the marker (%v, %v): %s", r.exit, r.err, w.tail())
+		return p, fmt.Errorf("kiln guest stopped before the marker (%v, %v): %s", r.exit, r.err, w.tail())
 	}
 	r := <-ran
+	p.Kernel, _ = parseInitLine(w.logString())
 	if r.err != nil {
-		return d, r.err
+		return p, r.err
 	}
 	if r.exit.Reason != vmm.ReasonPowerOff {
-		return d, fmt.Errorf("kiln guest ended with %v", r.exit)
+		return p, fmt.Errorf("kiln guest ended with %v", r.exit)
 	}
-	return d, nil
+	return p, nil
 }
 
 // QEMUArgs is the peer's command line for a spec: the microvm machine with
@@ -126,6 +211,14 @@ func QEMUArgs(s BootSpec) []string {
 
 // BootQEMU measures process start to the marker on QEMU's serial console.
 func BootQEMU(ctx context.Context, qemu string, s BootSpec) (time.Duration, error) {
+	p, err := BootQEMUPhases(ctx, qemu, s)
+	return p.Total, err
+}
+
+// BootQEMUPhases is BootQEMU with the boot's phases (no Setup: QEMU's is
+// inside its process).
+func BootQEMUPhases(ctx context.Context, qemu string, s BootSpec) (BootPhases, error) {
+	var p BootPhases
 	w := newMarkerWriter()
 	cmd := exec.CommandContext(ctx, qemu, QEMUArgs(s)...)
 	cmd.Stdout = w
@@ -133,19 +226,21 @@ func BootQEMU(ctx context.Context, qemu string, s BootSpec) (time.Duration, erro
 	cmd.Stdin = nil
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start %s: %w", qemu, err)
+		return p, fmt.Errorf("start %s: %w", qemu, err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case <-w.seen:
-		d := time.Since(start)
-		if err := <-exited; err != nil {
-			return d, fmt.Errorf("qemu: %w: %s", err, w.tail())
+		p.Total = time.Since(start)
+		err := <-exited
+		p.Kernel, _ = parseInitLine(w.logString())
+		if err != nil {
+			return p, fmt.Errorf("qemu: %w: %s", err, w.tail())
 		}
-		return d, nil
+		return p, nil
 	case err := <-exited:
-		return 0, fmt.Errorf("qemu exited before the marker (%v): %s", err, w.tail())
+		return p, fmt.Errorf("qemu exited before the marker (%v): %s", err, w.tail())
 	}
 }
 
@@ -176,25 +271,68 @@ func (c Comparison) Ratio() float64 {
 	return float64(Median(c.Kiln)) / float64(p)
 }
 
-// CompareBoot boots the spec n times on each VMM, alternating so that both
-// see the same machine conditions.
-func CompareBoot(ctx context.Context, qemu string, s BootSpec, n int, progress io.Writer) (Comparison, error) {
-	var c Comparison
+// BootComparison is CompareBoot's result: the totals (Comparison) and
+// each boot's phases, run by run.
+type BootComparison struct {
+	Comparison
+	KilnPhases, PeerPhases []BootPhases
+}
+
+// PhaseMedians returns, for Kiln's boots or the peer's, the medians of
+// each phase: setup, kernel, before the kernel's clock (each over the
+// boots that have it).
+func PhaseMedians(ps []BootPhases) (setup, kernel, before time.Duration) {
+	var s, k, b []time.Duration
+	for _, p := range ps {
+		if p.Setup > 0 {
+			s = append(s, p.Setup)
+		}
+		if p.BeforeKernel() > 0 {
+			k = append(k, p.Kernel)
+			b = append(b, p.BeforeKernel())
+		}
+	}
+	return Median(s), Median(k), Median(b)
+}
+
+// CompareBoot boots the spec n times on each VMM, alternating which goes
+// first run by run so that both see the same machine conditions.
+func CompareBoot(ctx context.Context, qemu string, s BootSpec, n int, progress io.Writer) (BootComparison, error) {
+	var c BootComparison
 	if n < 1 {
 		return c, errors.New("need at least one run")
 	}
 	for i := 0; i < n; i++ {
-		k, err := BootKiln(ctx, s)
-		if err != nil {
-			return c, fmt.Errorf("kiln run %d: %w", i+1, err)
+		var k, q BootPhases
+		var err error
+		kiln := func() error {
+			if k, err = BootKilnPhases(ctx, s); err != nil {
+				return fmt.Errorf("kiln run %d: %w", i+1, err)
+			}
+			return nil
 		}
-		q, err := BootQEMU(ctx, qemu, s)
-		if err != nil {
-			return c, fmt.Errorf("qemu run %d: %w", i+1, err)
+		peer := func() error {
+			if q, err = BootQEMUPhases(ctx, qemu, s); err != nil {
+				return fmt.Errorf("qemu run %d: %w", i+1, err)
+			}
+			return nil
 		}
-		c.Kiln, c.Peer = append(c.Kiln, k), append(c.Peer, q)
+		first, second := kiln, peer
+		if i%2 == 1 {
+			first, second = peer, kiln
+		}
+		if err := first(); err != nil {
+			return c, err
+		}
+		if err := second(); err != nil {
+			return c, err
+		}
+		c.Kiln, c.Peer = append(c.Kiln, k.Total), append(c.Peer, q.Total)
+		c.KilnPhases, c.PeerPhases = append(c.KilnPhases, k), append(c.PeerPhases, q)
 		if progress != nil {
-			fmt.Fprintf(progress, "run %d: kiln %v, qemu microvm %v\n", i+1, k.Round(time.Millisecond), q.Round(time.Millisecond))
+			fmt.Fprintf(progress, "run %d/%d: kiln %v (setup %v, kernel %v), qemu microvm %v (kernel %v)\n", i+1, n,
+				k.Total.Round(time.Millisecond), k.Setup.Round(time.Millisecond), k.Kernel.Round(time.Millisecond),
+				q.Total.Round(time.Millisecond), q.Kernel.Round(time.Millisecond))
 		}
 	}
 	return c, nil

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func benchSpec(b *testing.B) BootSpec {
 	if err != nil {
 		b.Skip(err)
 	}
-	ib, err := initramfs.BusyboxInit("echo " + Marker + "\npoweroff -f\n")
+	ib, err := initramfs.BusyboxInit(BootScript)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,6 +62,60 @@ func BenchmarkBoot(b *testing.B) {
 	b.ReportMetric(float64(Median(c.Kiln).Microseconds())/1000, "kiln-ms")
 	b.ReportMetric(float64(Median(c.Peer).Microseconds())/1000, "qemu-ms")
 	b.ReportMetric(c.Ratio(), "kiln/qemu")
+	_, kk, kb := PhaseMedians(c.KilnPhases)
+	_, qk, qb := PhaseMedians(c.PeerPhases)
+	b.ReportMetric(float64(kk.Microseconds())/1000, "kiln-kernel-ms")
+	b.ReportMetric(float64(kb.Microseconds())/1000, "kiln-before-kernel-ms")
+	b.ReportMetric(float64(qk.Microseconds())/1000, "qemu-kernel-ms")
+	b.ReportMetric(float64(qb.Microseconds())/1000, "qemu-before-kernel-ms")
+}
+
+func TestParseInitLine(t *testing.T) {
+	tests := []struct {
+		log  string
+		want time.Duration
+		ok   bool
+	}{
+		{"KILN-BENCH-READY\r\nKILN-BENCH-INIT [    0.812345] Run /init as init process\r\n", 812345 * time.Microsecond, true},
+		{"junk KILN-BENCH-INIT [12.5] Run /init as init process", 12500 * time.Millisecond, true},
+		{"KILN-BENCH-INIT \n", 0, false},                         // no log line: dmesg found nothing
+		{"KILN-BENCH-INIT [  -1.0] Run /init", 0, false},         // negative
+		{"KILN-BENCH-INIT [NaN] Run /init", 0, false},            // not a time
+		{"KILN-BENCH-INIT [1e300] Run /init", 0, false},          // absurd
+		{"KILN-BENCH-INIT [    0.5 Run /init as init", 0, false}, // no bracket
+		{"KILN-BENCH-INIT [" + strings.Repeat("1", 40) + "]", 0, false},
+		{"", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseInitLine(tt.log)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseInitLine(%q) = %v, %v; want %v, %v", tt.log, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestBootPhases(t *testing.T) {
+	s := time.Second
+	ps := []BootPhases{
+		{Total: 10 * s, Setup: 1 * s, Kernel: 6 * s},
+		{Total: 12 * s, Setup: 3 * s, Kernel: 7 * s},
+		{Total: 11 * s, Setup: 2 * s}, // no kernel line
+		{Total: 5 * s, Kernel: 9 * s}, // a kernel time past the total: not trusted
+		{Total: 30 * s, Kernel: 29 * s},
+	}
+	if got := ps[0].BeforeKernel(); got != 4*s {
+		t.Errorf("BeforeKernel = %v, want 4s", got)
+	}
+	if got := ps[2].BeforeKernel(); got != 0 {
+		t.Errorf("BeforeKernel without a kernel time = %v, want 0", got)
+	}
+	if got := ps[3].BeforeKernel(); got != 0 {
+		t.Errorf("BeforeKernel with kernel > total = %v, want 0", got)
+	}
+	setup, kernel, before := PhaseMedians(ps)
+	if setup != 2*s || kernel != 7*s || before != 4*s { // kernels 6, 7, 29; befores 4, 5, 1
+		t.Errorf("PhaseMedians = %v, %v, %v; want 2s, 7s, 4s", setup, kernel, before)
+	}
 }
 
 func TestMedianAndRatio(t *testing.T) {

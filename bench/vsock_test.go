@@ -13,31 +13,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/vmm"
 )
 
 // vsockInitrd is the benchmark's initramfs: the modules for virtio-mmio
-// vsock, VsockEchoScript, and /vsockecho in a second cpio archive (Linux
-// unpacks concatenated archives).
+// vsock, VsockEchoScript, and /vsockecho.
 func vsockInitrd(b *testing.B) string {
 	b.Helper()
 	echo := kvmtest.VsockEchoBinary(b)
-	initrd := kvmtest.ModulesInitrd(b, []string{"virtio_mmio", "vmw_vsock_virtio_transport"}, VsockEchoScript)
-	ib := initramfs.New()
-	if err := ib.AddHostFile("vsockecho", echo, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	f, err := os.OpenFile(initrd, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := ib.WriteTo(f); err != nil {
-		f.Close()
-		b.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
+	initrd := filepath.Join(b.TempDir(), "initrd.cpio")
+	if err := ModulesInitrd(kvmtest.Kernel(b), VsockModules, VsockEchoScript, initrd, map[string]string{"vsockecho": echo}); err != nil {
 		b.Fatal(err)
 	}
 	return initrd

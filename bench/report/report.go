@@ -121,7 +121,8 @@ func (g *Group) vmms() []string {
 }
 
 // Ratio is Kiln's median over the peer's (NaN without both). For
-// throughputs (B/s) a ratio above 1 is Kiln ahead; for times, below 1.
+// throughputs and rates (B/s, /s) a ratio above 1 is Kiln ahead; for
+// times and sizes, below 1 (Better says which).
 func (g *Group) Ratio(peer string) float64 {
 	k, p := g.Series[results.VMMKiln], g.Series[peer]
 	if len(k) == 0 || len(p) == 0 {
@@ -134,15 +135,32 @@ func (g *Group) Ratio(peer string) float64 {
 	return StatsOf(k).Median / pm
 }
 
+// Better is which way is better for g's measure: "higher" for throughputs
+// and rates, "lower" for times and sizes, "" for counts.
+func (g *Group) Better() string {
+	switch {
+	case results.HigherIsBetter(g.Unit):
+		return "higher"
+	case g.Unit == results.UnitSeconds, g.Unit == results.UnitBytes:
+		return "lower"
+	}
+	return ""
+}
+
+// TablesNote is what WriteTables says above each table about its ratios.
+const TablesNote = "kiln / peer is Kiln's median over the peer's from the same runs; " +
+	"better says which way is better for the measure: where lower is better (times, sizes) " +
+	"a ratio below 1 is Kiln ahead, where higher is better (B/s, /s) a ratio above 1 is."
+
 // WriteTables writes a markdown table of groups per KVM mode.
 func WriteTables(w io.Writer, groups []*Group) error {
 	mode := ""
 	for _, g := range groups {
 		if g.KVMMode != mode {
 			mode = g.KVMMode
-			fmt.Fprintf(w, "\n### KVM %s\n\n", mode)
-			fmt.Fprintln(w, "| measure | params | VMM | n | median | p95 | p99 | kiln / peer (medians) |")
-			fmt.Fprintln(w, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+			fmt.Fprintf(w, "\n### KVM %s\n\n%s\n\n", mode, TablesNote)
+			fmt.Fprintln(w, "| measure | params | VMM | n | median | p95 | p99 | kiln / peer (medians) | better |")
+			fmt.Fprintln(w, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
 		}
 		for _, v := range g.vmms() {
 			st := StatsOf(g.Series[v])
@@ -152,8 +170,8 @@ func WriteTables(w io.Writer, groups []*Group) error {
 					ratio = fmt.Sprintf("**%.2f**", r)
 				}
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %s |\n", g.Name, g.Params, v, st.N,
-				format(st.Median, g.Unit), format(st.P95, g.Unit), format(st.P99, g.Unit), ratio)
+			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %s | %s |\n", g.Name, g.Params, v, st.N,
+				format(st.Median, g.Unit), format(st.P95, g.Unit), format(st.P99, g.Unit), ratio, g.Better())
 		}
 	}
 	return nil
@@ -174,6 +192,8 @@ func format(v float64, u string) string {
 		return fmt.Sprintf("%.1f MiB/s", v/(1<<20))
 	case results.UnitBytes:
 		return fmt.Sprintf("%.1f MiB", v/(1<<20))
+	case results.UnitPerSecond:
+		return fmt.Sprintf("%.2f /s", v)
 	}
 	return fmt.Sprintf("%g", v)
 }
@@ -243,6 +263,8 @@ func axis(u string) (float64, string) {
 		return 1.0 / (1 << 20), "MiB/s"
 	case results.UnitBytes:
 		return 1.0 / (1 << 20), "MiB"
+	case results.UnitPerSecond:
+		return 1, "per second"
 	}
 	return 1, u
 }

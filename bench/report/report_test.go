@@ -110,3 +110,52 @@ func TestReport(t *testing.T) {
 		t.Error("Groups mixed units")
 	}
 }
+
+// TestThroughputTable: for B/s the ratio is still Kiln's median over the
+// peer's, formatted in MiB/s, and the table says higher is better; for
+// times lower, for a rate (/s) higher.
+func TestThroughputTable(t *testing.T) {
+	r := &results.Run{Version: results.Version, KVMMode: results.KVMEmulated}
+	p := map[string]string{"blk_mib": "64"}
+	if err := r.AddThroughput("blk-seq-read", results.VMMKiln, p, 64<<20, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddThroughput("blk-seq-read", results.VMMQEMU, p, 64<<20, []time.Duration{time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	r.AddDurations("vsock-rtt", results.VMMKiln, nil, ms(40))
+	r.AddDurations("vsock-rtt", results.VMMQEMU, nil, ms(20))
+	r.Measures = append(r.Measures, results.Measure{Name: "daemon-create-rate", VMM: "kilnd", Unit: results.UnitPerSecond, Samples: []float64{2.5}})
+	groups, err := Groups([]*results.Run{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := WriteTables(&b, groups); err != nil {
+		t.Fatal(err)
+	}
+	table := b.String()
+	for _, want := range []string{
+		"| measure | params | VMM | n | median | p95 | p99 | kiln / peer (medians) | better |",
+		"| blk-seq-read | blk_mib=64 | kiln | 3 | 16.0 MiB/s | 32.0 MiB/s | 32.0 MiB/s |  | higher |",
+		"| blk-seq-read | blk_mib=64 | qemu-microvm | 1 | 64.0 MiB/s | 64.0 MiB/s | 64.0 MiB/s | **0.25** | higher |",
+		"| vsock-rtt |  | qemu-microvm | 1 | 20.0 ms | 20.0 ms | 20.0 ms | **2.00** | lower |",
+		"| daemon-create-rate |  | kilnd | 1 | 2.50 /s |",
+		TablesNote,
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("tables lack %q:\n%s", want, table)
+		}
+	}
+	for _, tc := range []struct{ unit, want string }{
+		{results.UnitSeconds, "lower"}, {results.UnitBytes, "lower"}, {results.UnitBytesPerSecond, "higher"},
+		{results.UnitPerSecond, "higher"}, {results.UnitCount, ""},
+	} {
+		if got := (&Group{Unit: tc.unit}).Better(); got != tc.want {
+			t.Errorf("Better for %s = %q, want %q", tc.unit, got, tc.want)
+		}
+	}
+	if _, err := WritePlots(t.TempDir(), groups); err != nil {
+		t.Error(err)
+	}
+}

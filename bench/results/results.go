@@ -65,8 +65,8 @@ type Measure struct {
 	Name string `json:"name"`
 	// VMM is who ran it: VMMKiln or a peer (VMMQEMU).
 	VMM string `json:"vmm"`
-	// Unit of the samples: UnitSeconds, UnitBytesPerSecond, UnitBytes or
-	// UnitCount.
+	// Unit of the samples: UnitSeconds, UnitBytesPerSecond, UnitBytes,
+	// UnitPerSecond or UnitCount.
 	Unit string `json:"unit"`
 	// Params set the measure apart from others of its name (kernel, vCPUs,
 	// memory, concurrency); measures with equal names and params compare.
@@ -82,10 +82,18 @@ const (
 	UnitSeconds        = "s"
 	UnitBytesPerSecond = "B/s"
 	UnitBytes          = "B"
-	UnitCount          = "count"
+	// UnitPerSecond is a rate of things other than bytes (sandboxes
+	// created per second).
+	UnitPerSecond = "/s"
+	UnitCount     = "count"
 )
 
-var units = map[string]bool{UnitSeconds: true, UnitBytesPerSecond: true, UnitBytes: true, UnitCount: true}
+var units = map[string]bool{UnitSeconds: true, UnitBytesPerSecond: true, UnitBytes: true, UnitPerSecond: true, UnitCount: true}
+
+// HigherIsBetter says whether a larger sample of unit u is the better one:
+// for throughputs and rates (B/s, /s) it is, for times and sizes (s, B)
+// and counts it is not.
+func HigherIsBetter(u string) bool { return u == UnitBytesPerSecond || u == UnitPerSecond }
 
 // AddDurations appends a measure of durations (in seconds).
 func (r *Run) AddDurations(name, vmm string, params map[string]string, ds []time.Duration) {
@@ -94,6 +102,24 @@ func (r *Run) AddDurations(name, vmm string, params map[string]string, ds []time
 		s[i] = d.Seconds()
 	}
 	r.Measures = append(r.Measures, Measure{Name: name, VMM: vmm, Unit: UnitSeconds, Params: params, Samples: s})
+}
+
+// AddThroughput appends a measure of throughputs (in B/s): bytes moved in
+// each of ds. A duration that is not positive has no throughput: it is
+// refused, and nothing is added.
+func (r *Run) AddThroughput(name, vmm string, params map[string]string, bytes int64, ds []time.Duration) error {
+	if bytes < 0 {
+		return fmt.Errorf("results: %s on %s: %d bytes", name, vmm, bytes)
+	}
+	s := make([]float64, len(ds))
+	for i, d := range ds {
+		if d <= 0 {
+			return fmt.Errorf("results: %s on %s: sample %d took %v: no throughput", name, vmm, i, d)
+		}
+		s[i] = float64(bytes) / d.Seconds()
+	}
+	r.Measures = append(r.Measures, Measure{Name: name, VMM: vmm, Unit: UnitBytesPerSecond, Params: params, Samples: s})
+	return nil
 }
 
 // Check reports what is wrong with r, naming it.
@@ -121,7 +147,7 @@ func (r *Run) Check() error {
 			return fmt.Errorf("%s: want a name and a VMM of 1 to 128 bytes", what)
 		}
 		if !units[m.Unit] {
-			return fmt.Errorf("%s: unit %q: want s, B/s, B or count", what, m.Unit)
+			return fmt.Errorf("%s: unit %q: want s, B/s, B, /s or count", what, m.Unit)
 		}
 		if len(m.Params) > 32 {
 			return fmt.Errorf("%s: %d params, at most 32", what, len(m.Params))

@@ -97,3 +97,49 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+func TestAddThroughput(t *testing.T) {
+	r := sample()
+	if err := r.AddThroughput("read", VMMKiln, map[string]string{"blk_mib": "64"}, 64<<20, []time.Duration{2 * time.Second, 4 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	m := r.Measures[len(r.Measures)-1]
+	if m.Unit != UnitBytesPerSecond || len(m.Samples) != 2 || m.Samples[0] != 32<<20 || m.Samples[1] != 16<<20 || m.Params["blk_mib"] != "64" {
+		t.Errorf("measure %+v", m)
+	}
+	if err := r.Write(&bytes.Buffer{}); err != nil {
+		t.Error(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		bytes int64
+		ds    []time.Duration
+	}{
+		{"zero duration", 1, []time.Duration{time.Second, 0}},
+		{"negative duration", 1, []time.Duration{-time.Second}},
+		{"negative bytes", -1, []time.Duration{time.Second}},
+	} {
+		n := len(r.Measures)
+		if err := r.AddThroughput("x", VMMKiln, nil, tc.bytes, tc.ds); err == nil || len(r.Measures) != n {
+			t.Errorf("%s: AddThroughput = %v with %d measures, want an error and none added", tc.name, err, len(r.Measures)-n)
+		}
+	}
+}
+
+func TestPerSecondUnit(t *testing.T) {
+	r := sample()
+	r.Measures = append(r.Measures, Measure{Name: "create-rate", VMM: "kilnd", Unit: UnitPerSecond, Samples: []float64{3.5}})
+	var b bytes.Buffer
+	if err := r.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Read(&b)
+	if err != nil || back.Measures[2].Unit != UnitPerSecond {
+		t.Fatalf("read back %v, %v", back, err)
+	}
+	for u, want := range map[string]bool{UnitSeconds: false, UnitBytes: false, UnitCount: false, UnitBytesPerSecond: true, UnitPerSecond: true} {
+		if HigherIsBetter(u) != want {
+			t.Errorf("HigherIsBetter(%q) = %v", u, !want)
+		}
+	}
+}

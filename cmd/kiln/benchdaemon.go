@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
+	"github.com/kilnvm/kiln/bench/results"
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 )
 
 // benchDaemonUsage is kiln bench daemon's synopsis.
-const benchDaemonUsage = "usage: kiln bench daemon [--image REF|--images DIR --image REF] [--concurrency 1,10,50] [--samples N] [--pool N] [--rate-for 60s] [--fork 1,8,32] [--checkpoints N] [--mem 128] [--json FILE]"
+const benchDaemonUsage = "usage: kiln bench daemon [--image REF|--images DIR --image REF] [--concurrency 1,10,50] [--samples N] [--pool N] [--rate-for 60s] [--fork 1,8,32] [--checkpoints N] [--mem 128] [--json FILE] [--report-json FILE]"
 
 // benchDaemonArgs is kiln bench daemon's command line.
 type benchDaemonArgs struct {
@@ -24,12 +25,14 @@ type benchDaemonArgs struct {
 	// layout is the OCI layout served on a loopback registry when no
 	// images folder is given; image names one of its images or, when it
 	// names none, a reference pulled as it is.
-	layout  string
-	image   string
-	images  string
-	json    string
-	timeout time.Duration
-	debug   bool
+	layout string
+	image  string
+	images string
+	// json is the results file (package bench/results); reportJSON the
+	// whole report's JSON ("-": stdout).
+	json, reportJSON string
+	timeout          time.Duration
+	debug            bool
 }
 
 // parseBenchDaemon parses kiln bench daemon's flags; kiln is this kiln
@@ -63,7 +66,8 @@ func parseBenchDaemon(args []string, kiln string, stderr io.Writer) (benchDaemon
 	fs.BoolVar(&a.spec.NoLibrary, "no-library", false, "measure kilnd alone")
 	fs.DurationVar(&a.spec.OpTimeout, "op-timeout", bench.DefaultDaemonOpTimeout, "bound on one create, fork or rollback with its first exec")
 	fs.StringVar(&a.spec.KVMMode, "kvm-mode", "", "the KVM mode to report (direct, nested, emulated); default: told from /proc/cpuinfo")
-	fs.StringVar(&a.json, "json", "", "also write the report, every sample in it, as JSON to `FILE` (\"-\": to stdout, after the tables)")
+	fs.StringVar(&a.json, "json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
+	fs.StringVar(&a.reportJSON, "report-json", "", "also write the whole report (samples, errors, environment, spec) as JSON to `FILE` (\"-\": to stdout, after the tables)")
 	fs.DurationVar(&a.timeout, "timeout", 0, "stop after this long (0: no limit)")
 	fs.BoolVar(&a.debug, "debug", false, "log the library path's VMM events to stderr")
 	if err := fs.Parse(args); err != nil {
@@ -161,15 +165,97 @@ func cmdBenchDaemon(ctx context.Context, args []string, stdout, stderr io.Writer
 	rep, err := bench.RunDaemon(ctx, a.spec, stdout)
 	fmt.Fprintln(stdout)
 	rep.Print(stdout)
-	if jerr := writeReportJSON(a.json, stdout, rep.WriteJSON); jerr != nil {
+	if jerr := writeReportJSON(a.reportJSON, stdout, rep.WriteJSON); jerr != nil {
 		fmt.Fprintf(stderr, "kiln bench daemon: %v\n", jerr)
 		return exitInternal
+	}
+	if a.json != "" {
+		r := daemonResults(a.spec.KVMMode, rep)
+		if len(r.Measures) == 0 {
+			fmt.Fprintln(stderr, "kiln bench daemon: nothing measured: no results file written")
+			return exitInternal
+		}
+		if werr := r.WriteFile(a.json); werr != nil {
+			fmt.Fprintf(stderr, "kiln bench daemon: %v\n", werr)
+			return exitInternal
+		}
+		fmt.Fprintf(stdout, "results: %s (KVM %s)\n", a.json, r.KVMMode)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench daemon: %v\n", err)
 		return exitInternal
 	}
 	return exitOK
+}
+
+// daemonVMM is the results' VMM name of a kiln bench daemon path: "kilnd"
+// for kilnd, "kiln-library" for the library path.
+func daemonVMM(path string) string {
+	switch path {
+	case bench.PathKilnd:
+		return "kilnd"
+	case bench.PathLibrary:
+		return "kiln-library"
+	}
+	return "kiln-" + path
+}
+
+// daemonResults is the results file of kiln bench daemon, its measures
+// named "daemon-" and the operation, on VMMs "kilnd" and "kiln-library"
+// (daemonVMM), with param memory_mib:
+//   - "daemon-create", "daemon-create-pool", "daemon-checkpoint",
+//     "daemon-rollback", ... (each set's successful samples, seconds),
+//     param concurrency;
+//   - "daemon-create-rate" (sandboxes created, answering an exec and
+//     destroyed per second of the sustained run: one sample per path),
+//     params workers and for;
+//   - "daemon-fork-ready" and "daemon-fork-exec" per fork, param n.
+func daemonResults(kvmMode string, rep bench.DaemonReport) *results.Run {
+	r := newResults(kvmMode)
+	mem := fmt.Sprint(rep.Spec.MemoryMiB)
+	for _, set := range rep.Sets {
+		var ds []time.Duration
+		for _, x := range set.Samples {
+			if x.Err == "" {
+				ds = append(ds, x.Total)
+			}
+		}
+		if len(ds) == 0 {
+			continue
+		}
+		r.AddDurations("daemon-"+set.Op, daemonVMM(set.Path), map[string]string{"concurrency": fmt.Sprint(set.Concurrency), "memory_mib": mem}, ds)
+	}
+	for _, rate := range rep.Rates {
+		if rate.Elapsed <= 0 {
+			continue
+		}
+		r.Measures = append(r.Measures, results.Measure{Name: "daemon-create-rate", VMM: daemonVMM(rate.Path), Unit: results.UnitPerSecond,
+			Params:  map[string]string{"workers": fmt.Sprint(rate.Workers), "for": rate.For.String(), "memory_mib": mem},
+			Samples: []float64{rate.PerSecond()}})
+	}
+	type forkKey struct {
+		path string
+		n    int
+	}
+	var keys []forkKey
+	ready, exec := map[forkKey][]time.Duration{}, map[forkKey][]time.Duration{}
+	for _, f := range rep.Forks {
+		if f.Err != "" {
+			continue
+		}
+		k := forkKey{f.Path, f.N}
+		if _, ok := ready[k]; !ok {
+			keys = append(keys, k)
+		}
+		ready[k] = append(ready[k], f.Ready)
+		exec[k] = append(exec[k], f.AllExec)
+	}
+	for _, k := range keys {
+		p := map[string]string{"n": fmt.Sprint(k.n), "memory_mib": mem}
+		r.AddDurations("daemon-fork-ready", daemonVMM(k.path), p, ready[k])
+		r.AddDurations("daemon-fork-exec", daemonVMM(k.path), p, exec[k])
+	}
+	return r
 }
 
 // benchDaemonImage puts a.image into the images folder dir: from a

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/bench"
+	"github.com/kilnvm/kiln/bench/results"
 )
 
 // intList is a flag of comma-separated positive integers.
@@ -48,7 +49,7 @@ func cmdBenchSnapshot(ctx context.Context, args []string, stdout, stderr io.Writ
 	fs := flag.NewFlagSet("kiln bench snapshot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kiln bench snapshot [-n RESTORES] [--boots N] [--mem MiB,...] [--base MiB] [--forks N,...] [--pss-fork N] [--cpus N] [--qemu BIN]")
+		fmt.Fprintln(stderr, "usage: kiln bench snapshot [-n RESTORES] [--boots N] [--mem MiB,...] [--base MiB] [--forks N,...] [--pss-fork N] [--cpus N] [--qemu BIN] [--json FILE] [--kvm-mode M]")
 		fs.PrintDefaults()
 	}
 	n := fs.Int("n", bench.DefaultRestores, "restores timed")
@@ -67,7 +68,13 @@ func cmdBenchSnapshot(ctx context.Context, args []string, stdout, stderr io.Writ
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
 	qemu := fs.String("qemu", "qemu-system-x86_64", "the peer VMM binary for save and restore (migrate to a file, -incoming); empty: no peer")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
+	jsonOut := fs.String("json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
+	kvmMode := fs.String("kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := checkKVMMode(*kvmMode); err != nil {
+		fmt.Fprintf(stderr, "kiln bench snapshot: %v\n", err)
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
@@ -108,6 +115,18 @@ func cmdBenchSnapshot(ctx context.Context, args []string, stdout, stderr io.Writ
 	rep, err := bench.RunSnapshot(ctx, spec, stdout)
 	fmt.Fprintf(stdout, "\nload average %s; took %v\n", bench.LoadAverage(), time.Since(start).Round(time.Second))
 	printSnapshotReport(stdout, rep)
+	if *jsonOut != "" {
+		r := snapshotResults(*kvmMode, rep)
+		if len(r.Measures) == 0 {
+			fmt.Fprintln(stderr, "kiln bench snapshot: nothing measured: no results file written")
+			return exitInternal
+		}
+		if werr := r.WriteFile(*jsonOut); werr != nil {
+			fmt.Fprintf(stderr, "kiln bench snapshot: %v\n", werr)
+			return exitInternal
+		}
+		fmt.Fprintf(stdout, "results: %s (KVM %s)\n", *jsonOut, r.KVMMode)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench snapshot: %v\n", err)
 		return exitInternal
@@ -182,6 +201,89 @@ func printSnapshotReport(w io.Writer, rep bench.SnapshotReport) {
 		fmt.Fprintf(w, "  whole process (smaps_rollup): PSS %.1f -> %.1f MiB, RSS %.1f -> %.1f MiB (base pages no VM touched since the fork are in no PSS)\n",
 			bench.MiB(p.ProcessBefore.Pss), bench.MiB(p.ProcessAfter.Pss), bench.MiB(p.ProcessBefore.Rss), bench.MiB(p.ProcessAfter.Rss))
 	}
+}
+
+// snapshotResults is the results file of kiln bench snapshot, each measure
+// with params cpus and memory_mib (the sandbox's size):
+//   - "save" per memory size, Kiln's and (at --base) QEMU microvm's
+//     migration to a file;
+//   - "restore-to-exec" and "cold-boot-to-exec" at --base, Kiln's and
+//     QEMU microvm's;
+//   - "fork-ready" (children answering) and "fork-exec" (all first execs)
+//     per fork size, param n;
+//   - "fork-guest-pss" (each child's guest memory PSS, bytes) and
+//     "standalone-guest-pss" (the VM's before the fork) for --pss-fork.
+func snapshotResults(kvmMode string, rep bench.SnapshotReport) *results.Run {
+	r := newResults(kvmMode)
+	params := func(mem int, kv ...string) map[string]string {
+		p := map[string]string{"cpus": fmt.Sprint(rep.Spec.CPUs), "memory_mib": fmt.Sprint(mem)}
+		for i := 0; i+1 < len(kv); i += 2 {
+			p[kv[i]] = kv[i+1]
+		}
+		return p
+	}
+	base := rep.Spec.MemoryMiB
+	// Saves: one sample per size (several where a size repeats).
+	var sizes []int
+	saves := map[int][]time.Duration{}
+	for _, s := range rep.Saves {
+		if s.Save <= 0 {
+			continue
+		}
+		if _, ok := saves[s.MemoryMiB]; !ok {
+			sizes = append(sizes, s.MemoryMiB)
+		}
+		saves[s.MemoryMiB] = append(saves[s.MemoryMiB], s.Save)
+	}
+	for _, mem := range sizes {
+		r.AddDurations("save", results.VMMKiln, params(mem), saves[mem])
+	}
+	p := rep.Peer
+	if p != nil && p.Save > 0 {
+		r.AddDurations("save", results.VMMQEMU, params(base), []time.Duration{p.Save})
+	}
+	var restores []time.Duration
+	for _, x := range rep.Restores {
+		restores = append(restores, x.Exec)
+	}
+	if len(restores) > 0 {
+		r.AddDurations("restore-to-exec", results.VMMKiln, params(base), restores)
+	}
+	if p != nil && len(p.Restores) > 0 {
+		r.AddDurations("restore-to-exec", results.VMMQEMU, params(base), p.Restores)
+	}
+	if len(rep.ColdStarts) > 0 {
+		r.AddDurations("cold-boot-to-exec", results.VMMKiln, params(base), rep.ColdStarts)
+	}
+	if p != nil && p.ColdStart > 0 {
+		r.AddDurations("cold-boot-to-exec", results.VMMQEMU, params(base), []time.Duration{p.ColdStart})
+	}
+	var ns []int
+	ready, exec := map[int][]time.Duration{}, map[int][]time.Duration{}
+	for _, f := range rep.Forks {
+		if f.Err != "" {
+			continue
+		}
+		if _, ok := ready[f.N]; !ok {
+			ns = append(ns, f.N)
+		}
+		ready[f.N] = append(ready[f.N], f.Fork)
+		exec[f.N] = append(exec[f.N], f.AllExec)
+	}
+	for _, n := range ns {
+		r.AddDurations("fork-ready", results.VMMKiln, params(base, "n", fmt.Sprint(n)), ready[n])
+		r.AddDurations("fork-exec", results.VMMKiln, params(base, "n", fmt.Sprint(n)), exec[n])
+	}
+	if pss := rep.PSS; pss != nil && len(pss.Children) > 0 {
+		var children []float64
+		for _, c := range pss.Children {
+			children = append(children, float64(c.Pss))
+		}
+		r.Measures = append(r.Measures,
+			results.Measure{Name: "fork-guest-pss", VMM: results.VMMKiln, Unit: results.UnitBytes, Params: params(base, "n", fmt.Sprint(pss.N)), Samples: children},
+			results.Measure{Name: "standalone-guest-pss", VMM: results.VMMKiln, Unit: results.UnitBytes, Params: params(base), Samples: []float64{float64(pss.Standalone.Pss)}})
+	}
+	return r
 }
 
 // orNone is s, or "none" when it is empty.
