@@ -192,12 +192,12 @@ func (s *fdStore) handle(c *net.UnixConn) {
 			return
 		}
 		f := os.NewFile(uintptr(passed[0]), "vmmproc-"+token)
+		keep = passed[0] // f owns it now: closed below or kept by put
 		if err := s.put(token, f); err != nil {
 			f.Close()
 			fmt.Fprintf(c, "ERR %v\n", err)
 			return
 		}
-		keep = passed[0]
 		fmt.Fprintf(c, "OK\n")
 	default:
 		fmt.Fprintf(c, "ERR unknown request %.20q\n", op)
