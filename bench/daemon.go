@@ -93,6 +93,11 @@ type DaemonSpec struct {
 	// MaxMemoryMiB is kilnd's --max-memory (0: enough for the largest
 	// phase).
 	MaxMemoryMiB int `json:"max_memory_mib"`
+	// CgroupRoot is kilnd's --cgroup-root: a path, or "none" (no limits).
+	// Empty: kilnd's own cgroup, unless this process is in the root
+	// cgroup (where kilnd refuses); then a folder made for the run under
+	// /sys/fs/cgroup, as systemd's Delegate=yes would give it.
+	CgroupRoot string `json:"cgroup_root,omitempty"`
 	// OpTimeout bounds one create, fork or rollback with its first exec
 	// (DefaultDaemonOpTimeout when zero).
 	OpTimeout time.Duration `json:"op_timeout_ns"`
@@ -229,8 +234,17 @@ func RunDaemon(ctx context.Context, spec DaemonSpec, progress io.Writer) (rep Da
 		}
 		defer os.RemoveAll(r.dir)
 	}
+	cgRoot := spec.CgroupRoot
+	if cgRoot == "" {
+		root, cleanup, err := delegatedCgroup()
+		if err != nil {
+			return rep, err
+		}
+		defer cleanup() // after kilnd stops (deferred below)
+		cgRoot = root
+	}
 	r.k, err = StartKilnd(ctx, KilndSpec{Binary: spec.Kilnd, Kiln: spec.Kiln, Kernel: spec.Kernel, Agent: spec.Agent,
-		Images: spec.Images, Dir: filepath.Join(r.dir, "kilnd"), MaxMemoryMiB: spec.MaxMemoryMiB})
+		Images: spec.Images, Dir: filepath.Join(r.dir, "kilnd"), MaxMemoryMiB: spec.MaxMemoryMiB, CgroupRoot: cgRoot})
 	if err != nil {
 		return rep, err
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +34,9 @@ type KilndSpec struct {
 	Dir string
 	// MaxMemoryMiB is kilnd's --max-memory (0: kilnd's default, the host's).
 	MaxMemoryMiB int
+	// CgroupRoot is kilnd's --cgroup-root (empty: kilnd's default, its own
+	// cgroup).
+	CgroupRoot string
 	// Timeout bounds the wait for kilnd to serve (1 minute when zero).
 	Timeout time.Duration
 }
@@ -54,7 +58,57 @@ func (s KilndSpec) KilndArgs() []string {
 	if s.MaxMemoryMiB > 0 {
 		args = append(args, "--max-memory", strconv.Itoa(s.MaxMemoryMiB))
 	}
+	if s.CgroupRoot != "" {
+		args = append(args, "--cgroup-root", s.CgroupRoot)
+	}
 	return args
+}
+
+// cgroupFS is where cgroup v2 is mounted.
+const cgroupFS = "/sys/fs/cgroup"
+
+// inRootCgroup reports whether /proc/self/cgroup (its text) puts the
+// process in the root of the cgroup v2 hierarchy ("0::/").
+func inRootCgroup(procSelfCgroup string) bool {
+	for _, line := range strings.Split(procSelfCgroup, "\n") {
+		if strings.TrimSpace(line) == "0::/" {
+			return true
+		}
+	}
+	return false
+}
+
+// delegatedCgroup makes kilnd a cgroup of its own under the cgroup v2 root
+// for a benchmark run, as systemd's Delegate=yes would (the cpu, memory,
+// pids and io controllers enabled for it), when this process sits in the
+// root cgroup, where kilnd refuses to make per-sandbox cgroups. It returns
+// "" (kilnd's default: its own cgroup) otherwise. cleanup removes the
+// folder and whatever kilnd left below it.
+func delegatedCgroup() (root string, cleanup func(), err error) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil || !inRootCgroup(string(self)) {
+		return "", func() {}, nil
+	}
+	if err := os.WriteFile(filepath.Join(cgroupFS, "cgroup.subtree_control"), []byte("+cpu +memory +pids +io"), 0); err != nil {
+		return "", nil, fmt.Errorf("bench: enabling the cgroup controllers for kilnd: %w", err)
+	}
+	root, err = os.MkdirTemp(cgroupFS, "kiln-bench-")
+	if err != nil {
+		return "", nil, fmt.Errorf("bench: a cgroup for kilnd: %w", err)
+	}
+	return root, func() { removeCgroupTree(root) }, nil
+}
+
+// removeCgroupTree removes a cgroup folder and its children, deepest
+// first (a cgroup's files cannot be removed, only its empty folders).
+func removeCgroupTree(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			removeCgroupTree(filepath.Join(dir, e.Name()))
+		}
+	}
+	os.Remove(dir)
 }
 
 // Socket is where kilnd listens.

@@ -476,3 +476,24 @@ func TestRunDaemonFakeKilnd(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestInRootCgroup(t *testing.T) {
+	tests := []struct {
+		in   string
+		want bool
+	}{
+		{"0::/\n", true},
+		{"0::/user.slice/session-1.scope\n", false},
+		{"12:pids:/\n0::/\n", true},
+		{"", false},
+	}
+	for _, tt := range tests {
+		if got := inRootCgroup(tt.in); got != tt.want {
+			t.Errorf("inRootCgroup(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+	args := KilndSpec{Binary: "kilnd", Kiln: "k", Images: "i", Dir: "/d", CgroupRoot: "none"}.KilndArgs()
+	if n := len(args); n < 2 || args[n-2] != "--cgroup-root" || args[n-1] != "none" {
+		t.Errorf("KilndArgs = %q, want --cgroup-root none at the end", args)
+	}
+}

@@ -63,6 +63,7 @@ func parseBenchDaemon(args []string, kiln string, stderr io.Writer) (benchDaemon
 	fs.IntVar(&a.spec.Checkpoints, "checkpoints", bench.DefaultDaemonCheckpoints, "checkpoints and rollbacks of each kind timed (0: none)")
 	fs.IntVar(&a.spec.MemoryMiB, "mem", bench.DefaultDaemonMemoryMiB, "guest memory in `MiB`")
 	fs.IntVar(&a.spec.MaxMemoryMiB, "max-memory", 0, "kilnd's --max-memory in `MiB` (0: enough for the largest phase)")
+	fs.StringVar(&a.spec.CgroupRoot, "cgroup-root", "", "kilnd's --cgroup-root (`PATH` or none); default: kilnd's own cgroup, or a folder made for the run under /sys/fs/cgroup when this process is in the root cgroup")
 	fs.BoolVar(&a.spec.NoLibrary, "no-library", false, "measure kilnd alone")
 	fs.DurationVar(&a.spec.OpTimeout, "op-timeout", bench.DefaultDaemonOpTimeout, "bound on one create, fork or rollback with its first exec")
 	fs.StringVar(&a.spec.KVMMode, "kvm-mode", "", "the KVM mode to report (direct, nested, emulated); default: told from /proc/cpuinfo")
