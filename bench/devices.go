@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/kilnvm/kiln/bench/results"
@@ -28,9 +27,6 @@ var (
 	VsockModules = []string{"virtio_mmio", "vmw_vsock_virtio_transport"}
 )
 
-// ModulesDir is where ModulesInitrd puts the modules in the initramfs.
-const ModulesDir = "lib/modules"
-
 // DefaultBlkMiB is the size of the disk the blk benchmark reads.
 const DefaultBlkMiB = 64
 
@@ -45,7 +41,7 @@ func ModulesInitrd(k *guestkernel.Kernel, modules []string, script, path string,
 	if err != nil {
 		return fmt.Errorf("bench: modules for the initramfs: %w", err)
 	}
-	init, err := ModulesInit(order, script)
+	init, err := guestkernel.InsmodScript(order, script, "bench")
 	if err != nil {
 		return err
 	}
@@ -56,7 +52,7 @@ func ModulesInitrd(k *guestkernel.Kernel, modules []string, script, path string,
 	if err := b.AddDir("lib", 0o755); err != nil {
 		return err
 	}
-	if err := b.AddDir(ModulesDir, 0o755); err != nil {
+	if err := b.AddDir(guestkernel.InitrdModulesDir, 0o755); err != nil {
 		return err
 	}
 	for _, m := range order {
@@ -64,7 +60,7 @@ func ModulesInitrd(k *guestkernel.Kernel, modules []string, script, path string,
 		if err != nil {
 			return err
 		}
-		if err := b.AddFile(ModulesDir+"/"+m.Name+".ko", ko, 0o644); err != nil {
+		if err := b.AddFile(guestkernel.InitrdModulesDir+"/"+m.Name+".ko", ko, 0o644); err != nil {
 			return err
 		}
 	}
@@ -74,23 +70,6 @@ func ModulesInitrd(k *guestkernel.Kernel, modules []string, script, path string,
 		}
 	}
 	return b.WriteFile(path, false)
-}
-
-// ModulesInit returns the /init script body: mounts, one insmod per module
-// (stopping with a message naming the module that failed), then script.
-func ModulesInit(order []guestkernel.Module, script string) (string, error) {
-	var s strings.Builder
-	s.WriteString("mount -t proc proc /proc\n")
-	s.WriteString("mount -t sysfs sysfs /sys\n")
-	s.WriteString("mount -t devtmpfs devtmpfs /dev\n")
-	for _, m := range order {
-		if strings.ContainsAny(m.Name, " \t\n'\"$`\\;&|<>()*?[]{}~#") {
-			return "", fmt.Errorf("bench: module name %q is not a plain word", m.Name)
-		}
-		fmt.Fprintf(&s, "insmod /%s/%s.ko || { echo 'bench: insmod %s failed'; poweroff -f; }\n", ModulesDir, m.Name, m.Name)
-	}
-	s.WriteString(script)
-	return s.String(), nil
 }
 
 // WriteRandomDisk writes a disk image of mib MiB of pseudo-random bytes

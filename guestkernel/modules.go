@@ -300,3 +300,26 @@ func ReadModule(path string) ([]byte, error) {
 	}
 	return out.Bytes(), nil
 }
+
+// InitrdModulesDir is where an initramfs built around InsmodScript holds
+// the modules it loads (as NAME.ko).
+const InitrdModulesDir = "lib/modules"
+
+// InsmodScript returns an initramfs /init body: proc, sysfs and devtmpfs
+// mounted, one insmod per module of order from InitrdModulesDir (a failure
+// names the module, tagged with who, and powers off), then script. A
+// module name that is not a plain word is refused.
+func InsmodScript(order []Module, script, who string) (string, error) {
+	var s strings.Builder
+	s.WriteString("mount -t proc proc /proc\n")
+	s.WriteString("mount -t sysfs sysfs /sys\n")
+	s.WriteString("mount -t devtmpfs devtmpfs /dev\n")
+	for _, m := range order {
+		if strings.ContainsAny(m.Name, " \t\n'\"$`\\;&|<>()*?[]{}~#") {
+			return "", fmt.Errorf("module name %q is not a plain word", m.Name)
+		}
+		fmt.Fprintf(&s, "insmod /%s/%s.ko || { echo '%s: insmod %s failed'; poweroff -f; }\n", InitrdModulesDir, m.Name, who, m.Name)
+	}
+	s.WriteString(script)
+	return s.String(), nil
+}

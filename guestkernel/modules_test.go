@@ -294,3 +294,21 @@ func TestReadModule(t *testing.T) {
 		})
 	}
 }
+
+func TestInsmodScript(t *testing.T) {
+	order := []Module{{Name: "virtio"}, {Name: "virtio_ring"}, {Name: "virtio_mmio", Depends: []string{"virtio", "virtio_ring"}}}
+	s, err := InsmodScript(order, "echo done\n", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i1 := strings.Index(s, "insmod /lib/modules/virtio.ko ")
+	i2 := strings.Index(s, "insmod /lib/modules/virtio_ring.ko ")
+	i3 := strings.Index(s, "insmod /lib/modules/virtio_mmio.ko ")
+	mount := strings.Index(s, "mount -t devtmpfs devtmpfs /dev")
+	if mount < 0 || i1 < mount || i2 < i1 || i3 < i2 || !strings.HasSuffix(s, "\necho done\n") || !strings.Contains(s, "'test: insmod virtio failed'") {
+		t.Fatalf("init script out of order or untagged:\n%s", s)
+	}
+	if _, err := InsmodScript([]Module{{Name: "x;reboot"}}, "", "test"); err == nil {
+		t.Fatal("a module name with shell syntax was accepted")
+	}
+}

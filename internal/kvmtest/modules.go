@@ -1,9 +1,7 @@
 package kvmtest
 
 import (
-	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/kilnvm/kiln/guestkernel"
@@ -11,7 +9,7 @@ import (
 )
 
 // ModulesDir is where ModulesInitrd puts the modules in the initramfs.
-const ModulesDir = "lib/modules"
+const ModulesDir = guestkernel.InitrdModulesDir
 
 // ModulesInitrd writes an uncompressed initramfs like BusyboxInitrd's, that
 // also holds the named modules of the cached kernel (Kernel(t)) and all
@@ -26,7 +24,7 @@ func ModulesInitrd(t testing.TB, modules []string, script string) string {
 	if err != nil {
 		t.Fatalf("modules for the initramfs: %v", err)
 	}
-	init, err := modulesInit(order, script)
+	init, err := guestkernel.InsmodScript(order, script, "kvmtest")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,21 +52,4 @@ func ModulesInitrd(t testing.TB, modules []string, script string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// modulesInit returns the /init script body: mounts, one insmod per module
-// (stopping with a message naming the module that failed), then script.
-func modulesInit(order []guestkernel.Module, script string) (string, error) {
-	var s strings.Builder
-	s.WriteString("mount -t proc proc /proc\n")
-	s.WriteString("mount -t sysfs sysfs /sys\n")
-	s.WriteString("mount -t devtmpfs devtmpfs /dev\n")
-	for _, m := range order {
-		if strings.ContainsAny(m.Name, " \t\n'\"$`\\;&|<>()*?[]{}~#") {
-			return "", fmt.Errorf("module name %q is not a plain word", m.Name)
-		}
-		fmt.Fprintf(&s, "insmod /%s/%s.ko || { echo 'kvmtest: insmod %s failed'; poweroff -f; }\n", ModulesDir, m.Name, m.Name)
-	}
-	s.WriteString(script)
-	return s.String(), nil
 }
