@@ -1,13 +1,16 @@
 // Package report turns benchmark results files (package bench/results)
 // into what docs/bench.md shows: a markdown table per KVM mode (medians,
-// tails, and Kiln's ratio to its peer from the same run) and an SVG plot
-// per measure (the samples' CDF, one line per VMM), drawn with
+// tails, and Kiln's ratio to its peer from the same run), an SVG plot per
+// measure (the samples' CDF, one line per VMM), and curves of measures
+// taken at several counts (density: memory against sandboxes running;
+// fork scaling; latency against concurrency), drawn with
 // gonum.org/v1/plot. Direct and nested KVM figures are never mixed.
 package report
 
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -31,6 +34,8 @@ type Group struct {
 	KVMMode string
 	Unit    string
 	Series  map[string][]float64 // VMM → samples, pooled across runs
+	// ParamValues is Params as a map (what Curves groups by).
+	ParamValues map[string]string
 }
 
 // Stats of one series.
@@ -66,7 +71,8 @@ func Groups(runs []*results.Run) ([]*Group, error) {
 			key := r.KVMMode + "\x00" + m.Name + "\x00" + params
 			g := byKey[key]
 			if g == nil {
-				g = &Group{Name: m.Name, Params: params, KVMMode: r.KVMMode, Unit: m.Unit, Series: map[string][]float64{}}
+				g = &Group{Name: m.Name, Params: params, KVMMode: r.KVMMode, Unit: m.Unit, Series: map[string][]float64{},
+					ParamValues: maps.Clone(m.Params)}
 				byKey[key] = g
 			}
 			if g.Unit != m.Unit {
@@ -204,6 +210,12 @@ func (g *Group) Slug() string {
 	if g.Params != "" {
 		s += "-" + g.Params
 	}
+	return slug(s)
+}
+
+// slug is s as a file name: lower case, [a-z0-9.-] kept, the rest '_',
+// at most 120 bytes.
+func slug(s string) string {
 	var b strings.Builder
 	for _, c := range strings.ToLower(s) {
 		switch {

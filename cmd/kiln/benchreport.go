@@ -50,12 +50,29 @@ func cmdBenchReport(_ context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "kiln bench report: %v\n", err)
 		return exitInternal
 	}
+	curves, err := report.Curves(groups)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench report: %v\n", err)
+		return exitUsage
+	}
+	curveFiles, err := report.WriteCurves(*out, curves)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln bench report: %v\n", err)
+		return exitInternal
+	}
 	f, err := os.Create(filepath.Join(*out, "tables.md"))
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench report: %v\n", err)
 		return exitInternal
 	}
 	report.WriteTables(io.MultiWriter(f, stdout), groups)
+	if len(curveFiles) > 0 {
+		fmt.Fprintln(f, "\n### Curves: density, fork scaling, concurrency")
+		for i, name := range curveFiles {
+			fmt.Fprintf(f, "\n%s\n\n![%s](%s)\n", report.CurveTitle(curves[i]), name, name)
+		}
+		fmt.Fprintln(f, "\n### CDFs")
+	}
 	for _, name := range files {
 		fmt.Fprintf(f, "\n![%s](%s)\n", name, name)
 	}
@@ -63,7 +80,7 @@ func cmdBenchReport(_ context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "kiln bench report: %v\n", err)
 		return exitInternal
 	}
-	fmt.Fprintf(stdout, "\n%d plots and tables.md in %s\n", len(files), *out)
+	fmt.Fprintf(stdout, "\n%d CDF plots, %d curves and tables.md in %s\n", len(files), len(curveFiles), *out)
 	return exitOK
 }
 

@@ -20,6 +20,9 @@ func TestCmdBenchReport(t *testing.T) {
 	p := map[string]string{"kernel": "vmlinux"}
 	r.AddDurations("boot-to-userspace", results.VMMKiln, p, []time.Duration{time.Second, 2 * time.Second})
 	r.AddDurations("boot-to-userspace", results.VMMQEMU, p, []time.Duration{3 * time.Second})
+	for _, n := range []string{"1", "4"} {
+		r.AddDurations("fork-ready", results.VMMKiln, map[string]string{"n": n}, []time.Duration{time.Millisecond})
+	}
 	in := filepath.Join(dir, "run.json")
 	if err := r.WriteFile(in); err != nil {
 		t.Fatal(err)
@@ -33,13 +36,16 @@ func TestCmdBenchReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"### KVM emulated", "| boot-to-userspace | kernel=vmlinux | qemu-microvm | 1 | 3.00 s", "**0.50**", "emulated-boot-to-userspace-kernel_vmlinux.svg"} {
+	for _, want := range []string{"### KVM emulated", "| boot-to-userspace | kernel=vmlinux | qemu-microvm | 1 | 3.00 s", "**0.50**", "emulated-boot-to-userspace-kernel_vmlinux.svg",
+		"### Curves", "fork-ready by n, emulated KVM", "emulated-fork-ready-by-n.svg"} {
 		if !strings.Contains(string(tables), want) {
 			t.Errorf("tables.md lacks %q:\n%s", want, tables)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(out, "emulated-boot-to-userspace-kernel_vmlinux.svg")); err != nil {
-		t.Error(err)
+	for _, f := range []string{"emulated-boot-to-userspace-kernel_vmlinux.svg", "emulated-fork-ready-by-n.svg"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
 	}
 	// Bad input: a usage error naming the file, no panic.
 	bad := filepath.Join(dir, "bad.json")
