@@ -83,6 +83,11 @@ type Vsock struct {
 	// RestoreState: the guest's connections are gone).
 	resetOnActivate bool
 	broken          bool // a queue is malformed: serve nothing until reset
+	// serving is set while serveLocked runs: work made during its pass
+	// (a packet that queues a reply, a credit update) is picked up by the
+	// same pass rather than waking the worker for an empty one. more
+	// says such work was made.
+	serving, more bool
 }
 
 // NewVsock creates a vsock device for guest cfg.CID and listens on
@@ -265,8 +270,15 @@ func (v *Vsock) wake() {
 	}
 }
 
-// kickLocked wakes the queue worker (callers hold mu).
-func (v *Vsock) kickLocked() { v.wake() }
+// kickLocked wakes the queue worker (callers hold mu), unless serveLocked
+// is running, which then passes once more.
+func (v *Vsock) kickLocked() {
+	if v.serving {
+		v.more = true
+		return
+	}
+	v.wake()
+}
 func (v *Vsock) queueRSTLocked(h vsockHdr) {
 	if len(v.rsts) >= 4*vsockMaxRST {
 		return // the guest is flooding without reading: drop
@@ -301,10 +313,19 @@ func (v *Vsock) serveLocked() {
 	case <-v.kick:
 	default:
 	}
-	if err := v.processLocked(); err != nil {
-		v.log.Error("vsock queue malformed: stopped serving", "err", err)
-		v.broken = true
-		v.dropAllLocked()
+	v.serving = true
+	defer func() { v.serving = false }()
+	for {
+		v.more = false
+		if err := v.processLocked(); err != nil {
+			v.log.Error("vsock queue malformed: stopped serving", "err", err)
+			v.broken = true
+			v.dropAllLocked()
+			return
+		}
+		if !v.more {
+			return
+		}
 	}
 }
 

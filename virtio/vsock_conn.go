@@ -135,11 +135,21 @@ func (c *vsockConn) wantSend() bool {
 
 // scheduleLocked puts c on the ready list if it has something to send.
 func (v *Vsock) scheduleLocked(c *vsockConn) {
-	if !c.queued && c.wantSend() {
-		c.queued = true
-		v.ready = append(v.ready, c)
+	if v.enqueueLocked(c) {
 		v.kickLocked()
 	}
+}
+
+// enqueueLocked puts c on the ready list if it has something to send and
+// is not there yet, and says whether it did; the caller serves it or
+// wakes the worker.
+func (v *Vsock) enqueueLocked(c *vsockConn) bool {
+	if c.queued || !c.wantSend() {
+		return false
+	}
+	c.queued = true
+	v.ready = append(v.ready, c)
+	return true
 }
 
 // hdrLocked returns a header from c's host side with our credit.
@@ -186,8 +196,7 @@ func (v *Vsock) hostReader(c *vsockConn) {
 			v.mu.Unlock()
 			return
 		}
-		v.scheduleLocked(c)
-		if c.queued {
+		if v.enqueueLocked(c) {
 			// Hand the data to the guest from here rather than wake
 			// the worker to do it: one goroutine switch less per packet.
 			v.serveLocked()
