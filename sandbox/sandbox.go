@@ -282,6 +282,17 @@ func newSandbox(log *slog.Logger, dir, hostname string, started time.Time) (*San
 	return s, nil
 }
 
+// rootQueues is how many request queues the root disk of a VM of cpus
+// vCPUs offers: one per vCPU (up to virtio.BlockMaxQueues), so that vCPUs
+// doing I/O at once do not share a virtqueue; 0 (one queue) for one vCPU,
+// which keeps the spec as it was before multi-queue disks.
+func rootQueues(cpus int) int {
+	if cpus <= 1 {
+		return 0
+	}
+	return min(cpus, virtio.BlockMaxQueues)
+}
+
 // deviceSpecs returns the devices of a new sandbox, in the order every
 // sandbox has them: the root disk when opts.Disk is set, the network card
 // when opts.Net is, opts.Devices, the kernel's modules disk when the
@@ -292,7 +303,7 @@ func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 	var devs []virtio.DeviceSpec
 	if opts.Disk != "" {
 		devs = append(devs, virtio.DeviceSpec{ID: RootDevice, Kind: virtio.KindBlock,
-			Block: &virtio.BlockSpec{Path: opts.Disk, ReadOnly: opts.DiskReadOnly}})
+			Block: &virtio.BlockSpec{Path: opts.Disk, ReadOnly: opts.DiskReadOnly, Queues: rootQueues(opts.CPUs)}})
 	}
 	if opts.Net != nil {
 		nic, err := netSpec(opts.Net)

@@ -243,3 +243,11 @@ func TestRestoreRootDirNamed(t *testing.T) {
 		t.Error("RootDir with Image accepted")
 	}
 }
+
+func TestRootQueues(t *testing.T) {
+	for _, tc := range []struct{ cpus, want int }{{0, 0}, {1, 0}, {2, 2}, {8, 8}, {64, 16}} {
+		if got := rootQueues(tc.cpus); got != tc.want {
+			t.Errorf("rootQueues(%d) = %d, want %d", tc.cpus, got, tc.want)
+		}
+	}
+}

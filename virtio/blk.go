@@ -19,10 +19,11 @@ import (
 
 // Block feature bits (virtio 1.x, section 5.2.3).
 const (
-	BlockFeatureSegMax  = 1 << 2 // seg_max in the config space is valid
-	BlockFeatureRO      = 1 << 5 // the disk is read-only
-	BlockFeatureBlkSize = 1 << 6 // blk_size in the config space is valid
-	BlockFeatureFlush   = 1 << 9 // VIRTIO_BLK_T_FLUSH is supported
+	BlockFeatureSegMax  = 1 << 2  // seg_max in the config space is valid
+	BlockFeatureRO      = 1 << 5  // the disk is read-only
+	BlockFeatureBlkSize = 1 << 6  // blk_size in the config space is valid
+	BlockFeatureFlush   = 1 << 9  // VIRTIO_BLK_T_FLUSH is supported
+	BlockFeatureMQ      = 1 << 12 // num_queues in the config space is valid
 )
 
 // Block request types (section 5.2.6).
@@ -45,9 +46,11 @@ const (
 	BlockSectorSize = 512
 	// BlockIDBytes is the largest device ID a GET_ID request returns.
 	BlockIDBytes = 20
-	// BlockQueueSize is the size of the block device's single request
-	// queue.
+	// BlockQueueSize is the size of each of the block device's request
+	// queues.
 	BlockQueueSize = 256
+	// BlockMaxQueues bounds BlockConfig.Queues.
+	BlockMaxQueues = 16
 	// blockSegMax is the seg_max the device advertises: the most data
 	// buffers in one request, leaving room for the header and status.
 	blockSegMax = BlockQueueSize - 2
@@ -67,7 +70,10 @@ const (
 	blockCfgCapacity = 0  // le64
 	blockCfgSegMax   = 12 // le32, after size_max (le32 at 8)
 	blockCfgBlkSize  = 20 // le32, after geometry (4 bytes at 16)
-	blockCfgSize     = 60 // the whole structure, through write_zeroes_may_unmap
+	// num_queues (le16), after topology (8 bytes at 24), writeback and
+	// unused0.
+	blockCfgNumQueues = 34
+	blockCfgSize      = 60 // the whole structure, through write_zeroes_may_unmap
 )
 
 // BlockConfig describes the backing file of a virtio-blk device.
@@ -82,14 +88,20 @@ type BlockConfig struct {
 	// /sys/block/vdX/serial), at most BlockIDBytes bytes. Empty means the
 	// image's file name, cut to BlockIDBytes.
 	ID string
+	// Queues is how many request queues the device offers (1 to
+	// BlockMaxQueues; 0 means 1). With more than one it offers
+	// VIRTIO_BLK_F_MQ: Linux then gives each vCPU (or group of vCPUs) its
+	// own queue, so that vCPUs issuing I/O at once do not share one
+	// virtqueue's lock, and the device serves each queue on its own.
+	Queues int
 	// Logger receives the device's logs; slog.Default() when nil.
 	Logger *slog.Logger
 }
 
 // Block is a virtio-blk device (virtio 1.x, section 5.2) backed by a file.
-// It serves its one request queue with blockWorkers requests at once, reading
-// and writing the image with preadv and pwritev straight into and out of
-// guest memory.
+// It serves each of its request queues with blockWorkers requests at once,
+// reading and writing the image with preadv and pwritev straight into and
+// out of guest memory.
 type Block struct {
 	file     *os.File
 	fd       int // file's descriptor, for preadv and pwritev
@@ -100,12 +112,13 @@ type Block struct {
 	config   [blockCfgSize]byte
 	log      *slog.Logger
 
+	queues int // request queues offered
+
 	mu     sync.Mutex
 	closed bool
-	queue  *Queue
-	kick   chan struct{} // buffered(1): a pending QueueNotify
+	kicks  []chan struct{} // per queue, buffered(1): a pending QueueNotify; nil for a queue not served
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the serving goroutine exits
+	dones  []chan struct{} // closed when each serving goroutine exits
 }
 
 var _ Device = (*Block)(nil)
@@ -190,11 +203,19 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	if size%BlockSectorSize != 0 {
 		return nil, fmt.Errorf("virtio-blk: image %s is %d bytes, not a multiple of the %d-byte sector", cfg.Path, size, BlockSectorSize)
 	}
+	queues := cfg.Queues
+	if queues == 0 {
+		queues = 1
+	}
+	if queues < 1 || queues > BlockMaxQueues {
+		return nil, fmt.Errorf("virtio-blk: image %s: %d queues, want 1 to %d", cfg.Path, cfg.Queues, BlockMaxQueues)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	b := &Block{
+		queues:   queues,
 		file:     f,
 		fd:       int(f.Fd()),
 		path:     cfg.Path,
@@ -210,6 +231,7 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	binary.LittleEndian.PutUint64(b.config[blockCfgCapacity:], b.capacity)
 	binary.LittleEndian.PutUint32(b.config[blockCfgSegMax:], blockSegMax)
 	binary.LittleEndian.PutUint32(b.config[blockCfgBlkSize:], BlockSectorSize)
+	binary.LittleEndian.PutUint16(b.config[blockCfgNumQueues:], uint16(queues))
 	return b, nil
 }
 
@@ -234,20 +256,31 @@ func (b *Block) Close() error {
 // ID returns IDBlock.
 func (b *Block) ID() uint32 { return IDBlock }
 
-// Features returns FLUSH, SEG_MAX and BLK_SIZE, and RO for a read-only disk.
+// Features returns FLUSH, SEG_MAX and BLK_SIZE, RO for a read-only disk
+// and MQ for more than one queue.
 func (b *Block) Features() uint64 {
 	f := uint64(BlockFeatureFlush | BlockFeatureSegMax | BlockFeatureBlkSize)
 	if b.readOnly {
 		f |= BlockFeatureRO
 	}
+	if b.queues > 1 {
+		f |= BlockFeatureMQ
+	}
 	return f
 }
 
-// QueueSizes returns the one request queue's size.
-func (b *Block) QueueSizes() []uint16 { return []uint16{BlockQueueSize} }
+// QueueSizes returns the request queues' sizes.
+func (b *Block) QueueSizes() []uint16 {
+	sizes := make([]uint16, b.queues)
+	for i := range sizes {
+		sizes[i] = BlockQueueSize
+	}
+	return sizes
+}
 
-// ReadConfig reads struct virtio_blk_config: capacity, seg_max and blk_size
-// are set, the rest reads zero, and so does anything past its end.
+// ReadConfig reads struct virtio_blk_config: capacity, seg_max, blk_size
+// and num_queues are set, the rest reads zero, and so does anything past
+// its end.
 func (b *Block) ReadConfig(offset uint64, data []byte) {
 	clear(data)
 	if offset < uint64(len(b.config)) {
@@ -259,10 +292,12 @@ func (b *Block) ReadConfig(offset uint64, data []byte) {
 // (VIRTIO_BLK_F_CONFIG_WCE is not).
 func (b *Block) WriteConfig(offset uint64, data []byte) {}
 
-// Activate starts serving the request queue.
+// Activate starts serving the request queues: queue 0, and the others the
+// driver made ready (it may use fewer than offered, and only queue 0
+// without MQ).
 func (b *Block) Activate(mem *memory.Memory, features uint64, queues []*Queue) error {
-	if len(queues) != 1 || queues[0] == nil {
-		return fmt.Errorf("virtio-blk %s: activated with %d queues, want 1", b.path, len(queues))
+	if len(queues) != b.queues || queues[0] == nil {
+		return fmt.Errorf("virtio-blk %s: activated with %d queues, want %d", b.path, len(queues), b.queues)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -273,40 +308,47 @@ func (b *Block) Activate(mem *memory.Memory, features uint64, queues []*Queue) e
 		return fmt.Errorf("virtio-blk %s: activated twice without a reset", b.path)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b.queue, b.cancel = queues[0], cancel
-	b.kick = make(chan struct{}, 1)
-	b.done = make(chan struct{})
-	b.kick <- struct{}{} // serve anything queued before DRIVER_OK
-	go b.serve(ctx, b.queue, b.kick, b.done)
+	b.cancel = cancel
+	b.kicks = make([]chan struct{}, len(queues))
+	b.dones = nil
+	for i, q := range queues {
+		if i > 0 && (q == nil || !q.Ready || features&BlockFeatureMQ == 0) {
+			continue
+		}
+		kick, done := make(chan struct{}, 1), make(chan struct{})
+		kick <- struct{}{} // serve anything queued before DRIVER_OK
+		b.kicks[i] = kick
+		b.dones = append(b.dones, done)
+		go b.serve(ctx, q, kick, done)
+	}
 	return nil
 }
 
-// QueueNotify wakes the goroutine serving queue 0; it never blocks.
+// QueueNotify wakes the goroutine serving queue index; it never blocks.
 func (b *Block) QueueNotify(index int) {
-	if index != 0 {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.kick == nil {
+	if index < 0 || index >= len(b.kicks) || b.kicks[index] == nil {
 		return
 	}
 	select {
-	case b.kick <- struct{}{}:
+	case b.kicks[index] <- struct{}{}:
 	default: // a wake-up is already pending
 	}
 }
 
-// Reset stops serving the queue, waiting for the request in progress to
-// finish, and forgets the queue.
+// Reset stops serving the queues, waiting for the requests in progress to
+// finish, and forgets the queues.
 func (b *Block) Reset() {
 	b.mu.Lock()
-	cancel, done := b.cancel, b.done
-	b.queue, b.kick, b.cancel, b.done = nil, nil, nil, nil
+	cancel, dones := b.cancel, b.dones
+	b.kicks, b.cancel, b.dones = nil, nil, nil
 	b.mu.Unlock()
 	if cancel != nil {
 		cancel()
-		<-done
+		for _, done := range dones {
+			<-done
+		}
 	}
 }
 

@@ -20,8 +20,10 @@ import (
 )
 
 // blkGuestScript runs in the guest after the modules are loaded. It finds
-// the disks by serial (GET_ID), checksums a file on the ext4 disk, writes a
-// new file there, checksums the read-only disk and tries to write it.
+// the disks by serial (GET_ID) and counts their hardware queues, checksums
+// a file on the ext4 disk from vCPU 0, writes a new file there, checksums
+// the read-only disk from vCPU 1 (so through its second queue) and tries to
+// write it.
 const blkGuestScript = `
 echo "KILN-BLK-UPTIME start $(cat /proc/uptime)"
 rw= ; ro=
@@ -40,16 +42,19 @@ while [ $i -lt 20 ]; do
 	rw= ; ro=
 	i=$((i+1)); sleep 1
 done
+for d in $rw $ro; do
+	echo "KILN-BLK-MQ ${d##*/} $(ls /sys/block/${d##*/}/mq | wc -l) $(cat /sys/block/${d##*/}/mq/*/cpu_list | tr '\n' ' ')"
+done
 mkdir -p /mnt/rw
 if mount -t ext4 "$rw" /mnt/rw; then
-	echo "KILN-BLK-SUM $(busybox sha256sum /mnt/rw/random.bin)"
+	echo "KILN-BLK-SUM $(busybox taskset 1 busybox sha256sum /mnt/rw/random.bin)"
 	echo 'written by the guest through virtio-blk' > /mnt/rw/guest.txt
 	umount /mnt/rw && echo KILN-BLK-UMOUNT=ok
 else
 	echo KILN-BLK-MOUNT=failed
 fi
 sync
-echo "KILN-BLK-ROSUM $(dd if=$ro bs=4096 2>/dev/null | busybox sha256sum)"
+echo "KILN-BLK-ROSUM $(busybox taskset 2 dd if=$ro bs=4096 2>/dev/null | busybox sha256sum)"
 if dd if=/dev/zero of=$ro bs=512 count=1 conv=fsync 2>/dev/null; then
 	echo KILN-BLK-ROWRITE=succeeded
 else
@@ -61,9 +66,10 @@ echo KILN-BLK-DONE
 poweroff -f
 `
 
-// TestKVMVirtioBlock boots Debian's kernel with two virtio-blk disks: an
-// ext4 image it reads a file from and writes a file to, and a read-only raw
-// image it reads and fails to write. The host then checks the checksums the
+// TestKVMVirtioBlock boots Debian's kernel, 2 vCPUs, with two virtio-blk
+// disks of two request queues each (VIRTIO_BLK_F_MQ): an ext4 image it
+// reads a file from and writes a file to, and a read-only raw image it
+// reads from the second vCPU and fails to write. The host then checks the checksums the
 // guest printed, the guest's file in the ext4 image (with debugfs) and that
 // the read-only image did not change.
 func TestKVMVirtioBlock(t *testing.T) {
@@ -103,13 +109,13 @@ func TestKVMVirtioBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rw := virtio.DeviceSpec{ID: "rw", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: rwImg, Serial: "kiln-rw"}}
-	ro := virtio.DeviceSpec{ID: "ro", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: roImg, ReadOnly: true, Serial: "kiln-ro"}}
+	rw := virtio.DeviceSpec{ID: "rw", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: rwImg, Serial: "kiln-rw", Queues: 2}}
+	ro := virtio.DeviceSpec{ID: "ro", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: roImg, ReadOnly: true, Serial: "kiln-ro", Queues: 2}}
 
 	initrd := kvmtest.ModulesInitrd(t, []string{"virtio_mmio", "virtio_blk", "crc32c_generic", "ext4"}, blkGuestScript)
 	var console kvmtest.Console
 	vm, err := vmm.New(vmm.Config{
-		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: 1, MemoryMiB: 256, Devices: []virtio.DeviceSpec{rw, ro}},
+		Spec:    vmm.Spec{Kernel: k.Vmlinux, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: 2, MemoryMiB: 256, Devices: []virtio.DeviceSpec{rw, ro}},
 		Console: &console,
 	})
 	if err != nil {
@@ -131,8 +137,12 @@ func TestKVMVirtioBlock(t *testing.T) {
 	if exit.Reason != vmm.ReasonPowerOff || !strings.Contains(out, "KILN-BLK-DONE") {
 		t.Fatalf("guest stopped with %v before finishing; console:\n%s", exit, out)
 	}
-	for _, d := range regexp.MustCompile(`KILN-BLK-(DISK|UPTIME|DMESG) .*`).FindAllString(out, -1) {
+	for _, d := range regexp.MustCompile(`KILN-BLK-(DISK|UPTIME|DMESG|MQ) .*`).FindAllString(out, -1) {
 		t.Log(strings.TrimSpace(d))
+	}
+	// Each disk has two hardware queues, one per vCPU.
+	if mq := regexp.MustCompile(`KILN-BLK-MQ vd[a-z]+ 2 0 1 `).FindAllString(out, -1); len(mq) != 2 {
+		t.Errorf("want both disks with 2 queues, one per vCPU (KILN-BLK-MQ vdX 2 0 1); console:\n%s", out)
 	}
 
 	sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }

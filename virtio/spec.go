@@ -55,6 +55,10 @@ type BlockSpec struct {
 	// Serial is what the guest reads as the disk's ID (at most
 	// BlockIDBytes); the device ID when empty.
 	Serial string `json:"serial,omitempty"`
+	// Queues is how many request queues the disk offers (0 or 1: one; at
+	// most BlockMaxQueues). Give a VM of several vCPUs that do I/O at once
+	// one per vCPU. A snapshot keeps it: a restore rebuilds the same.
+	Queues int `json:"queues,omitempty"`
 }
 
 // NetSpec is a virtio-net card on a host tap.
@@ -166,6 +170,9 @@ func (s DeviceSpec) validate() error {
 		}
 		if s.Block.Path == "" && s.Block.FD <= 0 {
 			return errors.New("blk: no image path or fd")
+		}
+		if s.Block.Queues < 0 || s.Block.Queues > BlockMaxQueues {
+			return fmt.Errorf("blk: %d queues, want 0 to %d", s.Block.Queues, BlockMaxQueues)
 		}
 		if len(s.Block.Serial) > BlockIDBytes {
 			return fmt.Errorf("blk: serial %q is %d bytes, at most %d", s.Block.Serial, len(s.Block.Serial), BlockIDBytes)
@@ -324,7 +331,7 @@ func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
 	log = log.With("device_id", s.ID)
 	switch s.Kind {
 	case KindBlock:
-		cfg := BlockConfig{Path: s.Block.Path, ReadOnly: s.Block.ReadOnly, ID: s.Block.Serial, Logger: log}
+		cfg := BlockConfig{Path: s.Block.Path, ReadOnly: s.Block.ReadOnly, ID: s.Block.Serial, Queues: s.Block.Queues, Logger: log}
 		if cfg.ID == "" {
 			cfg.ID = s.ID
 		}

@@ -38,6 +38,8 @@ func TestDeviceSpecValidate(t *testing.T) {
 		{"kind and settings differ", DeviceSpec{ID: "x", Kind: KindBlock, RNG: &RNGSpec{}}, "kind blk without blk settings"},
 		{"disk without image", blk(BlockSpec{}), "no image path or fd"},
 		{"long serial", blk(BlockSpec{Path: "/a", Serial: strings.Repeat("s", BlockIDBytes+1)}), "serial"},
+		{"too many queues", blk(BlockSpec{Path: "/a", Queues: BlockMaxQueues + 1}), "17 queues"},
+		{"negative queues", blk(BlockSpec{Path: "/a", Queues: -2}), "-2 queues"},
 		{"bad MAC", DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{MAC: "zz"}}, `MAC "zz"`},
 		{"multicast MAC", DeviceSpec{ID: "n", Kind: KindNet, Net: &NetSpec{MAC: "01:00:00:00:00:01"}}, "multicast"},
 		{"low CID", DeviceSpec{ID: "v", Kind: KindVsock, Vsock: &VsockSpec{CID: 2, Path: "/v"}}, "guest CID 2"},

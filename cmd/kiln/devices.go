@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 
 	"github.com/kilnvm/kiln/virtio"
@@ -24,13 +25,13 @@ type deviceFlags struct {
 }
 
 func (f *deviceFlags) register(fs *flag.FlagSet) {
-	fs.Var(&f.disks, "disk", "virtio-blk disk `PATH[,ro]` (repeatable; /dev/vda, /dev/vdb, ... in order)")
+	fs.Var(&f.disks, "disk", "virtio-blk disk `PATH[,ro][,queues=N]` (repeatable; /dev/vda, /dev/vdb, ... in order; queues: request queues, e.g. one per vCPU)")
 	fs.Var(&f.nets, "net", "virtio-net on a tap: `TAP[,mac=MAC][,netns=NAME]` (repeatable)")
 	fs.StringVar(&f.vsock, "vsock", "", "virtio-vsock host Unix socket `PATH` (connect and write \"CONNECT <port>\\n\"; guest connections to port P reach PATH_P)")
 	fs.Uint64Var(&f.cid, "cid", 3, "guest vsock CID (with --vsock)")
 }
 
-// parseDisk parses --disk PATH[,ro].
+// parseDisk parses --disk PATH[,ro][,queues=N].
 func parseDisk(s string) (virtio.BlockSpec, error) {
 	path, opts, _ := strings.Cut(s, ",")
 	if path == "" {
@@ -45,7 +46,15 @@ func parseDisk(s string) (virtio.BlockSpec, error) {
 			case "rw":
 				cfg.ReadOnly = false
 			default:
-				return cfg, fmt.Errorf("--disk %q: unknown option %q (want ro or rw)", s, o)
+				n, ok := strings.CutPrefix(o, "queues=")
+				if !ok {
+					return cfg, fmt.Errorf("--disk %q: unknown option %q (want ro, rw or queues=N)", s, o)
+				}
+				q, err := strconv.Atoi(n)
+				if err != nil || q < 1 || q > virtio.BlockMaxQueues {
+					return cfg, fmt.Errorf("--disk %q: queues=%s: want 1 to %d", s, n, virtio.BlockMaxQueues)
+				}
+				cfg.Queues = q
 			}
 		}
 	}

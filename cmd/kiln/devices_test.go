@@ -10,13 +10,18 @@ func TestParseDisk(t *testing.T) {
 		in      string
 		path    string
 		ro      bool
+		queues  int
 		wantErr string
 	}{
-		{"disk.img", "disk.img", false, ""},
-		{"/a/b.img,ro", "/a/b.img", true, ""},
-		{"/a/b.img,rw", "/a/b.img", false, ""},
-		{",ro", "", false, "no path"},
-		{"x.img,readonly", "", false, `unknown option "readonly"`},
+		{"disk.img", "disk.img", false, 0, ""},
+		{"/a/b.img,ro", "/a/b.img", true, 0, ""},
+		{"/a/b.img,rw", "/a/b.img", false, 0, ""},
+		{"/a/b.img,ro,queues=4", "/a/b.img", true, 4, ""},
+		{",ro", "", false, 0, "no path"},
+		{"x.img,readonly", "", false, 0, `unknown option "readonly"`},
+		{"x.img,queues=0", "", false, 0, "queues=0: want 1 to 16"},
+		{"x.img,queues=99", "", false, 0, "queues=99: want 1 to 16"},
+		{"x.img,queues=many", "", false, 0, "queues=many"},
 	}
 	for _, tt := range tests {
 		cfg, err := parseDisk(tt.in)
@@ -26,7 +31,7 @@ func TestParseDisk(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || cfg.Path != tt.path || cfg.ReadOnly != tt.ro {
+		if err != nil || cfg.Path != tt.path || cfg.ReadOnly != tt.ro || cfg.Queues != tt.queues {
 			t.Errorf("parseDisk(%q) = %+v, %v", tt.in, cfg, err)
 		}
 	}
