@@ -351,15 +351,16 @@ func Diff(before, after *Counts) string {
 }
 
 // busyThreads lists this process's threads that are blocked in the
-// kernel in something other than a futex or a sleep, each as "TID
-// wchan". The Go runtime keeps the OS threads it has made (an idle M
-// parks in a futex; sysmon naps in nanosleep), so after a busy spell a
-// process holds more threads with nothing leaked; what a leak leaves is
-// a goroutine (counted apart, a goroutine locked to its thread included)
-// or a thread blocked in some other call (a read, an ioctl, a wait),
-// which this counts. A running thread (wchan "0": the one taking the
-// counts, mostly) is not counted. Where the kernel hides every wait
-// channel, every thread counts.
+// kernel in something other than a futex, a sleep or an epoll wait, each
+// as "TID wchan". The Go runtime keeps the OS threads it has made (an
+// idle M parks in a futex or waits in the netpoller's epoll_wait, and
+// which M does that changes from one reading to the next; sysmon naps in
+// nanosleep), so after a busy spell a process holds more threads with
+// nothing leaked; what a leak leaves is a goroutine (counted apart, a
+// goroutine locked to its thread included) or a thread blocked in some
+// other call (a read, an ioctl, a wait), which this counts. A running
+// thread (wchan "0": the one taking the counts, mostly) is not counted.
+// Where the kernel hides every wait channel, every thread counts.
 func busyThreads() ([]string, error) {
 	tasks, err := dirNames("/proc/self/task")
 	if err != nil {
@@ -376,7 +377,7 @@ func busyThreads() ([]string, error) {
 		if w != "0" && w != "" {
 			hidden = false
 		}
-		if w == "0" || w == "" || strings.HasPrefix(w, "futex_") || strings.Contains(w, "nanosleep") {
+		if w == "0" || w == "" || strings.HasPrefix(w, "futex_") || strings.Contains(w, "nanosleep") || strings.Contains(w, "epoll_wait") {
 			continue
 		}
 		busy = append(busy, t+" "+w)
