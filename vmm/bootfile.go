@@ -1,9 +1,7 @@
 package vmm
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -38,24 +36,4 @@ func openBootFile(path string, max int64) (*os.File, int64, error) {
 		return nil, 0, fmt.Errorf("%s: %d MiB, over the limit of %d MiB", path, (fi.Size()+(1<<20)-1)>>20, max>>20)
 	}
 	return f, fi.Size(), nil
-}
-
-// readBootFile reads the regular file at path, of at most max bytes (see
-// openBootFile), into a buffer of its size, read once.
-func readBootFile(path string, max int64) ([]byte, error) {
-	f, size, err := openBootFile(path, max)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	// The file may grow while it is read: one byte more tells.
-	data := make([]byte, size+1)
-	n, err := io.ReadFull(f, data)
-	switch {
-	case err == nil:
-		return nil, fmt.Errorf("%s: grew past %d bytes while read", path, size)
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		return data[:n], nil
-	}
-	return nil, err
 }

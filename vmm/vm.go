@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -224,11 +226,14 @@ func New(cfg Config) (_ *VM, err error) {
 	lap(&times.Kernel)
 	// An initrd must fit in the memory below the MMIO gap.
 	low := min(uint64(cfg.MemoryMiB)<<20, mmioGapStart)
-	var initrd []byte
+	// The initrd, too, goes from its file straight into guest memory.
+	var initrd *os.File
+	var initrdSize int64
 	if cfg.Initrd != "" {
-		if initrd, err = readBootFile(cfg.Initrd, int64(low)); err != nil {
+		if initrd, initrdSize, err = openBootFile(cfg.Initrd, int64(low)); err != nil {
 			return nil, &ConfigError{Err: fmt.Errorf("read initrd: %w", err)}
 		}
+		defer initrd.Close()
 	}
 	lap(&times.Initrd)
 
@@ -236,7 +241,7 @@ func New(cfg Config) (_ *VM, err error) {
 	if img.End > low {
 		return nil, &ConfigError{Err: fmt.Errorf("kernel needs memory up to %d MiB but the VM has %d MiB below the MMIO gap; give it more memory", (img.End+(1<<20)-1)>>20, low>>20)}
 	}
-	initrdAddr, err := placeInitrd(low, img, uint64(len(initrd)))
+	initrdAddr, err := placeInitrd(low, img, uint64(initrdSize))
 	if err != nil {
 		return nil, &ConfigError{Err: err}
 	}
@@ -259,7 +264,7 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	lap(&times.Machine)
-	bi, err := v.loadKernel(img, kernel, initrd, initrdAddr)
+	bi, err := v.loadKernel(img, kernel, initrd, uint64(initrdSize), initrdAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -420,8 +425,11 @@ func (v *VM) setupDevices() error {
 }
 
 // loadKernel lays the kernel, initrd, command line, ACPI tables and boot
-// parameters into guest memory.
-func (v *VM) loadKernel(img *linuxboot.Image, kernel io.ReaderAt, initrd []byte, initrdAddr uint64) (linuxboot.BootInfo, error) {
+// parameters into guest memory. The kernel's segments that are left in
+// its file, and the initrd, go from their files into guest memory
+// (memory.LoadFile): no copy on the VMM's heap, no zeroing of pages about
+// to be overwritten.
+func (v *VM) loadKernel(img *linuxboot.Image, kernel *os.File, initrd *os.File, initrdSize, initrdAddr uint64) (linuxboot.BootInfo, error) {
 	var bi linuxboot.BootInfo
 	low := v.lowMemEnd()
 	for _, s := range img.Segments {
@@ -434,17 +442,11 @@ func (v *VM) loadKernel(img *linuxboot.Image, kernel io.ReaderAt, initrd []byte,
 			}
 			continue
 		}
-		// Straight from the file into guest memory: no copy of a
-		// 70 MiB vmlinux on the VMM's heap.
-		dst, err := v.mem.Slice(s.Addr, s.FileLen)
-		if err != nil {
-			return bi, fmt.Errorf("load kernel segment at %#x: %w", s.Addr, err)
+		if s.FileOff > math.MaxInt64 {
+			return bi, fmt.Errorf("load kernel segment at %#x: file offset %#x", s.Addr, s.FileOff)
 		}
-		if err := v.mem.Populate(s.Addr, s.FileLen); err != nil {
+		if err := v.mem.LoadFile(kernel, int64(s.FileOff), s.Addr, s.FileLen); err != nil {
 			return bi, fmt.Errorf("load kernel segment at %#x: %w", s.Addr, err)
-		}
-		if n, err := kernel.ReadAt(dst, int64(s.FileOff)); n < len(dst) {
-			return bi, fmt.Errorf("load kernel segment at %#x: read %d of %d bytes at file offset %#x (did the file change?): %w", s.Addr, n, len(dst), s.FileOff, err)
 		}
 	}
 	if err := writeBootTables(v.mem); err != nil {
@@ -461,14 +463,11 @@ func (v *VM) loadKernel(img *linuxboot.Image, kernel io.ReaderAt, initrd []byte,
 	}
 	bi.CmdlineAddr, bi.CmdlineLen = cmdlineAddr, uint64(len(cmdline))
 
-	if len(initrd) > 0 {
-		if err := v.mem.Populate(initrdAddr, uint64(len(initrd))); err != nil {
-			return bi, fmt.Errorf("write initrd: %w", err)
+	if initrd != nil && initrdSize > 0 {
+		if err := v.mem.LoadFile(initrd, 0, initrdAddr, initrdSize); err != nil {
+			return bi, fmt.Errorf("load initrd: %w", err)
 		}
-		if err := v.mem.WriteAt(initrd, initrdAddr); err != nil {
-			return bi, fmt.Errorf("write initrd: %w", err)
-		}
-		bi.InitrdAddr, bi.InitrdSize = initrdAddr, uint64(len(initrd))
+		bi.InitrdAddr, bi.InitrdSize = initrdAddr, initrdSize
 	}
 
 	tables, err := acpi.Build(v.acpiConfig())

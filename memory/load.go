@@ -1,0 +1,110 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// LoadFile fills guest range [addr, addr+n) with the n bytes of f at
+// offset off. The range must lie inside one region.
+//
+// Where the memory is its memfd's shared mapping, the kernel moves the
+// bytes from f's page cache into the memfd (sendfile into a second open
+// file of the memfd, whose position is its own): each guest page is made
+// by the write, so it is not zeroed first and then overwritten, and the
+// VMM's page tables are not filled for a range only the guest reads. A
+// loader of a 60 MiB kernel saves a zeroing of 60 MiB and 15,000 page
+// faults. Elsewhere (anonymous or copy-on-write memory, or a kernel that
+// refuses) it populates the range and reads f into the mapping.
+//
+// A short file is an error naming how much was read: the range is then
+// partly filled.
+func (m *Memory) LoadFile(f *os.File, off int64, addr, n uint64) error {
+	return m.loadFile(f, off, addr, n, true)
+}
+
+// loadFile is LoadFile; send false takes the mapping path (for tests and
+// benchmarks).
+func (m *Memory) loadFile(f *os.File, off int64, addr, n uint64, send bool) error {
+	dst, err := m.Slice(addr, n)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if off < 0 {
+		return fmt.Errorf("load at guest %#x: file offset %d", addr, off)
+	}
+	if send && m.fd >= 0 && !m.private {
+		r := m.find(addr)
+		done, err := sendToMemfd(m.fd, int64(r.Offset+addr-r.GuestAddr), f, off, int64(n))
+		switch {
+		case err == nil && done == int64(n):
+			return nil
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return fmt.Errorf("load at guest %#x: %d of %d bytes at file offset %#x (did the file change?): %w", addr, done, n, off, err)
+		}
+		// Fall through: the kernel would not splice these files. The
+		// mapping path below rewrites what was sent, which is harmless.
+	}
+	if err := m.Populate(addr, n); err != nil {
+		return err
+	}
+	got, err := f.ReadAt(dst, off)
+	if got < len(dst) {
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("load at guest %#x: %d of %d bytes at file offset %#x (did the file change?): %w", addr, got, n, off, err)
+	}
+	return nil
+}
+
+// sendToMemfd copies n bytes of f at off into memfd at dstOff with
+// sendfile, through a file of its own on the memfd (/proc/self/fd), so
+// that no other user of memfd sees its position move. It returns how much
+// it copied; io.ErrUnexpectedEOF when f ends first.
+func sendToMemfd(memfd int, dstOff int64, f *os.File, off, n int64) (int64, error) {
+	out, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(memfd), os.O_WRONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	if _, err := out.Seek(dstOff, io.SeekStart); err != nil {
+		return 0, err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var done int64
+	var serr error
+	if err := rc.Read(func(in uintptr) bool {
+		for done < n {
+			pos := off + done
+			k, err := unix.Sendfile(int(out.Fd()), int(in), &pos, int(min(n-done, 1<<30)))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				serr = err
+				return true
+			}
+			if k == 0 {
+				serr = io.ErrUnexpectedEOF
+				return true
+			}
+			done += int64(k)
+		}
+		return true
+	}); err != nil {
+		return done, err
+	}
+	return done, serr
+}
