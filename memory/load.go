@@ -68,17 +68,18 @@ func (m *Memory) loadFile(f *os.File, off int64, addr, n uint64, send bool) erro
 
 // sendToMemfd copies n bytes of f at off into memfd at dstOff with
 // sendfile, through a file of its own on the memfd (/proc/self/fd), so
-// that no other user of memfd sees its position move. It returns how much
-// it copied; io.ErrUnexpectedEOF when f ends first.
+// that no other user of memfd sees its position move. Holes of f (where
+// its file system reports them: SEEK_HOLE) are not copied: the memfd's
+// range there is punched instead, which reads as zeros and allocates
+// nothing until the guest writes it. A kernel's .bss and scratch space
+// are holes in an extracted vmlinux, nearly half of Debian's. It returns
+// how much of the range it filled; io.ErrUnexpectedEOF when f ends first.
 func sendToMemfd(memfd int, dstOff int64, f *os.File, off, n int64) (int64, error) {
 	out, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(memfd), os.O_WRONLY, 0)
 	if err != nil {
 		return 0, err
 	}
 	defer out.Close()
-	if _, err := out.Seek(dstOff, io.SeekStart); err != nil {
-		return 0, err
-	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -86,25 +87,78 @@ func sendToMemfd(memfd int, dstOff int64, f *os.File, off, n int64) (int64, erro
 	var done int64
 	var serr error
 	if err := rc.Read(func(in uintptr) bool {
-		for done < n {
-			pos := off + done
-			k, err := unix.Sendfile(int(out.Fd()), int(in), &pos, int(min(n-done, 1<<30)))
-			if err == unix.EINTR {
+		for done < n && serr == nil {
+			data, hole := nextExtent(int(in), off+done, off+n)
+			if hole > off+done {
+				// [off+done, hole) is a hole, or the file's end.
+				k := hole - (off + done)
+				if err := unix.Fallocate(int(out.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, dstOff+done, k); err != nil {
+					serr = err
+					break
+				}
+				done += k
 				continue
 			}
-			if err != nil {
-				serr = err
-				return true
-			}
-			if k == 0 {
-				serr = io.ErrUnexpectedEOF
-				return true
-			}
-			done += int64(k)
+			// [off+done, data) is data.
+			done, serr = sendRange(int(out.Fd()), dstOff, int(in), off, done, data-off)
 		}
 		return true
 	}); err != nil {
 		return done, err
 	}
+	if serr == nil && done < n {
+		serr = io.ErrUnexpectedEOF
+	}
 	return done, serr
+}
+
+// nextExtent looks at fd from pos (below end) and returns either hole >
+// pos: [pos, hole) reads as zeros (a hole, or past the file's end: then
+// hole is the file's end and the caller finds the file short), or data
+// > pos: [pos, data) is data to copy. Both are clipped to end. A file
+// system that does not know holes has data up to its end.
+func nextExtent(fd int, pos, end int64) (data, hole int64) {
+	d, err := unix.Seek(fd, pos, unix.SEEK_DATA)
+	switch {
+	case err == unix.ENXIO:
+		// No data from pos on: pos is at or past the end, or in a hole
+		// that runs to the end.
+		size, err := unix.Seek(fd, 0, io.SeekEnd)
+		if err != nil || size <= pos {
+			return end, pos // short: let sendfile report it
+		}
+		return 0, min(size, end)
+	case err != nil:
+		return end, 0 // no SEEK_DATA here: copy everything
+	case d > pos:
+		return 0, min(d, end)
+	}
+	h, err := unix.Seek(fd, pos, unix.SEEK_HOLE)
+	if err != nil || h <= pos {
+		return end, 0
+	}
+	return min(h, end), 0
+}
+
+// sendRange sendfiles [off+done, off+upto) of in into out at dstOff+done
+// and returns the new done.
+func sendRange(out int, dstOff int64, in int, off, done, upto int64) (int64, error) {
+	if _, err := unix.Seek(out, dstOff+done, io.SeekStart); err != nil {
+		return done, err
+	}
+	for done < upto {
+		pos := off + done
+		k, err := unix.Sendfile(out, in, &pos, int(min(upto-done, 1<<30)))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if k == 0 {
+			return done, io.ErrUnexpectedEOF
+		}
+		done += int64(k)
+	}
+	return done, nil
 }

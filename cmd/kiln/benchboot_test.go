@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/bench"
 	"github.com/kilnvm/kiln/bench/results"
@@ -53,5 +57,59 @@ func TestBootPhaseResults(t *testing.T) {
 	printBootPhases(&out, c)
 	if !strings.Contains(out.String(), "load 1s") || !strings.Contains(out.String(), "kernel clock to /init") {
 		t.Errorf("phase table:\n%s", out.String())
+	}
+}
+
+// TestCopyFileSparse: the bench's copy of a kernel is byte-for-byte the
+// source, whatever its length, and a whole zero page becomes a hole.
+func TestCopyFileSparse(t *testing.T) {
+	const page = 4096
+	for _, tc := range []struct {
+		name string
+		size int
+		data [][2]int // non-zero extents
+	}{
+		{"empty", 0, nil},
+		{"dense, odd length", 3*page + 17, [][2]int{{0, 3*page + 17}}},
+		{"hole in the middle and a zero tail", 300 * page, [][2]int{{0, 10}, {200*page + 5, 201 * page}}},
+		{"zeros only", 5*page + 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			want := make([]byte, tc.size)
+			for _, e := range tc.data {
+				for i := e[0]; i < e[1]; i++ {
+					want[i] = byte(i%251 + 1)
+				}
+			}
+			src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+			if err := os.WriteFile(src, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := copyFile(src, dst); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("copy differs: %d bytes, want %d", len(got), len(want))
+			}
+			if tc.size < 100*page {
+				return
+			}
+			f, err := os.Open(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if d, err := unix.Seek(int(f.Fd()), page, unix.SEEK_DATA); err == nil && d != 200*page {
+				t.Errorf("next data after the first page at %d, want %d (the zeros were written)", d, 200*page)
+			}
+		})
+	}
+	if err := copyFile(filepath.Join(t.TempDir(), "none"), filepath.Join(t.TempDir(), "x")); err == nil {
+		t.Error("copying a missing file succeeded")
 	}
 }
