@@ -85,10 +85,11 @@ func TestStartResults(t *testing.T) {
 
 func TestSnapshotResults(t *testing.T) {
 	rep := bench.SnapshotReport{
-		Spec:       bench.SnapshotSpec{CPUs: 1, MemoryMiB: 512},
-		Saves:      []bench.SaveResult{{MemoryMiB: 256, Save: time.Second}, {MemoryMiB: 512, Save: 2 * time.Second}, {MemoryMiB: 1024, Save: 0}},
-		ColdStarts: ds(9000, 10000),
-		Restores:   []bench.RestoreResult{{Exec: time.Second}, {Exec: 1200 * time.Millisecond}},
+		Spec:           bench.SnapshotSpec{CPUs: 1, MemoryMiB: 512},
+		Saves:          []bench.SaveResult{{MemoryMiB: 256, Save: time.Second}, {MemoryMiB: 512, Save: 2 * time.Second}, {MemoryMiB: 1024, Save: 0}},
+		ColdStarts:     ds(9000, 10000),
+		Restores:       []bench.RestoreResult{{Exec: time.Second}, {Exec: 1200 * time.Millisecond}},
+		CachedRestores: []bench.RestoreResult{{Exec: 100 * time.Millisecond}, {Exec: 90 * time.Millisecond}, {Exec: 95 * time.Millisecond}},
 		Forks: []bench.ForkResult{{N: 1, Fork: time.Second, AllExec: 2 * time.Second}, {N: 8, Fork: 3 * time.Second, AllExec: 5 * time.Second},
 			{N: 32, Err: "out of memory"}},
 		PSS:  &bench.PSSResult{N: 8, Standalone: bench.MemUsage{Pss: 100 << 20}, Children: []bench.MemUsage{{Pss: 10 << 20}, {Pss: 12 << 20}}},
@@ -101,6 +102,7 @@ func TestSnapshotResults(t *testing.T) {
 		"save qemu-microvm cpus=1 memory_mib=512":              1,
 		"restore-to-exec kiln cpus=1 memory_mib=512":           2,
 		"restore-to-exec qemu-microvm cpus=1 memory_mib=512":   3,
+		"restore-cached-to-exec kiln cpus=1 memory_mib=512":    3,
 		"cold-boot-to-exec kiln cpus=1 memory_mib=512":         2,
 		"cold-boot-to-exec qemu-microvm cpus=1 memory_mib=512": 1,
 		"fork-ready kiln cpus=1 memory_mib=512 n=1":            1,
@@ -112,7 +114,7 @@ func TestSnapshotResults(t *testing.T) {
 			t.Errorf("%s: %d samples, want %d", k, len(m[k].Samples), n)
 		}
 	}
-	if len(m) != 13 {
+	if len(m) != 14 {
 		t.Errorf("%d measures (the failed fork and the unsaved size must add none): %v", len(m), m)
 	}
 	if p := m["fork-guest-pss kiln cpus=1 memory_mib=512 n=8"]; p.Unit != results.UnitBytes || p.Samples[1] != 12<<20 {
@@ -120,7 +122,7 @@ func TestSnapshotResults(t *testing.T) {
 	}
 	// No peer, no PSS: Kiln's alone.
 	rep.Peer, rep.PSS = nil, nil
-	if m := measures(t, snapshotResults(results.KVMDirect, rep)); len(m) != 8 {
+	if m := measures(t, snapshotResults(results.KVMDirect, rep)); len(m) != 9 {
 		t.Errorf("without a peer: %d measures", len(m))
 	}
 }

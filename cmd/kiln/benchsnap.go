@@ -164,6 +164,14 @@ func printSnapshotReport(w io.Writer, rep bench.SnapshotReport) {
 		fmt.Fprintf(w, "cold boot to first exec (%d MiB): median %s of [%s]\n", rep.Spec.MemoryMiB, ms(rep.ColdStart()), strings.Join(cs, " "))
 		fmt.Fprintf(w, "ratio restore-to-exec / cold-boot-to-exec: %.3f\n", rep.RestoreRatio())
 	}
+	if len(rep.CachedRestores) > 0 {
+		ds := make([]string, len(rep.CachedRestores))
+		for i, r := range rep.CachedRestores {
+			ds[i] = ms(r.Exec)
+		}
+		fmt.Fprintf(w, "cached restore to first exec (%d MiB, the memory copy checked once and kept): median %s of [%s]\n",
+			rep.Spec.MemoryMiB, ms(rep.CachedRestoreMedian()), strings.Join(ds, " "))
+	}
 	if p := rep.Peer; p != nil {
 		if len(p.Restores) > 0 {
 			ds := make([]string, len(p.Restores))
@@ -251,6 +259,9 @@ func snapshotResults(kvmMode string, rep bench.SnapshotReport) *results.Run {
 	}
 	if p != nil && len(p.Restores) > 0 {
 		r.AddDurations("restore-to-exec", results.VMMQEMU, params(base), p.Restores)
+	}
+	if len(rep.CachedRestores) > 0 {
+		r.AddDurations("restore-cached-to-exec", results.VMMKiln, params(base), bench.Execs(rep.CachedRestores))
 	}
 	if len(rep.ColdStarts) > 0 {
 		r.AddDurations("cold-boot-to-exec", results.VMMKiln, params(base), rep.ColdStarts)
