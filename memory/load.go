@@ -87,57 +87,44 @@ func sendToMemfd(memfd int, dstOff int64, f *os.File, off, n int64) (int64, erro
 	var done int64
 	var serr error
 	if err := rc.Read(func(in uintptr) bool {
-		for done < n && serr == nil {
-			data, hole := nextExtent(int(in), off+done, off+n)
-			if hole > off+done {
-				// [off+done, hole) is a hole, or the file's end.
-				k := hole - (off + done)
+		// Past the file's end SEEK_DATA finds no data, which is no hole:
+		// fill what the file has, then report it short.
+		var st unix.Stat_t
+		if serr = unix.Fstat(int(in), &st); serr != nil {
+			return true
+		}
+		have := min(n, max(st.Size-off, 0))
+		// The data extents of [off, off+have) (extents, as Freeze walks
+		// a memory file's); everything between them is a hole.
+		e := extents{fd: int(in), size: off + have}
+		for done < have && serr == nil {
+			start, stop, err := e.within(off+done, off+have)
+			if err != nil {
+				serr = err
+				break
+			}
+			if stop <= start {
+				start, stop = off+have, off+have // no data left in the range
+			}
+			if k := start - (off + done); k > 0 {
 				if err := unix.Fallocate(int(out.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, dstOff+done, k); err != nil {
 					serr = err
 					break
 				}
 				done += k
-				continue
 			}
-			// [off+done, data) is data.
-			done, serr = sendRange(int(out.Fd()), dstOff, int(in), off, done, data-off)
+			if stop > start {
+				done, serr = sendRange(int(out.Fd()), dstOff, int(in), off, done, stop-off)
+			}
+		}
+		if serr == nil && have < n {
+			serr = io.ErrUnexpectedEOF
 		}
 		return true
 	}); err != nil {
 		return done, err
 	}
-	if serr == nil && done < n {
-		serr = io.ErrUnexpectedEOF
-	}
 	return done, serr
-}
-
-// nextExtent looks at fd from pos (below end) and returns either hole >
-// pos: [pos, hole) reads as zeros (a hole, or past the file's end: then
-// hole is the file's end and the caller finds the file short), or data
-// > pos: [pos, data) is data to copy. Both are clipped to end. A file
-// system that does not know holes has data up to its end.
-func nextExtent(fd int, pos, end int64) (data, hole int64) {
-	d, err := unix.Seek(fd, pos, unix.SEEK_DATA)
-	switch {
-	case err == unix.ENXIO:
-		// No data from pos on: pos is at or past the end, or in a hole
-		// that runs to the end.
-		size, err := unix.Seek(fd, 0, io.SeekEnd)
-		if err != nil || size <= pos {
-			return end, pos // short: let sendfile report it
-		}
-		return 0, min(size, end)
-	case err != nil:
-		return end, 0 // no SEEK_DATA here: copy everything
-	case d > pos:
-		return 0, min(d, end)
-	}
-	h, err := unix.Seek(fd, pos, unix.SEEK_HOLE)
-	if err != nil || h <= pos {
-		return end, 0
-	}
-	return min(h, end), 0
 }
 
 // sendRange sendfiles [off+done, off+upto) of in into out at dstOff+done
