@@ -196,7 +196,8 @@ bench: build harness kernel test-rootfs
 # make install [PREFIX=/usr/local] [DESTDIR=]: kiln, kilnd and kiln-agent
 # side by side in $(BINDIR) (kiln and kilnd find the agent beside
 # themselves), kilnd's systemd units (ExecStart pointed at $(BINDIR)), and
-# /etc/kiln/kilnd.toml unless one is there. Then: systemctl daemon-reload;
+# /etc/kiln/kilnd.toml unless one is there, and /etc/tmpfiles.d/kiln.conf
+# (shmem huge pages where advised, from the next boot). Then: systemctl daemon-reload;
 # systemctl enable --now kilnd.socket kilnd.service (README).
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
@@ -211,6 +212,8 @@ install: build
 	sed -e 's|/usr/local/bin/kilnd|$(BINDIR)/kilnd|g' -e 's|/etc/kiln/|$(SYSCONFDIR)/kiln/|g' packaging/kilnd.service > $(DESTDIR)$(UNITDIR)/kilnd.service.tmp
 	chmod 0644 $(DESTDIR)$(UNITDIR)/kilnd.service.tmp && mv $(DESTDIR)$(UNITDIR)/kilnd.service.tmp $(DESTDIR)$(UNITDIR)/kilnd.service
 	install -m 0644 packaging/kilnd.socket $(DESTDIR)$(UNITDIR)/kilnd.socket
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d
+	install -m 0644 packaging/kiln-tmpfiles.conf $(DESTDIR)$(SYSCONFDIR)/tmpfiles.d/kiln.conf
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/kiln/kilnd.toml ]; then \
 	  echo "install: keeping $(DESTDIR)$(SYSCONFDIR)/kiln/kilnd.toml (packaging/kilnd.toml is the current default)"; \
 	else \

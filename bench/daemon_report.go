@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -197,6 +198,10 @@ type DaemonEnv struct {
 	// was told.
 	KVM    string `json:"kvm"`
 	KVMWhy string `json:"kvm_why"`
+	// HugePages is the host's transparent huge page modes for anonymous
+	// memory and for shmem (a cold-booted guest's RAM), "anon always,
+	// shmem advise"; empty without them.
+	HugePages string `json:"hugepages,omitempty"`
 }
 
 // DaemonReport is what RunDaemon measured.
@@ -364,10 +369,29 @@ func DetectEnv(kvm string) DaemonEnv {
 	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
 	e.CPU = cpuModel(string(cpuinfo))
 	e.KVM, e.KVMWhy = KVMMode(string(cpuinfo))
+	e.HugePages = hugePageModes("/sys/kernel/mm/transparent_hugepage")
 	if kvm != "" {
 		e.KVM, e.KVMWhy = kvm, "given, not detected"
 	}
 	return e
+}
+
+// hugePageModes reads the bracketed modes of dir's enabled and
+// shmem_enabled ("anon always, shmem advise"), "" where neither is there.
+func hugePageModes(dir string) string {
+	var out []string
+	for _, f := range []struct{ name, file string }{{"anon", "enabled"}, {"shmem", "shmem_enabled"}} {
+		b, err := os.ReadFile(filepath.Join(dir, f.file))
+		if err != nil {
+			continue
+		}
+		mode := strings.TrimSpace(string(b))
+		if i, j := strings.IndexByte(mode, '['), strings.IndexByte(mode, ']'); i >= 0 && j > i {
+			mode = mode[i+1 : j]
+		}
+		out = append(out, f.name+" "+mode)
+	}
+	return strings.Join(out, ", ")
 }
 
 // KVMMode tells from /proc/cpuinfo's text how this machine's KVM runs:

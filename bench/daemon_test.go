@@ -167,6 +167,15 @@ func TestMachineFacts(t *testing.T) {
 	if got := cpuModel(""); got != "?" {
 		t.Errorf("cpuModel of nothing = %q, want ?", got)
 	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "enabled"), []byte("always [madvise] never\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "shmem_enabled"), []byte("always within_size advise [never] deny force\n"), 0o644)
+	if got := hugePageModes(dir); got != "anon madvise, shmem never" {
+		t.Errorf("hugePageModes = %q, want anon madvise, shmem never", got)
+	}
+	if got := hugePageModes(filepath.Join(dir, "none")); got != "" {
+		t.Errorf("hugePageModes without the files = %q, want empty", got)
+	}
 	e := DetectEnv(KVMEmulated)
 	if e.KVM != KVMEmulated || !strings.Contains(e.KVMWhy, "given") || e.CPUs < 1 || e.Kernel == "" || e.Commit == "" {
 		t.Errorf("DetectEnv(emulated) = %+v", e)

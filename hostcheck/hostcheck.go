@@ -1,7 +1,7 @@
 // Package hostcheck checks whether a host can run kilnd: KVM usable,
 // cgroup v2 mounted and kilnd's cgroup delegated, nftables, /dev/net/tun,
-// network namespaces, IPv4 forwarding, the state folder's free space, the
-// guest kernel cache and the guest agent. kiln doctor runs them.
+// network namespaces, IPv4 forwarding, huge pages for guest RAM, the state
+// folder's free space, the guest kernel cache and the guest agent. kiln doctor runs them.
 //
 // Each check is a plain function of a Host, whose paths (and the few
 // kernel calls that cannot be faked with files) can be pointed elsewhere,
@@ -77,6 +77,7 @@ type Host struct {
 	NetNS          string // /proc/self/ns/net
 	ProcSelfStatus string // /proc/self/status: CapEff
 	IPForward      string // /proc/sys/net/ipv4/ip_forward
+	ShmemTHP       string // /sys/kernel/mm/transparent_hugepage/shmem_enabled
 	StateDir       string // kilnd's --state-dir
 	KernelCache    string // Kiln's cache root (guestkernel.CacheDir)
 	Agent          string // kiln-agent; "" for sandbox.FindAgent's
@@ -109,6 +110,7 @@ func Default() Host {
 		NetNS:          "/proc/self/ns/net",
 		ProcSelfStatus: "/proc/self/status",
 		IPForward:      "/proc/sys/net/ipv4/ip_forward",
+		ShmemTHP:       "/sys/kernel/mm/transparent_hugepage/shmem_enabled",
 		StateDir:       "/var/lib/kiln",
 		Network:        true,
 	}
@@ -134,6 +136,7 @@ func Checks() []Check {
 		{"tun", CheckTun},
 		{"netns", CheckNetns},
 		{"ip-forward", CheckIPForward},
+		{"guest-ram-hugepages", CheckHugePages},
 		{"disk", CheckDisk},
 		{"guest-kernel", CheckKernel},
 		{"agent", CheckAgent},

@@ -43,6 +43,7 @@ func (tr *tree) host() *Host {
 	tr.write("proc/self/cgroup", "0::/user.slice/user-0.slice/session-1.scope\n", 0o644)
 	tr.write("proc/self/status", "Name:\tkiln\nCapEff:\t000001ffffffffff\n", 0o644)
 	tr.write("proc/sys/net/ipv4/ip_forward", "1\n", 0o644)
+	tr.write("sys/kernel/mm/transparent_hugepage/shmem_enabled", "always within_size [advise] never deny force\n", 0o644)
 	tr.write("dev/net/tun", "", 0o600)
 	tr.write("proc/self/ns/net", "", 0o444)
 	cg := "sys/fs/cgroup/user.slice/user-0.slice/session-1.scope/"
@@ -65,6 +66,7 @@ func (tr *tree) host() *Host {
 		NetNS:          tr.path("proc/self/ns/net"),
 		ProcSelfStatus: tr.path("proc/self/status"),
 		IPForward:      tr.path("proc/sys/net/ipv4/ip_forward"),
+		ShmemTHP:       tr.path("sys/kernel/mm/transparent_hugepage/shmem_enabled"),
 		StateDir:       tr.path("var/lib/kiln"),
 		KernelCache:    tr.path("cache"),
 		Agent:          tr.path("bin/kiln-agent"),
@@ -185,6 +187,21 @@ func TestChecks(t *testing.T) {
 		{name: "forwarding off", check: "ip-forward", modify: func(tr *tree, h *Host) {
 			tr.write("proc/sys/net/ipv4/ip_forward", "0\n", 0o644)
 		}, want: Warn, hint: "sysctl", notReq: true},
+
+		{name: "shmem huge pages advised", check: "guest-ram-hugepages", want: OK, detail: "shmem advise", notReq: true},
+		{name: "shmem huge pages always", check: "guest-ram-hugepages", modify: func(tr *tree, h *Host) {
+			tr.write("sys/kernel/mm/transparent_hugepage/shmem_enabled", "[always] within_size advise never deny force\n", 0o644)
+		}, want: OK, detail: "shmem always", notReq: true},
+		{name: "shmem huge pages never", check: "guest-ram-hugepages", modify: func(tr *tree, h *Host) {
+			tr.write("sys/kernel/mm/transparent_hugepage/shmem_enabled", "always within_size advise [never] deny force\n", 0o644)
+		}, want: Warn, detail: "4 KiB pages", hint: "echo advise", notReq: true},
+		{name: "shmem huge pages denied", check: "guest-ram-hugepages", modify: func(tr *tree, h *Host) {
+			tr.write("sys/kernel/mm/transparent_hugepage/shmem_enabled", "always within_size advise never [deny] force\n", 0o644)
+		}, want: Warn, detail: "shmem deny", hint: "tmpfiles.d", notReq: true},
+		{name: "no transparent huge pages", check: "guest-ram-hugepages", modify: func(tr *tree, h *Host) { os.Remove(h.ShmemTHP) }, want: Warn, hint: "CONFIG_TRANSPARENT_HUGEPAGE", notReq: true},
+		{name: "shmem huge pages unreadable form", check: "guest-ram-hugepages", modify: func(tr *tree, h *Host) {
+			tr.write("sys/kernel/mm/transparent_hugepage/shmem_enabled", "advise\n", 0o644)
+		}, want: Warn, detail: "holds", notReq: true},
 
 		{name: "disk", check: "disk", want: OK, detail: "not made yet"},
 		{name: "disk low", check: "disk", modify: func(tr *tree, h *Host) { h.Statfs = fakeStatfs(cgroup2Magic, 5<<30) }, want: Warn, detail: "5.0 GiB free, under 10.0 GiB"},

@@ -114,6 +114,30 @@ func (m *Memory) Populate(addr, n uint64) error {
 	return nil
 }
 
+// adviseHuge marks a fresh guest RAM mapping MADV_HUGEPAGE. Guest RAM in
+// 4 KiB host pages costs the guest a nested page fault (an exit to the
+// host kernel) for every page it first touches, and a TLB entry for each
+// page after that: a guest reading 64 MiB from its disk into fresh page
+// cache takes 16,384 of those faults, where 2 MiB pages take 32 (QEMU
+// advises its RAM the same way). A memfd's pages are shmem, which the host
+// kernel gives huge pages only where
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled says advise (with
+// this call), always or within_size; with never (the kernel's default) the
+// advice is recorded and nothing changes (kiln doctor warns). A kernel
+// built without transparent huge pages refuses it with EINVAL, which is no
+// error here. Restored and forked memory is not advised: a clone's
+// private pages stay 4 KiB, so one it writes costs 4 KiB, not 2 MiB.
+func adviseHuge(host []byte) error {
+	if len(host) == 0 {
+		return nil
+	}
+	err := unix.Madvise(host, unix.MADV_HUGEPAGE)
+	if err == nil || errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	return fmt.Errorf("madvise guest memory (%d MiB) MADV_HUGEPAGE: %w", len(host)>>20, err)
+}
+
 // ReadAt copies guest memory at addr into b.
 func (m *Memory) ReadAt(b []byte, addr uint64) error {
 	s, err := m.Slice(addr, uint64(len(b)))

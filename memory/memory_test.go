@@ -2,6 +2,10 @@ package memory
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -164,4 +168,55 @@ func TestPopulate(t *testing.T) {
 	if allocated := st.Blocks * 512; supported && allocated < 2<<20+3*4096 {
 		t.Errorf("%d bytes allocated behind the memory after Populate, want at least the %d populated", allocated, 2<<20+3*4096)
 	}
+}
+
+// TestHugePageAdvice: a fresh guest RAM's mapping is advised
+// MADV_HUGEPAGE (smaps shows "hg" among its VmFlags) where the kernel has
+// transparent huge pages, and a copy-on-write mapping of a saved file is
+// not (a clone's written pages stay small).
+func TestHugePageAdvice(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err != nil {
+		t.Skip("kernel without transparent huge pages:", err)
+	}
+	fresh, err := New("test", testLayout())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if flags := vmFlags(t, fresh.hostStart()); !slices.Contains(flags, "hg") {
+		t.Errorf("fresh guest RAM VmFlags %v, want hg (MADV_HUGEPAGE)", flags)
+	}
+	fd, err := dup(fresh.fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone, err := MapFile(fd, testLayout(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clone.Close()
+	if flags := vmFlags(t, clone.hostStart()); slices.Contains(flags, "hg") {
+		t.Errorf("copy-on-write guest RAM VmFlags %v, want no hg", flags)
+	}
+}
+
+// vmFlags returns the VmFlags of this process's mapping that starts at addr.
+func vmFlags(t *testing.T, addr uintptr) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := fmt.Sprintf("%x-", addr)
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, head) {
+			in = true
+		}
+		if in && strings.HasPrefix(line, "VmFlags:") {
+			return strings.Fields(strings.TrimPrefix(line, "VmFlags:"))
+		}
+	}
+	t.Fatalf("no mapping at %#x in /proc/self/smaps", addr)
+	return nil
 }

@@ -56,6 +56,9 @@ type Machine struct {
 	CPUs   int    `json:"cpus,omitempty"`
 	Kernel string `json:"kernel,omitempty"` // the host's (uname -r)
 	Arch   string `json:"arch,omitempty"`
+	// HugePages is the host's transparent huge page modes ("anon always,
+	// shmem advise"): whether guest RAM had 2 MiB pages.
+	HugePages string `json:"hugepages,omitempty"`
 }
 
 // Measure is the samples of one quantity on one VMM, e.g. boot to

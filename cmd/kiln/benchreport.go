@@ -89,5 +89,5 @@ func cmdBenchReport(_ context.Context, args []string, stdout, stderr io.Writer) 
 func newResults(kvmMode string) *results.Run {
 	env := bench.DetectEnv(kvmMode)
 	return &results.Run{Version: results.Version, Started: env.Time, Commit: env.Commit, KVMMode: env.KVM,
-		Machine: results.Machine{Host: env.Host, CPU: env.CPU, CPUs: env.CPUs, Kernel: env.Kernel, Arch: runtime.GOARCH}}
+		Machine: results.Machine{Host: env.Host, CPU: env.CPU, CPUs: env.CPUs, Kernel: env.Kernel, Arch: runtime.GOARCH, HugePages: env.HugePages}}
 }

@@ -103,7 +103,7 @@ func TestMakeInstall(t *testing.T) {
 	if !strings.Contains(string(unit), "\nExecStart=/opt/kiln/bin/kilnd --config /etc/kiln/kilnd.toml\n") {
 		t.Errorf("installed kilnd.service's ExecStart is not at PREFIX:\n%s", unit)
 	}
-	for _, p := range []string{"etc/systemd/system/kilnd.socket", "etc/kiln/kilnd.toml"} {
+	for _, p := range []string{"etc/systemd/system/kilnd.socket", "etc/kiln/kilnd.toml", "etc/tmpfiles.d/kiln.conf"} {
 		if fi, err := os.Stat(filepath.Join(dest, p)); err != nil || fi.Mode().Perm() != 0o644 {
 			t.Errorf("%s: %v, %v; want mode 0644", p, fi, err)
 		}
@@ -130,5 +130,33 @@ func TestMakeInstall(t *testing.T) {
 	})
 	if len(leftovers) > 0 {
 		t.Errorf("make install left %v", leftovers)
+	}
+}
+
+// TestTmpfilesConf: systemd-tmpfiles reads packaging/kiln-tmpfiles.conf
+// and, over a fake root, writes advise into shmem_enabled.
+func TestTmpfilesConf(t *testing.T) {
+	tmpfiles, err := exec.LookPath("systemd-tmpfiles")
+	if err != nil {
+		t.Skip("no systemd-tmpfiles on this host")
+	}
+	root := t.TempDir()
+	sysfs := filepath.Join(root, "sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	if err := os.MkdirAll(filepath.Dir(sysfs), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sysfs, []byte("always within_size advise [never] deny force\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := filepath.Abs("../../packaging/kiln-tmpfiles.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tmpfiles, "--create", "--root="+root, conf).CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("systemd-tmpfiles --create: %v\n%s", err, out)
+	}
+	// tmpfiles writes without truncating (sysfs takes a write whole).
+	if b, _ := os.ReadFile(sysfs); !strings.HasPrefix(string(b), "advise ") {
+		t.Errorf("shmem_enabled after systemd-tmpfiles: %q, want advise written", b)
 	}
 }
