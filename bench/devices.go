@@ -187,8 +187,43 @@ func (c DevicesComparison) Results(r *results.Run, params map[string]string) err
 		if len(rtts) > 0 {
 			r.AddDurations("vsock-rtt", s.vmm, with("", ""), rtts)
 		}
+		// Where the round trips' CPU went, one sample per boot and party.
+		var cpu [4][]time.Duration
+		for _, v := range s.rs {
+			if v.RTTCPUKnown {
+				for i, d := range []time.Duration{v.RTTCPU.Guest, v.RTTCPU.VMM, v.RTTCPU.Vhost, v.RTTCPU.Client} {
+					cpu[i] = append(cpu[i], d)
+				}
+			}
+		}
+		for i, where := range []string{"guest", "vmm", "vhost", "client"} {
+			if len(cpu[i]) > 0 && !(s.vmm == results.VMMKiln && (where == "vhost" || where == "client")) {
+				r.AddDurations("vsock-rtt-cpu", s.vmm, with("where", where), cpu[i])
+			}
+		}
 	}
 	return nil
+}
+
+// showCPU says where a boot's round trips spent CPU, per round trip, and
+// what of their mean time no party's CPU accounts for (waits: wake-ups,
+// interrupts, other tasks).
+func showCPU(r VsockResult) string {
+	if !r.RTTCPUKnown || len(r.RTTs) == 0 {
+		return ""
+	}
+	var total time.Duration
+	for _, d := range r.RTTs {
+		total += d
+	}
+	mean := total / time.Duration(len(r.RTTs))
+	c := r.RTTCPU
+	us := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
+	s := fmt.Sprintf("; per round trip (mean %s): cpu guest %s, vmm %s", us(mean), us(c.Guest), us(c.VMM))
+	if c.Vhost != 0 || c.Client != 0 {
+		s += fmt.Sprintf(", vhost %s, client %s", us(c.Vhost), us(c.Client))
+	}
+	return s + fmt.Sprintf(", not on these CPUs %s", us(mean-c.Sum()))
 }
 
 // Blk is the disk comparison.
@@ -276,7 +311,7 @@ func RunDevices(ctx context.Context, spec DevicesSpec, progress io.Writer) (Devi
 			return c, err
 		}
 		show := func(r VsockResult) string {
-			return fmt.Sprintf("echo %.2f MiB/s, round trip median %v (ready after %v)", r.MiBps(), roundRTT(Median(r.RTTs)), r.Ready.Round(time.Millisecond))
+			return fmt.Sprintf("echo %.2f MiB/s, round trip median %v (ready after %v)%s", r.MiBps(), roundRTT(Median(r.RTTs)), r.Ready.Round(time.Millisecond), showCPU(r))
 		}
 		for i := range spec.Runs {
 			for _, kilnFirst := range order(i) {

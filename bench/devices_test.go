@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,5 +158,56 @@ func TestRunDevicesRefuses(t *testing.T) {
 		if _, err := RunDevices(t.Context(), s, nil); err == nil {
 			t.Errorf("RunDevices(%+v) ran", s)
 		}
+	}
+}
+
+// TestDevicesRTTCPU: where the round trips' CPU went goes to the results
+// file as vsock-rtt-cpu per party (one sample per boot that knew it; no
+// vhost or separate client for Kiln), and to the progress line with what
+// no CPU accounts for.
+func TestDevicesRTTCPU(t *testing.T) {
+	c := fakeDevices()
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	c.VsockKiln[0].RTTCPU, c.VsockKiln[0].RTTCPUKnown = VsockCPU{Guest: us(10000), VMM: us(5000)}, true
+	c.VsockQEMU[0].RTTCPU, c.VsockQEMU[0].RTTCPUKnown = VsockCPU{Guest: us(8000), VMM: us(1000), Vhost: us(2000), Client: us(500)}, true
+	c.VsockQEMU[1].RTTCPU, c.VsockQEMU[1].RTTCPUKnown = VsockCPU{Guest: us(9000), VMM: us(1000), Vhost: us(3000), Client: us(500)}, true
+	r := &results.Run{Version: results.Version, KVMMode: results.KVMEmulated}
+	if err := c.Results(r, map[string]string{"cpus": "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Check(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]float64{}
+	for _, m := range r.Measures {
+		if m.Name == "vsock-rtt-cpu" {
+			if m.Unit != results.UnitSeconds || m.Params["cpus"] != "1" {
+				t.Errorf("measure %+v", m)
+			}
+			got[m.VMM+" "+m.Params["where"]] = m.Samples
+		}
+	}
+	want := map[string][]float64{
+		"kiln guest": {0.010}, "kiln vmm": {0.005},
+		"qemu-microvm guest": {0.008, 0.009}, "qemu-microvm vmm": {0.001, 0.001},
+		"qemu-microvm vhost": {0.002, 0.003}, "qemu-microvm client": {0.0005, 0.0005},
+	}
+	if len(got) != len(want) {
+		t.Errorf("vsock-rtt-cpu measures %v, want %v", got, want)
+	}
+	for k, w := range want {
+		if g := got[k]; len(g) != len(w) || math.Abs(g[0]-w[0]) > 1e-12 || math.Abs(g[len(g)-1]-w[len(w)-1]) > 1e-12 {
+			t.Errorf("%s: %v, want %v", k, g, w)
+		}
+	}
+	// Kiln's first boot: mean 45 ms, 15 ms on CPUs.
+	if s := showCPU(c.VsockKiln[0]); s != "; per round trip (mean 45ms): cpu guest 10ms, vmm 5ms, not on these CPUs 30ms" {
+		t.Errorf("showCPU kiln = %q", s)
+	}
+	if s := showCPU(c.VsockQEMU[0]); !strings.Contains(s, "vhost 2ms, client 500µs, not on these CPUs 11ms") {
+		t.Errorf("showCPU qemu = %q", s)
+	}
+	if s := showCPU(c.VsockKiln[1]); s != "" {
+		t.Errorf("showCPU without CPU figures = %q, want nothing", s)
 	}
 }

@@ -59,6 +59,80 @@ type VsockResult struct {
 	// Ready is the time from the VMM's start to the first accepted
 	// connection.
 	Ready time.Duration
+	// RTTCPU is where CPU time went during the round trips, per round
+	// trip; RTTCPUKnown is false where /proc could not tell.
+	RTTCPU      VsockCPU
+	RTTCPUKnown bool
+}
+
+// VsockCPU is CPU time by where it ran (from /proc/PID/stat), per round
+// trip: what the round trips cost each party, beside how long they took.
+type VsockCPU struct {
+	// Guest is the VMM process's guest time: the guest's kernel and its
+	// echo program, in KVM_RUN.
+	Guest time.Duration
+	// VMM is the VMM process outside its guest: device emulation and exit
+	// handling, user and system. Kiln's includes the bench's own client,
+	// which runs in the same process.
+	VMM time.Duration
+	// Vhost is the host kernel's vhost worker (QEMU's vhost-vsock).
+	Vhost time.Duration
+	// Client is the bench's client, where it is a process apart from the
+	// VMM (QEMU's runs).
+	Client time.Duration
+}
+
+// Sum is all the CPU time.
+func (c VsockCPU) Sum() time.Duration { return c.Guest + c.VMM + c.Vhost + c.Client }
+
+func (c VsockCPU) sub(d VsockCPU) VsockCPU {
+	return VsockCPU{Guest: c.Guest - d.Guest, VMM: c.VMM - d.VMM, Vhost: c.Vhost - d.Vhost, Client: c.Client - d.Client}
+}
+
+func (c VsockCPU) div(n int) VsockCPU {
+	if n <= 0 {
+		return VsockCPU{}
+	}
+	d := time.Duration(n)
+	return VsockCPU{Guest: c.Guest / d, VMM: c.VMM / d, Vhost: c.Vhost / d, Client: c.Client / d}
+}
+
+// kilnCPU samples the CPU of this process, which is Kiln's VMM and the
+// bench's client at once.
+func kilnCPU() (VsockCPU, error) {
+	self, err := readCPUTimes(0)
+	if err != nil {
+		return VsockCPU{}, err
+	}
+	return VsockCPU{Guest: self.Guest, VMM: self.Host}, nil
+}
+
+// qemuCPU returns a sampler of QEMU process pid, its vhost worker
+// (kernel thread vhost-PID, when there is one) and this process.
+func qemuCPU(pid int) func() (VsockCPU, error) {
+	vhost := -1
+	return func() (VsockCPU, error) {
+		if vhost < 0 {
+			vhost = findTask("/proc", fmt.Sprintf("vhost-%d", pid))
+		}
+		q, err := readCPUTimes(pid)
+		if err != nil {
+			return VsockCPU{}, err
+		}
+		self, err := readCPUTimes(0)
+		if err != nil {
+			return VsockCPU{}, err
+		}
+		c := VsockCPU{Guest: q.Guest, VMM: q.Host, Client: self.Host}
+		if vhost > 0 {
+			v, err := readCPUTimes(vhost)
+			if err != nil {
+				return VsockCPU{}, fmt.Errorf("vhost worker: %w", err)
+			}
+			c.Vhost = v.Host + v.Guest
+		}
+		return c, nil
+	}
 }
 
 // MiBps is the echo throughput in MiB/s each way.
@@ -280,8 +354,9 @@ func measureRTT(ctx context.Context, c vsockStream, n int) ([]time.Duration, err
 }
 
 // measureVsock waits for the guest's echo port, then runs the throughput
-// test on the first connection and the latency test on a second.
-func measureVsock(ctx context.Context, start time.Time, dial func(context.Context) (vsockStream, error), stopped <-chan struct{}) (VsockResult, error) {
+// test on the first connection and the latency test on a second, sampling
+// cpu (when not nil) before and after the round trips.
+func measureVsock(ctx context.Context, start time.Time, dial func(context.Context) (vsockStream, error), stopped <-chan struct{}, cpu func() (VsockCPU, error)) (VsockResult, error) {
 	var r VsockResult
 	c, err := dialUntilReady(ctx, dial, stopped)
 	if err != nil {
@@ -298,9 +373,20 @@ func measureVsock(ctx context.Context, start time.Time, dial func(context.Contex
 		return r, fmt.Errorf("latency: %w", err)
 	}
 	defer c.Close()
+	var before VsockCPU
+	known := cpu != nil
+	if known {
+		before, err = cpu()
+		known = err == nil
+	}
 	r.RTTs, err = measureRTT(ctx, c, VsockRoundTrips)
 	if err != nil {
 		return r, fmt.Errorf("latency: %w", err)
+	}
+	if known {
+		if after, err := cpu(); err == nil {
+			r.RTTCPU, r.RTTCPUKnown = after.sub(before).div(len(r.RTTs)), true
+		}
 	}
 	return r, nil
 }
@@ -337,7 +423,7 @@ func VsockKiln(ctx context.Context, s BootSpec, dir string) (VsockResult, error)
 	}()
 	r, err := measureVsock(ctx, start, func(ctx context.Context) (vsockStream, error) {
 		return dialKilnVsock(ctx, path, VsockEchoPort)
-	}, stopped)
+	}, stopped, kilnCPU)
 	stopVM()
 	res := <-ran
 	if err != nil {
@@ -373,7 +459,7 @@ func VsockQEMU(ctx context.Context, qemu string, s BootSpec) (VsockResult, error
 	}()
 	r, err := measureVsock(ctx, start, func(ctx context.Context) (vsockStream, error) {
 		return dialAFVsock(ctx, VsockGuestCID, VsockEchoPort)
-	}, stopped)
+	}, stopped, qemuCPU(cmd.Process.Pid))
 	select {
 	case <-stopped:
 		if err == nil {

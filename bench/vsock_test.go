@@ -172,9 +172,18 @@ func TestMeasureVsock(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := measureVsock(ctx, time.Now(), dial, make(chan struct{}))
+	r, err := measureVsock(ctx, time.Now(), dial, make(chan struct{}), kilnCPU)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// This process is the "VMM" here, with no guest: the round trips' CPU
+	// is all outside a guest, and no more than they took.
+	var total time.Duration
+	for _, d := range r.RTTs {
+		total += d
+	}
+	if c := r.RTTCPU; !r.RTTCPUKnown || c.Guest != 0 || c.VMM < 0 || c.Vhost != 0 || c.Client != 0 || c.Sum() > 2*total/time.Duration(len(r.RTTs))+10*time.Millisecond {
+		t.Errorf("round trips' CPU %+v (known %v), mean round trip %v", c, r.RTTCPUKnown, total/time.Duration(len(r.RTTs)))
 	}
 	if r.Echo <= 0 || r.MiBps() <= 0 || len(r.RTTs) != VsockRoundTrips || r.Ready < 300*time.Millisecond {
 		t.Errorf("result: echo %v (%.1f MiB/s), %d round trips, ready after %v", r.Echo, r.MiBps(), len(r.RTTs), r.Ready)
