@@ -82,3 +82,36 @@ func findTask(proc, comm string) int {
 	}
 	return 0
 }
+
+// kvmDebugfs is where KVM keeps each VM's statistics (a folder PID-FD per
+// VM), when debugfs is mounted.
+const kvmDebugfs = "/sys/kernel/debug/kvm"
+
+// KVMExitKinds are the per-VM KVM counters the vsock benchmark reads per
+// round trip: all exits, those to the VMM for MMIO (a virtio-mmio
+// register), port I/O, host interrupts, HLT, and the interrupts injected.
+var KVMExitKinds = []string{"exits", "mmio_exits", "io_exits", "irq_exits", "halt_exits", "irq_injections"}
+
+// readKVMStats sums KVMExitKinds over the VMs of process pid in dir (a
+// process has one VM at a time here). ok is false when there is none.
+func readKVMStats(dir string, pid int) (map[string]uint64, bool) {
+	vms, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d-*", pid)))
+	if len(vms) == 0 {
+		return nil, false
+	}
+	out := make(map[string]uint64, len(KVMExitKinds))
+	for _, vm := range vms {
+		for _, k := range KVMExitKinds {
+			b, err := os.ReadFile(filepath.Join(vm, k))
+			if err != nil {
+				return nil, false
+			}
+			n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+			if err != nil {
+				return nil, false
+			}
+			out[k] += n
+		}
+	}
+	return out, true
+}

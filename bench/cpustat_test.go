@@ -80,3 +80,40 @@ func TestReadCPUTimesAndFindTask(t *testing.T) {
 		t.Errorf("findTask(vhost-1) = %d, want 0", got)
 	}
 }
+
+func TestReadKVMStats(t *testing.T) {
+	dir := t.TempDir()
+	write := func(vm string, v map[string]string) {
+		os.MkdirAll(filepath.Join(dir, vm), 0o755)
+		for k, s := range v {
+			os.WriteFile(filepath.Join(dir, vm, k), []byte(s), 0o444)
+		}
+	}
+	all := func(n string) map[string]string {
+		m := map[string]string{}
+		for _, k := range KVMExitKinds {
+			m[k] = n + "\n"
+		}
+		return m
+	}
+	write("100-12", all("7"))
+	write("200-9", all("3"))
+	write("200-11", all("4"))
+	bad := all("1")
+	bad["io_exits"] = "x\n"
+	write("300-5", bad)
+	short := all("1")
+	delete(short, "halt_exits")
+	write("400-5", short)
+	tests := []struct {
+		pid  int
+		want uint64
+		ok   bool
+	}{{100, 7, true}, {200, 7, true}, {300, 0, false}, {400, 0, false}, {500, 0, false}}
+	for _, tt := range tests {
+		got, ok := readKVMStats(dir, tt.pid)
+		if ok != tt.ok || (ok && (len(got) != len(KVMExitKinds) || got["exits"] != tt.want || got["irq_injections"] != tt.want)) {
+			t.Errorf("readKVMStats(pid %d) = %v, %v; want each %d, %v", tt.pid, got, ok, tt.want, tt.ok)
+		}
+	}
+}

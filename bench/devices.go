@@ -201,6 +201,17 @@ func (c DevicesComparison) Results(r *results.Run, params map[string]string) err
 				r.AddDurations("vsock-rtt-cpu", s.vmm, with("where", where), cpu[i])
 			}
 		}
+		for _, kind := range KVMExitKinds {
+			var n []float64
+			for _, v := range s.rs {
+				if x, ok := v.RTTExits[kind]; ok {
+					n = append(n, x)
+				}
+			}
+			if len(n) > 0 {
+				r.Measures = append(r.Measures, results.Measure{Name: "vsock-rtt-kvm", VMM: s.vmm, Unit: results.UnitCount, Params: with("kind", kind), Samples: n})
+			}
+		}
 	}
 	return nil
 }
@@ -223,7 +234,16 @@ func showCPU(r VsockResult) string {
 	if c.Vhost != 0 || c.Client != 0 {
 		s += fmt.Sprintf(", vhost %s, client %s", us(c.Vhost), us(c.Client))
 	}
-	return s + fmt.Sprintf(", not on these CPUs %s", us(mean-c.Sum()))
+	s += fmt.Sprintf(", not on these CPUs %s", us(mean-c.Sum()))
+	if len(r.RTTExits) > 0 {
+		s += "; KVM per round trip:"
+		for _, k := range KVMExitKinds {
+			if v, ok := r.RTTExits[k]; ok {
+				s += fmt.Sprintf(" %s %.1f", k, v)
+			}
+		}
+	}
+	return s
 }
 
 // Blk is the disk comparison.

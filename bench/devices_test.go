@@ -171,6 +171,7 @@ func TestDevicesRTTCPU(t *testing.T) {
 	c.VsockKiln[0].RTTCPU, c.VsockKiln[0].RTTCPUKnown = VsockCPU{Guest: us(10000), VMM: us(5000)}, true
 	c.VsockQEMU[0].RTTCPU, c.VsockQEMU[0].RTTCPUKnown = VsockCPU{Guest: us(8000), VMM: us(1000), Vhost: us(2000), Client: us(500)}, true
 	c.VsockQEMU[1].RTTCPU, c.VsockQEMU[1].RTTCPUKnown = VsockCPU{Guest: us(9000), VMM: us(1000), Vhost: us(3000), Client: us(500)}, true
+	c.VsockKiln[0].RTTExits = map[string]float64{"exits": 12, "mmio_exits": 4.5}
 	r := &results.Run{Version: results.Version, KVMMode: results.KVMEmulated}
 	if err := c.Results(r, map[string]string{"cpus": "1"}); err != nil {
 		t.Fatal(err)
@@ -179,7 +180,15 @@ func TestDevicesRTTCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string][]float64{}
+	kvm := 0
 	for _, m := range r.Measures {
+		if m.Name == "vsock-rtt-kvm" {
+			if m.VMM != results.VMMKiln || m.Unit != results.UnitCount || len(m.Samples) != 1 ||
+				!(m.Params["kind"] == "exits" && m.Samples[0] == 12 || m.Params["kind"] == "mmio_exits" && m.Samples[0] == 4.5) {
+				t.Errorf("KVM counter measure %+v", m)
+			}
+			kvm++
+		}
 		if m.Name == "vsock-rtt-cpu" {
 			if m.Unit != results.UnitSeconds || m.Params["cpus"] != "1" {
 				t.Errorf("measure %+v", m)
@@ -195,13 +204,16 @@ func TestDevicesRTTCPU(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("vsock-rtt-cpu measures %v, want %v", got, want)
 	}
+	if kvm != 2 {
+		t.Errorf("%d vsock-rtt-kvm measures, want 2", kvm)
+	}
 	for k, w := range want {
 		if g := got[k]; len(g) != len(w) || math.Abs(g[0]-w[0]) > 1e-12 || math.Abs(g[len(g)-1]-w[len(w)-1]) > 1e-12 {
 			t.Errorf("%s: %v, want %v", k, g, w)
 		}
 	}
 	// Kiln's first boot: mean 45 ms, 15 ms on CPUs.
-	if s := showCPU(c.VsockKiln[0]); s != "; per round trip (mean 45ms): cpu guest 10ms, vmm 5ms, not on these CPUs 30ms" {
+	if s := showCPU(c.VsockKiln[0]); s != "; per round trip (mean 45ms): cpu guest 10ms, vmm 5ms, not on these CPUs 30ms; KVM per round trip: exits 12.0 mmio_exits 4.5" {
 		t.Errorf("showCPU kiln = %q", s)
 	}
 	if s := showCPU(c.VsockQEMU[0]); !strings.Contains(s, "vhost 2ms, client 500µs, not on these CPUs 11ms") {
@@ -209,5 +221,26 @@ func TestDevicesRTTCPU(t *testing.T) {
 	}
 	if s := showCPU(c.VsockKiln[1]); s != "" {
 		t.Errorf("showCPU without CPU figures = %q, want nothing", s)
+	}
+}
+
+// TestPerRoundTrip: two samples n round trips apart give CPU and KVM
+// counters per round trip; counters missing from either sample, or gone
+// backwards (another VM), are left out.
+func TestPerRoundTrip(t *testing.T) {
+	before := rttSample{cpu: VsockCPU{Guest: time.Second, VMM: time.Second}, exits: map[string]uint64{"exits": 100, "mmio_exits": 50, "io_exits": 9}}
+	after := rttSample{cpu: VsockCPU{Guest: 3 * time.Second, VMM: 2 * time.Second}, exits: map[string]uint64{"exits": 300, "mmio_exits": 90, "io_exits": 1, "irq_exits": 5}}
+	var r VsockResult
+	r.perRoundTrip(before, after, 100)
+	if !r.RTTCPUKnown || r.RTTCPU.Guest != 20*time.Millisecond || r.RTTCPU.VMM != 10*time.Millisecond {
+		t.Errorf("CPU per round trip %+v", r.RTTCPU)
+	}
+	if len(r.RTTExits) != 2 || r.RTTExits["exits"] != 2 || r.RTTExits["mmio_exits"] != 0.4 {
+		t.Errorf("KVM per round trip %v, want exits 2 and mmio_exits 0.4 only", r.RTTExits)
+	}
+	var none VsockResult
+	none.perRoundTrip(rttSample{}, after, 100)
+	if none.RTTExits != nil {
+		t.Errorf("counters without a first sample: %v", none.RTTExits)
 	}
 }

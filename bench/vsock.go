@@ -63,6 +63,31 @@ type VsockResult struct {
 	// trip; RTTCPUKnown is false where /proc could not tell.
 	RTTCPU      VsockCPU
 	RTTCPUKnown bool
+	// RTTExits is the VM's KVM exits (and interrupts injected) per round
+	// trip by KVMExitKinds' names, where KVM's debugfs statistics were
+	// there to read; nil otherwise.
+	RTTExits map[string]float64
+}
+
+// rttSample is what the round trips are measured by: CPU times and, where
+// readable, the VM's KVM counters.
+type rttSample struct {
+	cpu   VsockCPU
+	exits map[string]uint64 // nil: not known
+}
+
+// perRoundTrip turns two samples n round trips apart into r's figures.
+func (r *VsockResult) perRoundTrip(before, after rttSample, n int) {
+	r.RTTCPU, r.RTTCPUKnown = after.cpu.sub(before.cpu).div(n), true
+	if before.exits == nil || after.exits == nil || n <= 0 {
+		return
+	}
+	r.RTTExits = make(map[string]float64, len(after.exits))
+	for k, v := range after.exits {
+		if b, ok := before.exits[k]; ok && v >= b {
+			r.RTTExits[k] = float64(v-b) / float64(n)
+		}
+	}
 }
 
 // VsockCPU is CPU time by where it ran (from /proc/PID/stat), per round
@@ -98,40 +123,42 @@ func (c VsockCPU) div(n int) VsockCPU {
 }
 
 // kilnCPU samples the CPU of this process, which is Kiln's VMM and the
-// bench's client at once.
-func kilnCPU() (VsockCPU, error) {
+// bench's client at once, and its VM's KVM counters.
+func kilnCPU() (rttSample, error) {
 	self, err := readCPUTimes(0)
 	if err != nil {
-		return VsockCPU{}, err
+		return rttSample{}, err
 	}
-	return VsockCPU{Guest: self.Guest, VMM: self.Host}, nil
+	exits, _ := readKVMStats(kvmDebugfs, os.Getpid())
+	return rttSample{cpu: VsockCPU{Guest: self.Guest, VMM: self.Host}, exits: exits}, nil
 }
 
 // qemuCPU returns a sampler of QEMU process pid, its vhost worker
 // (kernel thread vhost-PID, when there is one) and this process.
-func qemuCPU(pid int) func() (VsockCPU, error) {
+func qemuCPU(pid int) func() (rttSample, error) {
 	vhost := -1
-	return func() (VsockCPU, error) {
+	return func() (rttSample, error) {
 		if vhost < 0 {
 			vhost = findTask("/proc", fmt.Sprintf("vhost-%d", pid))
 		}
 		q, err := readCPUTimes(pid)
 		if err != nil {
-			return VsockCPU{}, err
+			return rttSample{}, err
 		}
 		self, err := readCPUTimes(0)
 		if err != nil {
-			return VsockCPU{}, err
+			return rttSample{}, err
 		}
 		c := VsockCPU{Guest: q.Guest, VMM: q.Host, Client: self.Host}
 		if vhost > 0 {
 			v, err := readCPUTimes(vhost)
 			if err != nil {
-				return VsockCPU{}, fmt.Errorf("vhost worker: %w", err)
+				return rttSample{}, fmt.Errorf("vhost worker: %w", err)
 			}
 			c.Vhost = v.Host + v.Guest
 		}
-		return c, nil
+		exits, _ := readKVMStats(kvmDebugfs, pid)
+		return rttSample{cpu: c, exits: exits}, nil
 	}
 }
 
@@ -356,7 +383,7 @@ func measureRTT(ctx context.Context, c vsockStream, n int) ([]time.Duration, err
 // measureVsock waits for the guest's echo port, then runs the throughput
 // test on the first connection and the latency test on a second, sampling
 // cpu (when not nil) before and after the round trips.
-func measureVsock(ctx context.Context, start time.Time, dial func(context.Context) (vsockStream, error), stopped <-chan struct{}, cpu func() (VsockCPU, error)) (VsockResult, error) {
+func measureVsock(ctx context.Context, start time.Time, dial func(context.Context) (vsockStream, error), stopped <-chan struct{}, cpu func() (rttSample, error)) (VsockResult, error) {
 	var r VsockResult
 	c, err := dialUntilReady(ctx, dial, stopped)
 	if err != nil {
@@ -373,7 +400,7 @@ func measureVsock(ctx context.Context, start time.Time, dial func(context.Contex
 		return r, fmt.Errorf("latency: %w", err)
 	}
 	defer c.Close()
-	var before VsockCPU
+	var before rttSample
 	known := cpu != nil
 	if known {
 		before, err = cpu()
@@ -385,7 +412,7 @@ func measureVsock(ctx context.Context, start time.Time, dial func(context.Contex
 	}
 	if known {
 		if after, err := cpu(); err == nil {
-			r.RTTCPU, r.RTTCPUKnown = after.sub(before).div(len(r.RTTs)), true
+			r.perRoundTrip(before, after, len(r.RTTs))
 		}
 	}
 	return r, nil
