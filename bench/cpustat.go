@@ -92,10 +92,25 @@ const kvmDebugfs = "/sys/kernel/debug/kvm"
 // register), port I/O, host interrupts, HLT, and the interrupts injected.
 var KVMExitKinds = []string{"exits", "mmio_exits", "io_exits", "irq_exits", "halt_exits", "irq_injections"}
 
-// readKVMStats sums KVMExitKinds over the VMs of process pid in dir (a
-// process has one VM at a time here). ok is false when there is none.
-func readKVMStats(dir string, pid int) (map[string]uint64, bool) {
-	vms, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d-*", pid)))
+// readKVMStats sums KVMExitKinds over the VMs that process pid made, in
+// dir (a process has one VM at a time here). KVM names a VM's folder for
+// the thread that created it, which in a Go VMM is seldom the main one,
+// so each of the process's threads (proc/PID/task) is looked for. ok is
+// false when there is none.
+func readKVMStats(dir, proc string, pid int) (map[string]uint64, bool) {
+	ids := []string{strconv.Itoa(pid)}
+	if tasks, err := os.ReadDir(filepath.Join(proc, strconv.Itoa(pid), "task")); err == nil {
+		for _, t := range tasks {
+			if t.Name() != ids[0] {
+				ids = append(ids, t.Name())
+			}
+		}
+	}
+	var vms []string
+	for _, id := range ids {
+		m, _ := filepath.Glob(filepath.Join(dir, id+"-*"))
+		vms = append(vms, m...)
+	}
 	if len(vms) == 0 {
 		return nil, false
 	}

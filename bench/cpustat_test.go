@@ -105,13 +105,19 @@ func TestReadKVMStats(t *testing.T) {
 	short := all("1")
 	delete(short, "halt_exits")
 	write("400-5", short)
+	// Process 600's VM was made by its thread 601.
+	write("601-10", all("5"))
+	proc := t.TempDir()
+	for _, tid := range []string{"600", "601", "602"} {
+		os.MkdirAll(filepath.Join(proc, "600", "task", tid), 0o755)
+	}
 	tests := []struct {
 		pid  int
 		want uint64
 		ok   bool
-	}{{100, 7, true}, {200, 7, true}, {300, 0, false}, {400, 0, false}, {500, 0, false}}
+	}{{100, 7, true}, {200, 7, true}, {300, 0, false}, {400, 0, false}, {500, 0, false}, {600, 5, true}}
 	for _, tt := range tests {
-		got, ok := readKVMStats(dir, tt.pid)
+		got, ok := readKVMStats(dir, proc, tt.pid)
 		if ok != tt.ok || (ok && (len(got) != len(KVMExitKinds) || got["exits"] != tt.want || got["irq_injections"] != tt.want)) {
 			t.Errorf("readKVMStats(pid %d) = %v, %v; want each %d, %v", tt.pid, got, ok, tt.want, tt.ok)
 		}

@@ -129,7 +129,7 @@ func kilnCPU() (rttSample, error) {
 	if err != nil {
 		return rttSample{}, err
 	}
-	exits, _ := readKVMStats(kvmDebugfs, os.Getpid())
+	exits, _ := readKVMStats(kvmDebugfs, "/proc", os.Getpid())
 	return rttSample{cpu: VsockCPU{Guest: self.Guest, VMM: self.Host}, exits: exits}, nil
 }
 
@@ -157,7 +157,7 @@ func qemuCPU(pid int) func() (rttSample, error) {
 			}
 			c.Vhost = v.Host + v.Guest
 		}
-		exits, _ := readKVMStats(kvmDebugfs, pid)
+		exits, _ := readKVMStats(kvmDebugfs, "/proc", pid)
 		return rttSample{cpu: c, exits: exits}, nil
 	}
 }
