@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,6 +36,9 @@ type Memory struct {
 	size    uint64    // total bytes
 	host    []byte    // the one mapping of all regions
 	private bool      // the mapping is copy-on-write (or anonymous)
+	// huge: the mapping is advised MADV_HUGEPAGE and the host gives shmem
+	// huge pages to such mappings, so pages made through it are 2 MiB.
+	huge bool
 }
 
 // Private reports whether the memory is a copy-on-write (or anonymous)
@@ -127,15 +131,30 @@ func (m *Memory) Populate(addr, n uint64) error {
 // built without transparent huge pages refuses it with EINVAL, which is no
 // error here. Restored and forked memory is not advised: a clone's
 // private pages stay 4 KiB, so one it writes costs 4 KiB, not 2 MiB.
-func adviseHuge(host []byte) error {
+//
+// It reports whether pages made through the mapping will be huge: the
+// advice was taken and shmem_enabled allows it.
+func adviseHuge(host []byte) (bool, error) {
 	if len(host) == 0 {
-		return nil
+		return false, nil
 	}
 	err := unix.Madvise(host, unix.MADV_HUGEPAGE)
-	if err == nil || errors.Is(err, unix.EINVAL) {
-		return nil
+	if errors.Is(err, unix.EINVAL) {
+		return false, nil
 	}
-	return fmt.Errorf("madvise guest memory (%d MiB) MADV_HUGEPAGE: %w", len(host)>>20, err)
+	if err != nil {
+		return false, fmt.Errorf("madvise guest memory (%d MiB) MADV_HUGEPAGE: %w", len(host)>>20, err)
+	}
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	if err != nil {
+		return false, nil
+	}
+	for _, mode := range []string{"[advise]", "[always]", "[within_size]", "[force]"} {
+		if strings.Contains(string(b), mode) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // ReadAt copies guest memory at addr into b.

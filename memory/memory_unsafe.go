@@ -30,7 +30,7 @@ func New(name string, layout Layout) (*Memory, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	if err := adviseHuge(m.host); err != nil {
+	if m.huge, err = adviseHuge(m.host); err != nil {
 		unmap(m.host)
 		unix.Close(fd)
 		return nil, err
