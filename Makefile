@@ -158,8 +158,9 @@ fuzz:
 # tables (tables.md) and SVG plots of every results file in $(BENCH_OUT),
 # earlier runs' of other suites included. Then the package benchmarks that
 # need no KVM. A subset: make bench BENCH_SUITES="boot devices". The
-# flags are sized for emulated KVM (docs/bench.md: about 15 minutes, and
-# about 20 more for daemon); where KVM is direct, larger ones fit, e.g.
+# flags are sized for emulated KVM (docs/bench.md: about 19 minutes with
+# the minimal kernel built, and about 20 more for daemon); where KVM is
+# direct, larger ones fit, e.g.
 # make bench BENCH_FLAGS_snapshot="-n 10 --boots 5".
 BENCH_OUT ?= bench-out
 BENCH_RUNS ?= 5
