@@ -91,6 +91,11 @@ type DensitySpec struct {
 	Method string
 	// BootTimeout bounds the template's boot (5 minutes when zero).
 	BootTimeout time.Duration
+	// Parallel bounds the restores (and the checking execs) in flight at
+	// once within a step; 0 runs a step's all at once. A host with few
+	// CPUs (an emulated L1 has one) gets through a step of hundreds of
+	// sandboxes in waves, where all at once each waits on all the others.
+	Parallel int
 	// Logger is the sandboxes'; slog.Default() when nil.
 	Logger *slog.Logger
 }
@@ -471,15 +476,22 @@ func (d *densityRun) start(ctx context.Context, n int) error {
 	}
 	// As Fork does: all at once, each waited for as long as the others
 	// share the CPUs.
-	timeout := 2*time.Minute + time.Duration(n)*15*time.Second
+	wave := n
+	if p := d.spec.Parallel; p > 0 && p < n {
+		wave = p
+	}
+	timeout := 2*time.Minute + time.Duration(wave)*15*time.Second
 	kids := make([]*sandbox.Sandbox, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, wave)
 	base := len(d.kids)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			proc := d.spec.Process
 			kids[i], errs[i] = sandbox.RestoreFrozen(ctx, d.frozen, sandbox.RestoreOptions{
 				Process: &proc, Timeout: timeout, Logger: d.spec.Logger,
@@ -503,14 +515,22 @@ func (d *densityRun) add(kids ...*sandbox.Sandbox) {
 	}
 }
 
-// execAll runs true in every sandbox at once.
+// execAll runs true in every sandbox, Parallel at a time (all at once
+// without it).
 func (d *densityRun) execAll(ctx context.Context) error {
 	errs := make([]error, len(d.kids))
 	var wg sync.WaitGroup
+	wave := len(d.kids)
+	if p := d.spec.Parallel; p > 0 && p < wave {
+		wave = p
+	}
+	slots := make(chan struct{}, max(wave, 1))
 	for i, k := range d.kids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			if err := snapExecTrue(ctx, k); err != nil {
 				errs[i] = fmt.Errorf("sandbox %d: %w", i, err)
 			}

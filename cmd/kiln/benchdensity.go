@@ -19,14 +19,14 @@ type densityFlags struct {
 	mem, cpus, children, cap int
 	steps                    []int
 	budgetGiB                float64
-	floorMiB                 int
+	floorMiB, parallel       int
 	settle, bootTimeout      time.Duration
 	method                   string
 	jsonOut, kvmMode         string
 	kernel, agent            string
 }
 
-const densityUsage = "usage: kiln bench density [--mem MiB] [--children N] [--cap N] [--steps 1,8,16,32] [--budget-gib G] [--settle D] [--method template|fork] [--json FILE] [--kvm-mode M]"
+const densityUsage = "usage: kiln bench density [--mem MiB] [--children N] [--cap N] [--steps 1,8,16,32] [--budget-gib G] [--settle D] [--method template|fork] [--parallel N] [--json FILE] [--kvm-mode M]"
 
 // flagsPrinted is a flag.FlagSet's parse error, which it printed itself.
 type flagsPrinted struct{ error }
@@ -51,6 +51,7 @@ func parseDensityFlags(args []string, stderr io.Writer) (densityFlags, error) {
 	fs.DurationVar(&f.settle, "settle", bench.DefaultDensitySettle, "how long the sandboxes idle after each step before they are checked and measured")
 	fs.StringVar(&f.method, "method", bench.DensityTemplate, "how sandboxes are made: template (hold the booted parent once, restore every sandbox over that one frozen base) or fork (Sandbox.Fork of the running parent per step; each later step copies its memory into a new base)")
 	fs.DurationVar(&f.bootTimeout, "boot-timeout", 5*time.Minute, "how long to wait for the template's agent")
+	fs.IntVar(&f.parallel, "parallel", 0, "restores (and checking execs) at once within a step (0: a step's all at once)")
 	fs.StringVar(&f.jsonOut, "json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
 	fs.StringVar(&f.kvmMode, "kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
 	fs.StringVar(&f.kernel, "kernel", "", "kernel image; default: the cached Debian kernel")
@@ -80,6 +81,8 @@ func parseDensityFlags(args []string, stderr io.Writer) (densityFlags, error) {
 		return f, fmt.Errorf("--floor-mib %d: want at least 1", f.floorMiB)
 	case f.settle < 0:
 		return f, fmt.Errorf("--settle %v: want 0 or more", f.settle)
+	case f.parallel < 0:
+		return f, fmt.Errorf("--parallel %d: want 0 (all at once) or more", f.parallel)
 	case f.bootTimeout <= 0:
 		return f, fmt.Errorf("--boot-timeout %v: want a positive duration", f.bootTimeout)
 	case f.method != bench.DensityTemplate && f.method != bench.DensityFork:
@@ -98,7 +101,7 @@ func (f densityFlags) spec() bench.DensitySpec {
 	return bench.DensitySpec{
 		MemoryMiB: f.mem, CPUs: f.cpus, Children: f.children, Cap: f.cap, Steps: f.steps,
 		MemoryBudget: uint64(f.budgetGiB * (1 << 30)), Floor: uint64(f.floorMiB) << 20,
-		Settle: settle, Method: f.method, BootTimeout: f.bootTimeout,
+		Settle: settle, Method: f.method, BootTimeout: f.bootTimeout, Parallel: f.parallel,
 	}
 }
 

@@ -19,16 +19,16 @@ func TestParseDensityFlags(t *testing.T) {
 	}
 	s := f.spec()
 	if s.MemoryMiB != 512 || s.Children != 32 || s.Cap != 0 || !slices.Equal(s.Steps, []int{1, 8, 16, 32}) ||
-		s.MemoryBudget != 8<<30 || s.Floor != 512<<20 || s.Settle != 2*time.Second || s.Method != bench.DensityTemplate {
+		s.MemoryBudget != 8<<30 || s.Floor != 512<<20 || s.Settle != 2*time.Second || s.Method != bench.DensityTemplate || s.Parallel != 0 {
 		t.Errorf("defaults: %+v", s)
 	}
-	f, err = parseDensityFlags([]string{"--mem", "256", "--children", "4", "--steps", "1,2", "--budget-gib", "0.5", "--settle", "0", "--method", "fork", "--cap", "3"}, &bytes.Buffer{})
+	f, err = parseDensityFlags([]string{"--mem", "256", "--children", "4", "--steps", "1,2", "--budget-gib", "0.5", "--settle", "0", "--method", "fork", "--cap", "3", "--parallel", "8"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s = f.spec()
 	if s.MemoryMiB != 256 || s.Children != 4 || s.Cap != 3 || !slices.Equal(s.Steps, []int{1, 2}) || s.MemoryBudget != 512<<20 ||
-		s.Settle >= 0 || s.Method != bench.DensityFork {
+		s.Settle >= 0 || s.Method != bench.DensityFork || s.Parallel != 8 {
 		t.Errorf("set: %+v", s)
 	}
 	for _, c := range []struct {
@@ -39,6 +39,7 @@ func TestParseDensityFlags(t *testing.T) {
 		{[]string{"--children", "0"}, "--children 0"},
 		{[]string{"--children", "5000"}, "--children 5000"},
 		{[]string{"--cap", "-1"}, "--cap -1"},
+		{[]string{"--parallel", "-2"}, "--parallel -2"},
 		{[]string{"--steps", "8,1"}, "--steps"},
 		{[]string{"--steps", "x"}, "--steps"},
 		{[]string{"--budget-gib", "0"}, "--budget-gib 0"},
