@@ -5,56 +5,25 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kilnvm/kiln/internal/procstat"
 )
 
-func TestParseProcStat(t *testing.T) {
-	// 52 fields as Linux 6.1 writes them; utime 250, stime 40, guest 200.
-	line := func(comm string, utime, stime, guest string) string {
-		f := []string{"1234", comm, "S", "1", "1", "1", "0", "-1", "4194560", "100", "0", "0", "0", utime, stime,
-			"0", "0", "20", "0", "3", "0", "100", "1000000", "200", "18446744073709551615", "1", "1", "0", "0", "0",
-			"0", "0", "0", "0", "0", "0", "0", "17", "0", "0", "0", "0", guest, "0", "0", "0", "0", "0", "0", "0", "0", "0"}
-		s := ""
-		for i, x := range f {
-			if i > 0 {
-				s += " "
-			}
-			s += x
-		}
-		return s + "\n"
-	}
+func TestCPUTimesOf(t *testing.T) {
 	tests := []struct {
-		name    string
-		stat    string
-		want    cpuTimes
-		wantErr bool
+		name string
+		in   procstat.Times
+		want cpuTimes
 	}{
-		{"vmm", line("(kiln)", "250", "40", "200"), cpuTimes{Host: 900 * time.Millisecond, Guest: 2 * time.Second}, false},
-		{"command with spaces and parens", line("(a) b (c))", "10", "5", "0"), cpuTimes{Host: 150 * time.Millisecond}, false},
-		{"guest over user time", line("(x)", "1", "0", "5"), cpuTimes{Guest: 10 * time.Millisecond}, false},
-		{"no command", "1234 kiln S 1", cpuTimes{}, true},
-		{"short", "1234 (kiln) S 1 2 3", cpuTimes{}, true},
-		{"not a number", line("(kiln)", "x", "40", "200"), cpuTimes{}, true},
-		{"empty", "", cpuTimes{}, true},
+		{"vmm", procstat.Times{UTime: 250, STime: 40, Guest: 200}, cpuTimes{Host: 900 * time.Millisecond, Guest: 2 * time.Second}},
+		{"no guest", procstat.Times{UTime: 10, STime: 5}, cpuTimes{Host: 150 * time.Millisecond}},
+		{"guest over user time", procstat.Times{UTime: 1, Guest: 5}, cpuTimes{Guest: 10 * time.Millisecond}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseProcStat(tt.stat)
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Errorf("parseProcStat = %+v, %v; want %+v, error %v", got, err, tt.want, tt.wantErr)
-			}
-		})
-	}
-}
-
-func FuzzParseProcStat(f *testing.F) {
-	f.Add("1 (a) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41")
-	f.Add("1 (a))) S")
-	f.Fuzz(func(t *testing.T, s string) {
-		c, err := parseProcStat(s)
-		if err == nil && (c.Host < 0 || c.Guest < 0) {
-			t.Errorf("parseProcStat(%q) = %+v: negative", s, c)
+		if got := cpuTimesOf(tt.in); got != tt.want {
+			t.Errorf("%s: cpuTimesOf(%+v) = %+v, want %+v", tt.name, tt.in, got, tt.want)
 		}
-	})
+	}
 }
 
 func TestReadCPUTimesAndFindTask(t *testing.T) {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/internal/procstat"
 )
 
 // Sandbox metrics (GetSandboxMetrics): the server samples every running
@@ -29,9 +29,6 @@ const (
 	defaultSampleInterval = 5 * time.Second
 	sampleRingSize        = 120
 	sampleTimeout         = 10 * time.Second
-	// userHZ is the unit of /proc/PID/stat's utime and stime (USER_HZ,
-	// 100 on every Linux ABI kilnd runs on).
-	userHZ = 100
 )
 
 // sampleRing is a box's samples, oldest first, and the CPU use the last
@@ -159,7 +156,7 @@ func cpuUsage(inst Instance) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ticks * (1_000_000 / userHZ), nil
+	return ticks * (1_000_000 / procstat.UserHZ), nil
 }
 
 // parseCPUStat reads usage_usec from a cgroup's cpu.stat.
@@ -177,28 +174,13 @@ func parseCPUStat(b []byte) (uint64, error) {
 	return 0, fmt.Errorf("daemon: cpu.stat has no usage_usec")
 }
 
-// parseProcStatCPU reads utime + stime (clock ticks) from /proc/PID/stat:
-// "pid (comm) state ..." where comm may hold spaces and parentheses, and
-// utime and stime are the 14th and 15th fields.
+// parseProcStatCPU reads utime + stime (clock ticks) from /proc/PID/stat.
 func parseProcStatCPU(b []byte) (uint64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("daemon: /proc stat: no command name")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is the state (field 3): utime is field 14, f[11].
-	if len(f) < 13 {
-		return 0, fmt.Errorf("daemon: /proc stat: %d fields after the command name, want at least 13", len(f))
-	}
-	u, err := strconv.ParseUint(f[11], 10, 64)
+	t, err := procstat.Parse(b)
 	if err != nil {
-		return 0, fmt.Errorf("daemon: /proc stat utime %q: %w", f[11], err)
+		return 0, fmt.Errorf("daemon: %w", err)
 	}
-	st, err := strconv.ParseUint(f[12], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("daemon: /proc stat stime %q: %w", f[12], err)
-	}
-	return u + st, nil
+	return t.UTime + t.STime, nil
 }
 
 // GetSandboxMetrics returns a live sandbox's samples since
