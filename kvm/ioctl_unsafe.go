@@ -64,6 +64,16 @@ func ioctlPtrOnce(fd int, req uintptr, arg uintptr) error {
 	return nil
 }
 
+// ioctlRawOnce is ioctlPtrOnce as a raw system call, which the Go
+// scheduler does not see (VCPU.SetHoldP).
+func ioctlRawOnce(fd int, req uintptr, arg uintptr) error {
+	_, _, errno := unix.RawSyscall(unix.SYS_IOCTL, uintptr(fd), req, arg)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 // isEINTR reports whether err is EINTR.
 func isEINTR(err error) bool { return errors.Is(err, unix.EINTR) }
 

@@ -180,7 +180,11 @@ func (v *VCPU) ExitReasonRaw() ExitReason { return ExitReason(v.header().ExitRea
 // EAGAIN, which KVM returns when an application processor leaves its wait
 // for INIT/SIPI: either way the caller simply enters again.
 func (v *VCPU) Run() (ExitReason, error) {
-	if err := ioctlPtrOnce(v.fd, reqRun, 0); err != nil {
+	enter := ioctlPtrOnce
+	if v.holdP {
+		enter = ioctlRawOnce
+	}
+	if err := enter(v.fd, reqRun, 0); err != nil {
 		if isEINTR(err) || errors.Is(err, unix.EAGAIN) {
 			return ExitIntr, nil
 		}

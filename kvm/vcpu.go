@@ -13,7 +13,21 @@ type VCPU struct {
 	id  int
 	fd  int
 	run []byte
+	// holdP: Run enters the guest by a raw system call (SetHoldP).
+	holdP bool
 }
+
+// SetHoldP chooses how Run enters the guest. Held, KVM_RUN is a raw system
+// call: the calling goroutine keeps its P (its slot in Go's scheduler)
+// while the guest runs, so the runtime sees a running goroutine instead of
+// a blocking system call, and its monitor thread (sysmon) neither polls
+// every 20 µs to take the P back nor hands the P to another thread. The
+// runtime still preempts the goroutine every 10 ms with a signal, which
+// makes KVM_RUN return (an ExitIntr), and a stop-the-world garbage
+// collection interrupts the guest the same way. The cost: the vCPU
+// occupies a P for as long as it runs, so GOMAXPROCS must count it.
+// Not held (the default), KVM_RUN is an ordinary blocking system call.
+func (v *VCPU) SetHoldP(on bool) { v.holdP = on }
 
 // ID returns the vCPU index (its APIC ID).
 func (v *VCPU) ID() int { return v.id }

@@ -24,6 +24,8 @@ type RestoreConfig struct {
 	OpenFS  virtio.FSOpener // as Config.OpenFS
 	// VsockDial is as Config.VsockDial.
 	VsockDial virtio.VsockDialer
+	// HoldProcs is as Config.HoldProcs.
+	HoldProcs bool
 }
 
 // Check reports whether a VM can be restored from the state with cfg, and
@@ -73,6 +75,7 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 	v := newVM(Config{
 		Spec:    Spec{CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Devices: specs},
 		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger, OpenFS: cfg.OpenFS, VsockDial: cfg.VsockDial,
+		HoldProcs: cfg.HoldProcs,
 	})
 	v.mem = mem
 	defer func() {

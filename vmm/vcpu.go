@@ -40,6 +40,7 @@ func (c *vcpu) loop() {
 	c.tid.Store(int32(unix.Gettid()))
 	defer c.tid.Store(0)
 	v := c.vm
+	c.kv.SetHoldP(v.cfg.HoldProcs)
 	for {
 		if !c.checkpoint() {
 			return

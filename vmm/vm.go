@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,7 +74,24 @@ type Config struct {
 	// VMs need it again (RestoreConfig.VsockDial); a fork's children,
 	// each on a vsock socket of its own, do not take the parent's.
 	VsockDial virtio.VsockDialer
+
+	// HoldProcs makes each vCPU keep its P (its slot in Go's scheduler)
+	// while in the guest (kvm.VCPU.SetHoldP): Go's monitor thread then
+	// does not poll for the P and hand it on around every exit, which
+	// on a host with few CPUs cost more than the exit (docs/bench.md,
+	// the vsock round trip). Each vCPU then occupies a P while the VM
+	// runs, so the process's GOMAXPROCS must exceed the vCPUs it holds,
+	// with Ps to spare for the devices: ProcsFor gives the figure for a
+	// process that runs one VM. A fork's children do not take it (they
+	// share the parent's process and its GOMAXPROCS).
+	HoldProcs bool
 }
+
+// ProcsFor returns the GOMAXPROCS for a process that runs one VM of cpus
+// vCPUs with HoldProcs: the runtime's own figure (the host's CPUs or the
+// cgroup's CPU limit) for the devices and the API, plus one P per vCPU,
+// which mostly waits in the guest's halt.
+func ProcsFor(cpus int) int { return runtime.GOMAXPROCS(0) + cpus }
 
 // Validate checks the parts of the config that need no files.
 func (c *Config) Validate() error {
@@ -606,6 +624,9 @@ func (v *VM) setupBootVCPUs(img *linuxboot.Image, bi linuxboot.BootInfo) (err er
 	return nil
 }
 
+// CPUs returns the number of vCPUs.
+func (v *VM) CPUs() int { return len(v.vcpus) }
+
 // Memory returns the guest's RAM.
 func (v *VM) Memory() *memory.Memory { return v.mem }
 
@@ -665,6 +686,10 @@ func (v *VM) Run(ctx context.Context) (Exit, error) {
 	}
 	defer close(v.ran)
 
+	if procs := runtime.GOMAXPROCS(0); v.cfg.HoldProcs && procs <= len(v.vcpus) {
+		v.log.Warn("vCPUs hold all of the process's Ps: devices run only when the runtime preempts a vCPU",
+			"vcpus", len(v.vcpus), "gomaxprocs", procs)
+	}
 	var wg sync.WaitGroup
 	for _, c := range v.vcpus {
 		wg.Add(1)
