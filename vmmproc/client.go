@@ -597,7 +597,7 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 		log.Error("vmm process: bad jail", "err", err)
 		return 2
 	}
-	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode, Jail: jc}); err != nil {
+	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode, Jail: jc, HoldProcs: true}); err != nil {
 		log.Error("vmm process", "err", err)
 		return 1
 	}

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -72,6 +73,11 @@ type ServeConfig struct {
 	// VM needs. The process must have been started in namespaces of its
 	// own (vmmproc.Start with a JailConfig).
 	Jail *jail.Config
+	// HoldProcs builds the VM with vmm.Config.HoldProcs, its vCPUs
+	// keeping their Ps while in the guest, and Create sizes the
+	// process's GOMAXPROCS for them (vmm.ProcsFor). A process of its own
+	// (ServeMain) sets it; a test serving in its own process need not.
+	HoldProcs bool
 }
 
 // Serve serves the VMM API until the process's VM has stopped and its
@@ -101,6 +107,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	s := newServer(cfg.KVMPath, log)
 	s.openFS = cfg.OpenFS
 	s.seccomp = cfg.Seccomp
+	s.holdProcs = cfg.HoldProcs
 	s.jail, s.socket, s.hostPID = cfg.Jail, cfg.Socket, hostPID()
 	defer s.fds.closeAll()
 	defer s.holds.closeAll()
@@ -135,17 +142,18 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // server is the VMM API over one VM.
 type server struct {
 	vmmpb.UnimplementedVMMServer
-	kvmPath string
-	openFS  virtio.FSOpener
-	seccomp seccomp.Mode
-	jail    *jail.Config // nil: not jailed
-	socket  string
-	hostPID int // this process's ID in the host's PID namespace
-	log     *slog.Logger
-	fds     *fdStore
-	holds   *holdTable
-	keeps   *keepTable // values kept for the parent (Keep), in memory only
-	console *fanout
+	kvmPath   string
+	openFS    virtio.FSOpener
+	seccomp   seccomp.Mode
+	jail      *jail.Config // nil: not jailed
+	socket    string
+	hostPID   int  // this process's ID in the host's PID namespace
+	holdProcs bool // ServeConfig.HoldProcs
+	log       *slog.Logger
+	fds       *fdStore
+	holds     *holdTable
+	keeps     *keepTable // values kept for the parent (Keep), in memory only
+	console   *fanout
 
 	mu      sync.Mutex
 	vm      *vmm.VM
@@ -251,6 +259,12 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
 	}
 	vm, err := s.build(req)
+	if err == nil && s.holdProcs {
+		// Once, before the seccomp filter: the process runs this one VM.
+		procs := vmm.ProcsFor(vm.CPUs())
+		runtime.GOMAXPROCS(procs)
+		s.log.Debug("vCPUs hold their Ps", "vcpus", vm.CPUs(), "gomaxprocs", procs)
+	}
 	if err == nil && s.jail != nil {
 		if err = s.enterJail(req, vm); err != nil {
 			vm.Close()
@@ -324,7 +338,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 			return nil, status.Errorf(codes.InvalidArgument, "device overrides: %v", err)
 		}
 	}
-	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer()}
+	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs}
 	switch src := req.Source.(type) {
 	case *vmmpb.CreateRequest_BootSpecJson:
 		var spec vmm.Spec
@@ -334,7 +348,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		if len(overrides) > 0 {
 			return nil, status.Error(codes.InvalidArgument, "device overrides are for restores; a booted VM has its spec's devices")
 		}
-		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer()})
+		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs})
 		if err != nil {
 			return nil, statusFor(err)
 		}
