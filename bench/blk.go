@@ -44,8 +44,9 @@ func BlkReadKiln(ctx context.Context, s BootSpec, image string) (time.Duration, 
 	disk := virtio.DeviceSpec{ID: "disk", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: image, ReadOnly: true}}
 	w := newMarkerWriter()
 	vm, err := vmm.New(vmm.Config{
-		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{disk}},
-		Console: w,
+		Spec:      vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{disk}},
+		Console:   w,
+		HoldProcs: s.HoldProcs,
 	})
 	if err != nil {
 		return 0, err

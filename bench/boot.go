@@ -28,6 +28,9 @@ const Marker = "KILN-BENCH-READY"
 type BootSpec struct {
 	Kernel, Initrd, Cmdline string
 	CPUs, MemoryMiB         int
+	// HoldProcs runs Kiln's vCPUs as a VMM process of kilnd's does
+	// (vmm.Config.HoldProcs); the caller sizes GOMAXPROCS (vmm.ProcsFor).
+	HoldProcs bool
 }
 
 // markerWriter closes seen the first time Marker appears in what it is given.
@@ -156,8 +159,9 @@ func BootKilnPhases(ctx context.Context, s BootSpec) (BootPhases, error) {
 	w := newMarkerWriter()
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
-		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB},
-		Console: w,
+		Spec:      vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB},
+		Console:   w,
+		HoldProcs: s.HoldProcs,
 	})
 	if err != nil {
 		return p, err

@@ -112,6 +112,8 @@ type DevicesSpec struct {
 	CPUs, MemoryMiB int
 	// Dir is a scratch folder for the disk, the initramfs and sockets.
 	Dir string
+	// HoldProcs is as BootSpec.HoldProcs.
+	HoldProcs bool
 }
 
 // Params are the results' params of s.
@@ -289,7 +291,7 @@ func RunDevices(ctx context.Context, spec DevicesSpec, progress io.Writer) (Devi
 		return c, fmt.Errorf("bench: devices: bad spec (%d runs, %d vCPUs, %d MiB, disk %d MiB, qemu %q, dir %q)",
 			spec.Runs, spec.CPUs, spec.MemoryMiB, spec.BlkMiB, spec.QEMU, spec.Dir)
 	}
-	boot := BootSpec{Kernel: spec.Kernel.Vmlinux, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB}
+	boot := BootSpec{Kernel: spec.Kernel.Vmlinux, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, HoldProcs: spec.HoldProcs}
 	if spec.BlkMiB > 0 {
 		disk := filepath.Join(spec.Dir, "disk.img")
 		if err := WriteRandomDisk(disk, spec.BlkMiB); err != nil {

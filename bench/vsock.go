@@ -427,9 +427,10 @@ func VsockKiln(ctx context.Context, s BootSpec, dir string) (VsockResult, error)
 	w := newMarkerWriter()
 	start := time.Now()
 	vm, err := vmm.New(vmm.Config{
-		Spec:    vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{dev}},
-		Logger:  slog.New(slog.DiscardHandler),
-		Console: w,
+		Spec:      vmm.Spec{Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Devices: []virtio.DeviceSpec{dev}},
+		Logger:    slog.New(slog.DiscardHandler),
+		Console:   w,
+		HoldProcs: s.HoldProcs,
 	})
 	if err != nil {
 		return VsockResult{}, err

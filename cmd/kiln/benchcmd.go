@@ -70,6 +70,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	qemu := fs.String("qemu", "qemu-system-x86_64", "the peer VMM binary")
 	jsonOut := fs.String("json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
 	kvmMode := fs.String("kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
+	hold := fs.Bool("hold-procs", true, holdProcsUsage)
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -106,8 +107,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kiln bench: %v\n", err)
 		return exitInternal
 	}
-	s := bench.BootSpec{Kernel: localKernel, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: *cpus, MemoryMiB: *mem}
-	fmt.Fprintf(stdout, "boot to userspace marker: kernel %s (copied to %s), %d vCPU, %d MiB, %d runs each\n", *kernel, dir, *cpus, *mem, *n)
+	s := bench.BootSpec{Kernel: localKernel, Initrd: initrd, Cmdline: vmm.DefaultCmdline + " quiet", CPUs: *cpus, MemoryMiB: *mem, HoldProcs: *hold}
+	fmt.Fprintf(stdout, "boot to userspace marker: kernel %s (copied to %s), %d vCPU, %d MiB, %d runs each; %s\n", *kernel, dir, *cpus, *mem, *n, holdProcs(*hold, *cpus))
 	c, err := bench.CompareBoot(ctx, qpath, s, *n, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench: %v\n", err)

@@ -26,7 +26,7 @@ const vsockEchoName = "kiln-vsockecho"
 // benchDevicesArgs is kiln bench devices's command line.
 type benchDevicesArgs struct {
 	n, blkMiB, cpus, mem int
-	vsock                bool
+	vsock, holdProcs     bool
 	vsockEcho            string
 	qemu                 string
 	json                 string
@@ -54,6 +54,7 @@ func parseBenchDevices(args []string, kiln string, stderr io.Writer) (benchDevic
 	fs.StringVar(&a.json, "json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
 	fs.StringVar(&a.kvmMode, "kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
 	fs.DurationVar(&a.timeout, "timeout", 0, "stop after this long (0: no limit)")
+	fs.BoolVar(&a.holdProcs, "hold-procs", true, holdProcsUsage)
 	if err := fs.Parse(args); err != nil {
 		return a, err
 	}
@@ -141,10 +142,10 @@ func cmdBenchDevices(ctx context.Context, args []string, stdout, stderr io.Write
 		return exitInternal
 	}
 	defer os.RemoveAll(dir)
-	spec := bench.DevicesSpec{Kernel: k, VsockEcho: a.vsockEcho, QEMU: qpath, Runs: a.n, BlkMiB: a.blkMiB, CPUs: a.cpus, MemoryMiB: a.mem, Dir: dir}
+	spec := bench.DevicesSpec{Kernel: k, VsockEcho: a.vsockEcho, QEMU: qpath, Runs: a.n, BlkMiB: a.blkMiB, CPUs: a.cpus, MemoryMiB: a.mem, Dir: dir, HoldProcs: a.holdProcs}
 	fmt.Fprintf(stdout, "device benchmarks: kernel %s, %d vCPU, %d MiB, %d runs each, alternating; disk %d MiB; vsock %v\n",
 		k.Version, a.cpus, a.mem, a.n, a.blkMiB, a.vsock)
-	fmt.Fprintf(stdout, "qemu %s; load average %s\n", qpath, loadAverage())
+	fmt.Fprintf(stdout, "qemu %s; load average %s; %s\n", qpath, loadAverage(), holdProcs(a.holdProcs, a.cpus))
 	start := time.Now()
 	c, runErr := bench.RunDevices(ctx, spec, stdout)
 	fmt.Fprintf(stdout, "\nload average %s; took %v\n", loadAverage(), time.Since(start).Round(time.Second))

@@ -20,6 +20,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	input := fs.Bool("stdin", false, "feed stdin to the serial console")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	timeout := fs.Duration("timeout", 0, "stop the VM after this long (0: no limit)")
+	hold := fs.Bool("hold-procs", true, holdProcsUsage)
 	virtioCmdline := fs.Bool("virtio-cmdline", false, "also name virtio devices on the command line (virtio_mmio.device=), for custom kernels without ACPI")
 	var devFlags deviceFlags
 	devFlags.register(fs)
@@ -45,9 +46,10 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return exitUsage
 	}
 	cfg := vmm.Config{
-		Spec:    vmm.Spec{Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem, Devices: devs, VirtioOnCmdline: *virtioCmdline},
-		Console: stdout,
-		Logger:  log,
+		Spec:      vmm.Spec{Kernel: *kernel, Initrd: *initrd, Cmdline: *cmdline, CPUs: *cpus, MemoryMiB: *mem, Devices: devs, VirtioOnCmdline: *virtioCmdline},
+		Console:   stdout,
+		Logger:    log,
+		HoldProcs: *hold,
 	}
 	if *input {
 		cfg.ConsoleInput = stdin
@@ -57,6 +59,7 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
 		return bootExitCode(err)
 	}
+	log.Debug(holdProcs(*hold, *cpus))
 	defer vm.Close()
 	if *timeout > 0 {
 		var cancel context.CancelFunc
