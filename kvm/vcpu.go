@@ -15,6 +15,9 @@ type VCPU struct {
 	run []byte
 	// holdP: Run enters the guest by a raw system call (SetHoldP).
 	holdP bool
+	// yieldP: the last entry was held and a signal ended it; the next
+	// blocks (Run).
+	yieldP bool
 }
 
 // SetHoldP chooses how Run enters the guest. Held, KVM_RUN is a raw system
@@ -26,7 +29,10 @@ type VCPU struct {
 // makes KVM_RUN return (an ExitIntr), and a stop-the-world garbage
 // collection interrupts the guest the same way. The cost: the vCPU
 // occupies a P for as long as it runs, so GOMAXPROCS must count it.
-// Not held (the default), KVM_RUN is an ordinary blocking system call.
+// A held entry that a signal ends is followed by one that blocks, until
+// the guest next exits on its own: a guest idle in its halt is left alone
+// rather than preempted every 10 ms. Not held (the default), KVM_RUN is
+// an ordinary blocking system call.
 func (v *VCPU) SetHoldP(on bool) { v.holdP = on }
 
 // ID returns the vCPU index (its APIC ID).

@@ -20,8 +20,9 @@ var codeHaltForever = []byte{
 // TestKVMHoldProcs runs a guest halted for good with its vCPU holding its
 // P and with it released, and checks what holding changes and what it must
 // not: held, the runtime still preempts the vCPU (KVM_RUN returns to Go
-// code), a garbage collection's stop-the-world does not wait on the
-// guest, and pause, resume and cancel work as they do released.
+// code), after which the idle vCPU blocks instead of being preempted
+// again and again; a garbage collection's stop-the-world does not wait on
+// the guest; and pause, resume and cancel work as they do released.
 func TestKVMHoldProcs(t *testing.T) {
 	kvmtest.Require(t)
 	for _, hold := range []bool{true, false} {
@@ -46,23 +47,34 @@ func TestKVMHoldProcs(t *testing.T) {
 				result <- exit
 			}()
 			c := vm.vcpus[0]
-			// The guest reaches its halt; from then on, released, its
-			// vCPU stays in KVM_RUN.
+			// The guest halts at once, with interrupts off: it never
+			// leaves KVM_RUN on its own.
 			deadline := time.Now().Add(time.Minute)
 			for c.tid.Load() == 0 && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(300 * time.Millisecond)
-			before := c.exits.Load()
 			if hold {
-				// The runtime preempts a goroutine that runs 10 ms on
-				// end: its signal makes KVM_RUN return.
-				for c.exits.Load() == before && time.Now().Before(deadline) {
+				// Held, the runtime preempts a goroutine that runs
+				// 10 ms on end: its signal makes KVM_RUN return.
+				for c.exits.Load() == 0 && time.Now().Before(deadline) {
 					time.Sleep(10 * time.Millisecond)
 				}
-				if c.exits.Load() == before {
-					t.Fatalf("held vCPU never returned from KVM_RUN in a minute (%d exits): the runtime did not preempt it", before)
+				if c.exits.Load() == 0 {
+					t.Fatal("held vCPU never returned from KVM_RUN in a minute: the runtime did not preempt it")
 				}
+			}
+			// Preempted once, a held vCPU's next entry blocks until the
+			// guest exits on its own: a halted guest is left alone, not
+			// woken every 10 ms (about 100 exits a second). Released,
+			// nothing brings it out.
+			time.Sleep(300 * time.Millisecond)
+			quiet := c.exits.Load()
+			if !hold && quiet != 0 {
+				t.Errorf("released, the halted guest's vCPU left KVM_RUN %d times", quiet)
+			}
+			time.Sleep(time.Second)
+			if n := c.exits.Load() - quiet; n > 5 {
+				t.Errorf("the halted guest's vCPU left KVM_RUN %d times in a second", n)
 			}
 			gcDone := make(chan struct{})
 			go func() { runtime.GC(); close(gcDone) }()
