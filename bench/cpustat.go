@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -98,4 +101,46 @@ func readKVMStats(dir, proc string, pid int) (map[string]uint64, bool) {
 		}
 	}
 	return out, true
+}
+
+// processOnCPU sums the time every thread of process pid has spent on a
+// CPU, guest time included (proc/PID/task/TID/schedstat, nanoseconds:
+// finer than stat's 10 ms ticks, which an idle process's few
+// milliseconds a second would round away). Threads that have exited are
+// not counted.
+func processOnCPU(proc string, pid int) (time.Duration, error) {
+	tasks, err := os.ReadDir(filepath.Join(proc, strconv.Itoa(pid), "task"))
+	if err != nil {
+		return 0, fmt.Errorf("bench: threads of process %d: %w", pid, err)
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "task", t.Name(), "schedstat"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return 0, fmt.Errorf("bench: process %d: %w", pid, err)
+		}
+		d, err := parseSchedstat(b)
+		if err != nil {
+			return 0, fmt.Errorf("bench: process %d thread %s: %w", pid, t.Name(), err)
+		}
+		sum += d
+	}
+	return sum, nil
+}
+
+// parseSchedstat reads a schedstat line's first field: nanoseconds on a
+// CPU.
+func parseSchedstat(b []byte) (time.Duration, error) {
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return 0, fmt.Errorf("schedstat %q: want 3 fields", b)
+	}
+	ns, err := strconv.ParseUint(f[0], 10, 63)
+	if err != nil {
+		return 0, fmt.Errorf("schedstat %q: %w", b, err)
+	}
+	return time.Duration(ns), nil
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,56 @@ func TestReadKVMStats(t *testing.T) {
 		if ok != tt.ok || (ok && (len(got) != len(KVMExitKinds) || got["exits"] != tt.want || got["irq_injections"] != tt.want)) {
 			t.Errorf("readKVMStats(pid %d) = %v, %v; want each %d, %v", tt.pid, got, ok, tt.want, tt.ok)
 		}
+	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"123456789 2000 17\n", 123456789, true},
+		{"0 0 0", 0, true},
+		{"", 0, false},
+		{"12 34", 0, false},
+		{"-5 1 1", 0, false},
+		{"x 1 1", 0, false},
+		{"99999999999999999999 1 1", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := parseSchedstat([]byte(tt.in))
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("parseSchedstat(%q) = %v, %v; want %v (ok %v)", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestProcessOnCPU(t *testing.T) {
+	proc := t.TempDir()
+	for tid, stat := range map[string]string{"10": "1000000 5 5\n", "11": "2500000 1 1\n"} {
+		os.MkdirAll(filepath.Join(proc, "10", "task", tid), 0o755)
+		os.WriteFile(filepath.Join(proc, "10", "task", tid, "schedstat"), []byte(stat), 0o644)
+	}
+	// A thread that exited between the listing and the read.
+	os.MkdirAll(filepath.Join(proc, "10", "task", "12"), 0o755)
+	if got, err := processOnCPU(proc, 10); err != nil || got != 3500*time.Microsecond {
+		t.Errorf("processOnCPU = %v, %v; want 3.5ms", got, err)
+	}
+	os.WriteFile(filepath.Join(proc, "10", "task", "11", "schedstat"), []byte("garbage"), 0o644)
+	if _, err := processOnCPU(proc, 10); err == nil || !strings.Contains(err.Error(), "thread 11") {
+		t.Errorf("processOnCPU with a bad schedstat: %v, want an error naming thread 11", err)
+	}
+	if _, err := processOnCPU(proc, 99); err == nil {
+		t.Error("processOnCPU of a missing process: no error")
+	}
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		return
+	}
+	start := time.Now()
+	for time.Since(start) < 20*time.Millisecond {
+	}
+	if got, err := processOnCPU("/proc", os.Getpid()); err != nil || got < 10*time.Millisecond {
+		t.Errorf("processOnCPU(self) = %v, %v; want at least the 20 ms just spun", got, err)
 	}
 }

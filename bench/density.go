@@ -253,6 +253,27 @@ type DensityStep struct {
 	// MemAvailable is the host's then; HostUsed its drop since before
 	// the template booted (0 if it rose).
 	MemAvailable, HostUsed uint64
+	// Idle is how long the sandboxes idled before they were checked: the
+	// window IdleCPU covers (0 when the step did not settle).
+	Idle time.Duration
+	// IdleCPU is each sandbox's VMM process's time on a CPU over Idle,
+	// its guest's included, oldest first: what an idle sandbox costs the
+	// host's CPUs (nil when not measured).
+	IdleCPU []time.Duration
+}
+
+// IdleCPUShare is the sandboxes' mean and largest CPU use while idle, as
+// a fraction of one CPU (0 when not measured).
+func (s DensityStep) IdleCPUShare() (mean, most float64) {
+	if s.Idle <= 0 || len(s.IdleCPU) == 0 {
+		return 0, 0
+	}
+	var sum time.Duration
+	for _, d := range s.IdleCPU {
+		sum += d
+		most = max(most, d.Seconds()/s.Idle.Seconds())
+	}
+	return sum.Seconds() / float64(len(s.IdleCPU)) / s.Idle.Seconds(), most
 }
 
 func (s DensityStep) pick(f func(SandboxMem) uint64) MemStats {
@@ -448,6 +469,20 @@ func sandboxMem(sb *sandbox.Sandbox) (SandboxMem, error) {
 	}
 	m.ProcessPSS, m.ProcessRSS = roll.Pss, roll.Rss
 	return m, nil
+}
+
+// kidsOnCPU reads each sandbox's VMM process's time on a CPU so far,
+// oldest first.
+func (d *densityRun) kidsOnCPU() ([]time.Duration, error) {
+	out := make([]time.Duration, len(d.kids))
+	for i, k := range d.kids {
+		t, err := processOnCPU("/proc", k.PID())
+		if err != nil {
+			return nil, err
+		}
+		out[i] = t
+	}
+	return out, nil
 }
 
 // densityRun holds a run's sandboxes.
@@ -664,18 +699,29 @@ func RunDensity(ctx context.Context, spec DensitySpec, progress io.Writer) (rep 
 			return rep, fmt.Errorf("bench: density: start %d sandboxes (to %d): %w", n, len(d.kids)+n, err)
 		}
 		d.logf("forked %d/%d (%d new, %s) in %v", len(d.kids), target, n, spec.Method, took.Round(time.Millisecond))
+		step := DensityStep{Count: len(d.kids), Start: took}
 		if spec.Settle > 0 {
+			before, cpuErr := d.kidsOnCPU()
+			idleFrom := time.Now()
 			select {
 			case <-ctx.Done():
 				return rep, fmt.Errorf("bench: density: %w", ctx.Err())
 			case <-time.After(spec.Settle):
+			}
+			after, err := d.kidsOnCPU()
+			step.Idle = time.Since(idleFrom)
+			if cpuErr = errors.Join(cpuErr, err); cpuErr != nil {
+				d.logf("  idle CPU not measured: %v", cpuErr)
+			} else {
+				for i := range after {
+					step.IdleCPU = append(step.IdleCPU, after[i]-before[i])
+				}
 			}
 		}
 		if err := d.execAll(ctx); err != nil {
 			rep.Stopped = "error"
 			return rep, fmt.Errorf("bench: density: after %d sandboxes: %w", len(d.kids), err)
 		}
-		step := DensityStep{Count: len(d.kids), Start: took}
 		for i, k := range d.kids {
 			m, err := sandboxMem(k)
 			if err != nil {
@@ -695,9 +741,10 @@ func RunDensity(ctx context.Context, spec DensitySpec, progress io.Writer) (rep 
 		}
 		rep.Steps = append(rep.Steps, step)
 		g, v := step.Guest(), step.VMM()
-		d.logf("  %d sandboxes idle %v, each answered exec true: guest PSS mean %.1f MiB (max %.1f), VMM PSS mean %.1f MiB (max %.1f); host used %.0f MiB (%.1f MiB per sandbox), MemAvailable %.0f MiB",
+		cpuMean, cpuMax := step.IdleCPUShare()
+		d.logf("  %d sandboxes idle %v, each answered exec true: guest PSS mean %.1f MiB (max %.1f), VMM PSS mean %.1f MiB (max %.1f); host used %.0f MiB (%.1f MiB per sandbox), MemAvailable %.0f MiB; idle CPU per sandbox %.2f%% of a CPU (max %.2f%%)",
 			step.Count, spec.Settle, MiB(g.Mean), MiB(g.Max), MiB(v.Mean), MiB(v.Max),
-			MiB(step.HostUsed), MiB(step.HostPerSandbox()), MiB(step.MemAvailable))
+			MiB(step.HostUsed), MiB(step.HostPerSandbox()), MiB(step.MemAvailable), 100*cpuMean, 100*cpuMax)
 		estimate = max(step.Total().Mean, step.HostPerSandbox()) * 5 / 4
 		if rep.Stopped != "" {
 			break
@@ -715,14 +762,18 @@ func RunDensity(ctx context.Context, spec DensitySpec, progress io.Writer) (rep 
 func (r DensityReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "density: %d MiB guests (%s), %d vCPU; MiB per sandbox, mean / median / max\n",
 		r.Spec.MemoryMiB, r.Spec.Method, r.Spec.CPUs)
-	fmt.Fprintf(w, "%10s %22s %22s %22s %10s %12s %10s\n",
-		"sandboxes", "guest RAM PSS", "VMM process PSS", "guest + VMM PSS", "guest RSS", "host used", "per sbx")
+	fmt.Fprintf(w, "%10s %22s %22s %22s %10s %12s %10s %12s\n",
+		"sandboxes", "guest RAM PSS", "VMM process PSS", "guest + VMM PSS", "guest RSS", "host used", "per sbx", "idle CPU %")
 	ms := func(s MemStats) string {
 		return fmt.Sprintf("%.1f / %.1f / %.1f", MiB(s.Mean), MiB(s.Median), MiB(s.Max))
 	}
 	for _, s := range r.Steps {
-		fmt.Fprintf(w, "%10d %22s %22s %22s %10.1f %12.0f %10.1f\n", s.Count, ms(s.Guest()), ms(s.VMM()), ms(s.Total()),
-			MiB(s.GuestRSS().Mean), MiB(s.HostUsed), MiB(s.HostPerSandbox()))
+		idle := "-"
+		if mean, _ := s.IdleCPUShare(); len(s.IdleCPU) > 0 {
+			idle = fmt.Sprintf("%.2f", 100*mean)
+		}
+		fmt.Fprintf(w, "%10d %22s %22s %22s %10.1f %12.0f %10.1f %12s\n", s.Count, ms(s.Guest()), ms(s.VMM()), ms(s.Total()),
+			MiB(s.GuestRSS().Mean), MiB(s.HostUsed), MiB(s.HostPerSandbox()), idle)
 	}
 	fmt.Fprintf(w, "template (standalone, before any clone): guest PSS %.1f MiB, VMM PSS %.1f MiB", MiB(r.Template.Guest.Pss), MiB(r.Template.VMMPSS()))
 	if l := r.Last(); l != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -250,6 +251,32 @@ func TestDensityPrint(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("Print lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestDensityIdleCPU(t *testing.T) {
+	tests := []struct {
+		name       string
+		step       DensityStep
+		mean, most float64
+	}{
+		{"not measured", DensityStep{Idle: 2 * time.Second}, 0, 0},
+		{"no window", DensityStep{IdleCPU: []time.Duration{time.Second}}, 0, 0},
+		{"two", DensityStep{Idle: 2 * time.Second, IdleCPU: []time.Duration{20 * time.Millisecond, 60 * time.Millisecond}}, 0.02, 0.03},
+	}
+	for _, tt := range tests {
+		mean, most := tt.step.IdleCPUShare()
+		if math.Abs(mean-tt.mean) > 1e-9 || math.Abs(most-tt.most) > 1e-9 {
+			t.Errorf("%s: IdleCPUShare = %v, %v; want %v, %v", tt.name, mean, most, tt.mean, tt.most)
+		}
+	}
+	spec, _ := DensitySpec{Children: 2}.Normalize()
+	s := step(2, 10*mib, 30*mib, 200*mib)
+	s.Idle, s.IdleCPU = time.Second, []time.Duration{5 * time.Millisecond, 15 * time.Millisecond}
+	var b bytes.Buffer
+	DensityReport{Spec: spec, Steps: []DensityStep{s}}.Print(&b)
+	if !strings.Contains(b.String(), "idle CPU %") || !strings.Contains(b.String(), " 1.00\n") {
+		t.Errorf("Print lacks the idle CPU column (1.00%%):\n%s", b.String())
 	}
 }
 

@@ -150,8 +150,8 @@ func cmdBenchDensity(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 // addDensityResults appends the report's measures to r: per step, each
-// sandbox's guest, VMM and total PSS and guest RSS, and the host memory
-// used; then the fit in the budget, measured and extrapolated.
+// sandbox's guest, VMM and total PSS and guest RSS, the host memory
+// used and each sandbox's CPU time per second while idle; then the fit in the budget, measured and extrapolated.
 func addDensityResults(r *results.Run, rep bench.DensityReport, budgetGiB float64) {
 	base := func(extra ...string) map[string]string {
 		p := map[string]string{
@@ -186,6 +186,15 @@ func addDensityResults(r *results.Run, rep bench.DensityReport, budgetGiB float6
 		bytes("density-total-pss", base("children", n), total)
 		bytes("density-guest-rss", base("children", n), rss)
 		bytes("density-host-used", base("children", n, "what", "MemAvailable drop since before the template booted, template included"), []uint64{st.HostUsed})
+		if len(st.IdleCPU) > 0 && st.Idle > 0 {
+			idle := make([]float64, len(st.IdleCPU))
+			for i, d := range st.IdleCPU {
+				idle[i] = d.Seconds() / st.Idle.Seconds()
+			}
+			r.Measures = append(r.Measures, results.Measure{Name: "density-idle-cpu", VMM: results.VMMKiln, Unit: results.UnitSeconds,
+				Params:  base("children", n, "what", "each sandbox's VMM process time on a CPU, its guest's included, per second idle", "window", st.Idle.Round(time.Millisecond).String()),
+				Samples: idle})
+		}
 	}
 	fit := rep.Fit()
 	budget := strconv.FormatFloat(budgetGiB, 'g', -1, 64)

@@ -83,7 +83,8 @@ func TestAddDensityResults(t *testing.T) {
 	}
 	rep := bench.DensityReport{Spec: spec, Steps: []bench.DensityStep{
 		{Count: 1, Sandboxes: []bench.SandboxMem{mem(10<<20, 30<<20)}, HostUsed: 200 << 20},
-		{Count: 2, Sandboxes: []bench.SandboxMem{mem(10<<20, 30<<20), mem(12<<20, 34<<20)}, HostUsed: 260 << 20},
+		{Count: 2, Sandboxes: []bench.SandboxMem{mem(10<<20, 30<<20), mem(12<<20, 34<<20)}, HostUsed: 260 << 20,
+			Idle: 2 * time.Second, IdleCPU: []time.Duration{10 * time.Millisecond, 30 * time.Millisecond}},
 	}}
 	r := &results.Run{Version: results.Version, KVMMode: results.KVMEmulated}
 	addDensityResults(r, rep, 8)
@@ -116,6 +117,14 @@ func TestAddDensityResults(t *testing.T) {
 	}
 	if h := find("density-host-used", map[string]string{"children": "2"}); !slices.Equal(h.Samples, []float64{260 << 20}) {
 		t.Errorf("host used: %+v", h)
+	}
+	if c := find("density-idle-cpu", map[string]string{"children": "2", "window": "2s"}); c.Unit != results.UnitSeconds || !slices.Equal(c.Samples, []float64{0.005, 0.015}) {
+		t.Errorf("idle CPU: %+v", c)
+	}
+	for _, m := range r.Measures {
+		if m.Name == "density-idle-cpu" && m.Params["children"] == "1" {
+			t.Errorf("idle CPU of a step that did not measure it: %+v", m)
+		}
 	}
 	m := find("density-fits", map[string]string{"method": "measured", "budget_gib": "8"})
 	if m.Unit != results.UnitCount || !slices.Equal(m.Samples, []float64{2}) || m.Params["bound"] != "target" {
