@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -573,11 +574,29 @@ func removeSockets(paths ...string) {
 // one).
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 
+// HoldProcsEnv, set to false (or 0), runs a VMM process's vCPUs without
+// holding their Ps (ServeConfig.HoldProcs), for the benchmarks' A/B; unset
+// or true, they hold them.
+const HoldProcsEnv = "KILN_HOLD_PROCS"
+
+// holdProcsFrom reads HoldProcsEnv's value.
+func holdProcsFrom(v string) (bool, error) {
+	if v == "" {
+		return true, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("$%s=%q: want true or false", HoldProcsEnv, v)
+	}
+	return on, nil
+}
+
 // ServeMain is the main of a VMM process: it serves on the socket SocketEnv
 // names (or sock, when not empty) until done, logging to stderr, and
 // returns the process's exit code. openFS opens image roots (nil: none).
 // $KILN_SECCOMP (seccomp.EnvMode) is the seccomp filter's mode: kill (the
 // default), log (record what the VMM calls) or off (debugging only).
+// $KILN_HOLD_PROCS (HoldProcsEnv) turns holding the vCPUs' Ps off.
 func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 	if sock == "" {
 		sock = os.Getenv(SocketEnv)
@@ -597,7 +616,12 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 		log.Error("vmm process: bad jail", "err", err)
 		return 2
 	}
-	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode, Jail: jc, HoldProcs: true}); err != nil {
+	hold, err := holdProcsFrom(os.Getenv(HoldProcsEnv))
+	if err != nil {
+		log.Error("vmm process", "err", err)
+		return 2
+	}
+	if err := Serve(ctx, ServeConfig{Socket: sock, Logger: log, OpenFS: openFS, Seccomp: mode, Jail: jc, HoldProcs: hold}); err != nil {
 		log.Error("vmm process", "err", err)
 		return 1
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kilnvm/kiln/bench"
 	"github.com/kilnvm/kiln/bench/results"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // densityFlags are kiln bench density's flags, parsed and checked.
@@ -24,9 +25,10 @@ type densityFlags struct {
 	method                   string
 	jsonOut, kvmMode         string
 	kernel, agent            string
+	holdProcs                bool
 }
 
-const densityUsage = "usage: kiln bench density [--mem MiB] [--children N] [--cap N] [--steps 1,8,16,32] [--budget-gib G] [--settle D] [--method template|fork] [--parallel N] [--json FILE] [--kvm-mode M]"
+const densityUsage = "usage: kiln bench density [--mem MiB] [--children N] [--cap N] [--steps 1,8,16,32] [--budget-gib G] [--settle D] [--method template|fork] [--parallel N] [--hold-procs=false] [--json FILE] [--kvm-mode M]"
 
 // flagsPrinted is a flag.FlagSet's parse error, which it printed itself.
 type flagsPrinted struct{ error }
@@ -52,6 +54,7 @@ func parseDensityFlags(args []string, stderr io.Writer) (densityFlags, error) {
 	fs.StringVar(&f.method, "method", bench.DensityTemplate, "how sandboxes are made: template (hold the booted parent once, restore every sandbox over that one frozen base) or fork (Sandbox.Fork of the running parent per step; each later step copies its memory into a new base)")
 	fs.DurationVar(&f.bootTimeout, "boot-timeout", 5*time.Minute, "how long to wait for the template's agent")
 	fs.IntVar(&f.parallel, "parallel", 0, "restores (and checking execs) at once within a step (0: a step's all at once)")
+	fs.BoolVar(&f.holdProcs, "hold-procs", true, "the VMM processes' vCPUs keep their Go Ps while in the guest, as kilnd's do (false: $"+vmmproc.HoldProcsEnv+"=false, for the A/B)")
 	fs.StringVar(&f.jsonOut, "json", "", "write every sample to this results `FILE` (kiln bench report reads it)")
 	fs.StringVar(&f.kvmMode, "kvm-mode", "", "the KVM mode to record (direct, nested, emulated); default: told from /proc/cpuinfo")
 	fs.StringVar(&f.kernel, "kernel", "", "kernel image; default: the cached Debian kernel")
@@ -127,8 +130,12 @@ func cmdBenchDensity(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "kiln bench density: %v\n", err)
 		return exitInternal
 	}
+	if !f.holdProcs {
+		po.Env = append(po.Env, vmmproc.HoldProcsEnv+"=false")
+	}
 	spec := f.spec()
 	spec.Runtime, spec.Process = rt, *po
+	fmt.Fprintf(stdout, "VMM processes' vCPUs hold their Ps in the guest: %v\n", f.holdProcs)
 	rep, err := bench.RunDensity(ctx, spec, stdout)
 	fmt.Fprintln(stdout)
 	rep.Print(stdout)

@@ -22,9 +22,15 @@ func TestParseDensityFlags(t *testing.T) {
 		s.MemoryBudget != 8<<30 || s.Floor != 512<<20 || s.Settle != 2*time.Second || s.Method != bench.DensityTemplate || s.Parallel != 0 {
 		t.Errorf("defaults: %+v", s)
 	}
-	f, err = parseDensityFlags([]string{"--mem", "256", "--children", "4", "--steps", "1,2", "--budget-gib", "0.5", "--settle", "0", "--method", "fork", "--cap", "3", "--parallel", "8"}, &bytes.Buffer{})
+	if !f.holdProcs {
+		t.Error("defaults: --hold-procs off")
+	}
+	f, err = parseDensityFlags([]string{"--mem", "256", "--children", "4", "--steps", "1,2", "--budget-gib", "0.5", "--settle", "0", "--method", "fork", "--cap", "3", "--parallel", "8", "--hold-procs=false"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f.holdProcs {
+		t.Error("--hold-procs=false left it on")
 	}
 	s = f.spec()
 	if s.MemoryMiB != 256 || s.Children != 4 || s.Cap != 3 || !slices.Equal(s.Steps, []int{1, 2}) || s.MemoryBudget != 512<<20 ||
