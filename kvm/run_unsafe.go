@@ -181,15 +181,12 @@ func (v *VCPU) ExitReasonRaw() ExitReason { return ExitReason(v.header().ExitRea
 // for INIT/SIPI: either way the caller simply enters again.
 func (v *VCPU) Run() (ExitReason, error) {
 	enter := ioctlPtrOnce
-	if v.holdP && !v.yieldP {
+	held := v.nextHeld()
+	if held {
 		enter = ioctlRawOnce
 	}
 	err := enter(v.fd, reqRun, 0)
-	// A held entry that a signal ended (the runtime's preemption after
-	// 10 ms in the guest, or a kick) most likely found the guest idle in
-	// its halt: the next entry blocks, giving the P back, until the guest
-	// exits on its own, so an idle vCPU is not woken 100 times a second.
-	v.yieldP = v.holdP && err != nil && isEINTR(err)
+	v.afterEntry(held, err)
 	if err != nil {
 		if isEINTR(err) || errors.Is(err, unix.EAGAIN) {
 			return ExitIntr, nil

@@ -1,6 +1,7 @@
 package kvm
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,18 @@ type VCPU struct {
 // rather than preempted every 10 ms. Not held (the default), KVM_RUN is
 // an ordinary blocking system call.
 func (v *VCPU) SetHoldP(on bool) { v.holdP = on }
+
+// nextHeld reports whether the next entry is held.
+func (v *VCPU) nextHeld() bool { return v.holdP && !v.yieldP }
+
+// afterEntry notes how an entry ended. A held entry that a signal ended
+// (the runtime's preemption after 10 ms in the guest, or a kick) most
+// likely found the guest idle in its halt: the next entry blocks, giving
+// the P back, until the guest exits on its own, so an idle vCPU is not
+// woken 100 times a second.
+func (v *VCPU) afterEntry(held bool, err error) {
+	v.yieldP = held && errors.Is(err, unix.EINTR)
+}
 
 // ID returns the vCPU index (its APIC ID).
 func (v *VCPU) ID() int { return v.id }
