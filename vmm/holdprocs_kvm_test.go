@@ -92,14 +92,7 @@ func TestKVMHoldProcs(t *testing.T) {
 				t.Fatalf("Resume: %v", err)
 			}
 			cancel()
-			select {
-			case exit := <-result:
-				if exit.Reason != ReasonCancelled {
-					t.Errorf("stopped with %v, want cancelled", exit)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return after its context was cancelled")
-			}
+			expectCancelled(t, result)
 		})
 	}
 }

@@ -106,6 +106,13 @@ func TestKVMCancelPauseResume(t *testing.T) {
 	}
 	vm.Resume()
 	cancel()
+	expectCancelled(t, result)
+}
+
+// expectCancelled waits up to 30 s for Run's exit on result, after its
+// context was cancelled, and checks that the VM stopped for that.
+func expectCancelled(t *testing.T, result <-chan Exit) {
+	t.Helper()
 	select {
 	case exit := <-result:
 		if exit.Reason != ReasonCancelled {

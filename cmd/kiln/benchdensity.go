@@ -158,7 +158,8 @@ func cmdBenchDensity(ctx context.Context, args []string, stdout, stderr io.Write
 
 // addDensityResults appends the report's measures to r: per step, each
 // sandbox's guest, VMM and total PSS and guest RSS, the host memory
-// used and each sandbox's CPU time per second while idle; then the fit in the budget, measured and extrapolated.
+// used and each sandbox's CPU time per second while idle; then the fit in
+// the budget, measured and extrapolated.
 func addDensityResults(r *results.Run, rep bench.DensityReport, budgetGiB float64) {
 	base := func(extra ...string) map[string]string {
 		p := map[string]string{

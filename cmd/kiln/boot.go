@@ -59,7 +59,8 @@ func cmdBoot(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		fmt.Fprintf(stderr, "kiln boot: %v\n", err)
 		return bootExitCode(err)
 	}
-	log.Debug(holdProcs(*hold, *cpus))
+	procs := holdProcs(*hold, *cpus) // sizes GOMAXPROCS before Run
+	log.Debug(procs)
 	defer vm.Close()
 	if *timeout > 0 {
 		var cancel context.CancelFunc
