@@ -310,6 +310,26 @@ func (s *Server) commitLimit() uint64 {
 	return uint64(float64(s.cfg.HostMemoryMiB) * s.cfg.MemoryOvercommit)
 }
 
+// roomForSave raises the memory.max of the builder cgroup id, whose guest
+// has mem MiB, by one guest's worth before its VMM process saves the
+// template's snapshot. The memory file's pages are charged to the cgroup
+// of the process that writes them, on top of the guest memory it holds;
+// where the state folder is a tmpfs they are memory that cannot be
+// reclaimed, and a builder whose guest had touched most of its RAM (a
+// cold boot in 2 MiB pages does) was OOM-killed by its own limit in the
+// middle of the save (measured in L1: 126 of 128 MiB of guest memory plus
+// the file, against 128 + 64 MiB). The builder's cgroup goes with it, so
+// the room lasts only for the save.
+func (s *Server) roomForSave(id string, mem uint64) {
+	if s.cfg.Cgroups == nil {
+		return
+	}
+	limit := (2*mem + s.cfg.VMMOverheadMiB) << 20
+	if err := s.cfg.Cgroups.SetMemoryMax(id, limit); err != nil {
+		s.log.Warn("template builder's memory.max not raised for its snapshot: on a tmpfs state folder the save may be OOM-killed", "cgroup", id, "err", err)
+	}
+}
+
 // growCgroup raises b's memory.max for what its VMM process holds: its
 // guest memory and VMM overhead, plus one guest's worth per frozen base it
 // pays for, counting pending bases about to be made. A hold (an in-memory

@@ -445,3 +445,46 @@ func TestCgroupGrowsWithCheckpoints(t *testing.T) {
 		t.Errorf("after a persisted checkpoint: memory.max changed to %d MiB", got>>20)
 	}
 }
+
+// TestCgroupRoomForTemplateSave: a template builder's VMM process writes
+// the snapshot's memory file, charged to its cgroup on top of the guest
+// memory it holds (on a tmpfs state folder, for good): its memory.max
+// has room for one more guest's worth before the save, not before.
+func TestCgroupRoomForTemplateSave(t *testing.T) {
+	cg := newFakeCgroups(t)
+	e := newEnv(t, func(c *daemon.Config) { c.Cgroups = cg; c.VMMOverheadMiB = 64 })
+	var (
+		mu    sync.Mutex
+		saves []uint64
+	)
+	e.be.CreateHook = func(ctx context.Context, spec daemon.CreateSpec) error {
+		if got := cg.memoryMax(filepath.Base(spec.Dir)); got != 0 {
+			return fmt.Errorf("memory.max raised to %d MiB before the builder booted", got>>20)
+		}
+		return nil
+	}
+	e.be.SaveHook = func(ctx context.Context, inDir, dir string) error {
+		id := filepath.Base(inDir)
+		l, ok := cg.limits(id)
+		if !ok {
+			return fmt.Errorf("saving from %s, which has no cgroup", id)
+		}
+		if l.MemoryMax() != (256+64)<<20 {
+			return fmt.Errorf("the builder's cgroup was made with memory.max %d MiB, want 256 + 64", l.MemoryMax()>>20)
+		}
+		mu.Lock()
+		saves = append(saves, cg.memoryMax(id))
+		mu.Unlock()
+		return nil
+	}
+	tp := e.createTemplate(&kilnpb.CreateTemplateRequest{Name: "room", Setup: setupScript,
+		Resources: &kilnpb.Resources{MemoryMib: 256}})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(saves) != 1 {
+		t.Fatalf("template %s: %d saves, want 1", tp.Id, len(saves))
+	}
+	if got, want := saves[0], uint64(2*256+64)<<20; got != want {
+		t.Errorf("builder's memory.max during the save: %d MiB, want %d (two guests' worth and the overhead)", got>>20, want>>20)
+	}
+}

@@ -286,6 +286,7 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 			return callErr("template "+r.ID+": remove secret "+sec.Name+"'s file "+sec.File+" before the snapshot", err)
 		}
 	}
+	s.roomForSave(filepath.Base(dir), uint64(r.MemoryMiB))
 	if err := inst.Save(ctx, r.Dir); err != nil {
 		os.RemoveAll(r.Dir)
 		return callErr("template "+r.ID+": save its snapshot", err)

@@ -63,6 +63,9 @@ type Backend struct {
 	// CreateHook, when set, is called before a sandbox starts; its error
 	// fails the start.
 	CreateHook func(ctx context.Context, spec daemon.CreateSpec) error
+	// SaveHook, when set, is called before an instance saves into dir
+	// (its sandbox folder is inDir); its error fails the save.
+	SaveHook func(ctx context.Context, inDir, dir string) error
 
 	mu   sync.Mutex
 	live map[*Instance]struct{}
@@ -1079,6 +1082,11 @@ func (in *Instance) Info(ctx context.Context) (client.Info, error) {
 
 // Save copies the root into dir/root.
 func (in *Instance) Save(ctx context.Context, dir string) error {
+	if h := in.b.SaveHook; h != nil {
+		if err := h(ctx, in.dir, dir); err != nil {
+			return err
+		}
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("daemontest: save: %w", err)
 	}
