@@ -187,7 +187,12 @@ type daemonRunner struct {
 	progress io.Writer
 	proc     sandbox.ProcessOptions
 	roots    *image.Roots
-	mu       sync.Mutex // guards rep.Notes from the phases' goroutines
+	// key is kilnd's snapshot key, which its snapshots are authenticated
+	// by; snapshots keeps the checked, sealed copies of their memory for
+	// the next restore, as kilnd's backend does.
+	key       []byte
+	snapshots *snapshot.Cache
+	mu        sync.Mutex // guards rep.Notes from the phases' goroutines
 	// warnedPersisted is set once kilnd was seen persisting an in-memory
 	// checkpoint.
 	warnedPersisted bool
@@ -222,7 +227,7 @@ func RunDaemon(ctx context.Context, spec DaemonSpec, progress io.Writer) (rep Da
 	defer func() { rep.Took, rep.LoadAfter = time.Since(begin), LoadAverage() }()
 	r := &daemonRunner{spec: spec, rep: &rep, progress: progress, start: begin,
 		proc:  sandbox.ProcessOptions{Command: []string{spec.Kiln, "vmm"}},
-		roots: image.NewRoots(image.Options{Logger: spec.Logger})}
+		roots: image.NewRoots(image.Options{Logger: spec.Logger}), snapshots: snapshot.NewCache(0)}
 	if r.spec.Logger == nil {
 		r.spec.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -343,6 +348,12 @@ func (r *daemonRunner) setSnapshot(dir string) {
 		r.note("no library path: %v", err)
 		return
 	}
+	// kilnd's snapshots are authenticated by its host key: the library
+	// path restores them with it, as kilnd does.
+	if r.key, err = kilndSnapshotKey(r.k.Spec.SnapshotKeyFile()); err != nil {
+		r.note("no library path: %v", err)
+		return
+	}
 	r.rep.Snapshot = snap
 }
 
@@ -432,7 +443,7 @@ func (r *daemonRunner) kilndCreate(ctx context.Context, template string) (string
 func (r *daemonRunner) restoreOptions() sandbox.RestoreOptions {
 	proc := r.proc
 	return sandbox.RestoreOptions{Process: &proc, Images: r.spec.Images, ImageRoots: r.roots,
-		Timeout: r.spec.OpTimeout, Logger: r.spec.Logger}
+		Timeout: r.spec.OpTimeout, Logger: r.spec.Logger, SnapshotKey: r.key, SnapshotCache: r.snapshots}
 }
 
 // libCreate restores the template's snapshot in a VMM process and times

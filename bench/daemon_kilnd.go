@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kilnvm/kiln/daemon/client"
+	"github.com/kilnvm/kiln/snapshot"
 )
 
 // KilndSpec says how StartKilnd runs kilnd.
@@ -116,6 +117,23 @@ func (s KilndSpec) Socket() string { return filepath.Join(s.Dir, "kilnd.sock") }
 
 // StateDir is kilnd's state folder.
 func (s KilndSpec) StateDir() string { return filepath.Join(s.Dir, "state") }
+
+// SnapshotKeyFile is the host key kilnd authenticates its snapshots with
+// (it makes it in its state folder on first use).
+func (s KilndSpec) SnapshotKeyFile() string { return filepath.Join(s.StateDir(), "snapshot.key") }
+
+// kilndSnapshotKey reads kilnd's snapshot key from file, which kilnd must
+// have made: a key made here would authenticate nothing of kilnd's.
+func kilndSnapshotKey(file string) ([]byte, error) {
+	if _, err := os.Lstat(file); err != nil {
+		return nil, fmt.Errorf("kilnd's snapshot key: %w", err)
+	}
+	key, err := snapshot.LoadKey(file)
+	if err != nil {
+		return nil, fmt.Errorf("kilnd's snapshot key: %w", err)
+	}
+	return key, nil
+}
 
 // LogFile is where kilnd's stderr goes.
 func (s KilndSpec) LogFile() string { return filepath.Join(s.Dir, "kilnd.log") }

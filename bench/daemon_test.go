@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -504,5 +505,37 @@ func TestInRootCgroup(t *testing.T) {
 	args := KilndSpec{Binary: "kilnd", Kiln: "k", Images: "i", Dir: "/d", CgroupRoot: "none"}.KilndArgs()
 	if n := len(args); n < 2 || args[n-2] != "--cgroup-root" || args[n-1] != "none" {
 		t.Errorf("KilndArgs = %q, want --cgroup-root none at the end", args)
+	}
+}
+
+// TestKilndSnapshotKey: the library path restores kilnd's snapshots with
+// the key kilnd made in its state folder; one that is missing is an
+// error (not a new key, which would authenticate nothing of kilnd's), as
+// is one snapshot.LoadKey refuses.
+func TestKilndSnapshotKey(t *testing.T) {
+	spec := KilndSpec{Dir: t.TempDir()}
+	file := spec.SnapshotKeyFile()
+	if filepath.Dir(file) != spec.StateDir() {
+		t.Fatalf("SnapshotKeyFile %s is not in the state folder %s", file, spec.StateDir())
+	}
+	if _, err := kilndSnapshotKey(file); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("no key: %v, want a not-exist error", err)
+	}
+	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("reading a missing key made one: %v", err)
+	}
+	want, err := snapshot.LoadKey(file) // as kilnd makes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := kilndSnapshotKey(file)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("kilnd's key: %x, %v; want %x", got, err, want)
+	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kilndSnapshotKey(file); err == nil || !strings.Contains(err.Error(), "snapshot key") {
+		t.Errorf("a key others may read: %v, want it refused", err)
 	}
 }
