@@ -86,7 +86,8 @@ func readMiB(t *testing.T, path string) uint64 {
 // memory.max; a VMM-side leak (memory.max lowered below what the process
 // holds) is OOM-killed inside that cgroup only: memory.events counts it,
 // the sandbox fails with the memory-limit reason, its sibling and this
-// process run on, and the cgroups go with their sandboxes.
+// process run on, and the cgroups go with their sandboxes. A small
+// template's builder saves within its cgroup.
 func TestKVMDaemonCgroups(t *testing.T) {
 	kvmtest.Require(t)
 	m := testCgroupRoot(t)
@@ -217,6 +218,20 @@ func TestKVMDaemonCgroups(t *testing.T) {
 	if err != nil || sev.OOMKill != 0 || sev.Max != 0 {
 		t.Errorf("sibling's memory.events %+v, %v: want no OOM", sev, err)
 	}
+
+	// A template builder of 128 MiB: a cold boot in 2 MiB pages holds
+	// nearly all of its guest memory, and the memory file its save writes
+	// is charged to the same cgroup (on a tmpfs state folder, for good).
+	// Its limit makes room for the file first: the template is made, not
+	// OOM-killed in the save (as it was, measured in kiln bench daemon).
+	tp, err := e.c.CreateTemplate(ctx, &kilnpb.CreateTemplateRequest{Name: "small", Image: e.image, RequestId: nextReq(),
+		Setup: []string{"sh", "-c", "echo ready > /setup"}, Resources: &kilnpb.Resources{MemoryMib: 128}})
+	if err != nil {
+		t.Errorf("a 128 MiB template with cgroups on: %v", err)
+	} else {
+		t.Logf("template %s of 128 MiB made with cgroups on", tp.Id)
+	}
+
 	if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sibling.Id}); err != nil {
 		t.Fatal(err)
 	}
