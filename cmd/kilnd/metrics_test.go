@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,9 +40,13 @@ func TestMetricsListen(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	defer c.Close()
-	if _, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}}); err != nil {
+	sb, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// kilnd leaves its sandboxes running when it stops: the stand-in VMM
+	// process goes with the test, not after it.
+	t.Cleanup(func() { syscall.Kill(int(sb.GetPid()), syscall.SIGKILL) })
 	if _, err := c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{Source: &kilnpb.CreateSandboxRequest_Template{Template: "no-such-template"}}); err == nil {
 		t.Fatal("a create from a missing template succeeded")
 	}
