@@ -119,16 +119,14 @@ func (s KilndSpec) Socket() string { return filepath.Join(s.Dir, "kilnd.sock") }
 func (s KilndSpec) StateDir() string { return filepath.Join(s.Dir, "state") }
 
 // SnapshotKeyFile is the host key kilnd authenticates its snapshots with
-// (it makes it in its state folder on first use).
+// (daemon's snapshotKeyFile: kilnd makes it in its state folder on first
+// use).
 func (s KilndSpec) SnapshotKeyFile() string { return filepath.Join(s.StateDir(), "snapshot.key") }
 
 // kilndSnapshotKey reads kilnd's snapshot key from file, which kilnd must
 // have made: a key made here would authenticate nothing of kilnd's.
 func kilndSnapshotKey(file string) ([]byte, error) {
-	if _, err := os.Lstat(file); err != nil {
-		return nil, fmt.Errorf("kilnd's snapshot key: %w", err)
-	}
-	key, err := snapshot.LoadKey(file)
+	key, err := snapshot.ReadKey(file)
 	if err != nil {
 		return nil, fmt.Errorf("kilnd's snapshot key: %w", err)
 	}

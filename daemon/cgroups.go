@@ -310,6 +310,13 @@ func (s *Server) commitLimit() uint64 {
 	return uint64(float64(s.cfg.HostMemoryMiB) * s.cfg.MemoryOvercommit)
 }
 
+// memoryMaxWithBases is the memory.max, in bytes, of a VMM process with
+// mem MiB of guest memory that also pays for bases more guests' worth
+// (frozen bases, or a snapshot's memory file it writes), and the overhead.
+func (s *Server) memoryMaxWithBases(mem uint64, bases int) uint64 {
+	return (mem*uint64(1+bases) + s.cfg.VMMOverheadMiB) << 20
+}
+
 // roomForSave raises the memory.max of the builder cgroup id, whose guest
 // has mem MiB, by one guest's worth before its VMM process saves the
 // template's snapshot. The memory file's pages are charged to the cgroup
@@ -324,8 +331,7 @@ func (s *Server) roomForSave(id string, mem uint64) {
 	if s.cfg.Cgroups == nil {
 		return
 	}
-	limit := (2*mem + s.cfg.VMMOverheadMiB) << 20
-	if err := s.cfg.Cgroups.SetMemoryMax(id, limit); err != nil {
+	if err := s.cfg.Cgroups.SetMemoryMax(id, s.memoryMaxWithBases(mem, 1)); err != nil {
 		s.log.Warn("template builder's memory.max not raised for its snapshot: on a tmpfs state folder the save may be OOM-killed", "cgroup", id, "err", err)
 	}
 }
@@ -364,7 +370,7 @@ func (s *Server) growCgroup(b *box, pending int) {
 	if frozen && bases == 0 {
 		bases = 1 // the base its memory maps since a fork
 	}
-	limit := (mem*uint64(1+bases) + s.cfg.VMMOverheadMiB) << 20
+	limit := s.memoryMaxWithBases(mem, bases)
 	b.mu.Lock()
 	if b.cgroupMax.path == path && b.cgroupMax.bytes >= limit {
 		b.mu.Unlock()

@@ -33,7 +33,7 @@ const macDomain = "kiln snapshot manifest v3\x00"
 // that others than its owner may read or write, is refused: whoever can
 // read it can forge snapshots this host restores.
 func LoadKey(path string) ([]byte, error) {
-	key, err := readKey(path)
+	key, err := ReadKey(path)
 	if err == nil || !errors.Is(err, os.ErrNotExist) {
 		return key, err
 	}
@@ -64,15 +64,18 @@ func LoadKey(path string) ([]byte, error) {
 	// wins and the other reads the winner's.
 	if err := os.Link(tmp.Name(), path); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return readKey(path)
+			return ReadKey(path)
 		}
 		return nil, fmt.Errorf("snapshot key: %w", err)
 	}
 	return key, nil
 }
 
-// readKey reads and checks the key file at path.
-func readKey(path string) ([]byte, error) {
+// ReadKey reads and checks the host key file at path, as LoadKey does,
+// but never makes one: a missing key is an error wrapping os.ErrNotExist.
+// It is for a reader of another process's key (kilnd's), where a key made
+// here would authenticate nothing of that process's.
+func ReadKey(path string) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
