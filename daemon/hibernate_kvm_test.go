@@ -67,6 +67,10 @@ func TestKVMDaemonHibernate(t *testing.T) {
 		}
 	}
 	reach(sb.Id)
+	// Allow-all is not the metadata service: it is refused by default.
+	if r := e.exec(ctx, &kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sh", "-c", `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 ` + netTestMetadata + ` 80`}}); r.err != nil || strings.Contains(r.stdout, "world") {
+		t.Errorf("sandbox %s under allow-all reached the metadata service %s: %+v", sb.Id, netTestMetadata, r)
+	}
 	count := func() int {
 		t.Helper()
 		n, err := strconv.Atoi(e.shOut(sb.Id, "cat /tmp/count"))

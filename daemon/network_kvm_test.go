@@ -26,12 +26,16 @@ import (
 )
 
 // The addresses of the egress test's world: the host's uplink end, and
-// the world's two servers (allowed.test and denied.test).
+// the world's two servers (allowed.test and denied.test), addresses no
+// sandbox is refused by default (hostnet.DefaultRefused), and a cloud
+// metadata service's, which every sandbox is. They exist only inside the
+// namespaces the test makes.
 const (
-	netTestUplink  = "10.99.0.1"
-	netTestAllowed = "10.99.0.2"
-	netTestDenied  = "10.99.0.3"
-	netTestPool    = "10.200.0.0/24"
+	netTestUplink   = "11.99.0.1"
+	netTestAllowed  = "11.99.0.2"
+	netTestDenied   = "11.99.0.3"
+	netTestMetadata = "169.254.169.254"
+	netTestPool     = "10.200.0.0/24"
 )
 
 // netWorld is the egress test's outside: a "host" network namespace
@@ -136,7 +140,7 @@ func newNetWorld(t *testing.T) *netWorld {
 		}
 	}
 	setup(hh, "kup0", netTestUplink+"/24")
-	setup(wh, "kworld0", netTestAllowed+"/24", netTestDenied+"/24")
+	setup(wh, "kworld0", netTestAllowed+"/24", netTestDenied+"/24", netTestMetadata+"/32")
 	if err := hh.RouteAdd(&netlink.Route{Gw: net.ParseIP(netTestAllowed)}); err != nil {
 		t.Fatalf("host default route: %v", err)
 	}
@@ -146,7 +150,7 @@ func newNetWorld(t *testing.T) *netWorld {
 	var pc net.PacketConn
 	var dnsTCP net.Listener
 	if err := inNetns(world, func() error {
-		for _, a := range []string{netTestAllowed, netTestDenied} {
+		for _, a := range []string{netTestAllowed, netTestDenied, netTestMetadata} {
 			ln, err := net.Listen("tcp", a+":80")
 			if err != nil {
 				return err
@@ -305,6 +309,7 @@ func TestKVMDaemonNetwork(t *testing.T) {
 	reach(sb.Id, netTestAllowed, true)
 	resolve(sb.Id, "denied.test", "")
 	reach(sb.Id, netTestDenied, false)
+	reach(sb.Id, netTestMetadata, false)
 
 	// A fork child: its own namespace, address and MAC, the guest
 	// reconfigured, the parent's policy (with a learned set of its own).

@@ -25,18 +25,26 @@ import (
 // The test topology, all in namespaces the test makes: "host" (the
 // manager's HostNetns) joined by the veth up0 (its uplink and default
 // route) to "world", which has a line server on :8080 at each of the
-// world addresses and a DNS server on 10.99.0.2:53.
+// world addresses and a DNS server on 10.99.0.2:53 (the host's upstream)
+// and on worldOwnDNS (one a guest might ask instead of the proxy). The
+// world's "internet" addresses are outside DefaultRefused; worldMetadata
+// and worldLAN are the cloud metadata service and a host on the host's
+// LAN, which are not. None of them exists outside these namespaces.
 var (
-	worldDNS     = netip.MustParseAddrPort("10.99.0.2:53")
-	worldAllowed = netip.MustParseAddr("10.99.1.1") // allowed.test
-	worldDenied  = netip.MustParseAddr("10.99.2.1") // denied.test
-	worldOther   = netip.MustParseAddr("10.99.3.1") // a.wild.test
-	hostUplink   = netip.MustParseAddr("10.99.0.1")
-	testPool     = netip.MustParsePrefix("10.200.0.0/16")
-	worldZone    = map[string]netip.Addr{
+	worldDNS      = netip.MustParseAddrPort("10.99.0.2:53")
+	worldOwnDNS   = netip.MustParseAddrPort("11.99.0.53:53")
+	worldAllowed  = netip.MustParseAddr("11.99.1.1") // allowed.test
+	worldDenied   = netip.MustParseAddr("11.99.2.1") // denied.test
+	worldOther    = netip.MustParseAddr("11.99.3.1") // a.wild.test
+	worldMetadata = netip.MustParseAddr("169.254.169.254")
+	worldLAN      = netip.MustParseAddr("192.168.77.10") // lan.test
+	hostUplink    = netip.MustParseAddr("10.99.0.1")
+	testPool      = netip.MustParsePrefix("10.200.0.0/16")
+	worldZone     = map[string]netip.Addr{
 		"allowed.test.": worldAllowed,
 		"denied.test.":  worldDenied,
 		"a.wild.test.":  worldOther,
+		"lan.test.":     worldLAN,
 	}
 )
 
@@ -148,7 +156,7 @@ func newWorld(t testing.TB) *world {
 		if err != nil {
 			return err
 		}
-		for _, p := range []string{"10.99.0.2/24", "10.99.1.1/32", "10.99.2.1/32", "10.99.3.1/32"} {
+		for _, p := range []string{"10.99.0.2/24", "11.99.0.53/32", "11.99.1.1/32", "11.99.2.1/32", "11.99.3.1/32", "169.254.169.254/32", "192.168.77.10/32"} {
 			if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix(p))}); err != nil {
 				return err
 			}
@@ -169,13 +177,18 @@ func newWorld(t testing.TB) *world {
 		}
 		rw.WriteMsg(m)
 	})
-	var pc net.PacketConn
-	if err := inNetns(w.world.fd, func() (err error) { pc, err = net.ListenPacket("udp4", worldDNS.String()); return err }); err != nil {
-		t.Fatal(err)
+	for _, a := range []netip.AddrPort{worldDNS, worldOwnDNS} {
+		var pc net.PacketConn
+		if err := inNetns(w.world.fd, func() (err error) { pc, err = net.ListenPacket("udp4", a.String()); return err }); err != nil {
+			t.Fatal(err)
+		}
+		srv := &dns.Server{PacketConn: pc, Handler: mux}
+		go srv.ActivateAndServe()
+		t.Cleanup(func() { srv.Shutdown() })
+		srvTCP := &dns.Server{Listener: w.world.listen(t, "tcp4", a.String()), Handler: mux}
+		go srvTCP.ActivateAndServe()
+		t.Cleanup(func() { srvTCP.Shutdown() })
 	}
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
 	return w
 }
 

@@ -23,6 +23,11 @@ type Config struct {
 	// the veths' host ends, the routes, the NAT and the upstream DNS
 	// sockets live); "" is the calling process's.
 	HostNetns string
+	// Refused are the destinations no sandbox reaches unless its allow
+	// list names them (a CIDR inside one of them, or a domain the proxy
+	// resolves there), in every egress mode: IPv4 prefixes; nil is
+	// DefaultRefused, empty (non-nil) refuses nothing beyond the policy.
+	Refused []netip.Prefix
 	// Logger gets the manager's lines; nil is slog.Default().
 	Logger *slog.Logger
 }

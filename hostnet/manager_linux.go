@@ -27,12 +27,13 @@ import (
 // Manager makes and keeps the network attachments of sandboxes on a host.
 // Its methods are safe for concurrent use.
 type Manager struct {
-	cfg    Config
-	log    *slog.Logger
-	uplink string
-	hostFD int // the host netns
-	dialFD int // hostFD, or -1 when the host netns is this process's
-	up     *forwarder
+	cfg     Config
+	log     *slog.Logger
+	uplink  string
+	refused []netip.Prefix // Config.Refused, or DefaultRefused
+	hostFD  int            // the host netns
+	dialFD  int            // hostFD, or -1 when the host netns is this process's
+	up      *forwarder
 
 	mu      sync.Mutex
 	alloc   *allocator
@@ -58,6 +59,9 @@ type attachment struct {
 	wg     sync.WaitGroup
 	udp    net.PacketConn
 	tcp    net.Listener
+	// kick asks the deny-list resolver (resolveDeniedLoop) for a round
+	// now; it closes the channel sent when the round is done.
+	kick chan chan struct{}
 }
 
 // learned is an address the proxy resolved for name, until exp.
@@ -76,6 +80,16 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	cfg.Pool = cfg.Pool.Masked()
+	refused := DefaultRefused
+	if cfg.Refused != nil {
+		refused = make([]netip.Prefix, len(cfg.Refused))
+		for i, r := range cfg.Refused {
+			if !r.IsValid() || !r.Addr().Is4() {
+				return nil, fmt.Errorf("hostnet: refused destination %v: want an IPv4 prefix", r)
+			}
+			refused[i] = r.Masked()
+		}
+	}
 	if cfg.Dir == "" {
 		return nil, errors.New("hostnet: Config.Dir is empty")
 	}
@@ -101,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("hostnet: upstream DNS server %v is not an address and port", s)
 		}
 	}
-	m := &Manager{cfg: cfg, log: log, hostFD: -1, dialFD: -1,
+	m := &Manager{cfg: cfg, log: log, hostFD: -1, dialFD: -1, refused: refused,
 		records: map[string]record{}, live: map[string]*attachment{}, busy: map[string]chan struct{}{},
 		alloc: newAllocator(poolBlocks(cfg.Pool))}
 	hostPath := cfg.HostNetns
@@ -130,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.records[r.ID] = r
 		m.alloc.take(r.Index)
 	}
-	log.Info("host network ready", "pool", cfg.Pool, "uplink", m.uplink, "dns", servers, "attachments", len(recs))
+	log.Info("host network ready", "pool", cfg.Pool, "uplink", m.uplink, "dns", servers, "refused", len(refused), "attachments", len(recs))
 	return m, nil
 }
 
@@ -387,7 +401,10 @@ func (m *Manager) build(ctx context.Context, rec record) (*attachment, error) {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return fmt.Errorf("turning on IPv4 forwarding in the sandbox netns: %w", err)
 		}
-		return makePersistentTap(tapName)
+		if err := makePersistentTap(tapName); err != nil {
+			return err
+		}
+		return strictReversePath()
 	})
 	if err != nil {
 		return nil, err
@@ -446,28 +463,49 @@ func (m *Manager) build(ctx context.Context, rec record) (*attachment, error) {
 	if err := nh.RouteAdd(&netlink.Route{Dst: ipNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0)), Gw: b.hostEnd().Addr().AsSlice()}); err != nil {
 		return nil, fmt.Errorf("default route in the sandbox netns: %w", err)
 	}
-	if err := a.apply(m.cfg.Pool, rec.Policy, nil); err != nil {
+	if err := m.apply(a, rec.Policy, nil); err != nil {
 		return nil, err
 	}
 	if err := m.startProxy(ctx, a); err != nil {
 		return nil, err
 	}
 	ok = true
+	a.resolveDenied(ctx, m.log)
 	return a, nil
+}
+
+// strictReversePath turns on strict reverse-path filtering of the tap
+// (rp_filter=1) in the calling thread's netns: a packet from the guest
+// whose source is not routed back through the tap is dropped before
+// nftables sees it (which drops it too).
+func strictReversePath() error {
+	p := "/proc/sys/net/ipv4/conf/" + tapName + "/rp_filter"
+	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("turning on reverse-path filtering of %s: %w", tapName, err)
+	}
+	return nil
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// apply replaces the netns's nftables table with policy p (one batch),
-// carrying over the learned addresses given.
-func (a *attachment) apply(pool netip.Prefix, p Policy, keep []learnedElem) error {
+// apply replaces a's nftables table with policy p (one batch), carrying
+// over the learned addresses given.
+func (m *Manager) apply(a *attachment, p Policy, keep []learnedElem) error {
 	c, err := nftables.New(nftables.WithNetNSFd(a.nsFD))
 	if err != nil {
 		return fmt.Errorf("nftables in the sandbox netns: %w", err)
 	}
-	if err := sandboxRules(c, p, pool, a.blk.gateway().Addr(), keep); err != nil {
+	err = sandboxRules(c, sandboxRuleset{
+		policy:  p,
+		pool:    m.cfg.Pool,
+		gw:      a.blk.gateway().Addr(),
+		guest:   a.blk.guest().Addr(),
+		refused: refusedSpans(m.refused, p),
+		learned: keep,
+	})
+	if err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
@@ -507,9 +545,11 @@ func (m *Manager) startProxy(ctx context.Context, a *attachment) error {
 	a.px = newProxy(a.policy, m.up, func(name string, deny bool, addrs []netip.Addr, ttl time.Duration) error {
 		return a.learn(name, deny, addrs, ttl)
 	}, log)
-	a.wg.Add(2)
+	a.kick = make(chan chan struct{})
+	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.px.serveUDP(pctx, a.udp, &a.wg) }()
 	go func() { defer a.wg.Done(); a.px.serveTCP(pctx, a.tcp, &a.wg) }()
+	go func() { defer a.wg.Done(); a.resolveDeniedLoop(pctx, m.up, log) }()
 	return nil
 }
 
@@ -654,10 +694,24 @@ func (m *Manager) adopt(ctx context.Context, id string) (Info, error) {
 		return Info{}, fmt.Errorf("hostnet: sandbox %s: its netns is gone (%v): %w", id, err, ErrNotFound)
 	}
 	a := &attachment{id: id, blk: rec.block(m.cfg.Pool), nsPath: nsPath, nsFD: nsFD, policy: rec.Policy, learned: map[netip.Addr]learned{}}
-	if err := m.startProxy(ctx, a); err != nil {
+	// The rules again, as this manager makes them (a kilnd upgrade
+	// brings its rules to the sandboxes it adopts), with the addresses
+	// learned before for the time they have left.
+	err = inNetns(nsFD, strictReversePath)
+	if err == nil {
+		var keep []learnedElem
+		if keep, err = a.learnedInKernel(rec.Policy); err == nil {
+			err = m.apply(a, rec.Policy, keep)
+		}
+	}
+	if err == nil {
+		err = m.startProxy(ctx, a)
+	}
+	if err != nil {
 		a.stop()
 		return Info{}, fmt.Errorf("hostnet: adopting sandbox %s: %w", id, err)
 	}
+	a.resolveDenied(ctx, m.log)
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -689,6 +743,18 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	}
 	m.mu.Lock()
 	a := m.live[id]
+	m.mu.Unlock()
+	if err := m.setPolicy(a, p); err != nil {
+		return err
+	}
+	a.resolveDenied(ctx, m.log)
+	return nil
+}
+
+// setPolicy is SetPolicy's change of a live attachment.
+func (m *Manager) setPolicy(a *attachment, p Policy) error {
+	id := a.id
+	m.mu.Lock()
 	rec := m.records[id]
 	m.mu.Unlock()
 	a.mu.Lock()
@@ -707,9 +773,11 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	if err := writeRecord(m.cfg.Dir, rec); err != nil {
 		return err
 	}
-	if err := a.apply(m.cfg.Pool, p, keep); err != nil {
+	if err := m.apply(a, p, keep); err != nil {
 		// The record is ahead of the kernel; put it back.
+		m.mu.Lock()
 		old := m.records[id]
+		m.mu.Unlock()
 		if werr := writeRecord(m.cfg.Dir, old); werr != nil {
 			m.log.Error("restoring a record", "sandbox", id, "err", werr)
 		}
@@ -721,7 +789,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 	m.mu.Lock()
 	m.records[id] = rec
 	m.mu.Unlock()
-	n, err := a.cutForbidden(m.cfg.Pool, p, kept)
+	n, err := a.cutForbidden(m.cfg.Pool, p, refusedSpans(m.refused, p), kept)
 	if err != nil {
 		m.log.Warn("egress policy set, but cutting forbidden connections failed", "sandbox", id, "err", err)
 	}
@@ -731,13 +799,13 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
 
 // cutForbidden deletes the conntrack entries of the guest's connections
 // that p forbids.
-func (a *attachment) cutForbidden(pool netip.Prefix, p Policy, kept map[netip.Addr]learned) (uint, error) {
+func (a *attachment) cutForbidden(pool netip.Prefix, p Policy, refused []span, kept map[netip.Addr]learned) (uint, error) {
 	h, err := netlink.NewHandleAt(netns.NsHandle(a.nsFD), unix.NETLINK_NETFILTER)
 	if err != nil {
 		return 0, fmt.Errorf("conntrack netlink in the sandbox netns: %w", err)
 	}
 	defer h.Close()
-	f := forbidFilter{guest: a.blk.guest().Addr(), gw: a.blk.gateway().Addr(), pool: pool, p: p, learned: kept}
+	f := forbidFilter{guest: a.blk.guest().Addr(), gw: a.blk.gateway().Addr(), pool: pool, p: p, refused: refused, learned: kept}
 	return h.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
 }
 
@@ -745,6 +813,7 @@ type forbidFilter struct {
 	guest, gw netip.Addr
 	pool      netip.Prefix
 	p         Policy
+	refused   []span
 	learned   map[netip.Addr]learned
 }
 
@@ -755,7 +824,7 @@ func (f forbidFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 		return false
 	}
 	_, learned := f.learned[dst]
-	return f.pool.Contains(dst) || !f.p.allows(dst, learned)
+	return f.pool.Contains(dst) || !f.p.allows(dst, learned, f.refused)
 }
 
 // Policy returns sandbox id's egress policy (normalized).
@@ -833,4 +902,95 @@ func (m *Manager) Close() error {
 		a.stop()
 	}
 	return unix.Close(m.hostFD)
+}
+
+// resolveDeniedLoop resolves a deny list's domains into deny_dns (package
+// doc, deny.go) until ctx is done: a round when a.kick asks for one and
+// whenever the last round's answers are due again.
+func (a *attachment) resolveDeniedLoop(ctx context.Context, up exchanger, log *slog.Logger) {
+	rl := newRateLog(log, time.Second)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var done chan struct{}
+		select {
+		case <-ctx.Done():
+			return
+		case done = <-a.kick:
+		case <-timer.C:
+		}
+		a.mu.Lock()
+		p := a.policy
+		a.mu.Unlock()
+		next := resolveDenied(ctx, up, a.learn, p, rl)
+		if done != nil {
+			close(done)
+		}
+		timer.Stop()
+		if next > 0 {
+			timer.Reset(next)
+		}
+	}
+}
+
+// resolveDenied asks a's resolver for a round now and waits for it, at
+// most denyWait (the round goes on after that), when a's policy is a deny
+// list by domain.
+func (a *attachment) resolveDenied(ctx context.Context, log *slog.Logger) {
+	a.mu.Lock()
+	p := a.policy
+	a.mu.Unlock()
+	if p.Mode != DenyList || len(p.Domains) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, denyWait)
+	defer cancel()
+	done := make(chan struct{})
+	select {
+	case a.kick <- done:
+	case <-ctx.Done():
+		log.Warn("deny list: the resolver is busy; its round goes on in the background", "sandbox", a.id)
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		log.Warn("deny list: resolving the denied domains goes on in the background", "sandbox", a.id, "waited", denyWait)
+	}
+}
+
+// learnedInKernel reads the learned set p's mode uses from a's netns
+// table, with the time each address has left: what a table made by an
+// earlier manager knew. Nothing when there is no table yet.
+func (a *attachment) learnedInKernel(p Policy) ([]learnedElem, error) {
+	if p.Mode != AllowList && p.Mode != DenyList {
+		return nil, nil
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(a.nsFD))
+	if err != nil {
+		return nil, fmt.Errorf("nftables in the sandbox netns: %w", err)
+	}
+	_, allow, deny := sandboxTable()
+	s := allow
+	if p.Mode == DenyList {
+		s = deny
+	}
+	got, err := c.GetSetByName(s.Table, s.Name)
+	if err != nil {
+		return nil, nil // no such set: nothing learned
+	}
+	es, err := c.GetSetElements(got)
+	if err != nil {
+		return nil, fmt.Errorf("reading nftables set %s: %w", s.Name, err)
+	}
+	var out []learnedElem
+	for _, e := range es {
+		addr, ok := netip.AddrFromSlice(e.Key)
+		if !ok || !addr.Is4() || e.Expires <= 0 {
+			continue
+		}
+		out = append(out, learnedElem{addr: addr, left: e.Expires})
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package hostnet
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -20,6 +21,7 @@ const (
 	vethPrefix = "kiln"      // host end of the veth: vethPrefix + block index
 	allowSet   = "allow_dns" // addresses the DNS proxy resolved for an allow list
 	denySet    = "deny_dns"  // addresses resolved for a deny list
+	refusedSet = "refused"   // destinations refused unless an allow list names them
 )
 
 // vethName is the host-side name of the veth of block index.
@@ -83,6 +85,21 @@ func prefixMask(bits int) [4]byte {
 	return m
 }
 
+// ipNotIn matches an IPv4 source or destination address (offset) outside
+// prefix.
+func ipNotIn(offset uint32, p netip.Prefix) []expr.Any {
+	e := ipIn(offset, p)
+	e[len(e)-1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return e
+}
+
+// notIPv4 matches what is not IPv4 in an inet table.
+func notIPv4() []expr.Any {
+	e := ipv4()
+	e[len(e)-1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return e
+}
+
 // ipInSet matches an IPv4 destination address in a named set.
 func ipInSet(s *nftables.Set) []expr.Any {
 	return []expr.Any{
@@ -91,11 +108,11 @@ func ipInSet(s *nftables.Set) []expr.Any {
 	}
 }
 
-// dport53 matches UDP or TCP (proto) to port 53.
-func dport53(proto byte) []expr.Any {
+// dport matches UDP or TCP (proto) to port.
+func dport(proto byte, port uint16) []expr.Any {
 	return append(l4proto(proto),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	)
 }
 
@@ -138,7 +155,8 @@ func rule(c *nftables.Conn, ch *nftables.Chain, parts ...[]expr.Any) {
 
 // hostRules queues (in c's batch) the replacement of kiln's table in the
 // host netns: masquerade of the pool out of uplink; forwarding of the
-// sandboxes' veths to and from elsewhere, never between two of them; no
+// sandboxes' veths to and from elsewhere, never between two of them and
+// never from a source outside the pool; no
 // new connections into a sandbox and none from a sandbox to the host
 // itself. Other tables are left alone.
 func hostRules(c *nftables.Conn, pool netip.Prefix, uplink string) {
@@ -154,6 +172,9 @@ func hostRules(c *nftables.Conn, pool netip.Prefix, uplink string) {
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	// Only the pool's addresses come from a veth (each sandbox netns
+	// also checks that its guest sends from its own).
+	rule(c, fwd, ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq), ipNotIn(ipSaddr, pool), drop)
 	rule(c, fwd, ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, vethPrefix, true, expr.CmpOpEq), drop)
 	rule(c, fwd, ifname(expr.MetaKeyIIFNAME, vethPrefix, true, expr.CmpOpEq), accept)
 	rule(c, fwd, ifname(expr.MetaKeyOIFNAME, vethPrefix, true, expr.CmpOpEq), ctEstablished(), accept)
@@ -179,6 +200,26 @@ func sandboxTable() (*nftables.Table, *nftables.Set, *nftables.Set) {
 	return t, allow, deny
 }
 
+// refusedSetOf is the sandbox table's interval set of refused
+// destinations (refusedSpans).
+func refusedSetOf(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, ID: 3, Name: refusedSet, KeyType: nftables.TypeIPAddr, Interval: true}
+}
+
+// spanElems are the elements of an interval set holding s (sorted,
+// disjoint): a start, and the address after the end flagged as an
+// interval's end (none for an interval that runs to 255.255.255.255).
+func spanElems(s []span) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, x := range s {
+		out = append(out, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, uint32(x.lo))})
+		if x.hi < 1<<32-1 {
+			out = append(out, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, uint32(x.hi+1)), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
 // learnedElem is one learned address with the time left on it.
 type learnedElem struct {
 	addr netip.Addr
@@ -194,23 +235,39 @@ func elems(l []learnedElem) []nftables.SetElement {
 	return out
 }
 
-// sandboxRules queues (in c's batch) kiln's table in a sandbox netns with
-// the egress policy p (normalized) for the guest on tap0 with gateway gw,
-// carrying over the learned addresses that p keeps. The table, its chains
-// and sets are made where missing, otherwise emptied and refilled: the
-// batch is one nftables transaction, so the old ruleset holds until the new
-// one does, and nothing is deleted (which costs the kernel an RCU grace
-// period).
-func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, learned []learnedElem) error {
+// sandboxRuleset is what kiln's table in a sandbox netns is made of.
+type sandboxRuleset struct {
+	policy  Policy       // normalized
+	pool    netip.Prefix // every sandbox's addresses
+	gw      netip.Addr   // the tap's address: the guest's gateway and DNS proxy
+	guest   netip.Addr   // the guest's own address: the only source from the tap
+	refused []span       // refusedSpans(Config.Refused, policy)
+	learned []learnedElem
+}
+
+// sandboxRules queues (in c's batch) kiln's table in a sandbox netns for
+// r, carrying over the learned addresses that r's policy keeps. The table,
+// its chains and sets are made where missing, otherwise emptied and
+// refilled: the batch is one nftables transaction, so the old ruleset
+// holds until the new one does, and nothing is deleted (which costs the
+// kernel an RCU grace period).
+func sandboxRules(c *nftables.Conn, r sandboxRuleset) error {
+	p := r.policy
 	t, allow, deny := sandboxTable()
+	refused := refusedSetOf(t)
 	c.AddTable(t)
-	for _, s := range []*nftables.Set{allow, deny} {
+	for _, s := range []*nftables.Set{allow, deny, refused} {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("nftables set %s: %w", s.Name, err)
 		}
 		c.FlushSet(s)
 	}
-	switch l := elems(learned); {
+	if e := spanElems(r.refused); len(e) > 0 {
+		if err := c.SetAddElements(refused, e); err != nil {
+			return fmt.Errorf("nftables set %s: %w", refusedSet, err)
+		}
+	}
+	switch l := elems(r.learned); {
 	case len(l) == 0:
 	case p.Mode == AllowList:
 		if err := c.SetAddElements(allow, l); err != nil {
@@ -223,39 +280,69 @@ func sandboxRules(c *nftables.Conn, p Policy, pool netip.Prefix, gw netip.Addr, 
 	}
 	dropping := nftables.ChainPolicyDrop
 	fromTap := ifname(expr.MetaKeyIIFNAME, tapName, false, expr.CmpOpEq)
+	guest := netip.PrefixFrom(r.guest, 32)
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
 	c.FlushChain(fwd)
+	// Anti-spoofing first: from the tap only IPv4 from the guest's own
+	// address, established or not.
+	rule(c, fwd, fromTap, notIPv4(), drop)
+	rule(c, fwd, fromTap, ipNotIn(ipSaddr, guest), drop)
 	rule(c, fwd, ctEstablished(), accept)
 	// Never other sandboxes (nor the veths' addresses), whatever the policy.
-	rejectRule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, pool))
+	rejectRule(c, fwd, fromTap, ipIn(ipDaddr, r.pool))
+	if p.Mode == AllowList || p.Mode == DenyList {
+		// A list by domain holds only if the guest asks the proxy: no
+		// other DNS server, plain or over TLS/QUIC.
+		for _, port := range []uint16{53, 853} {
+			rejectRule(c, fwd, fromTap, dport(unix.IPPROTO_UDP, port))
+			rejectRule(c, fwd, fromTap, dport(unix.IPPROTO_TCP, port))
+		}
+	}
 	switch p.Mode {
 	case AllowAll:
-		rule(c, fwd, fromTap, ipv4(), accept)
+		rejectRule(c, fwd, fromTap, ipInSet(refused))
+		rule(c, fwd, fromTap, accept)
 	case AllowList:
+		// A domain's addresses are allowed wherever they are: the
+		// policy names the domain.
+		rule(c, fwd, fromTap, ipInSet(allow), accept)
+		rejectRule(c, fwd, fromTap, ipInSet(refused))
 		for _, cidr := range p.CIDRs {
-			rule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, cidr), accept)
+			rule(c, fwd, fromTap, ipIn(ipDaddr, cidr), accept)
 		}
-		rule(c, fwd, fromTap, ipv4(), ipInSet(allow), accept)
 	case DenyList:
 		for _, cidr := range p.CIDRs {
-			rejectRule(c, fwd, fromTap, ipv4(), ipIn(ipDaddr, cidr))
+			rejectRule(c, fwd, fromTap, ipIn(ipDaddr, cidr))
 		}
-		rejectRule(c, fwd, fromTap, ipv4(), ipInSet(deny))
-		rule(c, fwd, fromTap, ipv4(), accept)
+		rejectRule(c, fwd, fromTap, ipInSet(deny))
+		rejectRule(c, fwd, fromTap, ipInSet(refused))
+		rule(c, fwd, fromTap, accept)
 	}
 	rejectRule(c, fwd, fromTap)
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
 	c.FlushChain(in)
+	rule(c, in, fromTap, notIPv4(), drop)
+	rule(c, in, fromTap, ipNotIn(ipSaddr, guest), drop)
 	rule(c, in, ctEstablished(), accept)
 	rule(c, in, ifname(expr.MetaKeyIIFNAME, "lo", false, expr.CmpOpEq), accept)
-	gwp := netip.PrefixFrom(gw, 32)
-	rule(c, in, fromTap, ipv4(), ipIn(ipDaddr, gwp), dport53(unix.IPPROTO_UDP), accept)
-	rule(c, in, fromTap, ipv4(), ipIn(ipDaddr, gwp), dport53(unix.IPPROTO_TCP), accept)
+	gwp := netip.PrefixFrom(r.gw, 32)
+	rule(c, in, fromTap, ipIn(ipDaddr, gwp), dport(unix.IPPROTO_UDP, 53), accept)
+	rule(c, in, fromTap, ipIn(ipDaddr, gwp), dport(unix.IPPROTO_TCP, 53), accept)
 	rejectRule(c, in, fromTap)
+
+	// Nothing in the netns opens a connection: not the DNS proxy (it asks
+	// upstream from the host netns), not a jailed VMM process, whose
+	// guest might escape into it. Replies (the proxy's answers, the
+	// rejects above) and loopback pass.
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
+	c.FlushChain(out)
+	rule(c, out, ctEstablished(), accept)
+	rule(c, out, ifname(expr.MetaKeyOIFNAME, "lo", false, expr.CmpOpEq), accept)
 	return nil
 }
 

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
+
+	"github.com/miekg/dns"
 )
 
 // Mode is what an egress Policy does with traffic its lists do not name.
@@ -150,16 +153,18 @@ func CheckDomain(d string) error {
 }
 
 // matchName reports whether a (canonical) query name matches one of p's
-// (normalized) domains.
+// (normalized) domains, label by label: a query label that holds an
+// escaped dot stands for one label, never two ("a.b\.allowed.com" is the
+// labels "a", "b.allowed" and "com", not a name under allowed.com).
 func (p Policy) matchName(name string) bool {
+	labels := dns.SplitDomainName(name)
 	for _, d := range p.Domains {
-		if base, ok := strings.CutPrefix(d, "*."); ok {
-			if name == base || strings.HasSuffix(name, "."+base) {
-				return true
-			}
+		base, wild := strings.CutPrefix(d, "*.")
+		want := strings.Split(base, ".")
+		if len(labels) < len(want) || !wild && len(labels) != len(want) {
 			continue
 		}
-		if name == d {
+		if slices.Equal(labels[len(labels)-len(want):], want) {
 			return true
 		}
 	}
@@ -177,15 +182,16 @@ func (p Policy) inCIDRs(a netip.Addr) bool {
 }
 
 // allows reports whether p lets the guest open a connection to a, where
-// learned says whether the DNS proxy learned a for the policy's domains.
-func (p Policy) allows(a netip.Addr, learned bool) bool {
+// learned says whether the DNS proxy learned a for the policy's domains
+// and refused is refusedSpans for p.
+func (p Policy) allows(a netip.Addr, learned bool, refused []span) bool {
 	switch p.Mode {
 	case AllowAll:
-		return true
+		return !inSpans(refused, a)
 	case AllowList:
-		return p.inCIDRs(a) || learned
+		return learned || p.inCIDRs(a) && !inSpans(refused, a)
 	case DenyList:
-		return !p.inCIDRs(a) && !learned
+		return !p.inCIDRs(a) && !learned && !inSpans(refused, a)
 	}
 	return false
 }

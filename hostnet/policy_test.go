@@ -3,8 +3,11 @@ package hostnet
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/miekg/dns"
 )
 
 func TestPolicyValidate(t *testing.T) {
@@ -89,25 +92,122 @@ func TestPolicyMatch(t *testing.T) {
 		}
 	}
 	a := netip.MustParseAddr("10.1.2.3")
+	public := netip.MustParseAddr("11.1.2.3")
+	meta := netip.MustParseAddr("169.254.169.254")
 	cidr := []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}
+	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 	allows := []struct {
 		p       Policy
 		addr    netip.Addr
 		learned bool
 		want    bool
 	}{
-		{Policy{Mode: AllowAll}, a, false, true},
-		{Policy{Mode: DenyAll}, a, true, false},
+		{Policy{Mode: AllowAll}, public, false, true},
+		{Policy{Mode: AllowAll}, a, false, false},
+		{Policy{Mode: AllowAll}, meta, false, false},
+		{Policy{Mode: DenyAll}, public, true, false},
 		{Policy{Mode: AllowList, CIDRs: cidr}, a, false, true},
+		{Policy{Mode: AllowList, CIDRs: all}, a, false, false},
+		{Policy{Mode: AllowList, CIDRs: all}, public, false, true},
+		{Policy{Mode: AllowList, CIDRs: all}, meta, false, false},
 		{Policy{Mode: AllowList}, a, false, false},
 		{Policy{Mode: AllowList}, a, true, true},
 		{Policy{Mode: DenyList, CIDRs: cidr}, a, false, false},
-		{Policy{Mode: DenyList}, a, true, false},
-		{Policy{Mode: DenyList}, a, false, true},
+		{Policy{Mode: DenyList}, public, true, false},
+		{Policy{Mode: DenyList}, public, false, true},
+		{Policy{Mode: DenyList}, a, false, false},
+		{Policy{Mode: DenyList}, meta, false, false},
 	}
 	for _, tc := range allows {
-		if got := tc.p.allows(tc.addr, tc.learned); got != tc.want {
-			t.Errorf("%v.allows(%v, learned %v) = %v, want %v", tc.p.Mode, tc.addr, tc.learned, got, tc.want)
+		refused := refusedSpans(DefaultRefused, tc.p)
+		if got := tc.p.allows(tc.addr, tc.learned, refused); got != tc.want {
+			t.Errorf("%v %v.allows(%v, learned %v) = %v, want %v", tc.p.Mode, tc.p.CIDRs, tc.addr, tc.learned, got, tc.want)
+		}
+	}
+}
+
+// TestMatchLabels: domains match label by label; a label with an
+// escaped dot is one label (as the proxy sees names: unpacked from the
+// wire by package dns).
+func TestMatchLabels(t *testing.T) {
+	p := Policy{Mode: AllowList, Domains: []string{"*.allowed.com", "exact.org"}}.normalized()
+	for _, tc := range []struct {
+		wire string // a name as a guest puts it in a query
+		want bool
+	}{
+		{"a.allowed.com.", true},
+		{"allowed.com.", true},
+		{`a.b\.allowed.com.`, false},
+		{`b\.allowed.com.`, false},
+		{`x\046allowed.com.`, false},
+		{"exact.org.", true},
+		{`exact\.org.`, false},
+		{"evilallowed.com.", false},
+		{"allowed.com.evil.", false},
+	} {
+		q := new(dns.Msg)
+		q.SetQuestion(tc.wire, dns.TypeA)
+		b, err := q.Pack()
+		if err != nil {
+			t.Fatalf("%q: %v", tc.wire, err)
+		}
+		var got dns.Msg
+		if err := got.Unpack(b); err != nil {
+			t.Fatal(err)
+		}
+		name := canonicalName(got.Question[0].Name)
+		if m := p.matchName(name); m != tc.want {
+			t.Errorf("matchName(%q) = %v, want %v", name, m, tc.want)
+		}
+	}
+}
+
+// TestRefusedSpans: the refused ranges less an allow list's explicit
+// CIDRs inside them; nothing exempt in other modes.
+func TestRefusedSpans(t *testing.T) {
+	r := func(s ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, x := range s {
+			out = append(out, netip.MustParsePrefix(x))
+		}
+		return out
+	}
+	ip := func(s string) uint64 {
+		a := netip.MustParseAddr(s).As4()
+		return uint64(a[0])<<24 | uint64(a[1])<<16 | uint64(a[2])<<8 | uint64(a[3])
+	}
+	for _, tc := range []struct {
+		name    string
+		refused []netip.Prefix
+		p       Policy
+		want    []span
+	}{
+		{"merged", r("10.0.0.0/8", "10.1.0.0/16", "11.0.0.0/8"), Policy{Mode: AllowAll}, []span{{ip("10.0.0.0"), ip("11.255.255.255")}}},
+		{"deny list exempts nothing", r("10.0.0.0/8"), Policy{Mode: DenyList, CIDRs: r("10.1.0.0/16")}, []span{{ip("10.0.0.0"), ip("10.255.255.255")}}},
+		{"hole", r("10.0.0.0/8"), Policy{Mode: AllowList, CIDRs: r("10.1.0.0/16")}, []span{{ip("10.0.0.0"), ip("10.0.255.255")}, {ip("10.2.0.0"), ip("10.255.255.255")}}},
+		{"whole", r("10.0.0.0/8", "192.168.0.0/16"), Policy{Mode: AllowList, CIDRs: r("10.0.0.0/8")}, []span{{ip("192.168.0.0"), ip("192.168.255.255")}}},
+		{"wider exempts nothing", r("10.0.0.0/8"), Policy{Mode: AllowList, CIDRs: r("0.0.0.0/0", "8.0.0.0/6")}, []span{{ip("10.0.0.0"), ip("10.255.255.255")}}},
+		{"edges", r("240.0.0.0/4"), Policy{Mode: AllowList, CIDRs: r("240.0.0.0/32", "255.255.255.255/32")}, []span{{ip("240.0.0.1"), ip("255.255.255.254")}}},
+		{"none", []netip.Prefix{}, Policy{Mode: AllowAll}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := refusedSpans(tc.refused, tc.p.normalized())
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("refusedSpans = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// The metadata service, the host's LAN and loopback are in the
+	// default list.
+	d := refusedSpans(DefaultRefused, Policy{Mode: AllowAll})
+	for _, a := range []string{"169.254.169.254", "192.168.1.1", "10.0.0.1", "172.16.0.1", "100.64.0.1", "127.0.0.1", "0.0.0.0", "255.255.255.255", "224.0.0.1"} {
+		if !inSpans(d, netip.MustParseAddr(a)) {
+			t.Errorf("%s is not refused by default", a)
+		}
+	}
+	for _, a := range []string{"1.1.1.1", "11.99.1.1", "100.128.0.1", "172.32.0.1", "192.169.0.1"} {
+		if inSpans(d, netip.MustParseAddr(a)) {
+			t.Errorf("%s is refused by default", a)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +244,13 @@ func TestHostFlags(t *testing.T) {
 		{args: []string{"--net-dns", "1.1.1.1,"}, wantErr: "-net-dns"},
 		{args: []string{"--net-dns", "dns.example"}, wantErr: "-net-dns"},
 		{args: []string{"--net-dns", "1.1.1.1:0"}, wantErr: "-net-dns"},
+		{args: []string{"--net-refuse", "default"}},
+		{args: []string{"--net-refuse", "none"}},
+		{args: []string{"--net-refuse", "169.254.0.0/16, 10.0.0.0/8"}},
+		{args: []string{"--net-refuse", ""}, wantErr: "-net-refuse"},
+		{args: []string{"--net-refuse", "169.254.0.0/16,"}, wantErr: "-net-refuse"},
+		{args: []string{"--net-refuse", "fd00::/8"}, wantErr: "-net-refuse"},
+		{args: []string{"--net-refuse", "metadata"}, wantErr: "-net-refuse"},
 		{args: []string{"--egress-default", "deny-all"}},
 		{args: []string{"--egress-default", "deny"}, wantErr: "-egress-default"},
 		{args: []string{"--cgroup-root", "none"}},
@@ -268,12 +276,22 @@ func TestHostFlags(t *testing.T) {
 			t.Errorf("%q: %v; want an error naming %s", tt.args, err, tt.wantErr)
 		}
 	}
+	for arg, want := range map[string][]netip.Prefix{
+		"default":                       nil,
+		"none":                          {},
+		"169.254.169.254/16,8.8.8.8/32": {netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("8.8.8.8/32")},
+	} {
+		cfg, err := parseFlagsWith([]string{"--net-refuse", arg}, io.Discard, "")
+		if err != nil || (cfg.netRefused == nil) != (want == nil) || !slices.Equal(cfg.netRefused, want) {
+			t.Errorf("--net-refuse %s: %#v, %v; want %#v", arg, cfg.netRefused, err, want)
+		}
+	}
 	cfg, err := parseFlagsWith(nil, io.Discard, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.logFormat != logText || cfg.egressDefault != egressAllowAll || cfg.memoryOvercommit != 1 ||
-		cfg.vmmOverheadMiB != defaultVMMOverheadMiB || defaultVMMOverheadMiB != 64 || cfg.pidsMax != 1024 || cfg.cgroupRoot != "" || cfg.netPool.IsValid() || cfg.netDNS != nil {
+		cfg.vmmOverheadMiB != defaultVMMOverheadMiB || defaultVMMOverheadMiB != 64 || cfg.pidsMax != 1024 || cfg.cgroupRoot != "" || cfg.netPool.IsValid() || cfg.netDNS != nil || cfg.netRefused != nil {
 		t.Errorf("defaults: %+v", cfg)
 	}
 }

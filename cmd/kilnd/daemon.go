@@ -102,11 +102,12 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		dcfg.DefaultEgress = daemon.EgressPolicy{Mode: mode}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		svc.net, err = hostnet.New(ctx, hostnet.Config{
-			Pool:   cfg.netPool,
-			Uplink: cfg.netUplink,
-			DNS:    cfg.netDNS,
-			Dir:    filepath.Join(cfg.stateDir, "net"),
-			Logger: log,
+			Pool:    cfg.netPool,
+			Uplink:  cfg.netUplink,
+			DNS:     cfg.netDNS,
+			Refused: cfg.netRefused,
+			Dir:     filepath.Join(cfg.stateDir, "net"),
+			Logger:  log,
 		})
 		cancel()
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/kilnvm/kiln/cgroup"
+	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/jail"
 )
 
@@ -72,6 +73,7 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	fs.Var(&prefixValue{p: &cfg.netPool}, "net-pool", "`CIDR` each sandbox's network address comes from, e.g. 10.200.0.0/16 (\"\": sandboxes get no network)")
 	fs.Var(&ifaceValue{p: &cfg.netUplink}, "net-uplink", "host `IFACE` sandboxes' traffic leaves by, NATed (\"\": the default route's)")
 	fs.Var(&dnsValue{p: &cfg.netDNS}, "net-dns", "upstream DNS servers `ADDR[,ADDR]` (IP or IP:PORT) kilnd's DNS proxy asks (\"\": /etc/resolv.conf's)")
+	fs.Var(&refusedValue{p: &cfg.netRefused}, "net-refuse", "destinations no sandbox reaches unless its allow list names them, in every egress mode: `default` (link-local and the cloud metadata service, loopback, RFC 1918, CGNAT and the other special-purpose IPv4 ranges: docs/network.md), none, or CIDR[,CIDR] (IPv4)")
 	cfg.egressDefault = egressAllowAll
 	fs.Var(&choiceValue{p: &cfg.egressDefault, choices: []string{egressAllowAll, egressDenyAll}}, "egress-default", "egress `POLICY` of a sandbox whose request names none: allow-all or deny-all")
 	fs.Var(&cgroupRootValue{p: &cfg.cgroupRoot}, "cgroup-root", "cgroup v2 `PATH` under which each sandbox gets a cgroup (\"\": kilnd's own cgroup, delegated by systemd; \"none\": no cgroups)")
@@ -298,6 +300,54 @@ func (v *ifaceValue) Set(s string) error {
 		}
 	}
 	*v.p = s
+	return nil
+}
+
+// refusedValue is --net-refuse: "default" (nil: hostnet.DefaultRefused),
+// "none" (empty, not nil) or comma-separated IPv4 CIDRs.
+type refusedValue struct{ p *[]netip.Prefix }
+
+func (v *refusedValue) String() string {
+	switch {
+	case v.p == nil || *v.p == nil:
+		return "default"
+	case len(*v.p) == 0:
+		return "none"
+	}
+	s := make([]string, len(*v.p))
+	for i, p := range *v.p {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (v *refusedValue) Set(s string) error {
+	switch strings.TrimSpace(s) {
+	case "default":
+		*v.p = nil
+		return nil
+	case "none":
+		*v.p = []netip.Prefix{}
+		return nil
+	case "":
+		return errors.New(`want "default", "none" or CIDR[,CIDR]`)
+	}
+	out := []netip.Prefix{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return fmt.Errorf("%q is not a CIDR (want e.g. 169.254.0.0/16): %w", f, err)
+		}
+		if !p.Addr().Is4() {
+			return fmt.Errorf("%q: sandboxes have IPv4 only, want an IPv4 CIDR", f)
+		}
+		out = append(out, p.Masked())
+	}
+	if len(out) > hostnet.MaxCIDRs {
+		return fmt.Errorf("%d CIDRs; at most %d", len(out), hostnet.MaxCIDRs)
+	}
+	*v.p = out
 	return nil
 }
 

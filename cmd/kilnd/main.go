@@ -72,6 +72,7 @@ type config struct {
 	netPool          netip.Prefix     // zero = no per-sandbox network
 	netUplink        string           // "" = the default route's
 	netDNS           []netip.AddrPort // nil = /etc/resolv.conf's
+	netRefused       []netip.Prefix   // nil = hostnet.DefaultRefused; empty = none
 	egressDefault    string           // egressAllowAll or egressDenyAll (with --net-pool)
 	cgroupRoot       string           // "" = kilnd's own cgroup, cgroupNone = none
 	memoryOvercommit float64          // × host memory that admission lets sandboxes commit
