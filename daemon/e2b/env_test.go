@@ -61,7 +61,7 @@ func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	if err != nil {
 		t.Fatalf("template base: %v", err)
 	}
-	keys, err := e2b.LoadKeys("", []string{keyA + " alpha", keyB + " beta"})
+	keys, err := e2b.LoadKeys("", []string{keyA + " alpha", keyB + " beta"}, e2b.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -205,13 +205,19 @@ func (s *Server) domainPtr() *string {
 	return &d
 }
 
-func (s *Server) sandboxJSON(sb *kilnpb.Sandbox) *sandboxJSON {
+// accessToken is sb's envd access token for r's caller (its API key).
+func (s *Server) accessToken(r *http.Request, sb *kilnpb.Sandbox) string {
+	c := callerOf(r)
+	return s.tokens.token(sb.GetId(), c.tenant, c.key)
+}
+
+func (s *Server) sandboxJSON(r *http.Request, sb *kilnpb.Sandbox) *sandboxJSON {
 	return &sandboxJSON{
 		SandboxID:       sb.GetId(),
 		TemplateID:      templateID(sb),
 		ClientID:        ClientID,
 		EnvdVersion:     envd.Version,
-		EnvdAccessToken: s.tokens.token(sb.GetId()),
+		EnvdAccessToken: s.accessToken(r, sb),
 		Domain:          s.domainPtr(),
 	}
 }
@@ -429,7 +435,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		return err
 	}
 	s.log.Info("e2b: created a sandbox", "sandbox", sb.GetId(), "tenant", tenant, "template", req.TemplateID)
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(r, sb))
 	return nil
 }
 
@@ -584,7 +590,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, tenant strin
 	}
 	d := sandboxDetail{
 		listedSandbox:   listed(sb),
-		EnvdAccessToken: s.tokens.token(sb.GetId()),
+		EnvdAccessToken: s.accessToken(r, sb),
 		Domain:          s.domainPtr(),
 		Lifecycle:       lifecycle{OnTimeout: "kill"},
 	}
@@ -709,7 +715,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 			}
 		}
 	}
-	writeJSON(w, code, s.sandboxJSON(sb))
+	writeJSON(w, code, s.sandboxJSON(r, sb))
 	return nil
 }
 
@@ -761,7 +767,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 			}
 			break
 		}
-		out = append(out, forkResult{Sandbox: s.sandboxJSON(child)})
+		out = append(out, forkResult{Sandbox: s.sandboxJSON(r, child)})
 	}
 	ids := make([]string, 0, len(out))
 	for _, f := range out {

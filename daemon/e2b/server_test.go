@@ -1,11 +1,17 @@
 package e2b_test
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -62,7 +68,7 @@ func TestCreate(t *testing.T) {
 			var c created
 			r.json(t, &c)
 			if c.ClientID != e2b.ClientID || c.EnvdVersion != envd.Version || c.Domain == nil || *c.Domain != "kiln.test" ||
-				c.EnvdAccessToken != e.srv.AccessToken(c.SandboxID) {
+				c.EnvdAccessToken != e.srv.AccessToken(c.SandboxID, "alpha", keyA) {
 				t.Errorf("reply %s", r.body)
 			}
 			sb, err := e.kiln.GetSandbox(context.Background(), &kilnpb.GetSandboxRequest{Id: c.SandboxID})
@@ -311,7 +317,7 @@ func TestFork(t *testing.T) {
 		t.Fatalf("fork: %s", r.body)
 	}
 	for _, k := range kids {
-		if k.Sandbox == nil || k.Error != nil || k.Sandbox.EnvdAccessToken != e.srv.AccessToken(k.Sandbox.SandboxID) {
+		if k.Sandbox == nil || k.Error != nil || k.Sandbox.EnvdAccessToken != e.srv.AccessToken(k.Sandbox.SandboxID, "alpha", keyA) {
 			t.Fatalf("child: %s", r.body)
 		}
 		var d struct {
@@ -408,13 +414,13 @@ func TestSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e2.AccessToken(sb.SandboxID) != sb.EnvdAccessToken {
+	if e2.AccessToken(sb.SandboxID, "alpha", keyA) != sb.EnvdAccessToken {
 		t.Error("a restarted server gives another access token")
 	}
 }
 
 func mustKeys(t *testing.T) *e2b.Keys {
-	k, err := e2b.LoadKeys("", []string{keyA + " alpha"})
+	k, err := e2b.LoadKeys("", []string{keyA + " alpha"}, e2b.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +558,7 @@ func TestEnvdRouting(t *testing.T) {
 		{"no token", []string{"E2b-Sandbox-Id", sb.SandboxID}, 401, "unauthenticated"},
 		{"wrong token", []string{"E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", "x" + sb.EnvdAccessToken}, 401, "unauthenticated"},
 		{"another's token", []string{"E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", other.EnvdAccessToken}, 401, "unauthenticated"},
-		{"token of an unknown ID", []string{"E2b-Sandbox-Id", "sb-none", "X-Access-Token", e.srv.AccessToken("sb-none")}, 502, "unavailable"},
+		{"token of an unknown ID", []string{"E2b-Sandbox-Id", "sb-none", "X-Access-Token", e.srv.AccessToken("sb-none", "alpha", keyA)}, 401, "unauthenticated"},
 		{"another port", []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080", "X-Access-Token", sb.EnvdAccessToken}, 502, ""},
 		{"another port by host", []string{"Host", "8080-" + sb.SandboxID + ".kiln.test"}, 502, ""},
 	}
@@ -600,7 +606,7 @@ func TestEnvdRouting(t *testing.T) {
 // TestNew: what New refuses.
 func TestNew(t *testing.T) {
 	keys := mustKeys(t)
-	none, _ := e2b.LoadKeys("", nil)
+	none, _ := e2b.LoadKeys("", nil, e2b.Quota{})
 	k := (&lifeClient{}).KilnClient
 	for _, c := range []e2b.Config{
 		{Keys: keys, StateDir: t.TempDir()},
@@ -613,3 +619,106 @@ func TestNew(t *testing.T) {
 		}
 	}
 }
+
+// TestRevokedKeyTokens: an envd access token is bound to the API key it
+// was given to: each of a tenant's keys gets its own token for a sandbox,
+// and removing a key from the keys file (and reloading, as SIGHUP does)
+// makes that key's tokens 401 while the tenant's other key's still work.
+func TestRevokedKeyTokens(t *testing.T) {
+	const key1, key2 = "key-alpha-rotate-1", "key-alpha-rotate-2"
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte(key1+" alpha\n"+key2+" alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := e2b.LoadKeys(file, nil, e2b.Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordEnvd{}
+	e := newEnv(t, func(c *e2b.Config) { c.Envd = rec; c.Keys = keys })
+	sb := e.create(key1, nil)
+	r := e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", key2, `{"timeout":30}`)
+	if r.status != 200 {
+		t.Fatalf("connect with the second key: %d %s", r.status, r.body)
+	}
+	var viaKey2 created
+	r.json(t, &viaKey2)
+	if viaKey2.EnvdAccessToken == sb.EnvdAccessToken || viaKey2.EnvdAccessToken == "" {
+		t.Errorf("two keys of a tenant get one token: %q", viaKey2.EnvdAccessToken)
+	}
+	envdStatus := func(tok string) int {
+		return e.do("POST", "/process.Process/List", "", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", tok).status
+	}
+	if a, b := envdStatus(sb.EnvdAccessToken), envdStatus(viaKey2.EnvdAccessToken); a != 204 || b != 204 {
+		t.Fatalf("envd with either key's token: %d, %d; want 204", a, b)
+	}
+	// key1 revoked.
+	if err := os.WriteFile(file, []byte(key2+" alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.ReloadKeys(); err != nil {
+		t.Fatal(err)
+	}
+	n := len(rec.ids)
+	if got := envdStatus(sb.EnvdAccessToken); got != 401 {
+		t.Errorf("envd with a revoked key's token: %d; want 401", got)
+	}
+	if len(rec.ids) != n {
+		t.Error("a revoked key's token reached envd")
+	}
+	if got := envdStatus(viaKey2.EnvdAccessToken); got != 204 {
+		t.Errorf("envd with the tenant's remaining key's token: %d; want 204", got)
+	}
+	if r := e.do("GET", "/sandboxes/"+sb.SandboxID, key1, nil); r.status != 401 {
+		t.Errorf("the control plane with a revoked key: %d", r.status)
+	}
+	// Every key of the tenant revoked: no token of its sandbox works.
+	if err := os.WriteFile(file, []byte("key-beta-only-0001 beta\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.ReloadKeys(); err != nil {
+		t.Fatal(err)
+	}
+	if got := envdStatus(viaKey2.EnvdAccessToken); got != 401 {
+		t.Errorf("envd once the tenant has no key: %d; want 401", got)
+	}
+}
+
+// TestControlPlaneReadTimeout: a control-plane request whose body stalls
+// is answered 408 once Config.ReadTimeout passes, and envd's requests
+// are not held to it (a slow envd handler still answers).
+func TestControlPlaneReadTimeout(t *testing.T) {
+	slow := envdFunc(func(w http.ResponseWriter, r *http.Request, id string) {
+		time.Sleep(400 * time.Millisecond) // past the read and write timeouts
+		w.WriteHeader(http.StatusNoContent)
+	})
+	e := newEnv(t, func(c *e2b.Config) {
+		c.ReadTimeout, c.WriteTimeout = 200*time.Millisecond, 300*time.Millisecond
+		c.Envd = slow
+	})
+	sb := e.create(keyA, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /v2/sandboxes HTTP/1.1\r\nHost: kiln\r\nX-API-KEY: "+keyA+"\r\nContent-Length: 100\r\n\r\n{\"templ")
+	began := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a stalled body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || time.Since(began) > 5*time.Second {
+		t.Errorf("a stalled body: %d after %v; want 408 after the read timeout", resp.StatusCode, time.Since(began))
+	}
+	if r := e.do("POST", "/process.Process/List", "", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", sb.EnvdAccessToken); r.status != 204 {
+		t.Errorf("envd past the control plane's timeouts: %d %s", r.status, r.body)
+	}
+}
+
+// envdFunc is an EnvdHandler of a function.
+type envdFunc func(w http.ResponseWriter, r *http.Request, id string)
+
+func (f envdFunc) Serve(w http.ResponseWriter, r *http.Request, id string) { f(w, r, id) }
