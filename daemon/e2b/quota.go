@@ -1,9 +1,13 @@
 package e2b
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+
+	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
 // Quota is what one tenant's sandboxes may hold of the host; a zero
@@ -98,4 +102,109 @@ func (u usage) exceeds(add usage, q Quota) string {
 		}
 	}
 	return ""
+}
+
+// admission admits tenants' requests against their quotas: what a
+// tenant holds now (its sandboxes as kilnd lists them, its snapshots in
+// the index) and what its requests under way were admitted for. The
+// listing is taken under mu, after every admitted request either still
+// counts as pending or is done (and then listed), so that two requests
+// cannot both take a tenant's last place.
+type admission struct {
+	mu      sync.Mutex
+	pending map[string]usage // by tenant
+}
+
+// QuotaError is a request refused for its tenant's quota: its message
+// names the tenant's own quota, nothing of other tenants or the host.
+type QuotaError struct {
+	Tenant string
+	What   string // the quota passed, as exceeds says it
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("capacity: tenant %s is at its %s", e.Tenant, e.What)
+}
+
+// admit checks that tenant may add add, and counts it as pending until
+// done is called (after the request, whatever its outcome).
+func (s *Server) admit(ctx context.Context, tenant string, add usage) (done func(), err error) {
+	q := s.keys.Quota(tenant)
+	if q == (Quota{}) {
+		return func() {}, nil
+	}
+	a := &s.admission
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	have, err := s.usage(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	p := a.pending[tenant]
+	have.Sandboxes += p.Sandboxes
+	have.MemoryMiB += p.MemoryMiB
+	have.HibernatedMiB += p.HibernatedMiB
+	have.Snapshots += p.Snapshots
+	if what := have.exceeds(add, q); what != "" {
+		return nil, &QuotaError{Tenant: tenant, What: what}
+	}
+	if a.pending == nil {
+		a.pending = map[string]usage{}
+	}
+	p.Sandboxes += add.Sandboxes
+	p.MemoryMiB += add.MemoryMiB
+	p.HibernatedMiB += add.HibernatedMiB
+	p.Snapshots += add.Snapshots
+	a.pending[tenant] = p
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			p := a.pending[tenant]
+			p.Sandboxes -= add.Sandboxes
+			p.MemoryMiB -= add.MemoryMiB
+			p.HibernatedMiB -= add.HibernatedMiB
+			p.Snapshots -= add.Snapshots
+			if p == (usage{}) {
+				delete(a.pending, tenant)
+			} else {
+				a.pending[tenant] = p
+			}
+		})
+	}, nil
+}
+
+// usage is what tenant holds now.
+func (s *Server) usage(ctx context.Context, tenant string) (usage, error) {
+	resp, err := s.kiln.ListSandboxes(ctx, &kilnpb.ListSandboxesRequest{Labels: map[string]string{TenantLabel: tenant}})
+	if err != nil {
+		return usage{}, fmt.Errorf("counting tenant %s's sandboxes: %w", tenant, err)
+	}
+	var u usage
+	for _, sb := range resp.GetSandboxes() {
+		if !isLive(sb.GetState()) || sb.GetLabels()[TenantLabel] != tenant {
+			continue
+		}
+		u.Sandboxes++
+		if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {
+			u.HibernatedMiB += hibernatedMiB(sb)
+		} else {
+			u.MemoryMiB += uint64(sb.GetResources().GetMemoryMib())
+		}
+	}
+	u.Snapshots = uint64(len(s.snaps.list(tenant)))
+	return u, nil
+}
+
+// hibernatedMiB is the most a paused sandbox's state takes on disk: its
+// guest memory and its writable layer's cap (half its memory when it
+// has none, as listed says).
+func hibernatedMiB(sb *kilnpb.Sandbox) uint64 {
+	res := sb.GetResources()
+	disk := res.GetDiskMib()
+	if disk == 0 {
+		disk = res.GetMemoryMib() / 2
+	}
+	return uint64(res.GetMemoryMib()) + uint64(disk)
 }

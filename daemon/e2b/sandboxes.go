@@ -397,8 +397,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		return err
 	}
 	creq := &kilnpb.CreateSandboxRequest{LifetimeMs: life, Egress: egress, RequestId: requestID()}
+	var memMiB uint64 // the new sandbox's, for the tenant's quota
 	if snap, ok := s.snaps.find(tenant, req.TemplateID); ok {
 		creq.Source = &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: snap.ID}
+		memMiB = uint64(snap.MemoryMiB)
 	} else {
 		tp, err := s.kiln.GetTemplate(r.Context(), &kilnpb.GetTemplateRequest{Id: req.TemplateID})
 		if status.Code(err) == codes.NotFound {
@@ -408,6 +410,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 			return err
 		}
 		creq.Source = &kilnpb.CreateSandboxRequest_Template{Template: tp.GetId()}
+		memMiB = uint64(tp.GetResources().GetMemoryMib())
 	}
 	creq.Labels = map[string]string{TenantLabel: tenant, TemplateLabel: req.TemplateID}
 	for k, v := range req.Metadata {
@@ -427,6 +430,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.TimeoutAction = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: 1, MemoryMiB: memMiB})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	sb, err := s.kiln.CreateSandbox(r.Context(), creq)
 	if err != nil {
 		if egress != nil {
@@ -667,6 +675,11 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, tenant str
 	if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {
 		return errorf(http.StatusConflict, "sandbox %q is already paused", sb.GetId())
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{HibernatedMiB: hibernatedMiB(sb)})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	// Kiln's pause always keeps the memory (a filesystem-only pause
 	// would lose the processes for nothing: the state is on disk either
 	// way).
@@ -699,7 +712,13 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 	}
 	code := http.StatusOK
 	if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {
-		if sb, err = s.kiln.ResumeSandbox(r.Context(), &kilnpb.ResumeSandboxRequest{Id: sb.GetId()}); err != nil {
+		admitted, err := s.admit(r.Context(), tenant, usage{MemoryMiB: uint64(sb.GetResources().GetMemoryMib())})
+		if err != nil {
+			return err
+		}
+		sb, err = s.kiln.ResumeSandbox(r.Context(), &kilnpb.ResumeSandboxRequest{Id: sb.GetId()})
+		admitted()
+		if err != nil {
 			return err
 		}
 		code = http.StatusCreated
@@ -742,6 +761,11 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 	if parent.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
 		return errorf(http.StatusConflict, "sandbox %q is %s: fork a running sandbox (connect to a paused one first)", parent.GetId(), stateName(parent))
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: uint64(count), MemoryMiB: uint64(count) * uint64(parent.GetResources().GetMemoryMib())})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stream, err := s.kiln.Fork(ctx, &kilnpb.ForkRequest{

@@ -98,7 +98,8 @@ type Server struct {
 	now        func() time.Time
 	mux        *http.ServeMux
 
-	authLog limiter // of failed authentications' log lines
+	authLog   limiter   // of failed authentications' log lines
+	admission admission // of tenants' requests against their quotas
 }
 
 // New makes a Server. It needs kiln, at least one key, and a state folder.
@@ -320,7 +321,12 @@ func (s *Server) api(h apiHandler) http.HandlerFunc {
 			if code >= 500 {
 				lvl = slog.LevelWarn
 			}
-			s.log.Log(r.Context(), lvl, "e2b: request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenant, "status", code, "err", msg)
+			if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
+				lvl = slog.LevelInfo
+			}
+			// The whole error for the operator, not the reply's
+			// (which says less of the host).
+			s.log.Log(r.Context(), lvl, "e2b: request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenant, "status", code, "reply", msg, "err", err)
 			writeError(w, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/e2b"
 	"github.com/kilnvm/kiln/daemon/e2b/envd"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
@@ -722,3 +723,69 @@ func TestControlPlaneReadTimeout(t *testing.T) {
 type envdFunc func(w http.ResponseWriter, r *http.Request, id string)
 
 func (f envdFunc) Serve(w http.ResponseWriter, r *http.Request, id string) { f(w, r, id) }
+
+// TestTenantQuota: a tenant at its quota is refused (429, "capacity",
+// naming its own quota and nothing of the host's or others' counts)
+// while another tenant still creates; each kind of quota holds (live
+// sandboxes on create and fork, memory, hibernated state on pause,
+// snapshots); the host's own limit is refused without its numbers.
+func TestTenantQuota(t *testing.T) {
+	const keyC = "key-gamma-0000003"
+	var mem uint32
+	e := newEnvDaemon(t, func(c *daemon.Config) { c.MaxSandboxes = 5 }, func(c *e2b.Config) {
+		keys, err := e2b.LoadKeys("", []string{keyA + " alpha sandboxes=2 hibernated=1 snapshots=1", keyB + " beta", keyC + " gamma memory=1"}, e2b.Quota{Sandboxes: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Keys = keys
+	})
+	mem = e.base.GetResources().GetMemoryMib()
+	if mem == 0 {
+		t.Fatal("the base template has no memory size")
+	}
+	refused := func(r reply, status int, want string) {
+		t.Helper()
+		if r.status != status {
+			t.Fatalf("status %d %s; want %d", r.status, r.body, status)
+		}
+		msg := r.errBody(t)
+		if !strings.Contains(msg, "capacity") || !strings.Contains(msg, want) {
+			t.Errorf("refusal %q; want capacity and %q", msg, want)
+		}
+		for _, leak := range []string{"host runs", "the host's", "of 5", "runs 5", "limit is", "1024", "beta", "16384"} {
+			if strings.Contains(msg, leak) {
+				t.Errorf("refusal %q tells of the host or another tenant (%q)", msg, leak)
+			}
+		}
+	}
+	b1 := e.create(keyB, nil)
+	a1 := e.create(keyA, nil)
+	e.create(keyA, nil)
+	// alpha is at its 2 sandboxes: refused, naming its quota.
+	refused(e.do("POST", "/v2/sandboxes", keyA, map[string]any{"templateID": "base"}), 429, "alpha is at its sandboxes quota of 2")
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/fork", keyA, `{"count":1}`), 429, "sandboxes quota of 2")
+	// beta, under the default quota of 4, still creates.
+	e.create(keyB, nil)
+	// gamma's memory quota (1 MiB) is below one sandbox's.
+	refused(e.do("POST", "/v2/sandboxes", keyC, map[string]any{"templateID": "base"}), 429, "gamma is at its memory quota of 1 MiB")
+	// alpha's hibernated quota (1 MiB) refuses a pause; its snapshot
+	// quota a second snapshot.
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/pause", keyA, `{}`), 429, "hibernated quota of 1 MiB")
+	if r := e.do("POST", "/sandboxes/"+a1.SandboxID+"/snapshots", keyA, `{}`); r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/snapshots", keyA, `{}`), 429, "snapshots quota of 1")
+	// A freed place is the tenant's again.
+	if r := e.do("DELETE", "/sandboxes/"+a1.SandboxID, keyA, nil); r.status != 204 {
+		t.Fatalf("kill: %d", r.status)
+	}
+	e.create(keyA, nil)
+	// The host's limit (5 live sandboxes): beta, under its quota, is
+	// refused for the host, told nothing of the host's counts.
+	if r := e.do("DELETE", "/sandboxes/"+b1.SandboxID, keyB, nil); r.status != 204 {
+		t.Fatalf("kill: %d", r.status)
+	}
+	e.create(keyB, nil)
+	e.create(keyB, nil)
+	refused(e.do("POST", "/v2/sandboxes", keyB, map[string]any{"templateID": "base"}), 503, "capacity")
+}
