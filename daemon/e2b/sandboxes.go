@@ -423,9 +423,18 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		}
 		keys = append(keys, k)
 	}
+	if len(keys) > maxEnvVars {
+		return errorf(http.StatusBadRequest, "envVars: %d variables, at most %d", len(keys), maxEnvVars)
+	}
 	sort.Strings(keys)
+	// envVars often hold API keys: they go to kilnd as plain secrets,
+	// kept in memory only (kilnd's and the sandbox's VMM process's;
+	// records, checkpoints and hibernated state name them only), not as
+	// the sandbox's env, which its record keeps on disk. The cost: a
+	// sandbox hibernated across a restart of kilnd, or created from a
+	// snapshot, has no envVars but its own create's (docs/security.md).
 	for _, k := range keys {
-		creq.Env = append(creq.Env, k+"="+req.EnvVars[k])
+		creq.Secrets = append(creq.Secrets, &kilnpb.Secret{Name: k, Value: []byte(req.EnvVars[k]), Plain: true})
 	}
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.TimeoutAction = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE
@@ -446,6 +455,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 	writeJSON(w, http.StatusCreated, s.sandboxJSON(r, sb))
 	return nil
 }
+
+// maxEnvVars is the most envVars a create takes: kilnd's most secrets.
+const maxEnvVars = 64
 
 // maxList is the most sandboxes a page lists.
 const maxList = 100

@@ -2,8 +2,10 @@ package e2b_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -84,7 +86,7 @@ func TestCreate(t *testing.T) {
 			}
 			creq := lc.creates[len(lc.creates)-1]
 			if strings.HasPrefix(tc.name, "metadata") && (sb.Labels["k"] != "v" || creq.TimeoutAction != kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE ||
-				len(creq.Env) != 1 || creq.Env[0] != "A=1") {
+				len(creq.Env) != 0 || len(creq.Secrets) != 1 || creq.Secrets[0].Name != "A" || string(creq.Secrets[0].Value) != "1" || !creq.Secrets[0].Plain) {
 				t.Errorf("metadata/envVars/autoPause not passed on: %v", creq)
 			}
 		})
@@ -788,4 +790,91 @@ func TestTenantQuota(t *testing.T) {
 	e.create(keyB, nil)
 	e.create(keyB, nil)
 	refused(e.do("POST", "/v2/sandboxes", keyB, map[string]any{"templateID": "base"}), 503, "capacity")
+}
+
+// TestEnvVarsNotOnDisk: a create's envVars reach every process of the
+// sandbox (and of its fork children), and their values are in no file of
+// the state folder (kilnd's records, checkpoints, hibernated state, the
+// E2B layer's index) after a snapshot, a fork and a pause.
+func TestEnvVarsNotOnDisk(t *testing.T) {
+	e := newEnv(t, nil)
+	const value = "sk-e2b-envvar-distinctive-91c2"
+	sb := e.create(keyA, map[string]any{"envVars": map[string]string{"OPENAI_API_KEY": value, "DEBUG": "1"}})
+	printEnv := func(id string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := e.kiln.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Start{Start: &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", `echo "$OPENAI_API_KEY $DEBUG"`}}}})
+		var out strings.Builder
+		for {
+			resp, err := st.Recv()
+			if err == io.EOF {
+				return out.String()
+			}
+			if err != nil {
+				t.Fatalf("exec in %s: %v", id, err)
+			}
+			out.Write(resp.GetStdout())
+		}
+	}
+	if got := printEnv(sb.SandboxID); got != value+" 1\n" {
+		t.Fatalf("the sandbox's process sees %q", got)
+	}
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", keyA, `{}`); r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", keyA, `{"count":1}`)
+	var kids []struct{ Sandbox *created }
+	if r.status != 201 {
+		t.Fatalf("fork: %d %s", r.status, r.body)
+	}
+	r.json(t, &kids)
+	if len(kids) != 1 || kids[0].Sandbox == nil {
+		t.Fatalf("fork: %s", r.body)
+	}
+	if got := printEnv(kids[0].Sandbox.SandboxID); got != value+" 1\n" {
+		t.Errorf("a fork child's process sees %q", got)
+	}
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", keyA, `{}`); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	// Every file of the state folder but the double's guest roots (what
+	// stands for the guest's own memory and disk).
+	files := 0
+	err := filepath.WalkDir(e.state, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "root" {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		files++
+		if bytes.Contains(b, []byte(value)) {
+			t.Errorf("%s holds an envVar's value", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 5 {
+		t.Errorf("only %d files in the state folder: not the records, checkpoints and hibernated state looked for", files)
+	}
+	if r := e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", keyA, `{}`); r.status != 201 {
+		t.Fatalf("connect: %d %s", r.status, r.body)
+	}
+	if got := printEnv(sb.SandboxID); got != value+" 1\n" {
+		t.Errorf("after a pause and connect the process sees %q", got)
+	}
 }
