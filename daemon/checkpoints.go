@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,6 +31,33 @@ type forkRequest struct {
 }
 
 func isForkKey(key string) bool { return strings.HasPrefix(key, "fork:") }
+
+// forgetForkChildLocked drops the pruned child id from the fork request
+// req's index entry, and the entry once it has no child left and its fork
+// has finished: a request ID is remembered as long as one of the
+// children it made is, and is then forgotten (a retry with it is a new
+// fork, not an empty success). s.mu is held.
+func (s *Server) forgetForkChildLocked(req, id string) {
+	f := s.forks[req]
+	if f == nil {
+		return
+	}
+	f.children = slices.DeleteFunc(f.children, func(c string) bool { return c == id })
+	s.pruneForkLocked(req, f)
+}
+
+// pruneForkLocked forgets the fork request req when it has finished and
+// none of its children is left. s.mu is held.
+func (s *Server) pruneForkLocked(req string, f *forkRequest) {
+	if len(f.children) > 0 || s.forks[req] != f {
+		return
+	}
+	select {
+	case <-f.done:
+		delete(s.forks, req)
+	default: // in flight: Fork prunes it when it finishes
+	}
+}
 
 func (s *Server) checkpointPath(id string) string {
 	return filepath.Join(s.cfg.StateDir, checkpointsDir, id+".json")
@@ -546,7 +574,10 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		if f.key != tmpl.RequestKey {
 			return status.Errorf(codes.AlreadyExists, "request_id %q made a fork with other parameters", tmpl.RequestID)
 		}
-		for _, id := range f.children {
+		s.mu.Lock()
+		children := slices.Clone(f.children) // pruning edits them
+		s.mu.Unlock()
+		for _, id := range children {
 			if b, err := s.lookup(id); err == nil {
 				if err := send(s.describe(b)); err != nil {
 					return err
@@ -555,7 +586,13 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		}
 		return f.err
 	}
-	defer close(f.done)
+	defer func() {
+		close(f.done)
+		// Children that failed to start and were pruned meanwhile.
+		s.mu.Lock()
+		s.pruneForkLocked(tmpl.RequestID, f)
+		s.mu.Unlock()
+	}()
 	for _, b := range boxes {
 		b.mu.Lock()
 		b.secrets = cloneSecrets(parentSecrets)

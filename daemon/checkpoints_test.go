@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -382,5 +383,54 @@ func TestInMemoryCheckpoints(t *testing.T) {
 	last, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: kept.Id}, Count: 1})
 	if err != nil || len(last) != 1 {
 		t.Fatalf("fork of a kept checkpoint: %v %v", last, err)
+	}
+}
+
+// TestForkIndexPruned: a fork's request ID is remembered while one of its
+// children is, and forgotten with the last: 1,000 forks whose children
+// ended and were pruned leave no request ID behind (kiln_fork_requests),
+// and a retry of a pruned fork's request ID forks anew instead of
+// "succeeding" with no children.
+func TestForkIndexPruned(t *testing.T) {
+	e := newEnv(t, func(c *daemon.Config) { c.KeepEnded = 1 })
+	parent := e.create(nil)
+	const forks = 1000
+	for i := range forks {
+		kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.Id}, Count: 1, RequestId: fmt.Sprintf("f-%d", i)})
+		if err != nil || len(kids) != 1 {
+			t.Fatalf("fork %d: %v %v", i, kids, err)
+		}
+		e.clock.Advance(time.Millisecond)
+		if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: kids[0].Id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last child is the one ended sandbox kept (KeepEnded 1): its
+	// fork is still remembered, and a retry gets that child.
+	if got := metricValue(t, e.srv, "kiln_fork_requests", nil); got != 1 {
+		t.Errorf("kiln_fork_requests with the last child kept = %v, want 1", got)
+	}
+	last := fmt.Sprintf("f-%d", forks-1)
+	again, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.Id}, Count: 1, RequestId: last})
+	if err != nil || len(again) != 1 || again[0].State != kilnpb.SandboxState_SANDBOX_STATE_DESTROYED {
+		t.Errorf("a retry of the last fork: %v %v, want its one destroyed child", again, err)
+	}
+	// Another sandbox's end prunes the last child: nothing is remembered.
+	other := e.create(nil)
+	e.clock.Advance(time.Millisecond)
+	if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: other.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if got := metricValue(t, e.srv, "kiln_fork_requests", nil); got != 0 {
+		t.Errorf("kiln_fork_requests after %d forks whose children were pruned = %v, want 0", forks, got)
+	}
+	// A retry of a pruned request ID, the same fork, is a new fork: a
+	// new child, not a success with none.
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.Id}, Count: 1, RequestId: "f-0"})
+	if err != nil || len(kids) != 1 || kids[0].State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("a retry of pruned fork f-0: %v %v, want a new running child", kids, err)
+	}
+	if got := metricValue(t, e.srv, "kiln_fork_requests", nil); got != 1 {
+		t.Errorf("kiln_fork_requests after the new fork = %v, want 1", got)
 	}
 }

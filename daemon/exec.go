@@ -384,7 +384,7 @@ func (s *Server) Exec(stream kilnpb.Kiln_ExecServer) error {
 	b.mu.Lock()
 	env, bctx, secs := b.rec.Env, b.ctx, b.secrets // a rollback replaces ctx
 	b.mu.Unlock()
-	opts, err := execOptions(st, env)
+	opts, err := execOptions(st, plainEnv(env, secs))
 	if err != nil {
 		s.metrics.execStarted(began, err)
 		return err

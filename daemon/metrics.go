@@ -250,11 +250,12 @@ var (
 	descPoolSize  = prometheus.NewDesc("kiln_template_pool_size", "Sandboxes a template's pool keeps ready.", []string{"template"}, nil)
 	descPoolReady = prometheus.NewDesc("kiln_template_pool_ready", "Sandboxes ready in a template's pool.", []string{"template"}, nil)
 	descCkpts     = prometheus.NewDesc("kiln_checkpoints", "Checkpoints the server holds, in memory or persisted.", []string{"kind"}, nil)
+	descForkReqs  = prometheus.NewDesc("kiln_fork_requests", "Fork request IDs the server remembers for retries: each until the last of its children is forgotten.", nil, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSandboxes, descBuilding, descCommitted, descLimit, descTotal, descAvailable,
-		descTmplLive, descPoolSize, descPoolReady, descCkpts} {
+		descTmplLive, descPoolSize, descPoolReady, descCkpts, descForkReqs} {
 		ch <- d
 	}
 }
@@ -269,7 +270,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ready int
 	}
 	pools := map[string]poolInfo{}
-	var memory, persisted int
+	var memory, persisted, forkReqs int
 
 	s.mu.Lock()
 	used := s.buildingMiB + s.pooledMiB // as admitLocked counts
@@ -299,6 +300,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			memory++
 		}
 	}
+	forkReqs = len(s.forks)
 	s.mu.Unlock()
 
 	for st, n := range states {
@@ -318,6 +320,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descCkpts, prometheus.GaugeValue, float64(memory), "memory")
 	ch <- prometheus.MustNewConstMetric(descCkpts, prometheus.GaugeValue, float64(persisted), "persisted")
+	ch <- prometheus.MustNewConstMetric(descForkReqs, prometheus.GaugeValue, float64(forkReqs))
 }
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.

@@ -45,6 +45,14 @@ import (
 // mask and the bytes beside it). The masking is of verbatim values only:
 // a value the guest prints encoded (base64, hex, split) is not found.
 //
+// A plain secret (Secret.plain: E2B's envVars) is an env secret that is
+// kept as secrets are, because its value may be an API key its user put
+// there and so must not reach the host's disk, but is not the sandbox
+// user's secret: it is not masked in exec output (so any value goes: an
+// empty one, "1", one with '*'), and it is the sandbox's env, which an
+// exec's own env overrides, not a secret that wins over it. Its name is
+// any 1 to maxSecretName bytes without '=' or NUL.
+//
 // A request's idempotency key covers the secrets' names, files and modes,
 // not their values (a digest of a value on disk could be brute-forced): a
 // retry with the same request ID and other values gets the sandbox the
@@ -72,6 +80,7 @@ type secret struct {
 	Value []byte `json:"value"`
 	File  string `json:"file,omitempty"`
 	Mode  uint32 `json:"mode,omitempty"`
+	Plain bool   `json:"plain,omitempty"` // unmasked, overridden by an exec's env
 }
 
 // isPOSIXName says s is a POSIX environment variable name.
@@ -104,6 +113,21 @@ func checkSecrets(field string, in []*kilnpb.Secret) ([]secret, error) {
 	out := make([]secret, 0, len(in))
 	for i, s := range in {
 		name, v := s.GetName(), s.GetValue()
+		if s.GetPlain() {
+			sec, err := checkPlain(field, i, s)
+			if err != nil {
+				return nil, err
+			}
+			if names[name] {
+				return nil, status.Errorf(codes.InvalidArgument, "%s: secret %.140q is given twice", field, name)
+			}
+			names[name] = true
+			if total += len(v); total > maxSecretsTotal {
+				return nil, status.Errorf(codes.InvalidArgument, "%s: the secrets have more than %d bytes in all (at secret %.140q)", field, maxSecretsTotal, name)
+			}
+			out = append(out, sec)
+			continue
+		}
 		if len(name) > maxSecretName || !isPOSIXName(name) {
 			return nil, status.Errorf(codes.InvalidArgument, "%s[%d]: name %.140q: want 1 to %d bytes of letters, digits and '_', not starting with a digit (a POSIX environment variable name)", field, i, name, maxSecretName)
 		}
@@ -154,6 +178,24 @@ func checkSecrets(field string, in []*kilnpb.Secret) ([]secret, error) {
 	return out, nil
 }
 
+// checkPlain checks the plain secret in[i]; its errors name it by its
+// name, never its value.
+func checkPlain(field string, i int, s *kilnpb.Secret) (secret, error) {
+	name, v := s.GetName(), s.GetValue()
+	if name == "" || len(name) > maxSecretName || strings.ContainsAny(name, "=\x00") {
+		return secret{}, status.Errorf(codes.InvalidArgument, "%s[%d]: plain variable name %.140q: want 1 to %d bytes without '=' or NUL", field, i, name, maxSecretName)
+	}
+	switch {
+	case s.GetFile() != "" || s.GetFileMode() != 0:
+		return secret{}, status.Errorf(codes.InvalidArgument, "%s: plain variable %.140q has a file: a plain secret is an environment variable only", field, name)
+	case len(v) > maxSecretValue:
+		return secret{}, status.Errorf(codes.InvalidArgument, "%s: plain variable %.140q has %d bytes: at most %d", field, name, len(v), maxSecretValue)
+	case bytes.IndexByte(v, 0) >= 0:
+		return secret{}, status.Errorf(codes.InvalidArgument, "%s: plain variable %.140q has a NUL byte in its value", field, name)
+	}
+	return secret{Name: name, Value: bytes.Clone(v), Plain: true}, nil
+}
+
 // secretNames returns the secrets' names, in order.
 func secretNames(secs []secret) []string {
 	if len(secs) == 0 {
@@ -170,6 +212,9 @@ func secretNames(secs []secret) []string {
 func secretValues(secs []secret) [][]byte {
 	var out [][]byte
 	for _, s := range secs {
+		if s.Plain {
+			continue // not masked
+		}
 		out = append(out, s.Value)
 	}
 	return out
@@ -183,7 +228,7 @@ func withoutValues(in []*kilnpb.Secret) []*kilnpb.Secret {
 	}
 	out := make([]*kilnpb.Secret, len(in))
 	for i, s := range in {
-		out[i] = &kilnpb.Secret{Name: s.GetName(), File: s.GetFile(), FileMode: s.GetFileMode()}
+		out[i] = &kilnpb.Secret{Name: s.GetName(), File: s.GetFile(), FileMode: s.GetFileMode(), Plain: s.GetPlain()}
 	}
 	return out
 }
@@ -194,7 +239,7 @@ func secretEnv(env []string, secs []secret) []string {
 	var names map[string]bool
 	var add []string
 	for _, s := range secs {
-		if s.File != "" {
+		if s.File != "" || s.Plain {
 			continue
 		}
 		if names == nil {
@@ -215,6 +260,24 @@ func secretEnv(env []string, secs []secret) []string {
 	return append(out, add...)
 }
 
+// plainEnv returns the sandbox's env with its plain secrets after it
+// (an exec's env, after both, overrides them).
+func plainEnv(env []string, secs []secret) []string {
+	var out []string
+	for _, s := range secs {
+		if s.Plain {
+			if out == nil {
+				out = append(make([]string, 0, len(env)+len(secs)), env...)
+			}
+			out = append(out, s.Name+"="+string(s.Value))
+		}
+	}
+	if out == nil {
+		return env
+	}
+	return out
+}
+
 // encodeSecrets is what a VMM process keeps of a sandbox's secrets.
 func encodeSecrets(secs []secret) ([]byte, error) {
 	b, err := json.Marshal(secs)
@@ -233,7 +296,7 @@ func decodeSecrets(b []byte) ([]secret, error) {
 	}
 	in := make([]*kilnpb.Secret, len(secs))
 	for i, s := range secs {
-		in[i] = &kilnpb.Secret{Name: s.Name, Value: s.Value, File: s.File, FileMode: s.Mode}
+		in[i] = &kilnpb.Secret{Name: s.Name, Value: s.Value, File: s.File, FileMode: s.Mode, Plain: s.Plain}
 	}
 	out, err := checkSecrets("kept secrets", in)
 	if err != nil {

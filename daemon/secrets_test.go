@@ -249,6 +249,11 @@ func TestSecretsInvalid(t *testing.T) {
 		{"bad name", []*kilnpb.Secret{{Name: "A=B", Value: value}}, "POSIX"},
 		{"short", []*kilnpb.Secret{{Name: "A", Value: []byte("abc")}}, "at least 4"},
 		{"relative file", []*kilnpb.Secret{{Name: "A", Value: value, File: "etc/a"}}, "relative"},
+		{"plain with a file", []*kilnpb.Secret{{Name: "A", Value: value, File: "/etc/a", Plain: true}}, "environment variable only"},
+		{"plain name with =", []*kilnpb.Secret{{Name: "A=B", Value: value, Plain: true}}, "without '='"},
+		{"plain empty name", []*kilnpb.Secret{{Name: "", Value: value, Plain: true}}, "plain variable name"},
+		{"plain NUL", []*kilnpb.Secret{{Name: "A", Value: []byte("do-not-print-me\x00"), Plain: true}}, "NUL"},
+		{"plain and secret twice", []*kilnpb.Secret{{Name: "A", Value: value}, {Name: "A", Value: value, Plain: true}}, "given twice"},
 	} {
 		_, err := e.c.CreateSandbox(ctxT(t), &kilnpb.CreateSandboxRequest{RequestId: nextReq(),
 			Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"}, Secrets: tc.secrets})
@@ -312,5 +317,55 @@ func TestPoolSecrets(t *testing.T) {
 	}
 	if got := metricValue(t, e.srv, "kiln_template_pool_size", map[string]string{"template": tp.Id}); got != 1 {
 		t.Errorf("pool size: %v", got)
+	}
+}
+
+// TestPlainSecrets: plain secrets (E2B's envVars) are every exec's
+// environment like the sandbox's env (an exec's own env overrides them),
+// unmasked in output, of any value (empty, short, with '*'), inherited by
+// fork children and back after a restart, and their values nowhere in
+// the state folder (records, checkpoints, hibernated state).
+func TestPlainSecrets(t *testing.T) {
+	e := newEnv(t, nil)
+	const value = "plain-api-key-7f3e*x"
+	sb := e.create(&kilnpb.CreateSandboxRequest{Secrets: []*kilnpb.Secret{
+		{Name: "API_KEY", Value: []byte(value), Plain: true},
+		{Name: "SHORT", Value: []byte("1"), Plain: true},
+		{Name: "EMPTY", Plain: true},
+	}})
+	if !slices.Equal(sb.SecretNames, []string{"API_KEY", "SHORT", "EMPTY"}) {
+		t.Errorf("secret names %v", sb.SecretNames)
+	}
+	want := value + " 1 [] set\n"
+	script := `echo "$API_KEY $SHORT [$EMPTY] ${EMPTY+set}"`
+	if r := e.sh(sb.Id, script); r.stdout != want {
+		t.Errorf("exec sees %q; want %q (unmasked)", r.stdout, want)
+	}
+	r := e.exec(ctxT(t), &kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sh", "-c", "echo $SHORT"}, Env: []string{"SHORT=2"}})
+	if r.err != nil || r.stdout != "2\n" {
+		t.Errorf("an exec's env over a plain secret: %q %v; want 2", r.stdout, r.err)
+	}
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 1})
+	if err != nil || len(kids) != 1 {
+		t.Fatalf("fork: %v %v", kids, err)
+	}
+	if r := e.sh(kids[0].Id, script); r.stdout != want {
+		t.Errorf("a fork child sees %q; want %q", r.stdout, want)
+	}
+	e.checkpoint(sb.Id, true)
+	e.stop()
+	e.start()
+	if r := e.sh(sb.Id, script); r.stdout != want {
+		t.Errorf("after a restart: %q; want %q", r.stdout, want)
+	}
+	if _, err := e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id, Hibernate: true}); err != nil {
+		t.Fatal(err)
+	}
+	findValue(t, e.state, []byte(value))
+	if _, err := e.c.ResumeSandbox(ctxT(t), &kilnpb.ResumeSandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh(sb.Id, script); r.stdout != want {
+		t.Errorf("after a hibernation: %q; want %q", r.stdout, want)
 	}
 }

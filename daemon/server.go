@@ -660,12 +660,13 @@ func (s *Server) pruneEnded() {
 		b     *box
 		ended int64
 		req   string
+		fork  bool // req is a fork's (s.forks), not a create's
 	}
 	var ended []endedBox
 	for _, b := range s.boxes {
 		b.mu.Lock()
 		if !b.rec.live() {
-			ended = append(ended, endedBox{b, b.rec.EndedUnixMS, b.rec.RequestID})
+			ended = append(ended, endedBox{b, b.rec.EndedUnixMS, b.rec.RequestID, isForkKey(b.rec.RequestKey)})
 		}
 		b.mu.Unlock()
 	}
@@ -675,7 +676,9 @@ func (s *Server) pruneEnded() {
 	sort.Slice(ended, func(i, j int) bool { return ended[i].ended < ended[j].ended })
 	for _, x := range ended[:len(ended)-s.cfg.KeepEnded] {
 		delete(s.boxes, x.b.id)
-		if s.requests[x.req] == x.b {
+		if x.fork {
+			s.forgetForkChildLocked(x.req, x.b.id)
+		} else if s.requests[x.req] == x.b {
 			delete(s.requests, x.req)
 		}
 		os.Remove(s.recordPath(x.b.id))

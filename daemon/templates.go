@@ -263,7 +263,7 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		// The output is masked before the tail is cut: the error quotes
 		// no secret.
 		masked := newMasker(&out, secretValues(t.secrets))
-		opts := client.ExecOptions{Argv: r.Setup, Stdout: masked, Stderr: masked, Env: secretEnv(nil, t.secrets)}
+		opts := client.ExecOptions{Argv: r.Setup, Stdout: masked, Stderr: masked, Env: secretEnv(plainEnv(nil, t.secrets), t.secrets)}
 		p, err := inst.Start(ctx, opts)
 		if err != nil {
 			return callErr("template "+r.ID+": start the setup", err)

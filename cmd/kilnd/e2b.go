@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -46,6 +47,27 @@ func (f *stringsFlag) Set(v string) error {
 	return nil
 }
 
+// Defaults of the E2B listener's connection limits (--e2b-idle-timeout,
+// --e2b-read-timeout, --e2b-write-timeout, --e2b-conns-per-client).
+const (
+	// defaultE2BIdleTimeout: a keep-alive connection with no request
+	// under way is closed after this long.
+	defaultE2BIdleTimeout = 60 * time.Second
+	// defaultE2BReadTimeout: a control-plane request's headers and body
+	// must arrive within this (envd's streams are not cut).
+	defaultE2BReadTimeout = 30 * time.Second
+	// defaultE2BWriteTimeout: a control-plane request must be answered
+	// within this of its start: a create or a fork waits on boots and
+	// restores, so it is long.
+	defaultE2BWriteTimeout = 5 * time.Minute
+	// defaultE2BConnsPerAddr: the most connections one client address
+	// holds open at once; more are closed as they are accepted.
+	defaultE2BConnsPerAddr = 128
+	// e2bHeaderTimeout: every request's headers must arrive within this
+	// (and within the read timeout on the control plane).
+	e2bHeaderTimeout = 30 * time.Second
+)
+
 // addE2BFlags adds the E2B listener's flags to fs.
 func addE2BFlags(fs *flag.FlagSet, cfg *config) {
 	fs.Var(&hostPortValue{p: &cfg.e2bListen}, "e2b-listen", "`HOST:PORT` to serve E2B's API on, its control plane and envd (\"\": off); needs API keys")
@@ -53,6 +75,22 @@ func addE2BFlags(fs *flag.FlagSet, cfg *config) {
 	fs.Var(&stringsFlag{p: &cfg.e2bKeys}, "e2b-api-key", "an E2B API key and its tenant, `'KEY TENANT'` (repeatable)")
 	fs.DurationVar(&cfg.e2bTimeout, "e2b-default-timeout", 15*time.Second, "lifetime of an E2B sandbox whose create names no timeout (E2B's API gives 15s)")
 	fs.StringVar(&cfg.e2bDomain, "e2b-domain", "", "`DOMAIN` the E2B API returns as sandboxes' domain, for PORT-ID.DOMAIN host names (\"\": none)")
+	fs.DurationVar(&cfg.e2bIdleTimeout, "e2b-idle-timeout", defaultE2BIdleTimeout, "close an E2B API keep-alive connection idle this long")
+	fs.DurationVar(&cfg.e2bReadTimeout, "e2b-read-timeout", defaultE2BReadTimeout, "most time a control-plane request's headers and body may take to arrive (envd's streams and file transfers are not cut)")
+	fs.DurationVar(&cfg.e2bWriteTimeout, "e2b-write-timeout", defaultE2BWriteTimeout, "most time from a control-plane request to its reply written (envd's streams and file transfers are not cut)")
+	cfg.e2bConnsPerAddr = defaultE2BConnsPerAddr
+	fs.Var(&boundedUintValue{p: &cfg.e2bConnsPerAddr, min: 0, max: math.MaxInt32}, "e2b-conns-per-client", "most E2B API connections one client address holds open, `N` (0: no limit; behind a proxy every client has its address)")
+	for _, q := range []struct {
+		name, usage string
+		p           *uint64
+	}{
+		{"e2b-tenant-sandboxes", "most live (running or paused) sandboxes, `N`, of each E2B tenant whose keys line sets none (0: no limit)", &cfg.e2bTenantDefault.Sandboxes},
+		{"e2b-tenant-memory", "most guest memory in `MiB` of each E2B tenant's running sandboxes (0: no limit)", &cfg.e2bTenantDefault.MemoryMiB},
+		{"e2b-tenant-hibernated", "most `MiB` each E2B tenant's paused sandboxes' state may take on disk, each counted as its memory and disk cap (0: no limit)", &cfg.e2bTenantDefault.HibernatedMiB},
+		{"e2b-tenant-snapshots", "most snapshots, `N`, each E2B tenant keeps (0: no limit)", &cfg.e2bTenantDefault.Snapshots},
+	} {
+		fs.Var(&boundedUintValue{p: q.p, min: 0, max: e2b.MaxQuotaValue}, q.name, q.usage)
+	}
 }
 
 // checkE2BConfig is parseFlags' check of the E2B flags.
@@ -65,6 +103,14 @@ func checkE2BConfig(cfg config) error {
 	}
 	if cfg.e2bTimeout <= 0 {
 		return fmt.Errorf("--e2b-default-timeout %v: want a positive duration", cfg.e2bTimeout)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--e2b-idle-timeout", cfg.e2bIdleTimeout}, {"--e2b-read-timeout", cfg.e2bReadTimeout}, {"--e2b-write-timeout", cfg.e2bWriteTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s %v: want a positive duration", d.name, d.v)
+		}
 	}
 	if strings.ContainsAny(cfg.e2bDomain, "/: \t") {
 		return fmt.Errorf("--e2b-domain %q: want a host name", cfg.e2bDomain)
@@ -81,7 +127,7 @@ type e2bListener struct {
 }
 
 func listenE2B(cfg config, log *slog.Logger) (*e2bListener, error) {
-	keys, err := e2b.LoadKeys(cfg.e2bKeysFile, cfg.e2bKeys)
+	keys, err := e2b.LoadKeys(cfg.e2bKeysFile, cfg.e2bKeys, cfg.e2bTenantDefault)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +141,7 @@ func listenE2B(cfg config, log *slog.Logger) (*e2bListener, error) {
 	if !loopback(cfg.e2bListen) {
 		log.Warn("kilnd: the E2B API is plain HTTP: API keys and access tokens cross the network in the clear; prefer loopback behind a TLS proxy", "e2b-listen", cfg.e2bListen)
 	}
-	return &e2bListener{ln: ln, keys: keys, mem: newMemListener()}, nil
+	return &e2bListener{ln: newConnLimiter(ln, int(cfg.e2bConnsPerAddr), log), keys: keys, mem: newMemListener()}, nil
 }
 
 // start serves the E2B API on l until stop is called.
@@ -115,6 +161,9 @@ func (l *e2bListener) start(cfg config, log *slog.Logger) (stop func(context.Con
 		Logger:   log,
 		// The lifetime of a create that names none.
 		DefaultTimeout: cfg.e2bTimeout,
+		// The control plane's deadlines (envd's are its own: streams).
+		ReadTimeout:  cfg.e2bReadTimeout,
+		WriteTimeout: cfg.e2bWriteTimeout,
 		Health: func(ctx context.Context) error {
 			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "kiln.v1.Kiln"})
 			if err == nil && r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -127,7 +176,11 @@ func (l *e2bListener) start(cfg config, log *slog.Logger) (stop func(context.Con
 		conn.Close()
 		return nil, err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	// No server-wide ReadTimeout or WriteTimeout: they would cut envd's
+	// streams (process output, file transfers); the control plane sets
+	// its own per request (e2b.Config).
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: e2bHeaderTimeout, IdleTimeout: cfg.e2bIdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -222,3 +275,86 @@ type memAddr struct{}
 
 func (memAddr) Network() string { return "mem" }
 func (memAddr) String() string  { return "kilnd-in-process" }
+
+// connLimiter is a listener that lets each client address (the IP, any
+// port) hold at most max connections open: one more is closed as soon as
+// it is accepted, so an unauthenticated client cannot pin the server's
+// goroutines and descriptors with connections it never uses.
+type connLimiter struct {
+	net.Listener
+	max int // 0: no limit
+	log *slog.Logger
+
+	mu      sync.Mutex
+	open    map[string]int // by address
+	refused limiterLog
+}
+
+func newConnLimiter(ln net.Listener, max int, log *slog.Logger) *connLimiter {
+	return &connLimiter{Listener: ln, max: max, log: log, open: map[string]int{}, refused: limiterLog{every: 10 * time.Second}}
+}
+
+func (l *connLimiter) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.max == 0 {
+			return c, err
+		}
+		addr := c.RemoteAddr().String()
+		if h, _, err := net.SplitHostPort(addr); err == nil {
+			addr = h
+		}
+		l.mu.Lock()
+		if l.open[addr] >= l.max {
+			n, logIt := l.refused.allow(time.Now())
+			l.mu.Unlock()
+			c.Close()
+			if logIt {
+				l.log.Warn("kilnd: closed an E2B API connection: its client holds the most it may", "remote", addr, "max", l.max, "suppressed", n)
+			}
+			continue
+		}
+		l.open[addr]++
+		l.mu.Unlock()
+		return &limitedConn{Conn: c, release: func() { l.release(addr) }}, nil
+	}
+}
+
+func (l *connLimiter) release(addr string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[addr]--; l.open[addr] <= 0 {
+		delete(l.open, addr)
+	}
+}
+
+// limitedConn gives its slot back when it is first closed.
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// limiterLog lets one log line through every so often, counting the
+// others; its holder's mutex guards it.
+type limiterLog struct {
+	every      time.Duration
+	last       time.Time
+	suppressed int
+}
+
+func (l *limiterLog) allow(now time.Time) (int, bool) {
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		return 0, false
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	return n, true
+}

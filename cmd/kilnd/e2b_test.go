@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -153,4 +155,151 @@ func TestE2BListen(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Error("the E2B listener still answers after kilnd stopped")
 	}
+}
+
+// startE2BKilnd runs kilnd over package daemon and its test backend with
+// the E2B listener and the extra flags; it returns the listener's
+// address once it answers, and stops kilnd at the test's end.
+func startE2BKilnd(t *testing.T, extra ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	be := &daemontest.Backend{}
+	t.Cleanup(be.KillAll)
+	newSvc := func(cfg config, log *slog.Logger) (service, error) {
+		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
+	}
+	args := append([]string{"--config=", "--listen", "unix:" + filepath.Join(dir, "kilnd.sock"), "--state-dir", filepath.Join(dir, "state"),
+		"--kiln", "/bin/true", "--e2b-listen", addr, "--e2b-api-key", "key-flag-0001 alpha"}, extra...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() { done <- run(ctx, args, &stderr, newSvc) }()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("kilnd exited %d: %s", code, stderr.String())
+		}
+	})
+	// No keep-alive: the wait must not hold one of the tests' slots.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := hc.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return addr
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kilnd's E2B listener does not answer: %v; %s", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// getHealth sends GET /health on the keep-alive connection c and reads the
+// reply.
+func getHealth(c net.Conn, br *bufio.Reader) (int, error) {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: kiln\r\n\r\n"); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// closedWithin reports whether the server closes c (a read ends in EOF
+// or a reset) within d.
+func closedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	_, err := br.ReadByte()
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestE2BIdleTimeout: an unauthenticated keep-alive connection that sent
+// one GET /health and then nothing is closed by kilnd within its
+// --e2b-idle-timeout.
+func TestE2BIdleTimeout(t *testing.T) {
+	addr := startE2BKilnd(t, "--e2b-idle-timeout", "300ms")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if code, err := getHealth(c, br); err != nil || code != 200 {
+		t.Fatalf("GET /health: %d %v", code, err)
+	}
+	began := time.Now()
+	if !closedWithin(c, br, 5*time.Second) {
+		t.Fatal("kilnd kept an idle keep-alive connection open 5 s past its 300ms idle timeout")
+	}
+	if d := time.Since(began); d < 200*time.Millisecond {
+		t.Errorf("closed after %v, before the idle timeout", d)
+	}
+}
+
+// TestE2BConnsPerClient: one client address holds at most
+// --e2b-conns-per-client connections: one more is closed at once, the
+// ones it holds still serve, and a slot freed by a close is taken again.
+func TestE2BConnsPerClient(t *testing.T) {
+	addr := startE2BKilnd(t, "--e2b-conns-per-client", "2")
+	type conn struct {
+		c  net.Conn
+		br *bufio.Reader
+	}
+	dial := func() conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return conn{c, bufio.NewReader(c)}
+	}
+	// served dials until a connection is served: kilnd sees the close
+	// of one before it (startE2BKilnd's, a freed one) a moment later.
+	served := func() conn {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c := dial()
+			code, err := getHealth(c.c, c.br)
+			if err == nil && code == 200 {
+				return c
+			}
+			c.c.Close()
+			if time.Now().After(deadline) {
+				t.Fatalf("a connection within the cap is not served: %d %v", code, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	held := []conn{served(), served()}
+	extra := dial()
+	if !closedWithin(extra.c, extra.br, 5*time.Second) {
+		t.Fatal("a third connection of a client capped at 2 was not closed")
+	}
+	for i, h := range held {
+		if code, err := getHealth(h.c, h.br); err != nil || code != 200 {
+			t.Errorf("connection %d after the refusal: %d %v", i, code, err)
+		}
+	}
+	// A slot freed is the client's again (once kilnd sees the close).
+	held[0].c.Close()
+	served()
 }

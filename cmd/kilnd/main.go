@@ -37,6 +37,7 @@ import (
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/kilnvm/kiln/cgroup"
+	"github.com/kilnvm/kiln/daemon/e2b"
 )
 
 // defaultSocket is where kilnd listens unless told otherwise.
@@ -86,6 +87,12 @@ type config struct {
 	e2bKeys     []string // "KEY TENANT" values
 	e2bDomain   string
 	e2bTimeout  time.Duration
+	// The E2B listener's connection limits (e2b.go).
+	e2bIdleTimeout   time.Duration // a keep-alive connection's between requests
+	e2bReadTimeout   time.Duration // a control-plane request's, headers and body
+	e2bWriteTimeout  time.Duration // a control-plane request's, to its reply written
+	e2bConnsPerAddr  uint64        // open connections of one client address
+	e2bTenantDefault e2b.Quota     // every tenant's quota but what the keys file sets
 }
 
 // newServiceFunc makes the service kilnd serves from its configuration.

@@ -98,7 +98,7 @@ func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
 	tb.Logf("template %s (base) in %v", tp.Id, time.Since(start).Round(time.Millisecond))
 	keys := filepath.Join(tb.TempDir(), "keys")
 	writeFile(tb, keys, keyA+" alpha\n"+keyB+" beta\n", 0o600)
-	k, err := e2b.LoadKeys(keys, nil)
+	k, err := e2b.LoadKeys(keys, nil, e2b.Quota{})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -46,11 +46,21 @@ type env struct {
 // the daemon's client, which mod may wrap).
 func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	t.Helper()
+	return newEnvDaemon(t, nil, mod)
+}
+
+// newEnvDaemon is newEnv with dmod changing the daemon's config too.
+func newEnvDaemon(t *testing.T, dmod func(*daemon.Config), mod func(*e2b.Config)) *env {
+	t.Helper()
 	e := &env{t: t, state: t.TempDir()}
 	be := &daemontest.Backend{}
 	t.Cleanup(be.KillAll) // kilnd leaves its sandboxes' processes running
-	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(e.state, "kiln"), Backend: be,
-		HostMemoryMiB: 16384, HostCPUs: 8, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	dcfg := daemon.Config{StateDir: filepath.Join(e.state, "kiln"), Backend: be,
+		HostMemoryMiB: 16384, HostCPUs: 8, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if dmod != nil {
+		dmod(&dcfg)
+	}
+	ds, err := daemon.New(dcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +71,7 @@ func newEnv(t *testing.T, mod func(*e2b.Config)) *env {
 	if err != nil {
 		t.Fatalf("template base: %v", err)
 	}
-	keys, err := e2b.LoadKeys("", []string{keyA + " alpha", keyB + " beta"})
+	keys, err := e2b.LoadKeys("", []string{keyA + " alpha", keyB + " beta"}, e2b.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}

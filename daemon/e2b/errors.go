@@ -45,12 +45,28 @@ func statusOf(err error) (int, string) {
 	if errors.As(err, &he) {
 		return he.status, he.msg
 	}
+	var qe *QuotaError
+	if errors.As(err, &qe) {
+		// The tenant's own quota: E2B's answer to a tenant at its
+		// limit of sandboxes.
+		return http.StatusTooManyRequests, qe.Error()
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return http.StatusInternalServerError, err.Error()
 	}
+	if st.Code() == codes.ResourceExhausted {
+		// A host limit: kilnd's message counts the host's sandboxes
+		// and memory, every tenant's together, which is not a
+		// tenant's to learn (the operator's log has it).
+		return httpStatus(st.Code()), hostCapacity
+	}
 	return httpStatus(st.Code()), st.Message()
 }
+
+// hostCapacity is what a tenant is told of a request refused for the
+// host's limits.
+const hostCapacity = "capacity: the host has no room for this request now; try again later"
 
 // httpStatus is a gRPC code's HTTP status.
 func httpStatus(c codes.Code) int {

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"os"
@@ -21,17 +22,25 @@ func TestParseKeys(t *testing.T) {
 		{"empty", "", 0, 0, ""},
 		{"comments and blanks", "# keys\n\n  \nkey-00000001 alpha\n\t# more\nkey-00000002 beta  \n", 2, 0, ""},
 		{"one field", "key-00000001\n", 0, 1, "want KEY TENANT"},
-		{"three fields", "# c\nkey-00000001 alpha x\n", 0, 2, "3 fields"},
+		{"a field that is no quota", "# c\nkey-00000001 alpha x\n", 0, 2, `field "x"`},
 		{"duplicate", "key-00000001 alpha\nkey-00000002 beta\nkey-00000001 gamma\n", 0, 3, "twice"},
 		{"short key", "short alpha\n", 0, 1, "5 bytes"},
 		{"bad tenant", "key-00000001 al/pha\n", 0, 1, "tenant"},
 		{"control byte", "key-0000\x010001 alpha\n", 0, 1, "printable"},
+		{"quotas", "key-00000001 alpha sandboxes=3 memory=2048\nkey-00000002 alpha sandboxes=3 hibernated=0 snapshots=9\nkey-00000003 beta\n", 3, 0, ""},
+		{"unknown quota", "key-00000001 alpha cpus=3\n", 0, 1, `unknown quota "cpus"`},
+		{"quota not a number", "key-00000001 alpha memory=2G\n", 0, 1, "memory="},
+		{"quota negative", "key-00000001 alpha memory=-1\n", 0, 1, "memory="},
+		{"quota with a sign", "key-00000001 alpha memory=+1\n", 0, 1, "memory="},
+		{"quota too large", "key-00000001 alpha memory=99999999999999999999\n", 0, 1, "memory="},
+		{"quota twice on a line", "key-00000001 alpha memory=1 memory=1\n", 0, 1, "twice"},
+		{"quotas of a tenant disagree", "key-00000001 alpha memory=1\n# c\nkey-00000002 alpha memory=2\n", 0, 3, "at line 1"},
 	}
 	for _, tc := range tests {
-		m, err := ParseKeys("keys.txt", []byte(tc.text))
+		m, err := parseKeys("keys.txt", []byte(tc.text))
 		if tc.line == 0 {
-			if err != nil || len(m) != tc.n {
-				t.Errorf("%s: %v, %d keys; want %d", tc.name, err, len(m), tc.n)
+			if err != nil || len(m.tenants) != tc.n {
+				t.Errorf("%s: %v, %d keys; want %d", tc.name, err, len(m.tenants), tc.n)
 			}
 			continue
 		}
@@ -53,20 +62,20 @@ func TestKeysFile(t *testing.T) {
 	p := filepath.Join(dir, "keys")
 	os.WriteFile(p, []byte("key-file-0001 alpha\n"), 0o644)
 	os.Chmod(p, 0o644)
-	if _, err := LoadKeys(p, nil); err == nil || !strings.Contains(err.Error(), "every user") {
+	if _, err := LoadKeys(p, nil, Quota{}); err == nil || !strings.Contains(err.Error(), "every user") {
 		t.Errorf("a world-readable file: %v", err)
 	}
 	os.Chmod(p, 0o640)
-	if _, err := LoadKeys(p, []string{"key-file-0001 beta"}); err == nil || !strings.Contains(err.Error(), "also given") {
+	if _, err := LoadKeys(p, []string{"key-file-0001 beta"}, Quota{}); err == nil || !strings.Contains(err.Error(), "also given") {
 		t.Errorf("a key in the file and inline: %v", err)
 	}
-	if _, err := LoadKeys(p, []string{"key-inline-01"}); err == nil || !strings.Contains(err.Error(), "--e2b-api-key:1") {
+	if _, err := LoadKeys(p, []string{"key-inline-01"}, Quota{}); err == nil || !strings.Contains(err.Error(), "--e2b-api-key:1") {
 		t.Errorf("a bad inline key: %v", err)
 	}
-	if _, err := LoadKeys(filepath.Join(dir, "none"), nil); err == nil {
+	if _, err := LoadKeys(filepath.Join(dir, "none"), nil, Quota{}); err == nil {
 		t.Error("a missing file loads")
 	}
-	k, err := LoadKeys(p, []string{"key-inline-01 gamma"})
+	k, err := LoadKeys(p, []string{"key-inline-01 gamma"}, Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,11 +131,18 @@ func TestTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.token("sb-1") != b.token("sb-1") || a.token("sb-1") == a.token("sb-2") {
-		t.Error("tokens are not per sandbox and stable across loads")
+	k1, k2 := sha256.Sum256([]byte("key-1")), sha256.Sum256([]byte("key-2"))
+	tok := a.token("sb-1", "alpha", k1)
+	if tok != b.token("sb-1", "alpha", k1) || tok == a.token("sb-2", "alpha", k1) || tok == a.token("sb-1", "alpha", k2) || tok == a.token("sb-1", "beta", k1) {
+		t.Error("tokens are not per sandbox, tenant and key, or not stable across loads")
 	}
-	if !a.check("sb-1", b.token("sb-1")) || a.check("sb-1", a.token("sb-2")) || a.check("sb-1", "") || a.check("sb-1", a.token("sb-1")+"x") {
-		t.Error("check accepts what it should not or refuses the token")
+	keys := [][sha256.Size]byte{k2, k1}
+	if !a.check("sb-1", "alpha", keys, tok) || !a.check("sb-1", "alpha", keys, a.token("sb-1", "alpha", k2)) {
+		t.Error("check refuses a token of one of the tenant's keys")
+	}
+	if a.check("sb-1", "alpha", keys, a.token("sb-2", "alpha", k1)) || a.check("sb-1", "alpha", keys, "") || a.check("sb-1", "alpha", keys, tok+"x") ||
+		a.check("sb-1", "alpha", keys[:1], tok) || a.check("sb-1", "alpha", nil, tok) {
+		t.Error("check accepts another sandbox's token, a bad one, or a revoked key's")
 	}
 	os.WriteFile(filepath.Join(dir, tokenKeyFile), []byte("short"), 0o600)
 	if _, err := loadTokens(dir); err == nil {
@@ -166,8 +182,11 @@ func FuzzParseKeys(f *testing.F) {
 	f.Add([]byte("# c\nkey-00000001 alpha\n\nkey-00000002 beta\n"))
 	f.Add([]byte("key-00000001 alpha\nkey-00000001 alpha\n"))
 	f.Add([]byte("\xff\xfe x y z\r\n"))
+	f.Add([]byte("key-00000001 alpha sandboxes=3 memory=2048\nkey-00000002 alpha hibernated=0 snapshots=9\n"))
+	f.Add([]byte("key-00000001 alpha sandboxes=3\nkey-00000002 alpha sandboxes=4\n"))
+	f.Add([]byte("key-00000001 alpha memory=-1 memory=+2 sandboxes=99999999999999999999\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseKeys("f", b)
+		m, err := parseKeys("f", b)
 		if err != nil {
 			var ke *KeysError
 			if !errors.As(err, &ke) || ke.Line < 1 {
@@ -175,9 +194,23 @@ func FuzzParseKeys(f *testing.F) {
 			}
 			return
 		}
-		for _, tenant := range m {
+		for _, tenant := range m.tenants {
 			if checkTenant(tenant) != nil {
 				t.Fatalf("bad tenant %q accepted", tenant)
+			}
+			if _, ok := m.quotas[tenant]; !ok {
+				t.Fatalf("tenant %q has no quota entry", tenant)
+			}
+		}
+		for tenant, qs := range m.quotas {
+			for k, v := range qs {
+				if v > MaxQuotaValue {
+					t.Fatalf("tenant %q: %s=%d accepted, over %d", tenant, k, v, uint64(MaxQuotaValue))
+				}
+			}
+			q := qs.over(Quota{Sandboxes: 1, MemoryMiB: 2, HibernatedMiB: 3, Snapshots: 4})
+			if n, ok := qs["sandboxes"]; ok && q.Sandboxes != n || !ok && q.Sandboxes != 1 {
+				t.Fatalf("tenant %q: sandboxes %d from %v", tenant, q.Sandboxes, qs)
 			}
 		}
 	})
@@ -215,4 +248,38 @@ func FuzzDecodeRequests(f *testing.F) {
 		}
 		json.Valid(b)
 	})
+}
+
+// TestKeysQuota: a tenant's quota is the default with what its keys'
+// lines set over it, inline keys' too; a file that disagrees with an
+// inline key's quota is refused.
+func TestKeysQuota(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "keys")
+	os.WriteFile(p, []byte("key-file-0001 alpha sandboxes=2\nkey-file-0002 alpha memory=1024\nkey-file-0003 beta\n"), 0o600)
+	def := Quota{Sandboxes: 10, MemoryMiB: 8192, HibernatedMiB: 100, Snapshots: 5}
+	k, err := LoadKeys(p, []string{"key-inline-01 gamma snapshots=0"}, def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tenant string
+		want   Quota
+	}{
+		{"alpha", Quota{Sandboxes: 2, MemoryMiB: 1024, HibernatedMiB: 100, Snapshots: 5}},
+		{"beta", def},
+		{"gamma", Quota{Sandboxes: 10, MemoryMiB: 8192, HibernatedMiB: 100}},
+		{"nobody", def},
+	} {
+		if got := k.Quota(tc.tenant); got != tc.want {
+			t.Errorf("Quota(%s) = %+v; want %+v", tc.tenant, got, tc.want)
+		}
+	}
+	os.WriteFile(p, []byte("key-file-0004 gamma snapshots=3\n"), 0o600)
+	if err := k.Reload(); err == nil || !strings.Contains(err.Error(), "gamma's snapshots quota") {
+		t.Errorf("a file quota against an inline one: %v", err)
+	}
+	if got := k.Quota("alpha"); got.Sandboxes != 2 {
+		t.Errorf("a refused reload changed the quotas: %+v", got)
+	}
 }

@@ -205,13 +205,19 @@ func (s *Server) domainPtr() *string {
 	return &d
 }
 
-func (s *Server) sandboxJSON(sb *kilnpb.Sandbox) *sandboxJSON {
+// accessToken is sb's envd access token for r's caller (its API key).
+func (s *Server) accessToken(r *http.Request, sb *kilnpb.Sandbox) string {
+	c := callerOf(r)
+	return s.tokens.token(sb.GetId(), c.tenant, c.key)
+}
+
+func (s *Server) sandboxJSON(r *http.Request, sb *kilnpb.Sandbox) *sandboxJSON {
 	return &sandboxJSON{
 		SandboxID:       sb.GetId(),
 		TemplateID:      templateID(sb),
 		ClientID:        ClientID,
 		EnvdVersion:     envd.Version,
-		EnvdAccessToken: s.tokens.token(sb.GetId()),
+		EnvdAccessToken: s.accessToken(r, sb),
 		Domain:          s.domainPtr(),
 	}
 }
@@ -391,8 +397,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		return err
 	}
 	creq := &kilnpb.CreateSandboxRequest{LifetimeMs: life, Egress: egress, RequestId: requestID()}
+	var memMiB uint64 // the new sandbox's, for the tenant's quota
 	if snap, ok := s.snaps.find(tenant, req.TemplateID); ok {
 		creq.Source = &kilnpb.CreateSandboxRequest_Checkpoint{Checkpoint: snap.ID}
+		memMiB = uint64(snap.MemoryMiB)
 	} else {
 		tp, err := s.kiln.GetTemplate(r.Context(), &kilnpb.GetTemplateRequest{Id: req.TemplateID})
 		if status.Code(err) == codes.NotFound {
@@ -402,6 +410,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 			return err
 		}
 		creq.Source = &kilnpb.CreateSandboxRequest_Template{Template: tp.GetId()}
+		memMiB = uint64(tp.GetResources().GetMemoryMib())
 	}
 	creq.Labels = map[string]string{TenantLabel: tenant, TemplateLabel: req.TemplateID}
 	for k, v := range req.Metadata {
@@ -414,13 +423,27 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		}
 		keys = append(keys, k)
 	}
+	if len(keys) > maxEnvVars {
+		return errorf(http.StatusBadRequest, "envVars: %d variables, at most %d", len(keys), maxEnvVars)
+	}
 	sort.Strings(keys)
+	// envVars often hold API keys: they go to kilnd as plain secrets,
+	// kept in memory only (kilnd's and the sandbox's VMM process's;
+	// records, checkpoints and hibernated state name them only), not as
+	// the sandbox's env, which its record keeps on disk. The cost: a
+	// sandbox hibernated across a restart of kilnd, or created from a
+	// snapshot, has no envVars but its own create's (docs/security.md).
 	for _, k := range keys {
-		creq.Env = append(creq.Env, k+"="+req.EnvVars[k])
+		creq.Secrets = append(creq.Secrets, &kilnpb.Secret{Name: k, Value: []byte(req.EnvVars[k]), Plain: true})
 	}
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.TimeoutAction = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: 1, MemoryMiB: memMiB})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	sb, err := s.kiln.CreateSandbox(r.Context(), creq)
 	if err != nil {
 		if egress != nil {
@@ -429,9 +452,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		return err
 	}
 	s.log.Info("e2b: created a sandbox", "sandbox", sb.GetId(), "tenant", tenant, "template", req.TemplateID)
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(r, sb))
 	return nil
 }
+
+// maxEnvVars is the most envVars a create takes: kilnd's most secrets.
+const maxEnvVars = 64
 
 // maxList is the most sandboxes a page lists.
 const maxList = 100
@@ -584,7 +610,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, tenant strin
 	}
 	d := sandboxDetail{
 		listedSandbox:   listed(sb),
-		EnvdAccessToken: s.tokens.token(sb.GetId()),
+		EnvdAccessToken: s.accessToken(r, sb),
 		Domain:          s.domainPtr(),
 		Lifecycle:       lifecycle{OnTimeout: "kill"},
 	}
@@ -661,6 +687,11 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, tenant str
 	if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {
 		return errorf(http.StatusConflict, "sandbox %q is already paused", sb.GetId())
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{HibernatedMiB: hibernatedMiB(sb)})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	// Kiln's pause always keeps the memory (a filesystem-only pause
 	// would lose the processes for nothing: the state is on disk either
 	// way).
@@ -693,7 +724,13 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 	}
 	code := http.StatusOK
 	if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {
-		if sb, err = s.kiln.ResumeSandbox(r.Context(), &kilnpb.ResumeSandboxRequest{Id: sb.GetId()}); err != nil {
+		admitted, err := s.admit(r.Context(), tenant, usage{MemoryMiB: uint64(sb.GetResources().GetMemoryMib())})
+		if err != nil {
+			return err
+		}
+		sb, err = s.kiln.ResumeSandbox(r.Context(), &kilnpb.ResumeSandboxRequest{Id: sb.GetId()})
+		admitted()
+		if err != nil {
 			return err
 		}
 		code = http.StatusCreated
@@ -709,7 +746,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 			}
 		}
 	}
-	writeJSON(w, code, s.sandboxJSON(sb))
+	writeJSON(w, code, s.sandboxJSON(r, sb))
 	return nil
 }
 
@@ -736,6 +773,11 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 	if parent.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
 		return errorf(http.StatusConflict, "sandbox %q is %s: fork a running sandbox (connect to a paused one first)", parent.GetId(), stateName(parent))
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: uint64(count), MemoryMiB: uint64(count) * uint64(parent.GetResources().GetMemoryMib())})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stream, err := s.kiln.Fork(ctx, &kilnpb.ForkRequest{
@@ -761,7 +803,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 			}
 			break
 		}
-		out = append(out, forkResult{Sandbox: s.sandboxJSON(child)})
+		out = append(out, forkResult{Sandbox: s.sandboxJSON(r, child)})
 	}
 	ids := make([]string, 0, len(out))
 	for _, f := range out {

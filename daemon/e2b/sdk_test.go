@@ -70,7 +70,7 @@ func TestE2BSDK(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "keys")
 	writeFile(t, keys, "# the suite's tenants\n"+keyA+" alpha\n"+keyB+" beta\n", 0o600)
 	e := newEnv(t, func(c *e2b.Config) {
-		k, err := e2b.LoadKeys(keys, nil)
+		k, err := e2b.LoadKeys(keys, nil, e2b.Quota{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,15 +8,21 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/e2b/envd"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
@@ -61,7 +67,13 @@ type Config struct {
 	// DefaultTimeout is a sandbox's lifetime when a create names none;
 	// 0: 15 seconds, the E2B API's default.
 	DefaultTimeout time.Duration
-	Logger         *slog.Logger
+	// ReadTimeout bounds the time a control-plane request's body takes
+	// to arrive, and WriteTimeout the time from the request's start to
+	// its reply written; 0: none. envd's requests have neither: their
+	// streams (process output, file transfers) last as long as they
+	// must, and their connections' write deadlines are cleared.
+	ReadTimeout, WriteTimeout time.Duration
+	Logger                    *slog.Logger
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 }
@@ -80,11 +92,14 @@ type Server struct {
 	envd       EnvdHandler
 	health     func(context.Context) error
 	defTimeout time.Duration
+	readTO     time.Duration // Config.ReadTimeout
+	writeTO    time.Duration // Config.WriteTimeout
 	log        *slog.Logger
 	now        func() time.Time
 	mux        *http.ServeMux
 
-	authLog limiter // of failed authentications' log lines
+	authLog   limiter   // of failed authentications' log lines
+	admission admission // of tenants' requests against their quotas
 }
 
 // New makes a Server. It needs kiln, at least one key, and a state folder.
@@ -113,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		kiln: cfg.Kiln, keys: cfg.Keys, tokens: tok, snaps: snaps, domain: cfg.Domain,
 		envd: cfg.Envd, health: cfg.Health, defTimeout: cfg.DefaultTimeout, log: log, now: cfg.Now,
+		readTO: cfg.ReadTimeout, writeTO: cfg.WriteTimeout,
 		authLog: limiter{every: 10 * time.Second},
 	}
 	if s.envd == nil {
@@ -135,13 +151,51 @@ func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 // ReloadKeys re-reads the API keys file (kilnd calls it on SIGHUP).
 func (s *Server) ReloadKeys() error { return s.keys.Reload() }
 
-// AccessToken is sandbox id's envd access token.
-func (s *Server) AccessToken(id string) string { return s.tokens.token(id) }
+// AccessToken is sandbox id's envd access token as given to the API key
+// apiKey of tenant.
+func (s *Server) AccessToken(id, tenant, apiKey string) string {
+	return s.tokens.token(id, tenant, sha256.Sum256([]byte(apiKey)))
+}
+
+// callerKey is a control-plane request's context key of its caller.
+type callerKey struct{}
+
+// callerOf is the caller of r (the api wrapper put it there).
+func callerOf(r *http.Request) caller {
+	c, _ := r.Context().Value(callerKey{}).(caller)
+	return c
+}
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
 	if id, port, ok := s.envdTarget(r); ok {
+		// A control-plane request before it on this connection may
+		// have left a write deadline: a stream must not inherit it.
+		// (An error: the writer has no deadlines, as in tests.)
+		rc.SetWriteDeadline(time.Time{})
 		s.serveEnvd(w, r, id, port)
 		return
+	}
+	if s.writeTO > 0 {
+		rc.SetWriteDeadline(time.Now().Add(s.writeTO))
+	}
+	if r.Body != nil && r.Body != http.NoBody && s.readTO > 0 {
+		// The body under a deadline, read here whole (as decodeBody
+		// would, up to its bound); then none, so that the server's
+		// watch for the client going away does not time out while
+		// the request waits on kilnd.
+		rc.SetReadDeadline(time.Now().Add(s.readTO))
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		if err != nil {
+			// The passed deadline stays, so that the server's read of
+			// what is left of the body fails at once; the connection
+			// closes after the reply.
+			w.Header().Set("Connection", "close")
+			writeJSON(w, http.StatusRequestTimeout, apiError{Code: http.StatusRequestTimeout, Message: fmt.Sprintf("reading the request body: %v", err)})
+			return
+		}
+		rc.SetReadDeadline(time.Time{})
+		r.Body = io.NopCloser(bytes.NewReader(b))
 	}
 	s.mux.ServeHTTP(w, r)
 }
@@ -209,13 +263,24 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string, po
 		writeConnectError(w, http.StatusUnauthorized, "unauthenticated", "missing X-Access-Token header: send the envdAccessToken the sandbox's create or connect returned")
 		return
 	}
-	if !s.tokens.check(id, tok) {
+	// The token is checked against the keys of the sandbox's tenant now:
+	// a revoked key's tokens fail. An unknown sandbox fails as a wrong
+	// token does, so that IDs cannot be probed.
+	sb, err := s.kiln.GetSandbox(r.Context(), &kilnpb.GetSandboxRequest{Id: id})
+	if status.Code(err) == codes.NotFound {
+		err, sb = nil, nil
+	}
+	if err != nil {
+		writeConnectError(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("sandbox %s is not running", id))
+		return
+	}
+	tenant := sb.GetLabels()[TenantLabel]
+	if tenant == "" || !s.tokens.check(id, tenant, s.keys.sumsOf(tenant), tok) {
 		s.authFailed(r, "envd: wrong access token", id)
 		writeConnectError(w, http.StatusUnauthorized, "unauthenticated", "invalid access token for sandbox "+id)
 		return
 	}
-	sb, err := s.kiln.GetSandbox(r.Context(), &kilnpb.GetSandboxRequest{Id: id})
-	if err != nil || !isLive(sb.GetState()) {
+	if !isLive(sb.GetState()) {
 		writeConnectError(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("sandbox %s is not running", id))
 		return
 	}
@@ -239,7 +304,8 @@ func (s *Server) api(h apiHandler) http.HandlerFunc {
 			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "missing X-API-KEY header"})
 			return
 		}
-		tenant, ok, reloadErr := s.keys.Tenant(key)
+		c, ok, reloadErr := s.keys.lookup(key)
+		tenant := c.tenant
 		if reloadErr != nil {
 			s.log.Error("e2b: the API keys file changed and is unusable; the keys read before still hold", "err", reloadErr)
 		}
@@ -248,13 +314,19 @@ func (s *Server) api(h apiHandler) http.HandlerFunc {
 			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "invalid API key"})
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), callerKey{}, c))
 		if err := h(w, r, tenant); err != nil {
 			code, msg := statusOf(err)
 			lvl := slog.LevelDebug
 			if code >= 500 {
 				lvl = slog.LevelWarn
 			}
-			s.log.Log(r.Context(), lvl, "e2b: request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenant, "status", code, "err", msg)
+			if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
+				lvl = slog.LevelInfo
+			}
+			// The whole error for the operator, not the reply's
+			// (which says less of the host).
+			s.log.Log(r.Context(), lvl, "e2b: request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenant, "status", code, "reply", msg, "err", err)
 			writeError(w, err)
 		}
 	}

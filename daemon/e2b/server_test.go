@@ -1,16 +1,25 @@
 package e2b_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/e2b"
 	"github.com/kilnvm/kiln/daemon/e2b/envd"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
@@ -62,7 +71,7 @@ func TestCreate(t *testing.T) {
 			var c created
 			r.json(t, &c)
 			if c.ClientID != e2b.ClientID || c.EnvdVersion != envd.Version || c.Domain == nil || *c.Domain != "kiln.test" ||
-				c.EnvdAccessToken != e.srv.AccessToken(c.SandboxID) {
+				c.EnvdAccessToken != e.srv.AccessToken(c.SandboxID, "alpha", keyA) {
 				t.Errorf("reply %s", r.body)
 			}
 			sb, err := e.kiln.GetSandbox(context.Background(), &kilnpb.GetSandboxRequest{Id: c.SandboxID})
@@ -77,7 +86,7 @@ func TestCreate(t *testing.T) {
 			}
 			creq := lc.creates[len(lc.creates)-1]
 			if strings.HasPrefix(tc.name, "metadata") && (sb.Labels["k"] != "v" || creq.TimeoutAction != kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE ||
-				len(creq.Env) != 1 || creq.Env[0] != "A=1") {
+				len(creq.Env) != 0 || len(creq.Secrets) != 1 || creq.Secrets[0].Name != "A" || string(creq.Secrets[0].Value) != "1" || !creq.Secrets[0].Plain) {
 				t.Errorf("metadata/envVars/autoPause not passed on: %v", creq)
 			}
 		})
@@ -311,7 +320,7 @@ func TestFork(t *testing.T) {
 		t.Fatalf("fork: %s", r.body)
 	}
 	for _, k := range kids {
-		if k.Sandbox == nil || k.Error != nil || k.Sandbox.EnvdAccessToken != e.srv.AccessToken(k.Sandbox.SandboxID) {
+		if k.Sandbox == nil || k.Error != nil || k.Sandbox.EnvdAccessToken != e.srv.AccessToken(k.Sandbox.SandboxID, "alpha", keyA) {
 			t.Fatalf("child: %s", r.body)
 		}
 		var d struct {
@@ -408,13 +417,13 @@ func TestSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e2.AccessToken(sb.SandboxID) != sb.EnvdAccessToken {
+	if e2.AccessToken(sb.SandboxID, "alpha", keyA) != sb.EnvdAccessToken {
 		t.Error("a restarted server gives another access token")
 	}
 }
 
 func mustKeys(t *testing.T) *e2b.Keys {
-	k, err := e2b.LoadKeys("", []string{keyA + " alpha"})
+	k, err := e2b.LoadKeys("", []string{keyA + " alpha"}, e2b.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +561,7 @@ func TestEnvdRouting(t *testing.T) {
 		{"no token", []string{"E2b-Sandbox-Id", sb.SandboxID}, 401, "unauthenticated"},
 		{"wrong token", []string{"E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", "x" + sb.EnvdAccessToken}, 401, "unauthenticated"},
 		{"another's token", []string{"E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", other.EnvdAccessToken}, 401, "unauthenticated"},
-		{"token of an unknown ID", []string{"E2b-Sandbox-Id", "sb-none", "X-Access-Token", e.srv.AccessToken("sb-none")}, 502, "unavailable"},
+		{"token of an unknown ID", []string{"E2b-Sandbox-Id", "sb-none", "X-Access-Token", e.srv.AccessToken("sb-none", "alpha", keyA)}, 401, "unauthenticated"},
 		{"another port", []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080", "X-Access-Token", sb.EnvdAccessToken}, 502, ""},
 		{"another port by host", []string{"Host", "8080-" + sb.SandboxID + ".kiln.test"}, 502, ""},
 	}
@@ -600,7 +609,7 @@ func TestEnvdRouting(t *testing.T) {
 // TestNew: what New refuses.
 func TestNew(t *testing.T) {
 	keys := mustKeys(t)
-	none, _ := e2b.LoadKeys("", nil)
+	none, _ := e2b.LoadKeys("", nil, e2b.Quota{})
 	k := (&lifeClient{}).KilnClient
 	for _, c := range []e2b.Config{
 		{Keys: keys, StateDir: t.TempDir()},
@@ -611,5 +620,261 @@ func TestNew(t *testing.T) {
 		if _, err := e2b.New(c); err == nil {
 			t.Errorf("New(%+v) succeeded", c)
 		}
+	}
+}
+
+// TestRevokedKeyTokens: an envd access token is bound to the API key it
+// was given to: each of a tenant's keys gets its own token for a sandbox,
+// and removing a key from the keys file (and reloading, as SIGHUP does)
+// makes that key's tokens 401 while the tenant's other key's still work.
+func TestRevokedKeyTokens(t *testing.T) {
+	const key1, key2 = "key-alpha-rotate-1", "key-alpha-rotate-2"
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte(key1+" alpha\n"+key2+" alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := e2b.LoadKeys(file, nil, e2b.Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordEnvd{}
+	e := newEnv(t, func(c *e2b.Config) { c.Envd = rec; c.Keys = keys })
+	sb := e.create(key1, nil)
+	r := e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", key2, `{"timeout":30}`)
+	if r.status != 200 {
+		t.Fatalf("connect with the second key: %d %s", r.status, r.body)
+	}
+	var viaKey2 created
+	r.json(t, &viaKey2)
+	if viaKey2.EnvdAccessToken == sb.EnvdAccessToken || viaKey2.EnvdAccessToken == "" {
+		t.Errorf("two keys of a tenant get one token: %q", viaKey2.EnvdAccessToken)
+	}
+	envdStatus := func(tok string) int {
+		return e.do("POST", "/process.Process/List", "", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", tok).status
+	}
+	if a, b := envdStatus(sb.EnvdAccessToken), envdStatus(viaKey2.EnvdAccessToken); a != 204 || b != 204 {
+		t.Fatalf("envd with either key's token: %d, %d; want 204", a, b)
+	}
+	// key1 revoked.
+	if err := os.WriteFile(file, []byte(key2+" alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.ReloadKeys(); err != nil {
+		t.Fatal(err)
+	}
+	n := len(rec.ids)
+	if got := envdStatus(sb.EnvdAccessToken); got != 401 {
+		t.Errorf("envd with a revoked key's token: %d; want 401", got)
+	}
+	if len(rec.ids) != n {
+		t.Error("a revoked key's token reached envd")
+	}
+	if got := envdStatus(viaKey2.EnvdAccessToken); got != 204 {
+		t.Errorf("envd with the tenant's remaining key's token: %d; want 204", got)
+	}
+	if r := e.do("GET", "/sandboxes/"+sb.SandboxID, key1, nil); r.status != 401 {
+		t.Errorf("the control plane with a revoked key: %d", r.status)
+	}
+	// Every key of the tenant revoked: no token of its sandbox works.
+	if err := os.WriteFile(file, []byte("key-beta-only-0001 beta\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.ReloadKeys(); err != nil {
+		t.Fatal(err)
+	}
+	if got := envdStatus(viaKey2.EnvdAccessToken); got != 401 {
+		t.Errorf("envd once the tenant has no key: %d; want 401", got)
+	}
+}
+
+// TestControlPlaneReadTimeout: a control-plane request whose body stalls
+// is answered 408 once Config.ReadTimeout passes, and envd's requests
+// are not held to it (a slow envd handler still answers).
+func TestControlPlaneReadTimeout(t *testing.T) {
+	slow := envdFunc(func(w http.ResponseWriter, r *http.Request, id string) {
+		time.Sleep(400 * time.Millisecond) // past the read and write timeouts
+		w.WriteHeader(http.StatusNoContent)
+	})
+	e := newEnv(t, func(c *e2b.Config) {
+		c.ReadTimeout, c.WriteTimeout = 200*time.Millisecond, 300*time.Millisecond
+		c.Envd = slow
+	})
+	sb := e.create(keyA, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /v2/sandboxes HTTP/1.1\r\nHost: kiln\r\nX-API-KEY: "+keyA+"\r\nContent-Length: 100\r\n\r\n{\"templ")
+	began := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a stalled body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || time.Since(began) > 5*time.Second {
+		t.Errorf("a stalled body: %d after %v; want 408 after the read timeout", resp.StatusCode, time.Since(began))
+	}
+	if r := e.do("POST", "/process.Process/List", "", `{}`, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", sb.EnvdAccessToken); r.status != 204 {
+		t.Errorf("envd past the control plane's timeouts: %d %s", r.status, r.body)
+	}
+}
+
+// envdFunc is an EnvdHandler of a function.
+type envdFunc func(w http.ResponseWriter, r *http.Request, id string)
+
+func (f envdFunc) Serve(w http.ResponseWriter, r *http.Request, id string) { f(w, r, id) }
+
+// TestTenantQuota: a tenant at its quota is refused (429, "capacity",
+// naming its own quota and nothing of the host's or others' counts)
+// while another tenant still creates; each kind of quota holds (live
+// sandboxes on create and fork, memory, hibernated state on pause,
+// snapshots); the host's own limit is refused without its numbers.
+func TestTenantQuota(t *testing.T) {
+	const keyC = "key-gamma-0000003"
+	var mem uint32
+	e := newEnvDaemon(t, func(c *daemon.Config) { c.MaxSandboxes = 5 }, func(c *e2b.Config) {
+		keys, err := e2b.LoadKeys("", []string{keyA + " alpha sandboxes=2 hibernated=1 snapshots=1", keyB + " beta", keyC + " gamma memory=1"}, e2b.Quota{Sandboxes: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Keys = keys
+	})
+	mem = e.base.GetResources().GetMemoryMib()
+	if mem == 0 {
+		t.Fatal("the base template has no memory size")
+	}
+	refused := func(r reply, status int, want string) {
+		t.Helper()
+		if r.status != status {
+			t.Fatalf("status %d %s; want %d", r.status, r.body, status)
+		}
+		msg := r.errBody(t)
+		if !strings.Contains(msg, "capacity") || !strings.Contains(msg, want) {
+			t.Errorf("refusal %q; want capacity and %q", msg, want)
+		}
+		for _, leak := range []string{"host runs", "the host's", "of 5", "runs 5", "limit is", "1024", "beta", "16384"} {
+			if strings.Contains(msg, leak) {
+				t.Errorf("refusal %q tells of the host or another tenant (%q)", msg, leak)
+			}
+		}
+	}
+	b1 := e.create(keyB, nil)
+	a1 := e.create(keyA, nil)
+	e.create(keyA, nil)
+	// alpha is at its 2 sandboxes: refused, naming its quota.
+	refused(e.do("POST", "/v2/sandboxes", keyA, map[string]any{"templateID": "base"}), 429, "alpha is at its sandboxes quota of 2")
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/fork", keyA, `{"count":1}`), 429, "sandboxes quota of 2")
+	// beta, under the default quota of 4, still creates.
+	e.create(keyB, nil)
+	// gamma's memory quota (1 MiB) is below one sandbox's.
+	refused(e.do("POST", "/v2/sandboxes", keyC, map[string]any{"templateID": "base"}), 429, "gamma is at its memory quota of 1 MiB")
+	// alpha's hibernated quota (1 MiB) refuses a pause; its snapshot
+	// quota a second snapshot.
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/pause", keyA, `{}`), 429, "hibernated quota of 1 MiB")
+	if r := e.do("POST", "/sandboxes/"+a1.SandboxID+"/snapshots", keyA, `{}`); r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	refused(e.do("POST", "/sandboxes/"+a1.SandboxID+"/snapshots", keyA, `{}`), 429, "snapshots quota of 1")
+	// A freed place is the tenant's again.
+	if r := e.do("DELETE", "/sandboxes/"+a1.SandboxID, keyA, nil); r.status != 204 {
+		t.Fatalf("kill: %d", r.status)
+	}
+	e.create(keyA, nil)
+	// The host's limit (5 live sandboxes): beta, under its quota, is
+	// refused for the host, told nothing of the host's counts.
+	if r := e.do("DELETE", "/sandboxes/"+b1.SandboxID, keyB, nil); r.status != 204 {
+		t.Fatalf("kill: %d", r.status)
+	}
+	e.create(keyB, nil)
+	e.create(keyB, nil)
+	refused(e.do("POST", "/v2/sandboxes", keyB, map[string]any{"templateID": "base"}), 503, "capacity")
+}
+
+// TestEnvVarsNotOnDisk: a create's envVars reach every process of the
+// sandbox (and of its fork children), and their values are in no file of
+// the state folder (kilnd's records, checkpoints, hibernated state, the
+// E2B layer's index) after a snapshot, a fork and a pause.
+func TestEnvVarsNotOnDisk(t *testing.T) {
+	e := newEnv(t, nil)
+	const value = "sk-e2b-envvar-distinctive-91c2"
+	sb := e.create(keyA, map[string]any{"envVars": map[string]string{"OPENAI_API_KEY": value, "DEBUG": "1"}})
+	printEnv := func(id string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := e.kiln.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Send(&kilnpb.ExecRequest{Kind: &kilnpb.ExecRequest_Start{Start: &kilnpb.ExecStart{SandboxId: id, Argv: []string{"sh", "-c", `echo "$OPENAI_API_KEY $DEBUG"`}}}})
+		var out strings.Builder
+		for {
+			resp, err := st.Recv()
+			if err == io.EOF {
+				return out.String()
+			}
+			if err != nil {
+				t.Fatalf("exec in %s: %v", id, err)
+			}
+			out.Write(resp.GetStdout())
+		}
+	}
+	if got := printEnv(sb.SandboxID); got != value+" 1\n" {
+		t.Fatalf("the sandbox's process sees %q", got)
+	}
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", keyA, `{}`); r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", keyA, `{"count":1}`)
+	var kids []struct{ Sandbox *created }
+	if r.status != 201 {
+		t.Fatalf("fork: %d %s", r.status, r.body)
+	}
+	r.json(t, &kids)
+	if len(kids) != 1 || kids[0].Sandbox == nil {
+		t.Fatalf("fork: %s", r.body)
+	}
+	if got := printEnv(kids[0].Sandbox.SandboxID); got != value+" 1\n" {
+		t.Errorf("a fork child's process sees %q", got)
+	}
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", keyA, `{}`); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	// Every file of the state folder but the double's guest roots (what
+	// stands for the guest's own memory and disk).
+	files := 0
+	err := filepath.WalkDir(e.state, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "root" {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		files++
+		if bytes.Contains(b, []byte(value)) {
+			t.Errorf("%s holds an envVar's value", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 5 {
+		t.Errorf("only %d files in the state folder: not the records, checkpoints and hibernated state looked for", files)
+	}
+	if r := e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", keyA, `{}`); r.status != 201 {
+		t.Fatalf("connect: %d %s", r.status, r.body)
+	}
+	if got := printEnv(sb.SandboxID); got != value+" 1\n" {
+		t.Errorf("after a pause and connect the process sees %q", got)
 	}
 }

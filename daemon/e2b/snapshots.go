@@ -32,6 +32,10 @@ type snapshot struct {
 	SandboxID string `json:"sandbox_id"`
 	Name      string `json:"name,omitempty"`
 	CreatedMS int64  `json:"created_unix_ms"`
+	// MemoryMiB is its sandbox's guest memory: a sandbox created from
+	// it counts this much against its tenant's quota (0 in an index
+	// written before it was kept).
+	MemoryMiB uint32 `json:"memory_mib,omitempty"`
 }
 
 // snapshotIndex is the tenants' snapshots, kept in a file.
@@ -154,11 +158,16 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, tenant s
 	if err != nil {
 		return err
 	}
+	admitted, err := s.admit(r.Context(), tenant, usage{Snapshots: 1})
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	ck, err := s.kiln.Checkpoint(r.Context(), &kilnpb.CheckpointRequest{SandboxId: sb.GetId(), Keep: true})
 	if err != nil {
 		return err
 	}
-	snap := snapshot{ID: ck.GetId(), Tenant: tenant, SandboxID: sb.GetId(), Name: name, CreatedMS: ck.GetCreatedUnixMs()}
+	snap := snapshot{ID: ck.GetId(), Tenant: tenant, SandboxID: sb.GetId(), Name: name, CreatedMS: ck.GetCreatedUnixMs(), MemoryMiB: sb.GetResources().GetMemoryMib()}
 	if err := s.snaps.add(snap); err != nil {
 		// Unindexed, nobody could use or delete it through this API.
 		s.kiln.DeleteCheckpoint(r.Context(), &kilnpb.DeleteCheckpointRequest{Id: ck.GetId()})

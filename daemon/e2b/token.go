@@ -18,8 +18,9 @@ const tokenKeyFile = "access-token.key"
 const tokenKeyLen = 32
 
 // tokens issues and checks envd access tokens: a sandbox's token is the
-// HMAC-SHA256 of its ID under a key kept in the state folder, so that
-// tokens need no record and survive restarts of kilnd.
+// HMAC-SHA256 of its ID, its tenant and the SHA-256 of the API key it was
+// given to, under a key kept in the state folder, so that tokens need no
+// record, survive restarts of kilnd, and die with their API key.
 type tokens struct{ key []byte }
 
 // loadTokens reads the key from dir, making it (0600, and dir 0700) on
@@ -75,16 +76,29 @@ func writeExclusive(p string, b []byte) error {
 	return os.Link(tmp.Name(), p) // CreateTemp made it 0600
 }
 
-// token is sandbox id's access token.
-func (t *tokens) token(id string) string {
+// token is sandbox id's access token for the tenant's API key whose
+// SHA-256 is key: bound to the key, so that revoking the key (removing
+// it from the keys file) revokes every token given out to it, and a
+// tenant's other keys have tokens of their own.
+func (t *tokens) token(id, tenant string, key [sha256.Size]byte) string {
 	m := hmac.New(sha256.New, t.key)
-	m.Write([]byte("kiln-e2b-envd-v1\x00"))
+	m.Write([]byte("kiln-e2b-envd-v2\x00"))
 	m.Write([]byte(id))
+	m.Write([]byte{0})
+	m.Write([]byte(tenant))
+	m.Write([]byte{0})
+	m.Write(key[:])
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// check reports whether tok is sandbox id's access token (in constant
-// time).
-func (t *tokens) check(id, tok string) bool {
-	return hmac.Equal([]byte(t.token(id)), []byte(tok))
+// check reports whether tok is sandbox id's access token for one of its
+// tenant's keys now (each compared in constant time).
+func (t *tokens) check(id, tenant string, keys [][sha256.Size]byte, tok string) bool {
+	ok := false
+	for _, k := range keys {
+		if hmac.Equal([]byte(t.token(id, tenant, k)), []byte(tok)) {
+			ok = true
+		}
+	}
+	return ok
 }

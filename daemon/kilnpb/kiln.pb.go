@@ -663,8 +663,15 @@ type Secret struct {
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// When set, an absolute path in the guest the value is written to
 	// (mode file_mode, 0400 when 0) instead of an environment variable.
-	File          string `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
-	FileMode      uint32 `protobuf:"varint,4,opt,name=file_mode,json=fileMode,proto3" json:"file_mode,omitempty"`
+	File     string `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
+	FileMode uint32 `protobuf:"varint,4,opt,name=file_mode,json=fileMode,proto3" json:"file_mode,omitempty"`
+	// A plain variable: a value that must not reach the host's disk but
+	// is no secret to the sandbox's user (E2B's envVars). Kept as secrets
+	// are (kilnd's memory and the VMM process's, names only in records),
+	// but not masked in exec output, and an exec's own env overrides it as
+	// it does the sandbox's env. Its name is any 1 to 128 bytes without '='
+	// or NUL; its value may be empty or short and hold '*'; never a file.
+	Plain         bool `protobuf:"varint,5,opt,name=plain,proto3" json:"plain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -725,6 +732,13 @@ func (x *Secret) GetFileMode() uint32 {
 		return x.FileMode
 	}
 	return 0
+}
+
+func (x *Secret) GetPlain() bool {
+	if x != nil {
+		return x.Plain
+	}
+	return false
 }
 
 // NetworkInfo is a sandbox's network as the host set it up.
@@ -4613,12 +4627,13 @@ const file_kiln_proto_rawDesc = "" +
 	"\x0eMODE_ALLOW_ALL\x10\x00\x12\x11\n" +
 	"\rMODE_DENY_ALL\x10\x01\x12\x13\n" +
 	"\x0fMODE_ALLOW_LIST\x10\x02\x12\x12\n" +
-	"\x0eMODE_DENY_LIST\x10\x03\"c\n" +
+	"\x0eMODE_DENY_LIST\x10\x03\"y\n" +
 	"\x06Secret\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x12\n" +
 	"\x04file\x18\x03 \x01(\tR\x04file\x12\x1b\n" +
-	"\tfile_mode\x18\x04 \x01(\rR\bfileMode\"\xaa\x01\n" +
+	"\tfile_mode\x18\x04 \x01(\rR\bfileMode\x12\x14\n" +
+	"\x05plain\x18\x05 \x01(\bR\x05plain\"\xaa\x01\n" +
 	"\vNetworkInfo\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x10\n" +
