@@ -16,7 +16,7 @@ import (
 )
 
 // runKiln runs the CLI in-process and returns its exit code and output.
-// TestMain lets the test binary serve as `kiln vmm`: --vmm-process starts
+// TestMain lets the test binary serve as `kiln vmm`: kiln run and fork start
 // this very executable with the vmm command.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "vmm" {
