@@ -41,10 +41,9 @@ func TestKVMRunConfined(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	ended := false
 	defer func() {
-		select {
-		case <-exited:
-		default:
+		if !ended {
 			cmd.Process.Kill()
 			<-exited
 		}
@@ -59,6 +58,7 @@ func TestKVMRunConfined(t *testing.T) {
 	for done := false; !done; {
 		select {
 		case err := <-exited:
+			ended = true
 			if err != nil {
 				t.Fatalf("kiln run: %v; stdout %q, stderr %q", err, stdout.String(), stderr.String())
 			}
