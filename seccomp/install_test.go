@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,6 +33,12 @@ func TestMain(m *testing.M) {
 // childMain installs the VMM policy and does what: "allowed" (everyday
 // work, then reports every thread's seccomp state) or a forbidden call.
 func childMain(what string) int {
+	switch what {
+	case "jailed-unix", "jailed-inet", "jailed-inet6", "jailed-netlink", "vmm-inet":
+		return socketChild(what)
+	case "thread", "thread-mount":
+		return threadChild(what)
+	}
 	if err := VMM().Install(); err != nil {
 		fmt.Fprintln(os.Stderr, "install:", err)
 		return 3
@@ -63,6 +71,164 @@ func childMain(what string) int {
 		return 5
 	}
 	return 6 // not killed
+}
+
+// socketChild installs JailedVMM (or VMM, for vmm-*) and opens sockets:
+// Unix ones must work; an IP or netlink one is outside the jailed list
+// (the process is killed) and inside the unjailed one.
+func socketChild(what string) int {
+	p := JailedVMM()
+	if strings.HasPrefix(what, "vmm-") {
+		p = VMM()
+	}
+	if err := p.Install(); err != nil {
+		fmt.Fprintln(os.Stderr, "install:", err)
+		return 3
+	}
+	// AF_UNIX: a socket, a pair, and a listener dialled through package
+	// net (what gRPC, chunkrpc and the vsock dials do).
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "socket(AF_UNIX):", err)
+		return 4
+	}
+	unix.Close(fd)
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "socketpair(AF_UNIX):", err)
+		return 4
+	}
+	unix.Close(pair[0])
+	unix.Close(pair[1])
+	sock := filepath.Join(os.TempDir(), fmt.Sprintf("kiln-seccomp-%d.sock", os.Getpid()))
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listen unix:", err)
+		return 4
+	}
+	defer os.Remove(sock)
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dial unix:", err)
+		return 4
+	}
+	c.Close()
+	ln.Close()
+	fmt.Println("unix sockets work")
+	family := map[string]int{"jailed-inet": unix.AF_INET, "vmm-inet": unix.AF_INET, "jailed-inet6": unix.AF_INET6, "jailed-netlink": unix.AF_NETLINK}[what]
+	if family == 0 {
+		return 0
+	}
+	fd, err = unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	fmt.Fprintf(os.Stderr, "socket(%d) returned: %v\n", family, err)
+	if err != nil {
+		return 7
+	}
+	unix.Close(fd)
+	return 0
+}
+
+// threadChild installs VMM's filter on one locked thread (InstallThread):
+// that thread alone shows it; a forbidden call there kills the process
+// (thread-mount); once its goroutine has ended, locked, no thread of the
+// process is filtered and the others still do what the filter forbids
+// (start a process: execve).
+func threadChild(what string) int {
+	// The main thread stays with this goroutine: a locked goroutine that
+	// ends there wedges the main thread rather than ending it.
+	runtime.LockOSThread()
+	type result struct {
+		tid int
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		tid := unix.Gettid()
+		if err := VMM().InstallThread(); err != nil {
+			done <- result{tid, fmt.Errorf("install: %w", err)}
+			return
+		}
+		if what == "thread-mount" {
+			err := unix.Mount("none", os.TempDir(), "tmpfs", 0, "")
+			fmt.Fprintln(os.Stderr, "mount returned:", err)
+			done <- result{tid, errors.New("not killed")}
+			return
+		}
+		// Everyday work on the filtered thread: memory, a file, time.
+		b := make([]byte, 1<<20)
+		f := filepath.Join(os.TempDir(), fmt.Sprintf("kiln-seccomp-thread-%d", os.Getpid()))
+		err := os.WriteFile(f, b, 0o600)
+		os.Remove(f)
+		time.Sleep(time.Millisecond)
+		if err == nil {
+			err = taskFiltered(tid, true)
+		}
+		done <- result{tid, err}
+	}()
+	r := <-done
+	if r.err != nil {
+		fmt.Fprintln(os.Stderr, r.err)
+		return 4
+	}
+	// The filtered thread goes once its goroutine has ended.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", r.tid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "thread %d still there after its locked goroutine ended\n", r.tid)
+			return 4
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, tid := range threads() {
+		var n int
+		fmt.Sscan(tid, &n)
+		if err := taskFiltered(n, false); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 4
+		}
+	}
+	// execve, outside the list, from goroutines on any thread.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// This test binary, running no test: without childEnv.
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, childEnv+"=") })
+			if err := cmd.Run(); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		fmt.Fprintln(os.Stderr, "exec after the filtered thread ended:", err)
+		return 4
+	}
+	fmt.Printf("thread %d filtered alone and gone; %d threads unfiltered, exec works\n", r.tid, len(threads()))
+	return 0
+}
+
+// taskFiltered checks thread tid's Seccomp and NoNewPrivs lines: 2 and 1
+// when want, else Seccomp 0.
+func taskFiltered(tid int, want bool) error {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/status", tid))
+	if err != nil {
+		return err
+	}
+	filtered := bytes.Contains(st, []byte("\nSeccomp:\t2\n")) && bytes.Contains(st, []byte("\nNoNewPrivs:\t1\n"))
+	unfiltered := bytes.Contains(st, []byte("\nSeccomp:\t0\n"))
+	if want && !filtered || !want && !unfiltered {
+		return fmt.Errorf("thread %d: want filtered %v:\n%s", tid, want, st)
+	}
+	return nil
 }
 
 // allowedWork is what a filtered process still does: goroutines, a file
@@ -175,6 +341,64 @@ func TestInstallAllows(t *testing.T) {
 		t.Fatalf("child said %q", out)
 	}
 	t.Log(strings.TrimSpace(out))
+}
+
+// TestInstallSocketFamilies: under JailedVMM's filter Unix sockets work
+// and an IP or netlink socket kills the process (SIGSYS); under VMM's an
+// IP socket opens.
+func TestInstallSocketFamilies(t *testing.T) {
+	for _, tt := range []struct {
+		what   string
+		killed bool
+	}{
+		{"jailed-unix", false},
+		{"jailed-inet", true},
+		{"jailed-inet6", true},
+		{"jailed-netlink", true},
+		{"vmm-inet", false},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			out, errOut, err := child(t, tt.what)
+			if !strings.Contains(out, "unix sockets work") {
+				t.Fatalf("child: %v\nstdout %s\nstderr %s", err, out, errOut)
+			}
+			if !tt.killed {
+				if err != nil {
+					t.Fatalf("child: %v\nstdout %s\nstderr %s", err, out, errOut)
+				}
+				return
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("child: %v, want killed\nstderr %s", err, errOut)
+			}
+			if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGSYS {
+				t.Fatalf("child ended %v, want killed by SIGSYS\nstderr %s", ee, errOut)
+			}
+			if strings.Contains(errOut, "returned") {
+				t.Fatalf("the call returned: %s", errOut)
+			}
+		})
+	}
+}
+
+// TestInstallThread: InstallThread filters the calling thread alone,
+// which ends with its locked goroutine; a forbidden call on it kills the
+// process.
+func TestInstallThread(t *testing.T) {
+	out, errOut, err := child(t, "thread")
+	if err != nil || !strings.Contains(out, "filtered alone and gone") {
+		t.Fatalf("child: %v\nstdout %s\nstderr %s", err, out, errOut)
+	}
+	t.Log(strings.TrimSpace(out))
+	out, errOut, err = child(t, "thread-mount")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("child: %v, want killed\nstdout %s\nstderr %s", err, out, errOut)
+	}
+	if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGSYS || strings.Contains(errOut, "returned") {
+		t.Fatalf("child ended %v, want killed by SIGSYS at the mount\nstderr %s", ee, errOut)
+	}
 }
 
 // TestInstallKills: a forbidden call kills the whole process with SIGSYS.

@@ -20,17 +20,9 @@ func (p *Policy) Install() error {
 	if p.Mode == Off {
 		return nil
 	}
-	insts, err := p.Assemble()
+	filter, err := p.sockFilter()
 	if err != nil {
 		return err
-	}
-	raw, err := bpf.Assemble(insts)
-	if err != nil {
-		return fmt.Errorf("seccomp: encode the program: %w", err)
-	}
-	filter := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
 	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 
@@ -50,6 +42,52 @@ func (p *Policy) Install() error {
 		return fmt.Errorf("seccomp: thread %d of the process cannot take the filter (TSYNC)", tid)
 	}
 	return nil
+}
+
+// InstallThread loads the policy on the calling OS thread alone (no
+// TSYNC): NO_NEW_PRIVS on this thread, then the filter. The other
+// threads of the process are left as they are. The caller must have
+// locked its goroutine to the thread (runtime.LockOSThread) and must
+// never unlock it: the goroutine ends locked, and the Go runtime then
+// ends the thread with it (the main thread it wedges: asleep for good),
+// so no other goroutine ever runs under the filter. (The runtime starts no thread from a locked one: it asks its
+// template thread, so no thread inherits the filter either.) A policy in
+// Mode Off installs nothing. It cannot be undone.
+func (p *Policy) InstallThread() error {
+	if p.Mode == Off {
+		return nil
+	}
+	filter, err := p.sockFilter()
+	if err != nil {
+		return err
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("seccomp: set NO_NEW_PRIVS on this thread: %w", err)
+	}
+	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(filter)
+	if errno != 0 {
+		return fmt.Errorf("seccomp: load the filter on this thread (%d instructions): %w", len(filter), errno)
+	}
+	return nil
+}
+
+// sockFilter is the policy's program as the kernel takes it.
+func (p *Policy) sockFilter() ([]unix.SockFilter, error) {
+	insts, err := p.Assemble()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: encode the program: %w", err)
+	}
+	filter := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return filter, nil
 }
 
 // setNoNewPrivs sets NO_NEW_PRIVS on every thread of the process (and so

@@ -3,12 +3,14 @@ package seccomp
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
 	libseccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
 )
 
 // EnvMode is the environment variable a VMM process reads its Mode from
@@ -61,6 +63,11 @@ type Policy struct {
 	Syscalls []string
 	// Ioctls are the ioctl requests (argument 1) allowed.
 	Ioctls []uintptr
+	// SocketFamilies, when not nil, are the only address families
+	// (argument 0, the domain) socket and socketpair are allowed with;
+	// any other is outside the list. socket and socketpair are then not
+	// in Syscalls. Nil leaves them to Syscalls.
+	SocketFamilies []int
 	// Mode is what a call outside the list does.
 	Mode Mode
 }
@@ -69,6 +76,21 @@ type Policy struct {
 // mode.
 func VMM() *Policy {
 	return &Policy{Syscalls: vmmSyscalls(), Ioctls: vmmIoctls(), Mode: Kill}
+}
+
+// JailedVMM returns the allowlist of a jailed `kiln vmm` process, in
+// Kill mode: VMM's, with socket and socketpair for AF_UNIX only. A
+// jailed VMM fetches no image chunk itself (its parent does, over
+// image/chunkrpc's Unix socket) and dials its guest's vsock connections
+// through its parent (vmmproc.DialSocket, a Unix socket); its tap was
+// opened before the filter (open /dev/net/tun and TUN ioctls, no
+// socket). So a VMM taken over cannot open an IP, netlink or packet
+// socket in the sandbox's network namespace, whatever the egress policy.
+func JailedVMM() *Policy {
+	p := VMM()
+	p.Syscalls = slices.DeleteFunc(p.Syscalls, func(n string) bool { return n == "socket" || n == "socketpair" })
+	p.SocketFamilies = []int{unix.AF_UNIX}
+	return p
 }
 
 // ErrUnknownSyscall: a Policy names a system call the architecture does not
@@ -126,6 +148,9 @@ func (p *Policy) Assemble() ([]bpf.Instruction, error) {
 		if n == "ioctl" && len(p.Ioctls) > 0 {
 			return nil, errors.New("seccomp: ioctl is both allowed outright and restricted to request numbers")
 		}
+		if (n == "socket" || n == "socketpair") && p.SocketFamilies != nil {
+			return nil, fmt.Errorf("seccomp: %s is both allowed outright and restricted to address families", n)
+		}
 	}
 	// The plain calls come first and the ioctl requests after them, in
 	// p.Ioctls' order (KVM_RUN first): placed first, go-seccomp-bpf
@@ -154,6 +179,11 @@ func (p *Policy) Assemble() ([]bpf.Instruction, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: assemble: %w", err)
 	}
+	if p.SocketFamilies != nil {
+		if insts, err = p.appendSocketFamilies(insts, def); err != nil {
+			return nil, err
+		}
+	}
 	if len(insts) > maxInstructions {
 		return nil, fmt.Errorf("seccomp: the program has %d instructions, the kernel takes %d", len(insts), maxInstructions)
 	}
@@ -162,3 +192,69 @@ func (p *Policy) Assemble() ([]bpf.Instruction, error) {
 
 // maxInstructions is the kernel's BPF_MAXINSNS for a classic filter.
 const maxInstructions = 4096
+
+// Offsets in struct seccomp_data, and the byte order the kernel gives it
+// (x86-64: little-endian, so an argument's low word comes first).
+const (
+	dataNr   = 0
+	dataArch = 4
+	dataArgs = 16
+)
+
+// appendSocketFamilies replaces the program's last instruction, its
+// default action, with the check of socket's and socketpair's domain.
+// Every path of go-seccomp-bpf's program that matched nothing ends on
+// that instruction (the groups' fall-throughs and the architecture
+// check's jump), and the accumulator may hold an argument there (the
+// ioctl group's failed compare), so the check starts again from the
+// architecture and the number. It is not a group of go-seccomp-bpf's:
+// after a failed argument check its next syscall in a group compares
+// the argument, not the number, against its number.
+func (p *Policy) appendSocketFamilies(insts []bpf.Instruction, def libseccomp.Action) ([]bpf.Instruction, error) {
+	last, ok := insts[len(insts)-1].(bpf.RetConstant)
+	if !ok || last.Val != uint32(def) {
+		return nil, fmt.Errorf("seccomp: the program ends with %v, not its default action", insts[len(insts)-1])
+	}
+	info, err := arch.GetInfo("")
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	seen := map[int]bool{}
+	for _, f := range p.SocketFamilies {
+		if f < 0 || f > 0xffff || seen[f] {
+			return nil, fmt.Errorf("seccomp: socket family %d: negative, too large or listed twice", f)
+		}
+		seen[f] = true
+	}
+	ret := func(a libseccomp.Action) bpf.Instruction { return bpf.RetConstant{Val: uint32(a)} }
+	// One block per call: if the number is not this call's, skip the
+	// block; the domain's high word must be 0 and its low word one of
+	// the families; else the default action.
+	block := func(nr int) []bpf.Instruction {
+		n := len(p.SocketFamilies)
+		b := []bpf.Instruction{
+			bpf.LoadAbsolute{Off: dataNr, Size: 4},
+			bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(nr), SkipTrue: uint8(n + 5)},
+			bpf.LoadAbsolute{Off: dataArgs + 4, Size: 4}, // argument 0, high word
+			bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 0, SkipTrue: uint8(n + 1)},
+			bpf.LoadAbsolute{Off: dataArgs, Size: 4}, // argument 0, low word
+		}
+		for i, f := range p.SocketFamilies {
+			b = append(b, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(f), SkipTrue: uint8(n - i)})
+		}
+		return append(b, ret(def), ret(libseccomp.ActionAllow))
+	}
+	if len(p.SocketFamilies) > 200 {
+		return nil, fmt.Errorf("seccomp: %d socket families: at most 200", len(p.SocketFamilies))
+	}
+	out := append([]bpf.Instruction(nil), insts[:len(insts)-1]...)
+	out = append(out,
+		bpf.LoadAbsolute{Off: dataArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(info.ID), SkipFalse: 1},
+		bpf.Jump{Skip: 1},
+		ret(def),
+	)
+	out = append(out, block(info.SyscallNames["socket"])...)
+	out = append(out, block(info.SyscallNames["socketpair"])...)
+	return append(out, ret(def)), nil
+}

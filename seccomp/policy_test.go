@@ -3,6 +3,7 @@ package seccomp
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/elastic/go-seccomp-bpf/arch"
@@ -172,6 +173,9 @@ func TestPolicyErrors(t *testing.T) {
 		{"ioctl twice", Policy{Syscalls: []string{"read"}, Ioctls: []uintptr{1, 1}}, nil},
 		{"ioctl both ways", Policy{Syscalls: []string{"ioctl"}, Ioctls: []uintptr{1}}, nil},
 		{"duplicate name", Policy{Syscalls: []string{"read", "read"}}, nil},
+		{"socket both ways", Policy{Syscalls: []string{"read", "socket"}, SocketFamilies: []int{unix.AF_UNIX}}, nil},
+		{"socket family twice", Policy{Syscalls: []string{"read"}, SocketFamilies: []int{unix.AF_UNIX, unix.AF_UNIX}}, nil},
+		{"negative socket family", Policy{Syscalls: []string{"read"}, SocketFamilies: []int{-1}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,5 +216,98 @@ func TestArch(t *testing.T) {
 	}
 	if info.ID != auditArchX8664 {
 		t.Fatalf("arch %s %#x", info.Name, info.ID)
+	}
+}
+
+// TestJailedVMMPolicyDecisions runs JailedVMM's program (and VMM's, for
+// the families it leaves open) on socket and socketpair with each
+// domain, and on the calls around them: the family check must let only
+// AF_UNIX through, compare all 64 bits of the domain, and leave the rest
+// of the list as VMM has it.
+func TestJailedVMMPolicyDecisions(t *testing.T) {
+	const (
+		allow = unix.SECCOMP_RET_ALLOW
+		kill  = unix.SECCOMP_RET_KILL_PROCESS
+		logA  = unix.SECCOMP_RET_LOG
+	)
+	jailed, err := JailedVMM().Assemble()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unjailed, err := VMM().Assemble()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := JailedVMM()
+	logged.Mode = Log
+	logProg, err := logged.Assemble()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvmReqs := kvm.IoctlRequests()
+	tests := []struct {
+		name     string
+		nr       uint32
+		arch     uint32
+		args     []uint64
+		jailed   uint32
+		unjailed uint32
+	}{
+		{"socket AF_UNIX", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_UNIX, unix.SOCK_STREAM}, allow, allow},
+		{"socket AF_INET", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_INET, unix.SOCK_STREAM}, kill, allow},
+		{"socket AF_INET6", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_INET6, unix.SOCK_DGRAM}, kill, allow},
+		{"socket AF_NETLINK", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_NETLINK, unix.SOCK_RAW}, kill, allow},
+		{"socket AF_PACKET", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_PACKET, unix.SOCK_RAW}, kill, allow},
+		{"socket AF_VSOCK", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_VSOCK, unix.SOCK_STREAM}, kill, allow},
+		{"socket AF_UNIX with high bits", unix.SYS_SOCKET, auditArchX8664, []uint64{1<<32 | unix.AF_UNIX}, kill, allow},
+		{"socket AF_UNSPEC", unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_UNSPEC}, kill, allow},
+		{"socketpair AF_UNIX", unix.SYS_SOCKETPAIR, auditArchX8664, []uint64{unix.AF_UNIX, unix.SOCK_SEQPACKET}, allow, allow},
+		{"socketpair AF_INET", unix.SYS_SOCKETPAIR, auditArchX8664, []uint64{unix.AF_INET}, kill, allow},
+		{"i386 socketcall", 102, auditArchI386, []uint64{1}, kill, kill},
+		{"x32 socket AF_INET", x32Bit | unix.SYS_SOCKET, auditArchX8664, []uint64{unix.AF_INET}, unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS), unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
+		{"connect", unix.SYS_CONNECT, auditArchX8664, []uint64{3}, allow, allow},
+		{"read", unix.SYS_READ, auditArchX8664, nil, allow, allow},
+		{"mount", unix.SYS_MOUNT, auditArchX8664, nil, kill, kill},
+		{"ioctl KVM_RUN", unix.SYS_IOCTL, auditArchX8664, []uint64{5, uint64(kvmReqs[0])}, allow, allow},
+		{"ioctl last KVM request with high bits", unix.SYS_IOCTL, auditArchX8664, []uint64{5, 1<<63 | uint64(kvmReqs[len(kvmReqs)-1])}, kill, kill},
+		// The ioctl group's failed compare leaves an argument word in
+		// the accumulator: one equal to socket's number must not pass
+		// as a socket call.
+		{"ioctl whose request's high word is socket's number", unix.SYS_IOCTL, auditArchX8664, []uint64{unix.AF_UNIX, uint64(unix.SYS_SOCKET) << 32}, kill, kill},
+		{"ioctl whose request is socket's number", unix.SYS_IOCTL, auditArchX8664, []uint64{unix.AF_UNIX, unix.SYS_SOCKET}, kill, kill},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := run(t, jailed, tt.nr, tt.arch, tt.args...); got != tt.jailed {
+				t.Errorf("JailedVMM: action %#x, want %#x", got, tt.jailed)
+			}
+			if got := run(t, unjailed, tt.nr, tt.arch, tt.args...); got != tt.unjailed {
+				t.Errorf("VMM: action %#x, want %#x", got, tt.unjailed)
+			}
+			want := tt.jailed
+			if want == kill && tt.arch == auditArchX8664 {
+				want = logA
+			}
+			if tt.arch != auditArchX8664 {
+				want = logA // another ABI: the default action too
+			}
+			if got := run(t, logProg, tt.nr, tt.arch, tt.args...); got != want {
+				t.Errorf("JailedVMM in mode log: action %#x, want %#x", got, want)
+			}
+		})
+	}
+	// Apart from socket and socketpair, the two lists decide alike.
+	p := JailedVMM()
+	if slices.Contains(p.Syscalls, "socket") || slices.Contains(p.Syscalls, "socketpair") || len(p.Syscalls) != len(VMM().Syscalls)-2 {
+		t.Errorf("JailedVMM's plain calls: %d, socket or socketpair among them", len(p.Syscalls))
+	}
+	for _, name := range p.Syscalls {
+		nums, err := (&Policy{Syscalls: []string{name}}).Numbers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := run(t, jailed, uint32(nums[0]), auditArchX8664); got != allow {
+			t.Errorf("%s: action %#x, want allow", name, got)
+		}
 	}
 }

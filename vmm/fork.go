@@ -106,7 +106,7 @@ func (v *VM) fork(st *State, n int, cfg ForkConfig) (_ []*VM, err error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("fork: child %d: %w", i, err)
 		}
-		ccfg := RestoreConfig{Devices: devs, KVMPath: v.cfg.KVMPath, Logger: log.With("child", i), OpenFS: v.cfg.OpenFS}
+		ccfg := RestoreConfig{Devices: devs, KVMPath: v.cfg.KVMPath, Logger: log.With("child", i), OpenFS: v.cfg.OpenFS, VCPUSeccomp: v.cfg.VCPUSeccomp}
 		if cfg.Console != nil {
 			ccfg.Console = cfg.Console(i)
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
+	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/virtio"
 )
 
@@ -26,6 +27,8 @@ type RestoreConfig struct {
 	VsockDial virtio.VsockDialer
 	// HoldProcs is as Config.HoldProcs.
 	HoldProcs bool
+	// VCPUSeccomp is as Config.VCPUSeccomp.
+	VCPUSeccomp seccomp.Mode
 }
 
 // Check reports whether a VM can be restored from the state with cfg, and
@@ -75,7 +78,7 @@ func Restore(cfg RestoreConfig, st *State, mem *memory.Memory) (_ *VM, err error
 	v := newVM(Config{
 		Spec:    Spec{CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, Devices: specs},
 		Console: cfg.Console, KVMPath: cfg.KVMPath, Logger: cfg.Logger, OpenFS: cfg.OpenFS, VsockDial: cfg.VsockDial,
-		HoldProcs: cfg.HoldProcs,
+		HoldProcs: cfg.HoldProcs, VCPUSeccomp: cfg.VCPUSeccomp,
 	})
 	v.mem = mem
 	defer func() {

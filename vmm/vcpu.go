@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/seccomp"
 )
 
 // vcpu runs one KVM vCPU on its own locked OS thread.
@@ -36,10 +37,16 @@ func (c *vcpu) kick() {
 // loop runs the vCPU until the VM stops.
 func (c *vcpu) loop() {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	v := c.vm
+	if v.cfg.VCPUSeccomp == seccomp.Off {
+		defer runtime.UnlockOSThread()
+	} else {
+		// Never unlocked, whether or not the filter went on: the thread
+		// ends with this goroutine (Config.VCPUSeccomp).
+		c.confine()
+	}
 	c.tid.Store(int32(unix.Gettid()))
 	defer c.tid.Store(0)
-	v := c.vm
 	c.kv.SetHoldP(v.cfg.HoldProcs)
 	for {
 		if !c.checkpoint() {
@@ -55,6 +62,19 @@ func (c *vcpu) loop() {
 			return
 		}
 	}
+}
+
+// confine loads the VMM's seccomp filter on this vCPU's thread
+// (Config.VCPUSeccomp), or says why it runs without.
+func (c *vcpu) confine() {
+	v := c.vm
+	p := seccomp.VMM()
+	p.Mode = v.cfg.VCPUSeccomp
+	if err := p.InstallThread(); err != nil {
+		v.log.Warn("vCPU thread runs without its seccomp filter", "vcpu", c.kv.ID(), "err", err)
+		return
+	}
+	v.log.Debug("vCPU thread filtered", "vcpu", c.kv.ID(), "mode", p.Mode.String())
 }
 
 // parkVCPUs asks every vCPU to park at its next exit, kicks them out of

@@ -16,6 +16,7 @@ import (
 	"github.com/kilnvm/kiln/internal/ratelog"
 	"github.com/kilnvm/kiln/kvm"
 	"github.com/kilnvm/kiln/memory"
+	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm/acpi"
 	"github.com/kilnvm/kiln/vmm/linuxboot"
@@ -85,6 +86,20 @@ type Config struct {
 	// process that runs one VM. A fork's children do not take it (they
 	// share the parent's process and its GOMAXPROCS).
 	HoldProcs bool
+
+	// VCPUSeccomp is the mode of the seccomp filter each vCPU thread
+	// loads before it first enters the guest: seccomp.VMM's allowlist on
+	// that thread alone (Policy.InstallThread, no TSYNC), so that a guest
+	// that took over what a vCPU thread does on its exits meets the
+	// VMM's allowlist there, while the rest of the process (an embedding
+	// program's) is left as it is. The thread stays locked to its
+	// goroutine and ends with it, so it never serves another goroutine.
+	// The zero value, seccomp.Kill, is the default; seccomp.Off loads
+	// none: a VMM process, filtered whole, sets it. Where the thread
+	// cannot take a filter (no seccomp in the kernel, one already there
+	// that refuses it) the vCPU runs unfiltered, with a warning. A fork's
+	// children take the parent's.
+	VCPUSeccomp seccomp.Mode
 }
 
 // ProcsFor returns the GOMAXPROCS for a process that runs one VM of cpus

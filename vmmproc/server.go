@@ -302,18 +302,24 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 // confine restricts the process once its VM is built and before the guest
 // runs: the seccomp filter (package seccomp) on every thread. The guest
 // never runs unfiltered; what the build opened (/dev/kvm, disks, taps) it
-// keeps. The jail's steps (enterJail) go before the filter.
+// keeps. The jail's steps (enterJail) go before the filter. A jailed
+// process gets seccomp.JailedVMM (sockets of AF_UNIX only: its parent
+// fetches its chunks and dials its vsock connections); an unjailed one
+// VMM's, which keeps IP sockets for the chunks it fetches itself.
 func (s *server) confine() error {
 	if s.seccomp == seccomp.Off {
 		s.log.Warn("SECCOMP FILTER OFF ($" + seccomp.EnvMode + "=off): this VMM process runs its guest with every system call open; a debugging switch only")
 		return nil
 	}
 	p := seccomp.VMM()
+	if s.jail != nil {
+		p = seccomp.JailedVMM()
+	}
 	p.Mode = s.seccomp
 	if err := p.Install(); err != nil {
 		return status.Errorf(codes.Internal, "confine the VMM process: %v", err)
 	}
-	s.log.Info("seccomp filter installed", "mode", s.seccomp.String(), "syscalls", len(p.Syscalls), "ioctls", len(p.Ioctls))
+	s.log.Info("seccomp filter installed", "mode", s.seccomp.String(), "syscalls", len(p.Syscalls), "ioctls", len(p.Ioctls), "socket_families", p.SocketFamilies)
 	return nil
 }
 
@@ -338,7 +344,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 			return nil, status.Errorf(codes.InvalidArgument, "device overrides: %v", err)
 		}
 	}
-	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs}
+	rcfg := vmm.RestoreConfig{Devices: overrides, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs, VCPUSeccomp: seccomp.Off}
 	switch src := req.Source.(type) {
 	case *vmmpb.CreateRequest_BootSpecJson:
 		var spec vmm.Spec
@@ -348,7 +354,7 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		if len(overrides) > 0 {
 			return nil, status.Error(codes.InvalidArgument, "device overrides are for restores; a booted VM has its spec's devices")
 		}
-		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs})
+		vm, err := vmm.New(vmm.Config{Spec: spec, Console: s.console, KVMPath: s.kvmPath, Logger: s.log, OpenFS: s.openFS, VsockDial: s.vsockDialer(), HoldProcs: s.holdProcs, VCPUSeccomp: seccomp.Off})
 		if err != nil {
 			return nil, statusFor(err)
 		}

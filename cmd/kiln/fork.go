@@ -33,8 +33,7 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	timing := fs.Bool("time", false, "print restore and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
 	hostname := fs.String("hostname", "kiln", "clone i is named `NAME`-i")
-	proc := fs.Bool("vmm-process", false, "run each clone's VM in a VMM process of its own (kiln vmm)")
-	jf := addJailFlags(fs)
+	vf := addVMMFlags(fs)
 	netFlag := fs.String("net", "", "for a snapshot with a network card: clone i gets tap `PREFIX`i (created when missing; PREFIX[,netns=NAME]) and a MAC address of its own")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -49,6 +48,11 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	case len(argv) == 0:
 		fmt.Fprintln(stderr, "kiln fork: no command given (kiln fork --from DIR -n N -- CMD [ARG...])")
+		return exitUsage
+	}
+	pl, err := vf.placement(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln fork: %v\n", err)
 		return exitUsage
 	}
 	if err := sandbox.CheckHostname(*hostname + "-0"); err != nil {
@@ -86,13 +90,10 @@ func cmdFork(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cache := snapshot.NewCache(1)
 	defer cache.Close()
 	log := newLogger(stderr, *debug)
-	var po *sandbox.ProcessOptions
-	if *proc || *jf.on {
-		var err error
-		if po, err = vmmProcess(jf.dir()); err != nil {
-			fmt.Fprintf(stderr, "kiln fork: --vmm-process: %v\n", err)
-			return exitRunFailed
-		}
+	po, err := vf.processOptions(pl, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln fork: %v\n", err)
+		return exitRunFailed
 	}
 	var outMu sync.Mutex // one line at a time on each stream
 	type result struct {

@@ -81,7 +81,7 @@ commands:
           kiln fork --from DIR -n N -- CMD [ARG...]
   image   OCI images: kiln image pull|import|ls|rm|inspect [--dir DIR] ...
   vmm     serve one VM for a parent process over a Unix socket
-          (what --vmm-process starts; not for people)
+          (what kiln run, fork and kilnd start; not for people)
   sandbox sandboxes run by kilnd (--host, $KILN_HOST):
           kiln sandbox create|ls|inspect|exec|run|cp|ps|kill|pause|resume|events|
                        checkpoint|checkpoints|rollback|fork|rm

@@ -6,15 +6,17 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/vmm"
 )
 
 // runKiln runs the CLI in-process and returns its exit code and output.
-// TestMain lets the test binary serve as `kiln vmm`: --vmm-process starts
+// TestMain lets the test binary serve as `kiln vmm`: kiln run and fork start
 // this very executable with the vmm command.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "vmm" {
@@ -158,11 +160,24 @@ func TestKVMRunCommand(t *testing.T) {
 		netSave, netFrom, netFork = []string{"--net", p + "s"}, []string{"--net", p + "r"}, []string{"--net", p + "f"}
 	}
 	loop := "(i=0; while :; do i=$((i+1)); echo $i > /run/n.new; mv /run/n.new /run/n; sleep 0.2; done) >/dev/null 2>&1 &"
-	args := append([]string{"run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--save", dir}, netSave...)
+	// In this process (--in-process): its vCPU thread, and no other, is
+	// under the VMM's seccomp filter while the VM runs, and ends with it.
+	stop, filtered := watchFilteredThreads(t)
+	args := append([]string{"run", "--in-process", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--save", dir}, netSave...)
 	code, stdout, stderr := runKiln(t, append(args, "--", "sh", "-c", "echo out; echo err >&2; "+loop+" sleep 1; exit 3")...)
 	if code != 3 || stdout != "out\n" || stderr != "err\n" {
 		t.Fatalf("exit code %d (want 3), stdout %q (want \"out\\n\"), stderr %q (want \"err\\n\")", code, stdout, stderr)
 	}
+	stop()
+	if len(filtered) != 1 {
+		t.Fatalf("kiln run --in-process with 1 vCPU: %d threads of this process were filtered while it ran (%v), want 1", len(filtered), filtered)
+	}
+	if left := filteredThreads(t); len(left) > 0 && !(len(left) == 1 && left[0] == os.Getpid()) {
+		// A locked goroutine that ends on the main thread wedges it:
+		// the only filtered thread that may stay.
+		t.Fatalf("threads %v still filtered after kiln run --in-process returned", left)
+	}
+	t.Logf("in process: vCPU thread %v filtered while the VM ran", filtered)
 
 	args = append([]string{"run", "--from", dir, "--boot-timeout", "5m"}, netFrom...)
 	code, stdout, stderr = runKiln(t, append(args, "--", "sh", "-c", "a=$(cat /run/n); sleep 1; echo $a $(cat /run/n)")...)
@@ -246,4 +261,55 @@ func TestWithDefaults(t *testing.T) {
 	if got != "PATH=/opt/bin A=1 HOME=/root TERM=xterm" {
 		t.Fatalf("env %q", got)
 	}
+}
+
+// watchFilteredThreads notes, every 100 ms until stop, each thread of this
+// process that is under a seccomp filter (Seccomp 2 and NoNewPrivs 1).
+// Threads filtered before the call (a main thread a locked goroutine
+// wedged) are left out.
+func watchFilteredThreads(t *testing.T) (stop func(), seen map[int]bool) {
+	seen = map[int]bool{}
+	before := map[int]bool{}
+	for _, tid := range filteredThreads(t) {
+		before[tid] = true
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			for _, tid := range filteredThreads(t) {
+				if !before[tid] {
+					seen[tid] = true
+				}
+			}
+			select {
+			case <-quit:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() { close(quit); <-done }, seen
+}
+
+// filteredThreads returns the threads of this process that are under a
+// seccomp filter with NO_NEW_PRIVS.
+func filteredThreads(t *testing.T) []int {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	var tids []int
+	for _, e := range ents {
+		st, err := os.ReadFile(filepath.Join("/proc/self/task", e.Name(), "status"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if strings.Contains(string(st), "\nSeccomp:\t2\n") && strings.Contains(string(st), "\nNoNewPrivs:\t1\n") {
+			tid, _ := strconv.Atoi(e.Name())
+			tids = append(tids, tid)
+		}
+	}
+	return tids
 }

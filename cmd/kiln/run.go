@@ -56,12 +56,16 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	console := fs.Bool("console", false, "copy the guest's serial console to stderr")
 	timing := fs.Bool("time", false, "print boot and command times to stderr")
 	debug := fs.Bool("debug", false, "log VMM events to stderr")
-	proc := fs.Bool("vmm-process", false, "run the VM in a VMM process of its own (kiln vmm)")
-	jf := addJailFlags(fs)
+	vf := addVMMFlags(fs)
 	save := fs.String("save", "", "after CMD, save a snapshot of the running sandbox to `DIR` (which must not exist)")
 	from := fs.String("from", "", "restore the sandbox from the snapshot in `DIR` instead of booting one")
 	netFlag := fs.String("net", "", "a network card on a host tap, created when missing: `TAP[,mac=MAC][,netns=NAME]` (with --from: the restored sandbox's own tap)")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	pl, err := vf.placement(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "kiln run: %v\n", err)
 		return exitUsage
 	}
 	if *netFlag != "" {
@@ -137,13 +141,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	o.Logger = newLogger(stderr, *debug)
 	o.BootTimeout = *bootTimeout
-	if *proc || *jf.on {
-		po, err := vmmProcess(jf.dir())
-		if err != nil {
-			fmt.Fprintf(stderr, "kiln run: --vmm-process: %v\n", err)
-			return exitRunFailed
-		}
-		o.Process = po
+	if o.Process, err = vf.processOptions(pl, o.Logger); err != nil {
+		fmt.Fprintf(stderr, "kiln run: %v\n", err)
+		return exitRunFailed
 	}
 	if *console {
 		o.Console = stderr
@@ -151,7 +151,6 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 
 	start := time.Now()
 	var sb *sandbox.Sandbox
-	var err error
 	if *from != "" {
 		ro := sandbox.RestoreOptions{Console: o.Console, Logger: o.Logger, Timeout: *bootTimeout, Net: o.Net, Process: o.Process,
 			Image: o.Image, Images: o.Images}

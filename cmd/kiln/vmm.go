@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strconv"
 
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
@@ -50,23 +53,157 @@ func vmmProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
 	return po, nil
 }
 
-// jailFlags are kiln run's and kiln fork's --jail and --jail-ids.
-type jailFlags struct {
-	on  *bool
-	ids *string
+// jailWant is kiln run's and kiln fork's --jail: auto (the default: jail
+// where jail.Unavailable says a jail can be had), true (insist) or false.
+type jailWant string
+
+const (
+	jailAuto jailWant = "auto"
+	jailOn   jailWant = "true"
+	jailOff  jailWant = "false"
+)
+
+func (w *jailWant) String() string {
+	if w == nil || *w == "" {
+		return string(jailAuto)
+	}
+	return string(*w)
 }
 
-func addJailFlags(fs *flag.FlagSet) jailFlags {
-	return jailFlags{
-		on:  fs.Bool("jail", false, "jail each VMM process (implies --vmm-process): namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; needs root (image chunks are fetched by this process for it)"),
-		ids: fs.String("jail-ids", jail.DefaultIDsDir, "with --jail, `DIR` whose jail-ids folder holds the locks of the jails' uids (kilnd's --jail-ids)"),
+// Set takes auto or a bool (flag's forms: 1, t, true, 0, f, false, ...).
+func (w *jailWant) Set(v string) error {
+	if v == string(jailAuto) {
+		*w = jailAuto
+		return nil
 	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("want auto, true or false, not %q", v)
+	}
+	*w = jailOff
+	if b {
+		*w = jailOn
+	}
+	return nil
 }
 
-// dir is the id folder vmmProcess takes: "" without --jail.
-func (f jailFlags) dir() string {
-	if !*f.on {
-		return ""
+// IsBoolFlag lets --jail stand alone for --jail=true.
+func (w *jailWant) IsBoolFlag() bool { return true }
+
+// vmmFlags are kiln run's and kiln fork's say in where each VM runs.
+type vmmFlags struct {
+	inProcess  *bool
+	vmmProcess *bool // deprecated: a VMM process is the default
+	jail       *jailWant
+	ids        *string
+}
+
+func addVMMFlags(fs *flag.FlagSet) vmmFlags {
+	f := vmmFlags{jail: new(jailWant)}
+	*f.jail = jailAuto
+	f.inProcess = fs.Bool("in-process", false, "run the VM in this process (embedding, debugging), not in a VMM process of its own: its vCPU threads alone are under the seccomp filter")
+	f.vmmProcess = fs.Bool("vmm-process", true, "deprecated, the default: each VM in a VMM process of its own (kiln vmm); --vmm-process=false is --in-process")
+	fs.Var(f.jail, "jail", "auto, true or false: jail each VMM process (namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; image chunks are fetched by this process for it); auto jails as root with a kiln built with CGO_ENABLED=0")
+	f.ids = fs.String("jail-ids", jail.DefaultIDsDir, "with a jail, `DIR` whose jail-ids folder holds the locks of the jails' uids (kilnd's --jail-ids)")
+	return f
+}
+
+// vmmChoice is what the flags asked, for placeVM.
+type vmmChoice struct {
+	inProcess  bool
+	vmmProcess *bool // nil: --vmm-process not given
+	jail       jailWant
+	idsGiven   bool
+}
+
+func (f vmmFlags) choice(fs *flag.FlagSet) vmmChoice {
+	c := vmmChoice{inProcess: *f.inProcess, jail: *f.jail}
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "vmm-process":
+			c.vmmProcess = f.vmmProcess
+		case "jail-ids":
+			c.idsGiven = true
+		}
+	})
+	return c
+}
+
+// placement is where a sandbox's VM runs.
+type placement struct {
+	inProcess bool
+	jail      bool
+	why       string // in a VMM process without a jail: why not
+}
+
+// placeVM decides where each VM runs, as kilnd does: in a VMM process
+// of its own (seccomp filter, NO_NEW_PRIVS), jailed where a jail can be
+// had (jail.Unavailable: root and a cgo-free self), unless the flags say
+// otherwise; contradictory flags are an error naming them. euid is this
+// process's, self the binary its VMM processes run.
+func placeVM(c vmmChoice, euid int, self string) (placement, error) {
+	if c.vmmProcess != nil {
+		if *c.vmmProcess && c.inProcess {
+			return placement{}, errors.New("--in-process and --vmm-process contradict each other: give one")
+		}
+		if !*c.vmmProcess {
+			c.inProcess = true // the old spelling of --in-process
+		}
 	}
-	return *f.ids
+	if c.inProcess {
+		switch {
+		case c.jail == jailOn:
+			return placement{}, errors.New("--jail jails a VMM process, and --in-process runs none: give one")
+		case c.idsGiven:
+			return placement{}, errors.New("--jail-ids: no jail with --in-process")
+		}
+		return placement{inProcess: true}, nil
+	}
+	if c.jail == jailOff {
+		if c.idsGiven {
+			return placement{}, errors.New("--jail-ids: no jail with --jail=false")
+		}
+		return placement{why: "--jail=false"}, nil
+	}
+	why := jail.Unavailable(euid, self)
+	if why == "" {
+		return placement{jail: true}, nil
+	}
+	if c.jail == jailOn {
+		return placement{}, fmt.Errorf("--jail: %s", why)
+	}
+	return placement{why: why}, nil
+}
+
+// placement decides where VMs run: placeVM, for this process and
+// binary.
+func (f vmmFlags) placement(fs *flag.FlagSet) (placement, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return placement{}, fmt.Errorf("find this binary for its VMM processes: %w", err)
+	}
+	return placeVM(f.choice(fs), os.Geteuid(), self)
+}
+
+// processOptions returns the ProcessOptions of pl (nil: in this
+// process), and says on log why a VMM process goes unjailed: a warning
+// as root (it keeps root's capabilities), else at debug level (a normal
+// user's VMM process has none, and the filter and NO_NEW_PRIVS).
+func (f vmmFlags) processOptions(pl placement, log *slog.Logger) (*sandbox.ProcessOptions, error) {
+	if pl.inProcess {
+		return nil, nil
+	}
+	ids := ""
+	if pl.jail {
+		ids = *f.ids
+	} else if os.Geteuid() == 0 {
+		log.Warn("VMM processes are not jailed: they run as root, with its capabilities", "why", pl.why)
+	} else {
+		log.Debug("VMM processes are not jailed", "why", pl.why)
+	}
+	po, err := vmmProcess(ids)
+	if err != nil {
+		return nil, fmt.Errorf("VMM process: %w", err)
+	}
+	return po, nil
 }

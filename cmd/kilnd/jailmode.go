@@ -1,9 +1,10 @@
 package main
 
 import (
-	"debug/buildinfo"
 	"fmt"
 	"strconv"
+
+	"github.com/kilnvm/kiln/jail"
 )
 
 // jailMode is --jail: auto (the default) jails every VMM process when
@@ -55,12 +56,7 @@ func (m jailMode) resolve(euid int, kiln string) (jailed bool, why string, err e
 	if m == jailOff {
 		return false, "--jail=false", nil
 	}
-	switch {
-	case euid != 0:
-		why = fmt.Sprintf("kilnd runs as uid %d, not root", euid)
-	default:
-		why = cgoWhy(kiln)
-	}
+	why = jail.Unavailable(euid, kiln)
 	if why == "" {
 		return true, "", nil
 	}
@@ -68,22 +64,4 @@ func (m jailMode) resolve(euid int, kiln string) (jailed bool, why string, err e
 		return false, "", fmt.Errorf("--jail: %s", why)
 	}
 	return false, why, nil
-}
-
-// cgoWhy is "" when the binary at path was built with CGO_ENABLED=0 (a
-// jail needs it: Setresuid on every thread), else why it cannot jail.
-func cgoWhy(path string) string {
-	bi, err := buildinfo.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("cannot tell how %s was built: %v", path, err)
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "CGO_ENABLED" {
-			if s.Value == "0" {
-				return ""
-			}
-			break
-		}
-	}
-	return fmt.Sprintf("%s is not built with CGO_ENABLED=0 (make build builds it so)", path)
 }

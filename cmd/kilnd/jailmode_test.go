@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/jail"
 )
 
 // --jail: auto jails when kilnd is root and kiln is built without cgo,
@@ -19,7 +20,7 @@ func TestJailMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	selfWhy := cgoWhy(self) // a test binary: cgo or not, as go test built it
+	selfWhy := jail.Unavailable(0, self) // a test binary: cgo or not, as go test built it
 	for _, c := range []struct {
 		name   string
 		mode   jailMode
