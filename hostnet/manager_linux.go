@@ -463,7 +463,7 @@ func (m *Manager) build(ctx context.Context, rec record) (*attachment, error) {
 	if err := nh.RouteAdd(&netlink.Route{Dst: ipNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0)), Gw: b.hostEnd().Addr().AsSlice()}); err != nil {
 		return nil, fmt.Errorf("default route in the sandbox netns: %w", err)
 	}
-	if err := m.apply(a, rec.Policy, nil); err != nil {
+	if err := m.applyFresh(a, rec.Policy); err != nil {
 		return nil, err
 	}
 	if err := m.startProxy(ctx, a); err != nil {
@@ -493,19 +493,25 @@ func ipNet(p netip.Prefix) *net.IPNet {
 // apply replaces a's nftables table with policy p (one batch), carrying
 // over the learned addresses given.
 func (m *Manager) apply(a *attachment, p Policy, keep []learnedElem) error {
+	return m.install(a, sandboxRuleset{policy: p, learned: keep})
+}
+
+// applyFresh installs a's first table, in a netns that has none.
+func (m *Manager) applyFresh(a *attachment, p Policy) error {
+	return m.install(a, sandboxRuleset{policy: p, fresh: true})
+}
+
+// install completes r for a and installs it in one batch.
+func (m *Manager) install(a *attachment, r sandboxRuleset) error {
 	c, err := nftables.New(nftables.WithNetNSFd(a.nsFD))
 	if err != nil {
 		return fmt.Errorf("nftables in the sandbox netns: %w", err)
 	}
-	err = sandboxRules(c, sandboxRuleset{
-		policy:  p,
-		pool:    m.cfg.Pool,
-		gw:      a.blk.gateway().Addr(),
-		guest:   a.blk.guest().Addr(),
-		refused: refusedSpans(m.refused, p),
-		learned: keep,
-	})
-	if err != nil {
+	r.pool = m.cfg.Pool
+	r.gw = a.blk.gateway().Addr()
+	r.guest = a.blk.guest().Addr()
+	r.refused = refusedSpans(m.refused, r.policy)
+	if err := sandboxRules(c, r); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {

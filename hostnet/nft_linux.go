@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -22,6 +21,9 @@ const (
 	allowSet   = "allow_dns" // addresses the DNS proxy resolved for an allow list
 	denySet    = "deny_dns"  // addresses resolved for a deny list
 	refusedSet = "refused"   // destinations refused unless an allow list names them
+	// rejectChain is the sandbox table's chain that rejects what jumps
+	// to it.
+	rejectChain = "reject"
 )
 
 // vethName is the host-side name of the veth of block index.
@@ -126,15 +128,9 @@ var (
 	// icmpReject4 is icmpReject in an ip (not inet) table.
 	icmpReject4 = []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13 /* ICMP_PKT_FILTERED */}}
 	masq        = []expr.Any{&expr.Masq{}}
+	// gotoReject hands a packet to the sandbox table's rejectChain.
+	gotoReject = []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: rejectChain}}
 )
-
-// rejectRule queues rules that reject what parts match at once, so that a
-// forbidden connect fails fast instead of timing out: TCP with a reset,
-// the rest with ICMP admin-prohibited.
-func rejectRule(c *nftables.Conn, ch *nftables.Chain, parts ...[]expr.Any) {
-	rule(c, ch, append(slices.Clone(parts), l4proto(unix.IPPROTO_TCP), tcpReset)...)
-	rule(c, ch, append(slices.Clone(parts), icmpReject)...)
-}
 
 // l4proto matches a transport protocol.
 func l4proto(proto byte) []expr.Any {
@@ -243,6 +239,9 @@ type sandboxRuleset struct {
 	guest   netip.Addr   // the guest's own address: the only source from the tap
 	refused []span       // refusedSpans(Config.Refused, policy)
 	learned []learnedElem
+	// fresh: the netns has no table yet (Attach): nothing to empty, so
+	// the batch is shorter.
+	fresh bool
 }
 
 // sandboxRules queues (in c's batch) kiln's table in a sandbox netns for
@@ -260,7 +259,9 @@ func sandboxRules(c *nftables.Conn, r sandboxRuleset) error {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("nftables set %s: %w", s.Name, err)
 		}
-		c.FlushSet(s)
+		if !r.fresh {
+			c.FlushSet(s)
+		}
 	}
 	if e := spanElems(r.refused); len(e) > 0 {
 		if err := c.SetAddElements(refused, e); err != nil {
@@ -282,49 +283,65 @@ func sandboxRules(c *nftables.Conn, r sandboxRuleset) error {
 	fromTap := ifname(expr.MetaKeyIIFNAME, tapName, false, expr.CmpOpEq)
 	guest := netip.PrefixFrom(r.guest, 32)
 
+	// One regular chain does the rejecting: a rule that refuses jumps
+	// to it, one rule instead of two (fewer rules, a cheaper Attach).
+	rej := c.AddChain(&nftables.Chain{Name: rejectChain, Table: t})
+	if !r.fresh {
+		c.FlushChain(rej)
+	}
+	rule(c, rej, l4proto(unix.IPPROTO_TCP), tcpReset)
+	rule(c, rej, icmpReject)
+	refuse := func(ch *nftables.Chain, parts ...[]expr.Any) {
+		rule(c, ch, append(parts, gotoReject)...)
+	}
+
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
-	c.FlushChain(fwd)
+	if !r.fresh {
+		c.FlushChain(fwd)
+	}
 	// Anti-spoofing first: from the tap only IPv4 from the guest's own
 	// address, established or not.
 	rule(c, fwd, fromTap, notIPv4(), drop)
 	rule(c, fwd, fromTap, ipNotIn(ipSaddr, guest), drop)
 	rule(c, fwd, ctEstablished(), accept)
 	// Never other sandboxes (nor the veths' addresses), whatever the policy.
-	rejectRule(c, fwd, fromTap, ipIn(ipDaddr, r.pool))
+	refuse(fwd, fromTap, ipIn(ipDaddr, r.pool))
 	if p.Mode == AllowList || p.Mode == DenyList {
 		// A list by domain holds only if the guest asks the proxy: no
 		// other DNS server, plain or over TLS/QUIC.
 		for _, port := range []uint16{53, 853} {
-			rejectRule(c, fwd, fromTap, dport(unix.IPPROTO_UDP, port))
-			rejectRule(c, fwd, fromTap, dport(unix.IPPROTO_TCP, port))
+			refuse(fwd, fromTap, dport(unix.IPPROTO_UDP, port))
+			refuse(fwd, fromTap, dport(unix.IPPROTO_TCP, port))
 		}
 	}
 	switch p.Mode {
 	case AllowAll:
-		rejectRule(c, fwd, fromTap, ipInSet(refused))
+		refuse(fwd, fromTap, ipInSet(refused))
 		rule(c, fwd, fromTap, accept)
 	case AllowList:
 		// A domain's addresses are allowed wherever they are: the
 		// policy names the domain.
 		rule(c, fwd, fromTap, ipInSet(allow), accept)
-		rejectRule(c, fwd, fromTap, ipInSet(refused))
+		refuse(fwd, fromTap, ipInSet(refused))
 		for _, cidr := range p.CIDRs {
 			rule(c, fwd, fromTap, ipIn(ipDaddr, cidr), accept)
 		}
 	case DenyList:
 		for _, cidr := range p.CIDRs {
-			rejectRule(c, fwd, fromTap, ipIn(ipDaddr, cidr))
+			refuse(fwd, fromTap, ipIn(ipDaddr, cidr))
 		}
-		rejectRule(c, fwd, fromTap, ipInSet(deny))
-		rejectRule(c, fwd, fromTap, ipInSet(refused))
+		refuse(fwd, fromTap, ipInSet(deny))
+		refuse(fwd, fromTap, ipInSet(refused))
 		rule(c, fwd, fromTap, accept)
 	}
-	rejectRule(c, fwd, fromTap)
+	refuse(fwd, fromTap)
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
-	c.FlushChain(in)
+	if !r.fresh {
+		c.FlushChain(in)
+	}
 	rule(c, in, fromTap, notIPv4(), drop)
 	rule(c, in, fromTap, ipNotIn(ipSaddr, guest), drop)
 	rule(c, in, ctEstablished(), accept)
@@ -332,7 +349,7 @@ func sandboxRules(c *nftables.Conn, r sandboxRuleset) error {
 	gwp := netip.PrefixFrom(r.gw, 32)
 	rule(c, in, fromTap, ipIn(ipDaddr, gwp), dport(unix.IPPROTO_UDP, 53), accept)
 	rule(c, in, fromTap, ipIn(ipDaddr, gwp), dport(unix.IPPROTO_TCP, 53), accept)
-	rejectRule(c, in, fromTap)
+	refuse(in, fromTap)
 
 	// Nothing in the netns opens a connection: not the DNS proxy (it asks
 	// upstream from the host netns), not a jailed VMM process, whose
@@ -340,7 +357,9 @@ func sandboxRules(c *nftables.Conn, r sandboxRuleset) error {
 	// rejects above) and loopback pass.
 	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &dropping})
-	c.FlushChain(out)
+	if !r.fresh {
+		c.FlushChain(out)
+	}
 	rule(c, out, ctEstablished(), accept)
 	rule(c, out, ifname(expr.MetaKeyOIFNAME, "lo", false, expr.CmpOpEq), accept)
 	return nil
