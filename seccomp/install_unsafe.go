@@ -24,16 +24,13 @@ func (p *Policy) Install() error {
 	if err != nil {
 		return err
 	}
-	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-
 	// The filter is installed from the thread that set NO_NEW_PRIVS.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := setNoNewPrivs(); err != nil {
 		return err
 	}
-	tid, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
-	runtime.KeepAlive(filter)
+	tid, errno := loadFilter(filter, unix.SECCOMP_FILTER_FLAG_TSYNC)
 	if errno != 0 {
 		return fmt.Errorf("seccomp: load the filter (%d instructions): %w", len(filter), errno)
 	}
@@ -61,16 +58,22 @@ func (p *Policy) InstallThread() error {
 	if err != nil {
 		return err
 	}
-	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("seccomp: set NO_NEW_PRIVS on this thread: %w", err)
 	}
-	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog)))
-	runtime.KeepAlive(filter)
-	if errno != 0 {
+	if _, errno := loadFilter(filter, 0); errno != 0 {
 		return fmt.Errorf("seccomp: load the filter on this thread (%d instructions): %w", len(filter), errno)
 	}
 	return nil
+}
+
+// loadFilter is seccomp(SECCOMP_SET_MODE_FILTER, flags, filter) on the
+// calling thread; with TSYNC, tid names a thread that could not take it.
+func loadFilter(filter []unix.SockFilter, flags uintptr) (tid uintptr, errno syscall.Errno) {
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	tid, _, errno = unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(filter)
+	return tid, errno
 }
 
 // sockFilter is the policy's program as the kernel takes it.

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
@@ -53,54 +52,17 @@ func vmmProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
 	return po, nil
 }
 
-// jailWant is kiln run's and kiln fork's --jail: auto (the default: jail
-// where jail.Unavailable says a jail can be had), true (insist) or false.
-type jailWant string
-
-const (
-	jailAuto jailWant = "auto"
-	jailOn   jailWant = "true"
-	jailOff  jailWant = "false"
-)
-
-func (w *jailWant) String() string {
-	if w == nil || *w == "" {
-		return string(jailAuto)
-	}
-	return string(*w)
-}
-
-// Set takes auto or a bool (flag's forms: 1, t, true, 0, f, false, ...).
-func (w *jailWant) Set(v string) error {
-	if v == string(jailAuto) {
-		*w = jailAuto
-		return nil
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return fmt.Errorf("want auto, true or false, not %q", v)
-	}
-	*w = jailOff
-	if b {
-		*w = jailOn
-	}
-	return nil
-}
-
-// IsBoolFlag lets --jail stand alone for --jail=true.
-func (w *jailWant) IsBoolFlag() bool { return true }
-
 // vmmFlags are kiln run's and kiln fork's say in where each VM runs.
 type vmmFlags struct {
 	inProcess  *bool
 	vmmProcess *bool // deprecated: a VMM process is the default
-	jail       *jailWant
+	jail       *jail.Mode
 	ids        *string
 }
 
 func addVMMFlags(fs *flag.FlagSet) vmmFlags {
-	f := vmmFlags{jail: new(jailWant)}
-	*f.jail = jailAuto
+	f := vmmFlags{jail: new(jail.Mode)}
+	*f.jail = jail.ModeAuto
 	f.inProcess = fs.Bool("in-process", false, "run the VM in this process (embedding, debugging), not in a VMM process of its own: its vCPU threads alone are under the seccomp filter")
 	f.vmmProcess = fs.Bool("vmm-process", true, "deprecated, the default: each VM in a VMM process of its own (kiln vmm); --vmm-process=false is --in-process")
 	fs.Var(f.jail, "jail", "auto, true or false: jail each VMM process (namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; image chunks are fetched by this process for it); auto jails as root with a kiln built with CGO_ENABLED=0")
@@ -112,7 +74,7 @@ func addVMMFlags(fs *flag.FlagSet) vmmFlags {
 type vmmChoice struct {
 	inProcess  bool
 	vmmProcess *bool // nil: --vmm-process not given
-	jail       jailWant
+	jail       jail.Mode
 	idsGiven   bool
 }
 
@@ -152,14 +114,14 @@ func placeVM(c vmmChoice, euid int, self string) (placement, error) {
 	}
 	if c.inProcess {
 		switch {
-		case c.jail == jailOn:
+		case c.jail == jail.ModeOn:
 			return placement{}, errors.New("--jail jails a VMM process, and --in-process runs none: give one")
 		case c.idsGiven:
 			return placement{}, errors.New("--jail-ids: no jail with --in-process")
 		}
 		return placement{inProcess: true}, nil
 	}
-	if c.jail == jailOff {
+	if c.jail == jail.ModeOff {
 		if c.idsGiven {
 			return placement{}, errors.New("--jail-ids: no jail with --jail=false")
 		}
@@ -169,7 +131,7 @@ func placeVM(c vmmChoice, euid int, self string) (placement, error) {
 	if why == "" {
 		return placement{jail: true}, nil
 	}
-	if c.jail == jailOn {
+	if c.jail == jail.ModeOn {
 		return placement{}, fmt.Errorf("--jail: %s", why)
 	}
 	return placement{why: why}, nil

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnvm/kiln/jail"
 )
 
 // TestConfigFile: a config file's keys are the flags' names; the command
@@ -70,7 +72,7 @@ jail-ids = "/srv/kiln-ids"
 				memoryOvercommit: 1.5,
 				vmmOverheadMiB:   96,
 				pidsMax:          2048,
-				jail:             jailOn,
+				jail:             jail.ModeOn,
 				jailIDs:          "/srv/kiln-ids",
 				e2bTimeout:       15 * time.Second,
 				e2bIdleTimeout:   defaultE2BIdleTimeout, e2bReadTimeout: defaultE2BReadTimeout, e2bWriteTimeout: defaultE2BWriteTimeout, e2bConnsPerAddr: defaultE2BConnsPerAddr,

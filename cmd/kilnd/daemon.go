@@ -67,11 +67,11 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		MemoryOvercommit: cfg.memoryOvercommit,
 		SandboxIO:        cfg.sandboxIO,
 	}
-	jailed, why, err := cfg.jail.resolve(os.Geteuid(), cfg.kiln)
+	jailed, why, err := resolveJail(cfg.jail, os.Geteuid(), cfg.kiln)
 	if err != nil {
 		return nil, err
 	}
-	if !jailed && cfg.jail == jailAuto {
+	if !jailed && cfg.jail == jail.ModeAuto {
 		log.Warn("VMM processes are not jailed", "why", why, "hint", "--jail=true requires the jail, --jail=false turns it off")
 	}
 	if jailed {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kilnvm/kiln/daemon/e2b"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/internal/ratelog"
 )
 
 // stringsFlag is a repeatable string flag; a config file gives it as an
@@ -285,13 +286,15 @@ type connLimiter struct {
 	max int // 0: no limit
 	log *slog.Logger
 
-	mu      sync.Mutex
-	open    map[string]int // by address
-	refused limiterLog
+	mu   sync.Mutex
+	open map[string]int // by address
 }
 
+// newConnLimiter wraps ln; a client can cause its log line, so log is
+// rate-limited (one line in 10 s, the rest counted).
 func newConnLimiter(ln net.Listener, max int, log *slog.Logger) *connLimiter {
-	return &connLimiter{Listener: ln, max: max, log: log, open: map[string]int{}, refused: limiterLog{every: 10 * time.Second}}
+	log = ratelog.Wrap(log, ratelog.Options{Burst: 1, Interval: 10 * time.Second})
+	return &connLimiter{Listener: ln, max: max, log: log, open: map[string]int{}}
 }
 
 func (l *connLimiter) Accept() (net.Conn, error) {
@@ -306,12 +309,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		}
 		l.mu.Lock()
 		if l.open[addr] >= l.max {
-			n, logIt := l.refused.allow(time.Now())
 			l.mu.Unlock()
 			c.Close()
-			if logIt {
-				l.log.Warn("kilnd: closed an E2B API connection: its client holds the most it may", "remote", addr, "max", l.max, "suppressed", n)
-			}
+			l.log.Warn("kilnd: closed an E2B API connection: its client holds the most it may", "remote", addr, "max", l.max)
 			continue
 		}
 		l.open[addr]++
@@ -339,22 +339,4 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
-}
-
-// limiterLog lets one log line through every so often, counting the
-// others; its holder's mutex guards it.
-type limiterLog struct {
-	every      time.Duration
-	last       time.Time
-	suppressed int
-}
-
-func (l *limiterLog) allow(now time.Time) (int, bool) {
-	if !l.last.IsZero() && now.Sub(l.last) < l.every {
-		l.suppressed++
-		return 0, false
-	}
-	n := l.suppressed
-	l.last, l.suppressed = now, 0
-	return n, true
 }

@@ -63,7 +63,7 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	fs.Uint64Var(&cfg.maxMemoryMiB, "max-memory", 0, "most guest memory in `MiB` among the live sandboxes (0: the host's)")
 	fs.DurationVar(&cfg.defaultLifetime, "default-lifetime", 0, "lifetime of a sandbox whose request gives none (0: unlimited)")
 	fs.BoolVar(&cfg.debug, "debug", false, "log at debug level")
-	cfg.jail = jailAuto
+	cfg.jail = jail.ModeAuto
 	fs.Var(&cfg.jail, "jail", "jail every sandbox's VMM process: namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities (kilnd fetches image chunks for them). auto (the default): when kilnd runs as root and the kiln binary is built with CGO_ENABLED=0, else say why and run unjailed; true: refuse to start without; false: never")
 	fs.StringVar(&cfg.jailIDs, "jail-ids", jail.DefaultIDsDir, "`DIR` whose jail-ids folder holds the locks of the jails' uids (shared with kiln run/fork --jail, so that no two jails share an id)")
 

@@ -23,22 +23,22 @@ func TestJailMode(t *testing.T) {
 	selfWhy := jail.Unavailable(0, self) // a test binary: cgo or not, as go test built it
 	for _, c := range []struct {
 		name   string
-		mode   jailMode
+		mode   jail.Mode
 		euid   int
 		kiln   string
 		jailed bool
 		why    string // in why, or in the error when err
 		err    bool
 	}{
-		{"auto, root, no cgo", jailAuto, 0, noCgo, true, "", false},
-		{"auto, not root", jailAuto, 1000, noCgo, false, "not root", false},
-		{"auto, no such binary", jailAuto, 0, "/nonexistent/kiln", false, "cannot tell how", false},
-		{"true, not root", jailOn, 1000, noCgo, false, "not root", true},
-		{"true, root, no cgo", jailOn, 0, noCgo, true, "", false},
-		{"false", jailOff, 0, noCgo, false, "--jail=false", false},
+		{"auto, root, no cgo", jail.ModeAuto, 0, noCgo, true, "", false},
+		{"auto, not root", jail.ModeAuto, 1000, noCgo, false, "not root", false},
+		{"auto, no such binary", jail.ModeAuto, 0, "/nonexistent/kiln", false, "cannot tell how", false},
+		{"true, not root", jail.ModeOn, 1000, noCgo, false, "not root", true},
+		{"true, root, no cgo", jail.ModeOn, 0, noCgo, true, "", false},
+		{"false", jail.ModeOff, 0, noCgo, false, "--jail=false", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			jailed, why, err := c.mode.resolve(c.euid, c.kiln)
+			jailed, why, err := resolveJail(c.mode, c.euid, c.kiln)
 			if c.err {
 				if err == nil || !strings.Contains(err.Error(), c.why) {
 					t.Fatalf("resolve: %v, %q, %v; want an error with %q", jailed, why, err, c.why)
@@ -54,30 +54,30 @@ func TestJailMode(t *testing.T) {
 		t.Errorf("a test binary's reason: %q", selfWhy)
 	}
 
-	var m jailMode = jailAuto
+	var m jail.Mode = jail.ModeAuto
 	for _, c := range []struct {
 		in   string
-		want jailMode
+		want jail.Mode
 		ok   bool
-	}{{"true", jailOn, true}, {"0", jailOff, true}, {"auto", jailAuto, true}, {"maybe", jailAuto, false}} {
+	}{{"true", jail.ModeOn, true}, {"0", jail.ModeOff, true}, {"auto", jail.ModeAuto, true}, {"maybe", jail.ModeAuto, false}} {
 		if err := m.Set(c.in); (err == nil) != c.ok || (c.ok && m != c.want) {
 			t.Errorf("Set(%q): %v, %q", c.in, err, m)
 		}
 	}
 	cfg, err := parseFlags([]string{"--config=", "--jail"}, io.Discard)
-	if err != nil || cfg.jail != jailOn {
+	if err != nil || cfg.jail != jail.ModeOn {
 		t.Errorf("--jail alone: %q, %v", cfg.jail, err)
 	}
 	cfg, err = parseFlags([]string{"--config="}, io.Discard)
-	if err != nil || cfg.jail != jailAuto {
+	if err != nil || cfg.jail != jail.ModeAuto {
 		t.Errorf("no --jail: %q, %v", cfg.jail, err)
 	}
 	// In the config file: a word or a bool.
 	for _, c := range []struct {
 		line string
-		want jailMode
+		want jail.Mode
 		err  string
-	}{{`jail = "auto"`, jailAuto, ""}, {`jail = false`, jailOff, ""}, {`jail = true`, jailOn, ""}, {`jail = "sometimes"`, "", "want auto, true or false"}, {`jail = 1`, "", "want a string"}} {
+	}{{`jail = "auto"`, jail.ModeAuto, ""}, {`jail = false`, jail.ModeOff, ""}, {`jail = true`, jail.ModeOn, ""}, {`jail = "sometimes"`, "", "want auto, true or false"}, {`jail = 1`, "", "want a string"}} {
 		p := filepath.Join(t.TempDir(), "kilnd.toml")
 		if err := os.WriteFile(p, []byte(c.line+"\n"), 0o644); err != nil {
 			t.Fatal(err)

@@ -38,6 +38,7 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon/e2b"
+	"github.com/kilnvm/kiln/jail"
 )
 
 // defaultSocket is where kilnd listens unless told otherwise.
@@ -60,7 +61,7 @@ type config struct {
 	debug          bool
 	// jail jails each VMM process (--jail); jailIDs holds its id locks
 	// (--jail-ids).
-	jail      jailMode
+	jail      jail.Mode
 	jailIDs   string
 	logFormat string // logText or logJSON
 
