@@ -135,6 +135,7 @@ func listenE2B(cfg config, log *slog.Logger) (*e2bListener, error) {
 	if keys.Len() == 0 {
 		return nil, fmt.Errorf("--e2b-listen: no API keys in %s", cfg.e2bKeysFile)
 	}
+	warnPythonSDKKeys(log, keys)
 	ln, err := net.Listen("tcp", cfg.e2bListen)
 	if err != nil {
 		return nil, fmt.Errorf("--e2b-listen: %w", err)
@@ -143,6 +144,14 @@ func listenE2B(cfg config, log *slog.Logger) (*e2bListener, error) {
 		log.Warn("kilnd: the E2B API is plain HTTP: API keys and access tokens cross the network in the clear; prefer loopback behind a TLS proxy", "e2b-listen", cfg.e2bListen)
 	}
 	return &e2bListener{ln: newConnLimiter(ln, int(cfg.e2bConnsPerAddr), log), keys: keys, mem: newMemListener()}, nil
+}
+
+// warnPythonSDKKeys names (by file and line, never by value) the keys
+// whose format E2B's Python SDK refuses before it sends them.
+func warnPythonSDKKeys(log *slog.Logger, keys *e2b.Keys) {
+	for _, where := range keys.PythonSDKRefuses() {
+		log.Warn(`kilnd: E2B's Python SDK refuses this API key before sending it: it wants "e2b_" and lowercase hex (its clients need E2B_VALIDATE_API_KEY=false); the npm SDK takes it`, "key", where)
+	}
 }
 
 // start serves the E2B API on l until stop is called.
@@ -202,6 +211,7 @@ func (l *e2bListener) start(cfg config, log *slog.Logger) (stop func(context.Con
 					log.Error("kilnd: re-reading the E2B API keys; the keys read before still hold", "err", err)
 				} else {
 					log.Info("kilnd: re-read the E2B API keys", "keys", l.keys.Len())
+					warnPythonSDKKeys(log, l.keys)
 				}
 			case <-hupDone:
 				return

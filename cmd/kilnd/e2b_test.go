@@ -152,6 +152,13 @@ func TestE2BListen(t *testing.T) {
 			t.Errorf("kilnd's log shows a key or token: %s", stderr.String())
 		}
 	}
+	// Neither key is in E2B's format: kilnd says where they are, for the
+	// Python SDK's sake.
+	for _, where := range []string{keys + ":1", "--e2b-api-key 1"} {
+		if !strings.Contains(stderr.String(), "Python SDK refuses") || !strings.Contains(stderr.String(), where) {
+			t.Errorf("kilnd's log does not warn of the key at %s: %s", where, stderr.String())
+		}
+	}
 	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		t.Error("the E2B listener still answers after kilnd stopped")
 	}

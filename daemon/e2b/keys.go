@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,6 +48,9 @@ type keyEntry struct {
 	sum    [sha256.Size]byte
 	tenant string
 	quota  quotaSet
+	// pyRefused: E2B's Python SDK refuses this key's format before it
+	// sends anything (PythonSDKAccepts).
+	pyRefused bool
 }
 
 // keyTable is parsed keys: each key's tenant, and the quota fields the
@@ -55,6 +60,9 @@ type keyTable struct {
 	quotas  map[string]quotaSet
 	// quotaLine is where each tenant's quota field was set, for errors.
 	quotaLine map[string]map[string]int
+	// pyRefused are where the keys E2B's Python SDK refuses are given
+	// ("FILE:LINE", "--e2b-api-key N").
+	pyRefused []string
 }
 
 func newKeyTable() keyTable {
@@ -113,6 +121,9 @@ func parseKeys(name string, text []byte) (keyTable, error) {
 		if err := out.add(e, n); err != nil {
 			return keyTable{}, &KeysError{File: name, Line: n, Err: err}
 		}
+		if e.pyRefused {
+			out.pyRefused = append(out.pyRefused, fmt.Sprintf("%s:%d", name, n))
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return keyTable{}, &KeysError{File: name, Line: n + 1, Err: err}
@@ -148,8 +159,17 @@ func parseKeyLine(line string) (e keyEntry, ok bool, err error) {
 			return e, false, err
 		}
 	}
-	return keyEntry{sum: sha256.Sum256([]byte(key)), tenant: tenant, quota: q}, true, nil
+	return keyEntry{sum: sha256.Sum256([]byte(key)), tenant: tenant, quota: q, pyRefused: !PythonSDKAccepts(key)}, true, nil
 }
+
+// pythonSDKKey is the format E2B's Python SDK (2.34) demands of an API key
+// before it sends anything (e2b/api: _API_KEY_PATTERN) unless
+// E2B_VALIDATE_API_KEY=false. The npm SDK has no such check.
+var pythonSDKKey = regexp.MustCompile(`\Ae2b_[0-9a-f]+\z`)
+
+// PythonSDKAccepts reports whether E2B's Python SDK accepts key's format:
+// "e2b_" and lowercase hex digits.
+func PythonSDKAccepts(key string) bool { return pythonSDKKey.MatchString(key) }
 
 func checkTenant(t string) error {
 	if t == "" || len(t) > maxTenantLen {
@@ -196,6 +216,9 @@ func LoadKeys(file string, inline []string, def Quota) (*Keys, error) {
 		}
 		if err != nil {
 			return nil, &KeysError{File: "--e2b-api-key", Line: i + 1, Err: err}
+		}
+		if e.pyRefused {
+			k.inline.pyRefused = append(k.inline.pyRefused, fmt.Sprintf("--e2b-api-key %d", i+1))
 		}
 	}
 	k.keys = k.inline
@@ -258,8 +281,19 @@ func (k *Keys) reloadLocked(fi os.FileInfo) error {
 			return &KeysError{File: k.file, Err: fmt.Errorf("%w (the other is an --e2b-api-key's)", err)}
 		}
 	}
+	all.pyRefused = append(slices.Clone(k.inline.pyRefused), m.pyRefused...)
 	k.keys, k.modTime, k.size = all, fi.ModTime(), fi.Size()
 	return nil
+}
+
+// PythonSDKRefuses says where the keys are given ("FILE:LINE" or
+// "--e2b-api-key N", never the keys) whose format E2B's Python SDK
+// refuses before it sends them (PythonSDKAccepts): clients of those keys
+// need E2B_VALIDATE_API_KEY=false, or a key in E2B's format.
+func (k *Keys) PythonSDKRefuses() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.keys.pyRefused)
 }
 
 // caller is who an API key is: its tenant and the key's SHA-256 (what

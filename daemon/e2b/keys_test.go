@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -281,5 +282,47 @@ func TestKeysQuota(t *testing.T) {
 	}
 	if got := k.Quota("alpha"); got.Sandboxes != 2 {
 		t.Errorf("a refused reload changed the quotas: %+v", got)
+	}
+}
+
+// TestPythonSDKKeys: the keys whose format E2B's Python SDK refuses
+// before sending them are named by where they are given, never by value;
+// E2B-format keys are not.
+func TestPythonSDKKeys(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		want bool
+	}{
+		{"e2b_0123456789abcdef", true},
+		{"e2b_ab", true},
+		{"e2b_", false},
+		{"e2b_ABCDEF0123", false},
+		{"E2B_abcdef0123", false},
+		{"e2b_abcdefg123", false},
+		{"my-key-0123456789", false},
+		{"e2b_abcdef0123\n", false},
+		{"xe2b_abcdef0123", false},
+	} {
+		if got := PythonSDKAccepts(c.key); got != c.want {
+			t.Errorf("PythonSDKAccepts(%q) = %v, want %v", c.key, got, c.want)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "keys")
+	text := "# keys\ne2b_0123456789abcdef alpha\nmy-key-0123456789 beta\n\ne2b_ABCDEF0123456789 gamma\n"
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := LoadKeys(p, []string{"e2b_fedcba9876543210 delta", "inline-key-0001 delta"}, Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--e2b-api-key 2", p + ":3", p + ":5"}
+	if got := k.PythonSDKRefuses(); !slices.Equal(got, want) {
+		t.Errorf("PythonSDKRefuses = %q, want %q", got, want)
+	}
+	for _, w := range k.PythonSDKRefuses() {
+		if strings.Contains(w, "my-key") || strings.Contains(w, "ABCDEF") {
+			t.Errorf("%q names a key", w)
+		}
 	}
 }
