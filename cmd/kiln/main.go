@@ -5,6 +5,7 @@
 //	kiln sandbox create|ls|exec|run|cp|checkpoint|rollback|fork|rm ...   (through kilnd)
 //	kiln template create|ls|rm ...; kiln completion bash|zsh|fish
 //	kiln doctor [--json]   (is this host ready for kilnd?)
+//	kiln e2b key new [--keys FILE] TENANT   (an E2B API key into kilnd's keys file)
 //
 // boot streams the guest's serial console to stdout and exits 0 when the guest
 // powers off, or with a one-line reason: 2 for bad input (flags, files), 1
@@ -61,6 +62,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdVMM(ctx, args[1:], stderr)
 	case "image":
 		return cmdImage(ctx, args[1:], stdout, stderr)
+	case "e2b":
+		return cmdE2B(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return exitOK
@@ -80,6 +83,8 @@ commands:
   fork    restore N clones of a snapshot and run a command in each:
           kiln fork --from DIR -n N -- CMD [ARG...]
   image   OCI images: kiln image pull|import|ls|rm|inspect [--dir DIR] ...
+  e2b     kiln e2b key new [--keys FILE] TENANT: an API key in E2B's format
+          (both E2B SDKs take it) added to kilnd's keys file, printed
   vmm     serve one VM for a parent process over a Unix socket
           (what kiln run, fork and kilnd start; not for people)
   sandbox sandboxes run by kilnd (--host, $KILN_HOST):

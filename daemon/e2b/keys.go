@@ -8,11 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kilnvm/kiln/daemon/e2b/apikey"
 )
 
 // maxKeysFile bounds what is read of an API keys file.
@@ -20,9 +21,8 @@ const maxKeysFile = 1 << 20
 
 // Bounds of one key and one tenant name.
 const (
-	minKeyLen    = 8
-	maxKeyLen    = 256
-	maxTenantLen = 128
+	minKeyLen = 8
+	maxKeyLen = 256
 )
 
 // KeysError is a bad line of an API keys file (or of an inline key).
@@ -150,7 +150,7 @@ func parseKeyLine(line string) (e keyEntry, ok bool, err error) {
 			return e, false, errors.New("the key has a byte that is not printable ASCII")
 		}
 	}
-	if err := checkTenant(tenant); err != nil {
+	if err := apikey.CheckTenant(tenant); err != nil {
 		return e, false, err
 	}
 	q := quotaSet{}
@@ -162,28 +162,9 @@ func parseKeyLine(line string) (e keyEntry, ok bool, err error) {
 	return keyEntry{sum: sha256.Sum256([]byte(key)), tenant: tenant, quota: q, pyRefused: !PythonSDKAccepts(key)}, true, nil
 }
 
-// pythonSDKKey is the format E2B's Python SDK (2.34) demands of an API key
-// before it sends anything (e2b/api: _API_KEY_PATTERN) unless
-// E2B_VALIDATE_API_KEY=false. The npm SDK has no such check.
-var pythonSDKKey = regexp.MustCompile(`\Ae2b_[0-9a-f]+\z`)
-
-// PythonSDKAccepts reports whether E2B's Python SDK accepts key's format:
-// "e2b_" and lowercase hex digits.
-func PythonSDKAccepts(key string) bool { return pythonSDKKey.MatchString(key) }
-
-func checkTenant(t string) error {
-	if t == "" || len(t) > maxTenantLen {
-		return fmt.Errorf("tenant %q: want 1 to %d bytes", t, maxTenantLen)
-	}
-	for _, c := range []byte(t) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
-		default:
-			return fmt.Errorf("tenant %q: want letters, digits, '-', '_' or '.'", t)
-		}
-	}
-	return nil
-}
+// PythonSDKAccepts reports whether E2B's Python SDK accepts key's format
+// (apikey.PythonSDKAccepts).
+func PythonSDKAccepts(key string) bool { return apikey.PythonSDKAccepts(key) }
 
 // Keys are the API keys kilnd takes, with their tenants and the
 // tenants' quotas: a keys file (re-read when its modification time or

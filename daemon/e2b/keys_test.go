@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnvm/kiln/daemon/e2b/apikey"
 )
 
 // TestParseKeys: good files and the line each bad one is refused at.
@@ -196,7 +198,7 @@ func FuzzParseKeys(f *testing.F) {
 			return
 		}
 		for _, tenant := range m.tenants {
-			if checkTenant(tenant) != nil {
+			if apikey.CheckTenant(tenant) != nil {
 				t.Fatalf("bad tenant %q accepted", tenant)
 			}
 			if _, ok := m.quotas[tenant]; !ok {
