@@ -98,13 +98,27 @@ type BlockConfig struct {
 	Logger *slog.Logger
 }
 
-// Block is a virtio-blk device (virtio 1.x, section 5.2) backed by a file.
-// It serves each of its request queues with blockWorkers requests at once,
-// reading and writing the image with preadv and pwritev straight into and
-// out of guest memory.
+// BlockSource is what a read-only disk reads instead of a file: an image
+// laid out in this process whose bytes come from elsewhere (package erofs
+// lays an image's tree out as an EROFS filesystem whose file data is read
+// lazily from the image's chunks). ReadAt fills all of p or returns an
+// error; ctx bounds a read that must fetch.
+type BlockSource interface {
+	// Size is the disk's size in bytes, a multiple of BlockSectorSize.
+	Size() int64
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+}
+
+// Block is a virtio-blk device (virtio 1.x, section 5.2) backed by a file,
+// or by a BlockSource (read-only). It serves each of its request queues
+// with blockWorkers requests at once, reading and writing a file with
+// preadv and pwritev straight into and out of guest memory.
 type Block struct {
-	file     *os.File
-	fd       int // file's descriptor, for preadv and pwritev
+	file     *os.File    // nil for a source-backed disk
+	fd       int         // file's descriptor, for preadv and pwritev
+	src      BlockSource // nil for a file-backed disk
+	srcClose io.Closer   // releases src (may be nil)
+	key      string      // what src serves, for its snapshot state
 	path     string
 	readOnly bool
 	capacity uint64 // in sectors
@@ -203,6 +217,17 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	if size%BlockSectorSize != 0 {
 		return nil, fmt.Errorf("virtio-blk: image %s is %d bytes, not a multiple of the %d-byte sector", cfg.Path, size, BlockSectorSize)
 	}
+	b, err := configureBlock(cfg, size)
+	if err != nil {
+		return nil, err
+	}
+	b.file, b.fd = f, int(f.Fd())
+	return b, nil
+}
+
+// configureBlock makes the device's fixed part (queues, ID, config space)
+// for a disk of size bytes.
+func configureBlock(cfg BlockConfig, size int64) (*Block, error) {
 	queues := cfg.Queues
 	if queues == 0 {
 		queues = 1
@@ -216,8 +241,6 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	}
 	b := &Block{
 		queues:   queues,
-		file:     f,
-		fd:       int(f.Fd()),
 		path:     cfg.Path,
 		readOnly: cfg.ReadOnly,
 		capacity: uint64(size) / BlockSectorSize,
@@ -235,6 +258,38 @@ func newBlock(f *os.File, cfg BlockConfig, lock int) (*Block, error) {
 	return b, nil
 }
 
+// maxSourceRead bounds the bytes one read from a BlockSource asks for: a
+// larger request reads in pieces (the worker's scratch buffer is this big
+// at most).
+const maxSourceRead = 1 << 20
+
+// NewBlockFromSource makes a read-only disk whose bytes are src's. key
+// says what src serves (an image's digest and layout): the device's
+// snapshot state keeps it, and a restore against a source with another key
+// is refused. closer, when not nil, is called when the device is closed.
+// cfg.Path only names the disk in messages; cfg.ReadOnly is implied.
+func NewBlockFromSource(src BlockSource, key string, closer io.Closer, cfg BlockConfig) (*Block, error) {
+	if src == nil {
+		return nil, errors.New("virtio-blk: no source given")
+	}
+	size := src.Size()
+	switch {
+	case size <= 0 || size%BlockSectorSize != 0:
+		return nil, fmt.Errorf("virtio-blk %s: source is %d bytes, want a positive multiple of the %d-byte sector", cfg.Path, size, BlockSectorSize)
+	case len(cfg.ID) > BlockIDBytes:
+		return nil, fmt.Errorf("virtio-blk %s: ID %q is %d bytes, at most %d allowed", cfg.Path, cfg.ID, len(cfg.ID), BlockIDBytes)
+	case key == "":
+		return nil, fmt.Errorf("virtio-blk %s: a source needs a key (what it serves)", cfg.Path)
+	}
+	cfg.ReadOnly = true
+	b, err := configureBlock(cfg, size)
+	if err != nil {
+		return nil, err
+	}
+	b.fd, b.src, b.srcClose, b.key = -1, src, closer, key
+	return b, nil
+}
+
 // Capacity returns the disk's size in BlockSectorSize sectors.
 func (b *Block) Capacity() uint64 { return b.capacity }
 
@@ -247,6 +302,14 @@ func (b *Block) Close() error {
 		return nil
 	}
 	b.closed = true
+	if b.src != nil {
+		if b.srcClose != nil {
+			if err := b.srcClose.Close(); err != nil {
+				return fmt.Errorf("virtio-blk: closing %s: %w", b.path, err)
+			}
+		}
+		return nil
+	}
 	if err := b.file.Close(); err != nil {
 		return fmt.Errorf("virtio-blk: closing image %s: %w", b.path, err)
 	}
@@ -429,12 +492,13 @@ func (b *Block) dispatch(ctx context.Context, a *blkActivation) error {
 func (b *Block) work(ctx context.Context, a *blkActivation) {
 	defer a.wg.Done()
 	var iov [][]byte
+	var scratch []byte // a source-backed disk's reads
 	for c := range a.pending {
 		if ctx.Err() != nil {
 			continue
 		}
 		var written uint32
-		written, iov = b.process(c, iov)
+		written, iov, scratch = b.process(ctx, c, iov, scratch)
 		err := a.q.Push(c, written)
 		left := a.inFlight.Add(-1)
 		if err != nil {
@@ -456,32 +520,63 @@ func (b *Block) work(ctx context.Context, a *blkActivation) {
 // the writable buffers, status included, and iov for the caller's next
 // request (scratch for the vectored I/O). A chain with no writable byte has
 // nowhere to report to: it is completed without being executed.
-func (b *Block) process(c *Chain, iov [][]byte) (uint32, [][]byte) {
+func (b *Block) process(ctx context.Context, c *Chain, iov [][]byte, scratch []byte) (uint32, [][]byte, []byte) {
 	w := c.WritableLen()
 	if w == 0 {
-		return 0, iov
+		return 0, iov, scratch
 	}
-	status, n, iov := b.execute(c, w-1, iov)
+	status, n, iov, scratch := b.execute(ctx, c, w-1, iov, scratch)
 	last := c.Writable[len(c.Writable)-1]
 	for i := len(c.Writable) - 1; len(last) == 0; i-- { // skip empty buffers
 		last = c.Writable[i-1]
 	}
 	last[len(last)-1] = status
-	return uint32(min(uint64(n)+1, uint64(w), 1<<32-1)), iov
+	return uint32(min(uint64(n)+1, uint64(w), 1<<32-1)), iov, scratch
 }
 
 // execute runs the request whose data-in part is the first dataIn bytes of
 // the writable buffers. It returns the status and how many bytes of data it
 // wrote to those buffers. Data moves with one preadv or pwritev per request
 // (a guest's request is many page-sized buffers), straight between the
-// image and guest memory.
-func (b *Block) execute(c *Chain, dataIn int, iov [][]byte) (status byte, n int, _ [][]byte) {
+// image and guest memory; a source-backed disk reads into scratch (grown
+// as needed and returned for the next request) and copies out.
+func (b *Block) execute(ctx context.Context, c *Chain, dataIn int, iov [][]byte, scratch []byte) (byte, int, [][]byte, []byte) {
 	var hdr [blockHeaderSize]byte
 	if blkGather(hdr[:], c.Readable) < blockHeaderSize {
-		return BlockStatusIOErr, 0, iov
+		return BlockStatusIOErr, 0, iov, scratch
 	}
 	typ := binary.LittleEndian.Uint32(hdr[0:])
 	sector := binary.LittleEndian.Uint64(hdr[8:])
+	if b.src != nil && typ == BlockTypeIn {
+		if !b.inRange(sector, uint64(dataIn)) {
+			return BlockStatusIOErr, 0, iov, scratch
+		}
+		if want := min(dataIn, maxSourceRead); cap(scratch) < want {
+			scratch = make([]byte, want)
+		}
+		off := int64(sector * BlockSectorSize)
+		for done := 0; done < dataIn; {
+			buf := scratch[:min(dataIn-done, cap(scratch))]
+			if _, err := b.src.ReadAt(ctx, buf, off+int64(done)); err != nil {
+				b.log.Debug("read failed", "sector", sector, "bytes", dataIn, "err", err)
+				return BlockStatusIOErr, done, iov, scratch
+			}
+			k := 0
+			blkWalk(c.Writable, done, len(buf), func(p []byte) error {
+				k += copy(p, buf[k:])
+				return nil
+			})
+			done += k
+		}
+		return BlockStatusOK, dataIn, iov, scratch
+	}
+	st, n, iov := b.executeFile(c, typ, sector, dataIn, iov)
+	return st, n, iov, scratch
+}
+
+// executeFile runs a request of type typ at sector on a file-backed disk
+// (and the requests that need no data of a source-backed one).
+func (b *Block) executeFile(c *Chain, typ uint32, sector uint64, dataIn int, iov [][]byte) (status byte, n int, _ [][]byte) {
 	switch typ {
 	case BlockTypeIn:
 		if !b.inRange(sector, uint64(dataIn)) {
@@ -509,6 +604,9 @@ func (b *Block) execute(c *Chain, dataIn int, iov [][]byte) (status byte, n int,
 		}
 		return BlockStatusOK, 0, iov
 	case BlockTypeFlush:
+		if b.file == nil { // a source-backed disk holds no writes
+			return BlockStatusOK, 0, iov
+		}
 		if err := b.file.Sync(); err != nil {
 			b.log.Warn("flush failed", "err", err)
 			return BlockStatusIOErr, 0, iov

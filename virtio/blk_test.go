@@ -2,6 +2,7 @@ package virtio
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -603,7 +604,7 @@ func FuzzBlockRequest(f *testing.F) {
 		dev := newTestBlock(t, BlockConfig{Path: p, ReadOnly: readOnly, ID: "fuzz"})
 		c := blkChain(shape, data)
 		wl := c.WritableLen()
-		n, _ := dev.process(c, nil)
+		n, _, _ := dev.process(context.Background(), c, nil, nil)
 		if uint64(n) > uint64(wl) || (wl > 0 && n == 0) {
 			t.Fatalf("used length %d for %d writable bytes", n, wl)
 		}

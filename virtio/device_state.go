@@ -33,11 +33,15 @@ type BlockState struct {
 	Capacity uint64 `json:"capacity_sectors"`
 	ReadOnly bool   `json:"read_only"`
 	ID       string `json:"id"`
+	// Key is what a source-backed disk served (NewBlockFromSource), ""
+	// for a file: its guest cached the source's blocks, so a restore
+	// must serve the very same bytes.
+	Key string `json:"key,omitempty"`
 }
 
 // SaveState implements Device.
 func (b *Block) SaveState() (json.RawMessage, error) {
-	return json.Marshal(BlockState{Capacity: b.capacity, ReadOnly: b.readOnly, ID: strings.TrimRight(string(b.id[:]), "\x00")})
+	return json.Marshal(BlockState{Capacity: b.capacity, ReadOnly: b.readOnly, ID: strings.TrimRight(string(b.id[:]), "\x00"), Key: b.key})
 }
 
 // RestoreState implements Device: the disk must have the snapshot's size,
@@ -54,6 +58,8 @@ func (b *Block) RestoreState(data json.RawMessage) error {
 		return fmt.Errorf("virtio-blk %s: read-only is %v, the snapshot's disk had %v", b.path, b.readOnly, st.ReadOnly)
 	case st.ID != id:
 		return fmt.Errorf("virtio-blk %s: ID %q, the snapshot's disk had %q", b.path, id, st.ID)
+	case st.Key != b.key:
+		return fmt.Errorf("virtio-blk %s: serves %q, the snapshot's disk served %q", b.path, b.key, st.Key)
 	}
 	return nil
 }

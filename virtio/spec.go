@@ -22,8 +22,8 @@ const (
 	KindNet   Kind = "net"
 	KindVsock Kind = "vsock"
 	KindRNG   Kind = "rng"
-	// KindFS is a shared filesystem (virtio-9p), reserved for image-rooted
-	// sandboxes: no device opens from it yet.
+	// KindFS is a read-only tree (FSSpec): over virtio-9p, or as an EROFS
+	// filesystem on a read-only virtio-blk disk (FSSpec.Transport).
 	KindFS Kind = "fs"
 )
 
@@ -91,13 +91,18 @@ type VsockSpec struct {
 // RNGSpec is a virtio-rng entropy device; it has no settings.
 type RNGSpec struct{}
 
-// FSSpec is a read-only tree exported under a mount tag (virtio-9p): an
-// image's merged layers, or a host directory. The tree is opened through
-// OpenOptions.FS: an image by its manifest digest from the images folder
-// (package image knows how), so that a VMM process opens the same image
-// from the same folder; a directory by its path (package hostfs).
+// FSSpec is a read-only tree: an image's merged layers, or a host
+// directory. The tree is opened through OpenOptions.FS: an image by its
+// manifest digest from the images folder (package image knows how), so
+// that a VMM process opens the same image from the same folder; a
+// directory by its path (package hostfs). It reaches the guest over
+// virtio-9p under mount tag Tag, or, for an image, as an EROFS filesystem
+// on a read-only virtio-blk disk whose serial is Tag (Transport).
 type FSSpec struct {
 	Tag string `json:"tag"`
+	// Transport is how the tree reaches the guest: Transport9P (also
+	// "") or TransportEROFS (an image only).
+	Transport string `json:"transport,omitempty"`
 	// Image is the image's manifest digest (sha256:<64 hex>).
 	Image string `json:"image,omitempty"`
 	// Images is the images folder that holds it (absolute).
@@ -107,6 +112,22 @@ type FSSpec struct {
 	// mounted it.
 	Dir string `json:"dir,omitempty"`
 }
+
+// The values of FSSpec.Transport.
+const (
+	// Transport9P serves the tree over virtio-9p: every lookup and
+	// getattr is a round trip to the host, and a host directory can be
+	// served live.
+	Transport9P = "9p"
+	// TransportEROFS lays an image's tree out as an EROFS filesystem
+	// (package erofs) on a read-only virtio-blk disk: the guest's kernel
+	// holds the metadata in its page cache; file data is read from the
+	// image's chunks on first read.
+	TransportEROFS = "erofs"
+)
+
+// EROFS reports whether the tree reaches the guest as an EROFS disk.
+func (f FSSpec) EROFS() bool { return f.Transport == TransportEROFS }
 
 // Key says what an fs device's tree is, for its snapshot state: the
 // image's digest, or "dir" for any host directory (a restore may serve
@@ -207,6 +228,12 @@ func (s DeviceSpec) validate() error {
 		switch {
 		case len(s.FS.Tag) == 0 || len(s.FS.Tag) > MaxTagLen || !tagPattern.MatchString(s.FS.Tag):
 			return fmt.Errorf("fs: mount tag %q: want 1 to %d letters, digits, '.', '_' or '-'", s.FS.Tag, MaxTagLen)
+		case s.FS.Transport != "" && s.FS.Transport != Transport9P && s.FS.Transport != TransportEROFS:
+			return fmt.Errorf("fs: transport %q: want %q or %q", s.FS.Transport, Transport9P, TransportEROFS)
+		case s.FS.EROFS() && len(s.FS.Tag) > BlockIDBytes:
+			return fmt.Errorf("fs: an erofs disk's tag %q is its serial: at most %d bytes", s.FS.Tag, BlockIDBytes)
+		case s.FS.EROFS() && s.FS.Dir != "":
+			return fmt.Errorf("fs: directory %q: a host directory is served over 9p, not erofs (only an image is laid out as erofs)", s.FS.Dir)
 		case s.FS.Dir != "":
 			if s.FS.Image != "" || s.FS.Images != "" {
 				return fmt.Errorf("fs: a directory (%q) and an image (%q in %q): give one", s.FS.Dir, s.FS.Image, s.FS.Images)
@@ -238,6 +265,9 @@ func (s DeviceSpec) DeviceID() uint32 {
 	case KindRNG:
 		return IDRNG
 	case KindFS:
+		if s.FS != nil && s.FS.EROFS() {
+			return IDBlock
+		}
 		return ID9P
 	}
 	return 0
@@ -374,6 +404,16 @@ func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
 		tree, closer, err := opts.FS(*s.FS)
 		if err != nil {
 			return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: %s: %w", s.FS.Key(), err)}
+		}
+		if s.FS.EROFS() {
+			dev, err := newEROFSDisk(*s.FS, tree, closer, log)
+			if err != nil {
+				if closer != nil {
+					closer.Close()
+				}
+				return nil, &SpecError{ID: s.ID, Err: fmt.Errorf("fs: %w", err)}
+			}
+			return dev, nil
 		}
 		dev, err := newFSDevice(FSConfig{Tag: s.FS.Tag, FS: tree, Key: s.FS.Key(), Logger: log}, closer)
 		if err != nil {
