@@ -2,12 +2,15 @@ package image
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/kilnvm/kiln/erofs"
 	"github.com/kilnvm/kiln/image/tree"
 )
 
@@ -22,6 +25,37 @@ type Root struct {
 	layers []LayerReader // FetchChunks
 	holder string
 	once   sync.Once
+
+	layoutMu sync.Mutex
+	layout   *erofs.Image
+}
+
+// EROFS returns the root's tree laid out as an EROFS filesystem (package
+// erofs: the metadata in memory, file data read from the tree), built on
+// the first call that succeeds and shared by every disk that serves the
+// root. It implements virtio.EROFSLayout. The layout depends only on the
+// tree, so an image gives the same bytes in every process.
+func (r *Root) EROFS(ctx context.Context) (*erofs.Image, error) {
+	r.layoutMu.Lock()
+	defer r.layoutMu.Unlock()
+	if r.layout != nil {
+		return r.layout, nil
+	}
+	var uuid [16]byte
+	if b, err := hex.DecodeString(r.Image.Manifest.Encoded()); err == nil {
+		copy(uuid[:], b)
+	}
+	start := time.Now()
+	l, err := erofs.Build(ctx, r.Tree, erofs.Options{VolumeName: "kiln-image", UUID: uuid, Logger: r.im.opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("image: %s: %w", r.Image.Name, err)
+	}
+	if log := r.im.opts.Logger; log != nil {
+		log.Debug("image laid out as erofs", "image", r.Image.Name, "inodes", l.Inodes(),
+			"metadata_bytes", l.MetadataSize(), "bytes", l.Size(), "took", time.Since(start))
+	}
+	r.layout = l
+	return l, nil
 }
 
 // OpenRoot opens the image name (a name as Get takes it, or a manifest
