@@ -14,7 +14,8 @@ import (
 
 // TestKVMSystemd boots the fidelity image with Init systemd: systemd is
 // process 1 and reaches its default target, the agent serves as one of its
-// services (exec works, through a fork too), power-off from inside ends
+// services (exec works, through a fork too), the kernel's module
+// autoloading goes through Kiln's modprobe helper, power-off from inside ends
 // the VM cleanly; an image without /sbin/init fails at once, saying so.
 // It logs systemd's boot figures; BenchmarkKVMSystemdBoot sets them
 // against the agent-as-init boot of the same image (docs/bench.md).
@@ -47,6 +48,15 @@ func TestKVMSystemd(t *testing.T) {
 	}
 	if got := sh(t, ctx, sb, "ps -p 1 -o comm="); got != "systemd" {
 		t.Errorf("process 1 is %q, want systemd", got)
+	}
+	// The kernel's module autoloading goes through Kiln's helper under
+	// systemd too (systemd kept the /run the helper is bound in): an
+	// AF_ALG skcipher socket, a module nothing else loads, has the
+	// kernel ask for algif-skcipher, which needs af_alg.
+	if got := sh(t, ctx, sb, "cat /proc/sys/kernel/modprobe; "+loadedOf("algif_skcipher")+`
+python3 -c 'import socket; s = socket.socket(socket.AF_ALG, socket.SOCK_SEQPACKET, 0); s.bind(("skcipher", "cbc(aes)"))'
+`+loadedOf("af_alg algif_skcipher")); got != "/run/kiln/modprobe\naf_alg\nalgif_skcipher" {
+		t.Errorf("module autoloading under systemd: %q, want the helper /run/kiln/modprobe, then af_alg and algif_skcipher loaded", got)
 	}
 	if got := sh(t, ctx, sb, "systemctl is-active kiln-agent"); got != "active" {
 		t.Errorf("systemctl is-active kiln-agent = %q", got)

@@ -11,6 +11,12 @@
 // serves in the cgroup systemd delegates to it, reaps only its own
 // children, and powers off by asking systemd to.
 //
+// It is a multi-call binary: invoked as modprobe (argv[0]'s base name,
+// the way the kernel runs the helper pid1.InstallModprobeHelper binds
+// it to at pid1.ModprobeHelper) it is Kiln's modprobe (guest/modprobe),
+// which loads a module or alias from the kernel's modules disk and
+// exits; nothing of the agent runs then.
+//
 // Build it static: CGO_ENABLED=0 go build ./cmd/kiln-agent.
 package main
 
@@ -25,12 +31,16 @@ import (
 
 	"github.com/kilnvm/kiln/guest/agent"
 	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/guest/modprobe"
 	"github.com/kilnvm/kiln/guest/pid1"
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 )
 
 func main() {
+	if modprobe.IsInvokedAs(os.Args) {
+		os.Exit(modprobe.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	agent.MaybeRunTrampoline()
 
 	isInit := os.Getpid() == 1

@@ -24,7 +24,7 @@ import (
 // console and powers off, so the host's start fails at once with it.
 func execSystemd(log *slog.Logger, opts pid1.Options) error {
 	if opts.ImageTag() == "" {
-		return errors.New("kiln.init=systemd needs an image root (kiln.root=9p:TAG)")
+		return errors.New("kiln.init=systemd needs an image root (kiln.root=erofs:SERIAL or 9p:TAG)")
 	}
 	if err := pid1.InstallAgentService("/", "/proc/self/exe", opts.Image, opts.Hostname); err != nil {
 		return err

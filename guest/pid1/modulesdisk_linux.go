@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/guest/modprobe"
 	"github.com/kilnvm/kiln/guestkernel"
 )
 
@@ -26,8 +27,10 @@ const maxVirtioDisks = 702 // vda .. vdzz
 // virtio disk whose serial (/sys/block/vd*/serial, the host's device ID)
 // is serial, and its ext4 superblock must say it holds the modules of the
 // running kernel (guestkernel.ParseModulesSuperblock). It waits up to 5 s
-// for the device. A root that is read-only and lacks the mount point
-// leaves the disk unmounted, with a warning.
+// for the device. A root that is read-only and lacks the mount point gets
+// the disk at modprobe.RunModulesDir (on /run's tmpfs) instead, where
+// Kiln's modprobe finds it; one that lacks /run too leaves the disk
+// unmounted, with a warning.
 func (s *Sys) MountModulesDisk(serial string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -58,11 +61,21 @@ func (s *Sys) MountModulesDisk(serial string, log *slog.Logger) error {
 	}
 	target := guestkernel.ModulesMountPoint(release)
 	if err := s.MkdirAll(target, 0o755); err != nil {
-		if errors.Is(err, unix.EROFS) {
-			log.Warn("the read-only root has no modules folder: the kernel's modules disk stays unmounted", "dir", target)
-			return nil
+		if !errors.Is(err, unix.EROFS) {
+			return fmt.Errorf("modules disk: creating %s: %w", target, err)
 		}
-		return fmt.Errorf("modules disk: creating %s: %w", target, err)
+		// A read-only root without the folder (a minbase root has no
+		// /lib/modules at all): /run, a tmpfs, takes the disk instead,
+		// where Kiln's modprobe, the kernel's helper, looks next.
+		log.Info("the read-only root has no modules folder: the modules disk goes to /run", "dir", target, "instead", modprobe.RunModulesDir)
+		target = modprobe.RunModulesDir
+		if err := s.MkdirAll(target, 0o755); err != nil {
+			if errors.Is(err, unix.EROFS) {
+				log.Warn("the read-only root has neither a modules folder nor /run: the kernel's modules disk stays unmounted", "dir", guestkernel.ModulesMountPoint(release))
+				return nil
+			}
+			return fmt.Errorf("modules disk: creating %s: %w", target, err)
+		}
 	}
 	if err := s.Mount(dev, target, "ext4", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("modules disk: mounting %s (ext4, read-only) on %s: %w", dev, target, err)
@@ -74,6 +87,11 @@ func (s *Sys) MountModulesDisk(serial string, log *slog.Logger) error {
 // findDiskBySerial returns the name of the virtio disk (vda, vdb, ...)
 // whose serial is serial, waiting up to modulesDiskWait for it.
 func (s *Sys) findDiskBySerial(serial string) (string, error) {
+	return s.findDiskBySerialWithin(serial, modulesDiskWait)
+}
+
+// findDiskBySerialWithin is findDiskBySerial waiting up to wait.
+func (s *Sys) findDiskBySerialWithin(serial string, wait time.Duration) (string, error) {
 	for waited := time.Duration(0); ; waited += rootPoll {
 		for i := 0; i < maxVirtioDisks; i++ {
 			name := virtioDiskName(i)
@@ -88,8 +106,8 @@ func (s *Sys) findDiskBySerial(serial string) (string, error) {
 				return name, nil
 			}
 		}
-		if waited >= modulesDiskWait {
-			return "", fmt.Errorf("no virtio disk with serial %q appeared within %v", serial, modulesDiskWait)
+		if waited >= wait {
+			return "", fmt.Errorf("no virtio disk with serial %q appeared within %v", serial, wait)
 		}
 		s.Sleep(rootPoll)
 	}

@@ -70,7 +70,13 @@ func TestMountModulesDisk(t *testing.T) {
 		{name: "read-only root without the folder", setup: func(f *fakeSys) {
 			disks(f)
 			f.errs["mkdir "+target+" -rwxr-xr-x"] = unix.EROFS
-		}, want: []string{"readat /dev/vdb 1024 1024", "mkdir " + target + " -rwxr-xr-x"}},
+		}, want: []string{"readat /dev/vdb 1024 1024", "mkdir " + target + " -rwxr-xr-x", "mkdir /run/kiln/modules -rwxr-xr-x",
+			"mount /dev/vdb /run/kiln/modules ext4 ro|nosuid|nodev "}},
+		{name: "read-only root without the folder nor /run", setup: func(f *fakeSys) {
+			disks(f)
+			f.errs["mkdir "+target+" -rwxr-xr-x"] = unix.EROFS
+			f.errs["mkdir /run/kiln/modules -rwxr-xr-x"] = unix.EROFS
+		}, want: []string{"readat /dev/vdb 1024 1024", "mkdir " + target + " -rwxr-xr-x", "mkdir /run/kiln/modules -rwxr-xr-x"}},
 		{name: "mount fails", setup: func(f *fakeSys) {
 			disks(f)
 			f.errs[mount] = unix.EINVAL
@@ -94,7 +100,8 @@ func TestMountModulesDisk(t *testing.T) {
 }
 
 // TestSetupModulesDisk: the modules disk is mounted in the final root,
-// after the switch to it.
+// after the switch to it, and the kernel's modprobe helper installed
+// there; a helper that cannot be installed does not fail the setup.
 func TestSetupModulesDisk(t *testing.T) {
 	const rel = "6.1.0-57-amd64"
 	f := newFake()
@@ -112,11 +119,21 @@ func TestSetupModulesDisk(t *testing.T) {
 		t.Errorf("Options.Modules = %q", opts.Modules)
 	}
 	n := len(f.calls)
-	want := concat(switchCalls[len(switchCalls)-3:], []string{"readat /dev/vdb 1024 1024", "mkdir /lib/modules/" + rel + " -rwxr-xr-x", "mount /dev/vdb /lib/modules/" + rel + " ext4 ro|nosuid|nodev "})
+	want := concat(switchCalls[len(switchCalls)-3:], []string{"readat /dev/vdb 1024 1024", "mkdir /lib/modules/" + rel + " -rwxr-xr-x", "mount /dev/vdb /lib/modules/" + rel + " ext4 ro|nosuid|nodev "},
+		helperCalls)
 	if n < len(want) {
 		t.Fatalf("calls %q", f.calls)
 	}
 	diffCalls(t, f.calls[n-len(want):], want)
+
+	f.calls = nil
+	f.errs[helperCalls[2]] = unix.EPERM
+	if _, err := f.sys().setup(nil, t.TempDir()); err != nil {
+		t.Fatalf("setup with a helper that cannot be bound: %v", err)
+	}
+	if got := f.calls[len(f.calls)-1]; got != helperCalls[2] {
+		t.Errorf("last call %q, want the failed bind %q", got, helperCalls[2])
+	}
 }
 
 func TestVirtioDiskName(t *testing.T) {

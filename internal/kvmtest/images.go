@@ -51,3 +51,28 @@ func FidelityImages(tb testing.TB) string {
 	}
 	return dir
 }
+
+// TestDisksDir names the folder of ext4 images of test images' trees that
+// make test-rootfs builds under <cache>/test-rootfs (NAME.ext4).
+const TestDisksDir = "ext4-v2"
+
+// DebianDisk is the ext4 image of the debian-read test image's tree: the
+// debootstrap Debian minbase root (python3, git; no kmod) and a data
+// file, about 800 MB; open it read-only, it is shared.
+const DebianDisk = "debian-read.ext4"
+
+// TestDisk returns the ext4 image name (DebianDisk, busybox.ext4) in
+// TestDisksDir, failing the test when it is missing (make test-rootfs
+// builds it): a test that boots it never skips.
+func TestDisk(tb testing.TB, name string) string {
+	tb.Helper()
+	cache, err := guestkernel.CacheDir()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := filepath.Join(cache, "test-rootfs", TestDisksDir, name)
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+		tb.Fatalf("the test disk %s is missing (make test-rootfs builds it): %v", p, err)
+	}
+	return p
+}

@@ -43,6 +43,16 @@ func VsockEchoBinary(tb testing.TB) string {
 	return guestBinary(tb, "vsockecho", vsockEchoPkg, "internal/testguest/vsockecho")
 }
 
+// autoloadPkg is the guest program of the module autoloading test.
+const autoloadPkg = "github.com/kilnvm/kiln/internal/testguest/autoload"
+
+// AutoloadBinary returns a static build of internal/testguest/autoload
+// (see guestBinary).
+func AutoloadBinary(tb testing.TB) string {
+	tb.Helper()
+	return guestBinary(tb, "autoload", autoloadPkg, "internal/testguest/autoload")
+}
+
 // agentPkg is the guest agent's command.
 const agentPkg = "github.com/kilnvm/kiln/cmd/kiln-agent"
 
@@ -50,7 +60,7 @@ const agentPkg = "github.com/kilnvm/kiln/cmd/kiln-agent"
 // (see guestBinary).
 func AgentBinary(tb testing.TB) string {
 	tb.Helper()
-	return guestBinary(tb, "kiln-agent", agentPkg, "cmd/kiln-agent", "guest/agent", "guest/agentpb", "guest/pid1", "guestkernel")
+	return guestBinary(tb, "kiln-agent", agentPkg, "cmd/kiln-agent", "guest/agent", "guest/agentpb", "guest/modprobe", "guest/pid1", "guestkernel")
 }
 
 // guestBinary returns a static (CGO_ENABLED=0) build of the Go program pkg,

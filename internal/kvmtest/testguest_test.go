@@ -15,6 +15,16 @@ func TestVsockEchoBinary(t *testing.T) {
 	}
 }
 
+func TestAutoloadBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := AutoloadBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("autoload at %s: %v", p, err)
+	}
+}
+
 func TestAgentBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a Go program")
