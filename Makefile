@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # iproute2 the ip the network tests make their namespaces with; containerd
 # (with ctr) and the CNI plugins the containerd shim's tests start
 # containerd and its CRI plugin with.
-DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs kmod xz-utils debootstrap systemd iproute2 git python3-pytest containerd containernetworking-plugins
+DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs erofs-utils kmod xz-utils debootstrap systemd iproute2 git python3-pytest containerd containernetworking-plugins
 
 # crictl (cri-tools), pinned: the shim's CRI test drives containerd with
 # it. Debian 12 has no package of it; go install builds it into bin/.

@@ -30,13 +30,14 @@ func DefaultAgentModules() []string {
 
 // AgentImageModulesDir is where an AgentImage puts the modules only an
 // image-rooted sandbox needs (ImageModules); the agent loads them only when
-// its root is a 9p tree, as pid1.ImageModulesDir.
+// its root is an image, as pid1.ImageModulesDir.
 const AgentImageModulesDir = "lib/kiln/image-modules"
 
-// ImageModules returns the kernel modules an image root needs: virtio-9p
-// (9pnet_virtio, 9p, and their netfs and fscache) and overlayfs.
+// ImageModules returns the kernel modules an image root needs: erofs (an
+// image's default root), virtio-9p (9pnet_virtio, 9p, and their netfs and
+// fscache: an image served over 9p, a host directory) and overlayfs.
 func ImageModules() []string {
-	return []string{"9pnet_virtio", "9p", "overlay"}
+	return []string{"erofs", "9pnet_virtio", "9p", "overlay"}
 }
 
 // ImageConfigPath is where ImageConfigArchive puts an image's config, as

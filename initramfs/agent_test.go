@@ -79,6 +79,8 @@ kernel/net/9p/9pnet.ko:
 kernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
 kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko kernel/fs/netfs/netfs.ko kernel/fs/fscache/fscache.ko
 kernel/fs/overlayfs/overlay.ko:
+kernel/lib/libcrc32c.ko:
+kernel/fs/erofs/erofs.ko: kernel/lib/libcrc32c.ko
 `
 	writeFile(t, filepath.Join(dir, "modules.dep"), []byte(dep), 0o644)
 	writeFile(t, filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/net/net_failover.ko\nkernel/net/core/failover.ko\n"), 0o644)
@@ -159,8 +161,9 @@ func TestAgentImage(t *testing.T) {
 				"lib/kiln/image-modules/9p.ko":      {mode: cpio.S_IFREG | 0o644, data: "module 9p"},
 				"lib/kiln/image-modules/overlay.ko": {mode: cpio.S_IFREG | 0o644, data: "module overlay"},
 				"lib/kiln/image-modules/netfs.ko":   {mode: cpio.S_IFREG | 0o644, data: "module netfs"},
+				"lib/kiln/image-modules/erofs.ko":   {mode: cpio.S_IFREG | 0o644, data: "module erofs"},
 			},
-			wantCount: len(base) + 2 + 14 + 2 + 6,
+			wantCount: len(base) + 2 + 14 + 2 + 8,
 		},
 		{
 			name:  "no image modules",
@@ -181,7 +184,7 @@ func TestAgentImage(t *testing.T) {
 				"etc/hosts":   {mode: cpio.S_IFREG | 0o640, data: "127.0.0.1 localhost\n"},
 				"opt/tool":    {mode: cpio.S_IFREG | 0o755, data: string(fakeExecutable(false))},
 			},
-			wantCount: len(base) + 2 + 4 + 2 + len(BusyboxApplets()) + 2 + 1 + 2 + 6,
+			wantCount: len(base) + 2 + 4 + 2 + len(BusyboxApplets()) + 2 + 1 + 2 + 8,
 		},
 	}
 	for _, tt := range tests {

@@ -19,7 +19,6 @@ import (
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/imagetest"
-	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 )
 
@@ -232,24 +231,41 @@ func TestKVMImage(t *testing.T) {
 	if got := sh(t, ctx, sb, "mount | grep -E ' on / type overlay| /kiln/lower ' | wc -l; stat -c %i / >/dev/null"); got == "0" {
 		t.Errorf("no overlay root in the guest's mounts")
 	}
+	// The lower layer is the image's EROFS disk, found by its serial.
+	if got := sh(t, ctx, sb, `awk '$2 == "/run/kiln/image" {print $3, substr($4, 1, 2)}' /proc/mounts; for d in /sys/block/vd*; do [ "$(cat $d/serial)" = kilnroot ] && echo serial ok; done`); got != "erofs ro\nserial ok" {
+		t.Errorf("image root's lower layer: %q, want an erofs mount of the disk with serial kilnroot", got)
+	}
+	t.Logf("devices of an image-rooted sandbox: %s", sh(t, ctx, sb, `for d in /sys/bus/virtio/devices/*; do echo -n "$(basename $d):$(cat $d/device) "; done; for b in /sys/block/vd*; do echo -n "$(basename $b):$(cat $b/serial):$(($(cat $b/size)/2048))MiB "; done`))
 	sh(t, ctx, sb, "echo written > "+imgWorkDir+"/new && rm /etc/debian_version && test ! -e /etc/debian_version && cat "+imgWorkDir+"/new")
 
 	// The kernel's modules disk in the image root: mounted read-only at
-	// /lib/modules/$(uname -r) over the image's tree, and modprobe (the
-	// image has none: busybox's, copied in) loads from it.
+	// /lib/modules/$(uname -r) over the image's tree. The image has no
+	// modprobe: the kernel's module autoloading goes through Kiln's
+	// helper, /run/kiln/modprobe (TestKVMModuleAutoload's checks, in an
+	// image root: overlay is loaded already, for the root), and run by
+	// hand it loads from the disk too.
 	t.Run("modules disk", func(t *testing.T) {
-		bb, err := os.Open(initramfs.HostBusybox)
+		const autoloaded = "veth bridge nf_tables nft_chain_nat"
+		if got := sh(t, ctx, sb, modulesCheck+"\ncat /proc/sys/kernel/modprobe; test -e /sbin/modprobe && echo has modprobe\n"+loadedOf(autoloaded)); got != "ext4 ro\n/run/kiln/modprobe" {
+			t.Fatalf("modules disk and modprobe helper in the image root: %q", got)
+		}
+		prog, err := os.Open(kvmtest.AutoloadBinary(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer bb.Close()
-		if err := sb.Client().WriteFile(ctx, "/tmp/busybox", bb, 0o755); err != nil {
-			t.Fatalf("copying busybox in: %v", err)
+		defer prog.Close()
+		if err := sb.Client().WriteFile(ctx, "/tmp/autoload", prog, 0o755); err != nil {
+			t.Fatalf("copying the autoload program in: %v", err)
 		}
-		if got := sh(t, ctx, sb, modulesCheck+`
-/tmp/busybox modprobe br_netfilter && grep -c '^br_netfilter ' /proc/modules
-/tmp/busybox modprobe overlay && echo overlay`); got != "ext4 ro\n1\noverlay" {
-			t.Errorf("modules disk in the image root: %q", got)
+		if out, errOut, st, err := shTry(ctx, sb, "/tmp/autoload /tmp/autoload-overlay"); err != nil || !st.Success() ||
+			out != "ok veth\nok bridge\nok nftables\nok overlay" {
+			t.Errorf("autoload in the image root: %v %v; stdout %q stderr %q", st, err, out, errOut)
+		}
+		if got, want := sh(t, ctx, sb, loadedOf(autoloaded)), strings.ReplaceAll(autoloaded, " ", "\n"); got != want {
+			t.Errorf("autoloaded in the image root: %q, want %q", got, want)
+		}
+		if got := sh(t, ctx, sb, `/run/kiln/modprobe br_netfilter && grep -c '^br_netfilter ' /proc/modules`); got != "1" {
+			t.Errorf("/run/kiln/modprobe br_netfilter: %q", got)
 		}
 	})
 

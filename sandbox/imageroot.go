@@ -13,15 +13,18 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/kilnvm/kiln/erofs"
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/hostfs"
 	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/image/tree"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/rofs"
 	"github.com/kilnvm/kiln/virtio"
 )
 
-// An image root's device: the ID of its 9p device and its mount tag.
+// An image root's device: its ID, and its tag (the erofs disk's serial,
+// or the 9p mount tag).
 const (
 	ImageDevice = "image"
 	ImageTag    = "kilnroot"
@@ -95,9 +98,19 @@ func OpenImageFS(roots *image.Roots) virtio.FSOpener {
 		if err != nil {
 			return nil, nil, err
 		}
-		return r.Tree, closerFunc(release), nil
+		return rootTree{r.Tree, r}, closerFunc(release), nil
 	}
 }
+
+// rootTree is an image root's tree that keeps its EROFS layout in the
+// root (virtio.EROFSLayout): one layout per image, however many disks
+// serve it in this process.
+type rootTree struct {
+	*tree.Tree
+	root *image.Root
+}
+
+func (t rootTree) EROFS(ctx context.Context) (*erofs.Image, error) { return t.root.EROFS(ctx) }
 
 type closerFunc func() error
 
@@ -231,12 +244,29 @@ func (o Options) resolveImage(memMiB int) (*imageRoot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	transport := o.ImageTransport
+	switch transport {
+	case "":
+		transport = virtio.TransportEROFS
+	case virtio.TransportEROFS, virtio.Transport9P:
+	default:
+		return nil, fmt.Errorf("sandbox: Options.ImageTransport %q: want %q (the default) or %q", transport, virtio.TransportEROFS, virtio.Transport9P)
+	}
 	return &imageRoot{
 		spec: virtio.DeviceSpec{ID: ImageDevice, Kind: virtio.KindFS,
-			FS: &virtio.FSSpec{Tag: ImageTag, Image: string(d.Manifest), Images: dir}},
+			FS: &virtio.FSSpec{Tag: ImageTag, Transport: transport, Image: string(d.Manifest), Images: dir}},
 		config: d.Config,
 		roots:  roots,
 	}, nil
+}
+
+// cmdlineRoot is the value of kiln.root= that tells the guest's pid1
+// where its root is (pid1.Options.ImageRoot).
+func (r *imageRoot) cmdlineRoot() string {
+	if r.spec.FS.EROFS() {
+		return "erofs:" + r.spec.FS.Tag
+	}
+	return "9p:" + r.spec.FS.Tag
 }
 
 // resolveRootDir checks o.RootDir and returns its device.
@@ -246,6 +276,8 @@ func (o Options) resolveRootDir(memMiB int) (*imageRoot, error) {
 		return nil, errors.New("sandbox: Options.RootDir and Options.Disk both give a root: choose one")
 	case o.Image != "":
 		return nil, errors.New("sandbox: Options.RootDir and Options.Image both give a root: choose one")
+	case o.ImageTransport != "" && o.ImageTransport != virtio.Transport9P:
+		return nil, fmt.Errorf("sandbox: Options.ImageTransport %q: a host directory (Options.RootDir) is served over %q only", o.ImageTransport, virtio.Transport9P)
 	case o.WritableMiB < 0 || o.WritableMiB > memMiB:
 		return nil, fmt.Errorf("sandbox: Options.WritableMiB %d: want 0 (half the guest's memory) to MemoryMiB (%d): the writable layer is guest RAM", o.WritableMiB, memMiB)
 	}

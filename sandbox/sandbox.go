@@ -82,13 +82,20 @@ type Options struct {
 
 	// Image, when set, is the root instead of Disk: an OCI image of the
 	// images folder Images (DefaultImagesDir when empty), named as kiln
-	// image ls shows it or by manifest digest. Its merged layers are
-	// served read-only over virtio-9p (device ImageDevice), under an
-	// overlay whose upper layer is a tmpfs in guest RAM: writes vanish with
-	// the sandbox, and snapshots and forks keep them. Its config's Env,
-	// WorkingDir and User become the defaults of every exec.
+	// image ls shows it or by manifest digest. Its merged layers are laid
+	// out as a read-only EROFS filesystem on a virtio disk (device
+	// ImageDevice, package erofs: metadata built on the host, file data
+	// read from the image's chunks on first read), under an overlay whose
+	// upper layer is a tmpfs in guest RAM: writes vanish with the sandbox,
+	// and snapshots and forks keep them. Its config's Env, WorkingDir and
+	// User become the defaults of every exec.
 	Image  string
 	Images string
+	// ImageTransport is how Image reaches the guest:
+	// virtio.TransportEROFS (also "", the default) or virtio.Transport9P
+	// (the tree over virtio-9p, a round trip per lookup: kept to compare
+	// with, and for a guest kernel without erofs).
+	ImageTransport string
 	// WritableMiB caps an image root's writable layer (the tmpfs in guest
 	// RAM): writes past it fail with ENOSPC. 0: tmpfs's default, half
 	// the guest's memory; at most MemoryMiB.
@@ -216,7 +223,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		if cfg.Initrd, err = imageInitrd(cfg.Initrd, root.config); err != nil {
 			return nil, err
 		}
-		cfg.Cmdline += " kiln.root=9p:" + ImageTag
+		cfg.Cmdline += " kiln.root=" + root.cmdlineRoot()
 		if opts.WritableMiB > 0 {
 			cfg.Cmdline += fmt.Sprintf(" kiln.overlaysize=%d", opts.WritableMiB)
 		}
@@ -246,8 +253,14 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			return nil, fmt.Errorf("sandbox: Runtime.Modules: %w", err)
 		}
 	}
-	if root != nil {
+	if root != nil && root.spec.FS.EROFS() {
+		// After the other disks, so that they keep the names they have
+		// in a sandbox without it (the guest finds it by serial).
+		cfg.Devices = append(cfg.Devices, root.spec)
+	} else if root != nil {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
+	}
+	if root != nil {
 		s.image = root.spec.FS.Image
 		if root.spec.FS.Dir != "" {
 			cfg.OpenFS = s.keepTrees(cfg.OpenFS)

@@ -73,6 +73,12 @@ config_options=(
 	NET_9P=y NET_9P_VIRTIO=y NETWORK_FILESYSTEMS=y 9P_FS=y
 	# Filesystems.
 	EXT4_FS=y OVERLAY_FS=y
+	# EROFS, the image root's layout: a read-only virtio-blk disk with xattrs
+	# (security.capability for file capabilities) and POSIX ACLs, written
+	# uncompressed, so no decompressors. EROFS lives under MISC_FILESYSTEMS;
+	# the other misc filesystems stay off.
+	MISC_FILESYSTEMS=y EROFS_FS=y EROFS_FS_XATTR=y EROFS_FS_POSIX_ACL=y
+	EROFS_FS_SECURITY=y EROFS_FS_ZIP=n
 	# Containers: cgroup v2 basics, namespaces, seccomp.
 	CGROUPS=y MEMCG=y CGROUP_PIDS=y CGROUP_SCHED=y
 	NAMESPACES=y UTS_NS=y IPC_NS=y PID_NS=y NET_NS=y USER_NS=y

@@ -40,7 +40,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	agent := fs.String("agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
 	fs.StringVar(&o.Disk, "disk", "", "root filesystem image (ext4) to run the command in; default: the agent's initramfs, with busybox")
 	fs.BoolVar(&o.DiskReadOnly, "ro", false, "attach --disk read-only")
-	fs.StringVar(&o.Image, "image", "", "run in this OCI image (`REF`, pulled when not stored; kiln image ls): its layers over 9p, writes in guest RAM")
+	fs.StringVar(&o.Image, "image", "", "run in this OCI image (`REF`, pulled when not stored; kiln image ls): its layers an EROFS disk, file data fetched on first read, writes in guest RAM")
 	fs.StringVar(&o.Init, "init", "", "with --image, process 1: agent (default) or systemd (the image's /sbin/init boots, the agent runs as a service)")
 	fs.StringVar(&o.Images, "images", "", "images `DIR` (default: <kernel cache>/images)")
 	insecure := fs.Bool("insecure", false, "with --image: pull over plain HTTP from a registry that is not on loopback")

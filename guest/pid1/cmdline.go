@@ -12,8 +12,10 @@ const DefaultRootFSType = "ext4"
 // Options are Kiln's parameters on the kernel command line.
 type Options struct {
 	// Root is the block device to make the root filesystem (kiln.root=),
-	// e.g. /dev/vda, or "9p:TAG" for an image served over virtio-9p under
-	// mount tag TAG (SwitchRootImage); "" keeps the initramfs as the root.
+	// e.g. /dev/vda; "erofs:SERIAL" for an image laid out as EROFS on the
+	// virtio disk whose serial is SERIAL, or "9p:TAG" for an image served
+	// over virtio-9p under mount tag TAG (SwitchRootImage); "" keeps the
+	// initramfs as the root.
 	Root string
 	// RootFSType is the root filesystem's type (kiln.rootfstype=),
 	// DefaultRootFSType when not given or empty.
@@ -47,17 +49,29 @@ type Options struct {
 	Image *ImageConfig
 }
 
-// RootImagePrefix starts a kiln.root= that names a virtio-9p mount tag
-// rather than a block device.
-const RootImagePrefix = "9p:"
+// The transports of an image root: a kiln.root= that starts with one of
+// them followed by ':' names an image root rather than a block device.
+const (
+	ImageEROFS = "erofs" // kiln.root=erofs:SERIAL, an EROFS disk
+	Image9P    = "9p"    // kiln.root=9p:TAG, a virtio-9p mount tag
+)
 
-// ImageTag returns the mount tag of an image root (kiln.root=9p:TAG), or
-// "" when the root is not one.
+// ImageTag returns the tag of an image root (kiln.root=erofs:SERIAL or
+// 9p:TAG), or "" when the root is not one.
 func (o Options) ImageTag() string {
-	if tag, ok := strings.CutPrefix(o.Root, RootImagePrefix); ok {
-		return tag
+	_, tag := o.ImageRoot()
+	return tag
+}
+
+// ImageRoot returns the transport (ImageEROFS or Image9P) and tag of an
+// image root, or "", "" when the root is not one.
+func (o Options) ImageRoot() (transport, tag string) {
+	for _, t := range []string{ImageEROFS, Image9P} {
+		if tag, ok := strings.CutPrefix(o.Root, t+":"); ok && tag != "" {
+			return t, tag
+		}
 	}
-	return ""
+	return "", ""
 }
 
 // ParseCmdline returns Kiln's parameters on the kernel command line cmdline

@@ -115,6 +115,7 @@ func (f *fakeSys) sys() *Sys {
 			return []byte(data[off : off+int64(n)]), nil
 		},
 		WriteFile:   func(path string, data []byte) error { return f.call("write %s %s", path, data) },
+		CreateFile:  func(path string, perm fs.FileMode) error { return f.call("create %s %v", path, perm) },
 		Chdir:       func(dir string) error { return f.call("chdir %s", dir) },
 		Chroot:      func(dir string) error { return f.call("chroot %s", dir) },
 		Sethostname: func(name []byte) error { return f.call("sethostname %s", name) },
@@ -158,7 +159,7 @@ func flagNames(flags uintptr) string {
 		{unix.MS_RDONLY, "ro"}, {unix.MS_NOSUID, "nosuid"}, {unix.MS_NODEV, "nodev"}, {unix.MS_NOEXEC, "noexec"},
 		{unix.MS_SYNCHRONOUS, "sync"}, {unix.MS_DIRSYNC, "dirsync"}, {unix.MS_NOATIME, "noatime"},
 		{unix.MS_NODIRATIME, "nodiratime"}, {unix.MS_RELATIME, "relatime"}, {unix.MS_STRICTATIME, "strictatime"},
-		{unix.MS_LAZYTIME, "lazytime"}, {unix.MS_MOVE, "move"}, {unix.MS_BIND, "bind"},
+		{unix.MS_LAZYTIME, "lazytime"}, {unix.MS_MOVE, "move"}, {unix.MS_BIND, "bind"}, {unix.MS_REMOUNT, "remount"},
 	}
 	var out []string
 	for _, n := range names {

@@ -25,8 +25,16 @@ var imageCalls = append([]string{
 }, switchCalls[2:]...)
 
 func TestSwitchRootImage(t *testing.T) {
+	erofsMount := "mount /dev/vdb /kiln/lower erofs ro "
+	erofsCalls := replaced(imageCalls, 3, erofsMount)
+	withDisk := func(f *fakeSys) {
+		f.files["/sys/block/vda/serial"] = "modules"
+		f.files["/sys/block/vdb/serial"] = "kilnroot\n"
+		f.exist["/dev/vdb"] = true
+	}
 	tests := []struct {
 		name       string
+		transport  string
 		tag, flags string
 		upperMiB   int
 		setup      func(f *fakeSys)
@@ -51,7 +59,21 @@ func TestSwitchRootImage(t *testing.T) {
 				f.errs["mount overlay /newroot overlay 0 lowerdir=/kiln/lower,upperdir=/kiln/rw/upper,workdir=/kiln/rw/work"] = unix.ENODEV
 			},
 			wantErr: "mounting the overlay"},
-		{name: "no tag", wantErr: "no 9p mount tag"},
+		{name: "no tag", wantErr: "no image tag"},
+		{name: "unknown transport", transport: "nfs", tag: "kilnroot", wantErr: `image transport "nfs"`},
+		{name: "erofs: mounts the disk by serial", transport: ImageEROFS, tag: "kilnroot", setup: withDisk, want: erofsCalls},
+		{name: "erofs: extra options", transport: ImageEROFS, tag: "kilnroot", flags: "noatime,user_xattr", setup: withDisk,
+			want: replaced(erofsCalls, 3, "mount /dev/vdb /kiln/lower erofs ro|noatime user_xattr")},
+		{name: "erofs: no such disk", transport: ImageEROFS, tag: "kilnroot",
+			setup:      func(f *fakeSys) { f.files["/sys/block/vda/serial"] = "modules" },
+			wantErr:    `no virtio disk with serial "kilnroot" appeared within 10s`,
+			wantSleeps: int(imageMountWait / rootPoll)},
+		{name: "erofs: mount refused", transport: ImageEROFS, tag: "kilnroot",
+			setup: func(f *fakeSys) {
+				withDisk(f)
+				f.errs[erofsMount] = unix.EINVAL
+			},
+			wantErr: `mounting the image's erofs disk /dev/vdb (serial "kilnroot"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,7 +81,11 @@ func TestSwitchRootImage(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(f)
 			}
-			err := f.sys().SwitchRootImage(tt.tag, tt.flags, tt.upperMiB, t.TempDir()+"/none", nil)
+			transport := tt.transport
+			if transport == "" {
+				transport = Image9P
+			}
+			err := f.sys().SwitchRootImage(transport, tt.tag, tt.flags, tt.upperMiB, t.TempDir()+"/none", nil)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
@@ -103,9 +129,16 @@ func TestOverlaySize(t *testing.T) {
 }
 
 func TestImageTag(t *testing.T) {
-	for in, want := range map[string]string{"kiln.root=9p:kilnroot": "kilnroot", "kiln.root=/dev/vda": "", "": ""} {
-		if got := ParseCmdline(in).ImageTag(); got != want {
-			t.Errorf("%q: tag %q, want %q", in, got, want)
+	for _, tc := range []struct{ in, transport, tag string }{
+		{"kiln.root=9p:kilnroot", Image9P, "kilnroot"},
+		{"kiln.root=erofs:kilnroot", ImageEROFS, "kilnroot"},
+		{"kiln.root=erofs:", "", ""},
+		{"kiln.root=/dev/vda", "", ""},
+		{"", "", ""},
+	} {
+		o := ParseCmdline(tc.in)
+		if tr, tag := o.ImageRoot(); tr != tc.transport || tag != tc.tag || o.ImageTag() != tc.tag {
+			t.Errorf("%q: %q %q (ImageTag %q), want %q %q", tc.in, tr, tag, o.ImageTag(), tc.transport, tc.tag)
 		}
 	}
 }

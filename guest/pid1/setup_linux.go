@@ -14,9 +14,10 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // when unset), LoadModules(ModulesDir), Kiln's options from /proc/cmdline,
 // the hostname (kiln.hostname), SwitchRoot when kiln.root names a
 // device or SwitchRootImage (with the image config read first, returned in
-// Options.Image) when it names a 9p tag, and then, in the final root,
-// MountModulesDisk when kiln.modules names the modules disk. It returns the options; on error, those read so far. A nil log
-// discards.
+// Options.Image) when it names an image root, and then, in the final root,
+// when kiln.modules names the modules disk, MountModulesDisk and
+// InstallModprobeHelper (whose failure is only logged). It returns the
+// options; on error, those read so far. A nil log discards.
 func (s *Sys) Setup(log *slog.Logger) (Options, error) {
 	return s.setup(log, ModulesDir)
 }
@@ -57,13 +58,13 @@ func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (O
 	if err := s.LinkUp("lo"); err != nil {
 		log.Warn("loopback interface", "err", err)
 	}
-	if tag := opts.ImageTag(); tag != "" {
+	if transport, tag := opts.ImageRoot(); tag != "" {
 		cfg, err := s.ReadImageConfig()
 		if err != nil {
 			return opts, err
 		}
 		opts.Image = cfg
-		if err := s.SwitchRootImage(tag, opts.RootFlags, opts.OverlayMiB, imageModulesDir, log); err != nil {
+		if err := s.SwitchRootImage(transport, tag, opts.RootFlags, opts.OverlayMiB, imageModulesDir, log); err != nil {
 			return opts, err
 		}
 		if cfg.WorkingDir != "" {
@@ -72,7 +73,7 @@ func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (O
 				log.Warn("creating the image's working directory", "dir", cfg.WorkingDir, "err", err)
 			}
 		}
-		log.Info("switched root", "image", tag)
+		log.Info("switched root", "image", tag, "transport", transport)
 	} else if opts.Root != "" {
 		if err := s.SwitchRoot(opts.Root, opts.RootFSType, opts.RootFlags, opts.ReadOnly); err != nil {
 			return opts, err
@@ -82,6 +83,11 @@ func (s *Sys) setupWith(log *slog.Logger, modulesDir, imageModulesDir string) (O
 	if opts.Modules != "" {
 		if err := s.MountModulesDisk(opts.Modules, log); err != nil {
 			return opts, err
+		}
+		// Without it the guest still works, as it did before: no
+		// reason to stop the VM.
+		if err := s.InstallModprobeHelper(log); err != nil {
+			log.Error("the kernel's module autoloading stays without a helper", "err", err)
 		}
 	}
 	return opts, nil

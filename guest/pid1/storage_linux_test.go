@@ -82,7 +82,7 @@ func TestSwitchRootImageStorage(t *testing.T) {
 	f := newFake()
 	f.modes["/newroot/var"] = fs.ModeDir | 0o755
 	f.modes["/newroot/var/lib"] = fs.ModeDir | 0o755
-	if err := f.sys().SwitchRootImage("kilnroot", "", 0, t.TempDir()+"/none", nil); err != nil {
+	if err := f.sys().SwitchRootImage(Image9P, "kilnroot", "", 0, t.TempDir()+"/none", nil); err != nil {
 		t.Fatal(err)
 	}
 	var want []string

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/guest/modprobe"
 )
 
 // Sys holds the system calls pid1 makes. Linux returns the real ones; tests
@@ -31,6 +33,9 @@ type Sys struct {
 	// WriteFile writes data to the existing file path in one write(2),
 	// neither creating nor truncating it (for cgroupfs and procfs files).
 	WriteFile func(path string, data []byte) error
+	// CreateFile creates path as an empty file with mode perm, leaving
+	// one that exists as it is (a mount point for a file).
+	CreateFile func(path string, perm fs.FileMode) error
 	// Chdir is chdir(2).
 	Chdir func(dir string) error
 	// Chroot is chroot(2).
@@ -66,6 +71,7 @@ func Linux() *Sys {
 		ReadFile:      os.ReadFile,
 		ReadAt:        readAt,
 		WriteFile:     writeExisting,
+		CreateFile:    createFile,
 		Chdir:         unix.Chdir,
 		Chroot:        unix.Chroot,
 		Sethostname:   unix.Sethostname,
@@ -113,6 +119,14 @@ func writeExisting(path string, data []byte) error {
 	return f.Close()
 }
 
+func createFile(path string, perm fs.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, perm)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
 func readAt(path string, off int64, n int) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -126,20 +140,9 @@ func readAt(path string, off int64, n int) ([]byte, error) {
 	return b, nil
 }
 
-func finitModule(f *os.File, params string) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = unix.FinitModule(int(fd), params, 0) }); err != nil {
-		return err
-	}
-	if ferr != nil {
-		return fmt.Errorf("finit_module: %w", ferr)
-	}
-	return nil
-}
+// finitModule is finit_module(2) without flags: the one loader the agent
+// has, shared with its modprobe.
+func finitModule(f *os.File, params string) error { return modprobe.FinitModule(f, params, 0) }
 
 // MountBase mounts the base filesystems with the running kernel's Sys; see
 // Sys.MountBase.
