@@ -13,7 +13,8 @@ import (
 
 // TestEROFSLayoutOfTestImages lays out every image the image tests run
 // (make test-rootfs's OCI layout: a debootstrap Debian root with python3
-// and git, its variants, busybox) as a sandbox's root does, and checks the
+// and git, its variants, busybox, and go-repo: Go's src/ as a git
+// repository on top of that root) as a sandbox's root does, and checks the
 // layout with tools that share no code with package erofs: Debian's
 // fsck.erofs on the image, and go-erofs walking it against the image's
 // merged tree (every path both ways, modes with setuid bits, owners,

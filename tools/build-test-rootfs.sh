@@ -3,11 +3,11 @@
 # debootstrap, as one tarball in Kiln's cache (once), and the image tests'
 # OCI images made from it (tools/testimage: estargz layers, deterministic):
 #   <cache>/test-rootfs/bookworm-minbase-python3-git.tar
-#   <cache>/test-rootfs/images-v2/      (an OCI image layout)
-#   <cache>/test-rootfs/ext4-v2/NAME.ext4  (ext4 images of the busybox and
-#                                          debian-read images' trees, for
-#                                          kiln bench image)
-#   <cache>/test-rootfs/tree-v2/debian-read/  (that tree, for kiln bench
+#   <cache>/test-rootfs/images-v3/      (an OCI image layout)
+#   <cache>/test-rootfs/ext4-v3/NAME.ext4  (ext4 images of the busybox,
+#                                          debian-read and go-repo images'
+#                                          trees, for kiln bench image)
+#   <cache>/test-rootfs/tree-v3/debian-read/  (that tree, for kiln bench
 #                                          image's QEMU virtio-9p peer)
 #   <cache>/test-rootfs/bookworm-minbase-fidelity.tar and fidelity-v2/
 #                                          (systemd, docker.io, pytest: the
@@ -29,9 +29,9 @@ sudo=
 [ "$(id -u)" = 0 ] || sudo=sudo
 
 # Bump both when tools/testimage changes what it makes.
-images=$cache/test-rootfs/images-v2
-ext4=$cache/test-rootfs/ext4-v2
-trees=$cache/test-rootfs/tree-v2
+images=$cache/test-rootfs/images-v3
+ext4=$cache/test-rootfs/ext4-v3
+trees=$cache/test-rootfs/tree-v3
 make_images() {
 	[ -d "$images" ] && [ -d "$ext4" ] && [ -d "$trees" ] && return 0
 	local flat
@@ -47,7 +47,7 @@ make_images() {
 	$sudo rm -rf "$flat"
 }
 
-# make_ext4 FLAT makes ext4-v2/NAME.ext4 from each FLAT/NAME.tar (the
+# make_ext4 FLAT makes ext4-v3/NAME.ext4 from each FLAT/NAME.tar (the
 # image's tree, tools/testimage -flat): extracted as root, so that owners
 # and modes stay the image's, then mkfs.ext4 -d, sized to the tree plus a
 # third and 64 MiB.

@@ -10,7 +10,7 @@ import (
 
 // TestImagesLayout names the OCI image layout make test-rootfs builds
 // (tools/build-test-rootfs.sh, tools/testimage) under <cache>/test-rootfs.
-const TestImagesLayout = "images-v2"
+const TestImagesLayout = "images-v3"
 
 // TestImages returns the image tests' OCI layout: estargz images made from
 // a debootstrap Debian root (python3, git). It fails the test when the
@@ -54,7 +54,7 @@ func FidelityImages(tb testing.TB) string {
 
 // TestDisksDir names the folder of ext4 images of test images' trees that
 // make test-rootfs builds under <cache>/test-rootfs (NAME.ext4).
-const TestDisksDir = "ext4-v2"
+const TestDisksDir = "ext4-v3"
 
 // DebianDisk is the ext4 image of the debian-read test image's tree: the
 // debootstrap Debian minbase root (python3, git; no kmod) and a data

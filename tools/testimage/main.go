@@ -22,13 +22,19 @@
 //	               files (about 10 MiB in all)
 //	busybox-big    busybox plus debian-big's layer of -big-mib MiB (the
 //	               same blob)
+//	go-repo        debian plus a layer holding a real repository, RepoDir:
+//	               the Go toolchain's own src/ (-go-src, the running
+//	               toolchain's by default: 11,478 files) committed as one
+//	               git commit and packed, as a clone would be; its
+//	               WorkingDir is RepoDir (kiln bench image runs git status,
+//	               find and grep -r there)
 //
 // With -flat DIR it also writes, for the images kiln bench image compares
-// with an ext4 disk (busybox, debian-read), DIR/NAME.tar: the image's
+// with an ext4 disk (busybox, debian-read, go-repo), DIR/NAME.tar: the image's
 // layers applied in order (whiteouts done), without estargz's own
 // entries, for tools/build-test-rootfs.sh to make ext4 images of.
 //
-// Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024] [-read-mib 256] [-busybox /bin/busybox] [-flat DIR]
+// Usage: testimage -rootfs ROOT.tar -out DIR [-big-mib 1024] [-read-mib 256] [-busybox /bin/busybox] [-go-src DIR] [-flat DIR]
 package main
 
 import (
@@ -43,6 +49,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -69,11 +76,12 @@ const (
 	WorkDir     = "/srv/work"
 	ReadFile    = "srv/read.bin" // debian-read's file of -read-mib MiB
 	PadDir      = "usr/share/kiln/pad"
-	PadMiB      = 8 // busybox's random files, 1 MiB each
+	PadMiB      = 8        // busybox's random files, 1 MiB each
+	RepoDir     = "src/go" // go-repo's repository
 )
 
 // flatImages are the images -flat writes trees of.
-var flatImages = []string{"busybox", "debian-read"}
+var flatImages = []string{"busybox", "debian-read", "go-repo"}
 
 func main() {
 	rootfs := flag.String("rootfs", "", "root filesystem `TAR`")
@@ -83,6 +91,7 @@ func main() {
 	busybox := flag.String("busybox", "/bin/busybox", "static busybox `BINARY` for the busybox images")
 	flat := flag.String("flat", "", "also write the flattened trees of busybox and debian-read as `DIR`/NAME.tar")
 	fidelity := flag.Bool("fidelity", false, "write only the fidelity image (-rootfs is the fidelity root) into -out")
+	goSrc := flag.String("go-src", filepath.Join(runtime.GOROOT(), "src"), "source `DIR` committed as go-repo's repository")
 	flag.Parse()
 	if *rootfs == "" || *out == "" || *bigMiB < 1 || *readMiB < 1 {
 		flag.Usage()
@@ -95,13 +104,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*rootfs, *out, *bigMiB, *readMiB, *busybox, *flat); err != nil {
+	if err := run(*rootfs, *out, *bigMiB, *readMiB, *busybox, *goSrc, *flat); err != nil {
 		fmt.Fprintf(os.Stderr, "testimage: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
+func run(rootfs, out string, bigMiB, readMiB int, busybox, goSrc, flat string) error {
 	tmp, b, done, err := newLayoutBuild(out)
 	if err != nil {
 		return err
@@ -147,6 +156,15 @@ func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 	if err != nil {
 		return fmt.Errorf("busybox layer: %w", err)
 	}
+	repoTar, err := repoLayerTar(scratch, goSrc)
+	if err != nil {
+		return err
+	}
+	repoLayer, err := b.layerFromFile(repoTar)
+	os.Remove(repoTar)
+	if err != nil {
+		return fmt.Errorf("repository layer: %w", err)
+	}
 	cfg := v1.Config{
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "KILN_TEST_IMAGE=debian"},
 		WorkingDir: WorkDir,
@@ -156,6 +174,9 @@ func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 	big.User, big.WorkingDir = "nobody:nogroup", "/tmp"
 	read := cfg
 	read.Env = append(cfg.Env[:2:2], "KILN_TEST_IMAGE=debian-read")
+	repo := cfg
+	repo.Env = append(cfg.Env[:2:2], "KILN_TEST_IMAGE=go-repo")
+	repo.WorkingDir = "/" + RepoDir
 	bb := v1.Config{
 		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "KILN_TEST_IMAGE=busybox"},
 		WorkingDir: "/",
@@ -175,6 +196,7 @@ func run(rootfs, out string, bigMiB, readMiB int, busybox, flat string) error {
 		{"debian-read", read, []v1.Layer{base, top, readLayer}},
 		{"busybox", bb, []v1.Layer{bbLayer}},
 		{"busybox-big", bb, []v1.Layer{bbLayer, bigLayer}},
+		{"go-repo", repo, []v1.Layer{base, top, repoLayer}},
 	} {
 		img, err := newImage(im.cfg, im.layers)
 		if err != nil {
@@ -642,4 +664,100 @@ func runFidelity(rootfs, out string) error {
 	}
 	fmt.Fprintf(os.Stderr, "testimage: %s in %v\n", out, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// repoLayerTar writes go-repo's repository layer to a tar file under dir:
+// src copied to RepoDir, committed as one commit by a fixed author at a
+// fixed time and packed (git gc), so that it looks like a fresh clone.
+// Entries are owned by root with a fixed mtime.
+func repoLayerTar(dir, src string) (string, error) {
+	work, err := os.MkdirTemp(dir, "repo-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(work)
+	repo := filepath.Join(work, RepoDir)
+	if err := os.MkdirAll(filepath.Dir(repo), 0o755); err != nil {
+		return "", err
+	}
+	if out, err := exec.Command("cp", "-a", src, repo).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("copy %s: %v: %s", src, err, out)
+	}
+	const when = "2026-01-01T00:00:00Z"
+	env := append(os.Environ(), "GIT_AUTHOR_NAME=kiln", "GIT_AUTHOR_EMAIL=kiln@example.com", "GIT_AUTHOR_DATE="+when,
+		"GIT_COMMITTER_NAME=kiln", "GIT_COMMITTER_EMAIL=kiln@example.com", "GIT_COMMITTER_DATE="+when, "GIT_CONFIG_NOSYSTEM=1", "HOME="+work)
+	for _, args := range [][]string{
+		{"init", "-q", "-b", "main"},
+		{"add", "-A"},
+		{"commit", "-q", "-m", "go src"},
+		{"gc", "-q"},
+	} {
+		// No automatic gc in the background: the gc below packs.
+		cmd := exec.Command("git", append([]string{"-c", "gc.auto=0", "-c", "gc.autoDetach=false"}, args...)...)
+		cmd.Dir, cmd.Env = repo, env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("git %s in %s: %v: %s", args[0], repo, err, out)
+		}
+	}
+	f, err := os.CreateTemp(dir, "repo-*.tar")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fail := func(err error) (string, error) {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("repository layer: %w", err)
+	}
+	tw := tar.NewWriter(f)
+	mt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	err = filepath.WalkDir(work, func(path string, d os.DirEntry, err error) error {
+		if err != nil || path == work {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if link, err = os.Readlink(path); err != nil {
+				return err
+			}
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(work, path)
+		h.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			h.Name += "/"
+		}
+		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		h.ModTime, h.AccessTime, h.ChangeTime = mt, time.Time{}, time.Time{}
+		h.Format = tar.FormatPAX
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		r, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(tw, r)
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if err := tw.Close(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		return fail(err)
+	}
+	return f.Name(), nil
 }
