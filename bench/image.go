@@ -37,17 +37,44 @@ var DefaultImageNames = []string{"busybox", "busybox-big", "debian-read", "debia
 
 const (
 	DefaultWorkloadImage = "debian-read"
+	DefaultRepoImage     = "go-repo" // tools/testimage's repository image
+	DefaultRepoDir       = "/src/go" // its repository
 	DefaultReadFile      = "/srv/read.bin"
 	DefaultImageRuns     = 3
 	DefaultImageMemMiB   = 1024
 )
 
-// The modes of a time-to-first-exec run.
+// The modes of a time-to-first-exec run: how the root reaches the guest
+// (an image root as EROFS over virtio-blk, the default, or over virtio-9p;
+// or an ext4 disk of the same tree) and, for an image root, from which
+// store.
 const (
-	ModeCold = "9p cold" // a fresh images folder: pull, then lazy fetches
-	ModeWarm = "9p warm" // the images folder of the first cold run
-	ModeExt4 = "ext4"    // the same tree as a read-only ext4 virtio-blk disk
+	ModeEROFSCold = "erofs cold" // a fresh images folder: pull, then lazy fetches
+	ModeEROFSWarm = "erofs warm" // the images folder of the image's first cold run
+	ModeCold      = "9p cold"
+	ModeWarm      = "9p warm"
+	ModeExt4      = "ext4" // the same tree as a read-only ext4 virtio-blk disk
 )
+
+// DefaultImageModes are the modes RunImage times by default, in the order
+// each run goes through them.
+var DefaultImageModes = []string{ModeEROFSCold, ModeEROFSWarm, ModeWarm, ModeExt4}
+
+// AllImageModes are the modes there are.
+var AllImageModes = []string{ModeEROFSCold, ModeEROFSWarm, ModeCold, ModeWarm, ModeExt4}
+
+// modeTransport is the image transport of an image-root mode
+// (virtio.TransportEROFS or Transport9P), "" for ext4.
+func modeTransport(mode string) string {
+	t, _, _ := strings.Cut(mode, " ")
+	if mode == ModeExt4 {
+		return ""
+	}
+	return t
+}
+
+// modeCold reports whether mode starts from a fresh images folder.
+func modeCold(mode string) bool { return strings.HasSuffix(mode, " cold") }
 
 // ImageSpec configures RunImage: image roots (OCI estargz layers served
 // over virtio-9p from an in-process loopback registry) beside ext4 disks
@@ -55,20 +82,31 @@ const (
 type ImageSpec struct {
 	Runtime sandbox.Runtime
 	// Layout is the OCI image layout served (make test-rootfs's
-	// images-v2); its images are named by their ref.name annotation.
+	// images-v3); its images are named by their ref.name annotation.
 	Layout string
 	// Ext4 maps an image name to an ext4 image of its tree
-	// (tools/build-test-rootfs.sh's ext4-v2/NAME.ext4); images without
+	// (tools/build-test-rootfs.sh's ext4-v3/NAME.ext4); images without
 	// one get no ext4 runs.
 	Ext4 map[string]string
 	// Images are timed to their first exec, Runs times per mode.
 	Images []string
 	Runs   int
+	// Modes are the roots tried, in order (DefaultImageModes if empty).
+	Modes []string
 	// Workload is the image whose sandboxes (first cold, first warm,
 	// first ext4 run, and one per Variant) also run WorkloadScript;
 	// empty: none.
 	Workload string
 	ReadFile string
+	// Repo is the image whose first sandbox of each mode also runs
+	// RepoScript in its repository RepoDir (git status twice, find twice,
+	// grep -r, python imports twice); empty: none.
+	Repo, RepoDir string
+	// MemSandboxes, when above 1, is how many sandboxes of Repo (or
+	// Workload) each of the warm modes and ext4 holds at once, each having
+	// run the same reads (MemScript), to measure the memory each extra
+	// sandbox of one image costs.
+	MemSandboxes int
 	// Variants are kiln.rootflags values (9p mount options appended to
 	// the defaults, so later ones win) each tried in one more
 	// warm-store sandbox of Workload.
@@ -103,6 +141,23 @@ func (s ImageSpec) Normalize() (ImageSpec, error) {
 	}
 	if s.MemoryMiB == 0 {
 		s.MemoryMiB = DefaultImageMemMiB
+	}
+	if len(s.Modes) == 0 {
+		s.Modes = DefaultImageModes
+	}
+	for _, m := range s.Modes {
+		if !slices.Contains(AllImageModes, m) {
+			return s, fmt.Errorf("bench: image: mode %q: want one of %q", m, AllImageModes)
+		}
+	}
+	if s.Repo != "" && s.RepoDir == "" {
+		s.RepoDir = DefaultRepoDir
+	}
+	if s.RepoDir != "" && (!strings.HasPrefix(s.RepoDir, "/") || strings.ContainsAny(s.RepoDir, " '\"\\$`")) {
+		return s, fmt.Errorf("bench: image: repository folder %q: want an absolute path without quotes, spaces or $", s.RepoDir)
+	}
+	if s.MemSandboxes < 0 || s.MemSandboxes > 64 {
+		return s, fmt.Errorf("bench: image: %d sandboxes for the memory figure: want 0 to 64", s.MemSandboxes)
 	}
 	if s.BootTimeout == 0 {
 		s.BootTimeout = 5 * time.Minute
@@ -142,14 +197,30 @@ type FirstExecRun struct {
 // Workload steps, in the order WorkloadScript runs them.
 var WorkloadSteps = []string{"find1", "find2", "py1", "py2", "read1", "read2"}
 
-// WorkloadResult is WorkloadScript's timings in one sandbox.
+// RepoSteps are RepoScript's steps, in order: git status, find and python
+// twice each (the second with the guest's caches warm), and grep -r once.
+var RepoSteps = []string{"git1", "git2", "find1", "find2", "grep1", "py1", "py2"}
+
+// The kinds of workload.
+const (
+	WorkloadRead = "read" // WorkloadScript: find /, a few imports, dd of ReadFile
+	WorkloadRepo = "repo" // RepoScript: a repository's git status, find, grep, many imports
+)
+
+// WorkloadResult is WorkloadScript's or RepoScript's timings in one
+// sandbox.
 type WorkloadResult struct {
-	Root  string // ModeCold, ModeWarm, ModeExt4, or ModeWarm + " " + flags
+	Image string
+	Kind  string // WorkloadRead or WorkloadRepo ("" in older reports: read)
+	Root  string // a mode, or ModeWarm + " " + flags
 	Flags string // kiln.rootflags, "" for the defaults
 	// Steps are the guest's own timings (date +%s%N around each).
 	Steps map[string]time.Duration
-	// Files is what find / -xdev | wc -l counted.
+	// Files is what find / -xdev | wc -l counted (the repository's find
+	// . -type f for RepoScript).
 	Files int
+	// Modules is how many modules python3 had loaded (RepoScript).
+	Modules int `json:",omitempty"`
 	// ReadBytes is the read file's size.
 	ReadBytes int64
 	// Fetched is what the registry served during the script.
@@ -173,7 +244,33 @@ type ImageReport struct {
 	Spec      ImageSpec
 	Runs      []FirstExecRun
 	Workloads []WorkloadResult
+	Layouts   []LayoutResult `json:",omitempty"`
+	Memory    []MemResult    `json:",omitempty"`
 	Took      time.Duration
+}
+
+// LayoutResult is an image's EROFS layout, built by a fresh image.Roots
+// from a warm store, as a new kiln process builds it once per image.
+type LayoutResult struct {
+	Image string
+	// Open is the image opened as a root (TOCs read, layers merged);
+	// Build the EROFS metadata laid out from that tree.
+	Open, Build  time.Duration
+	Inodes       int
+	MetadataSize int64 // bytes held in memory per image and process
+	Size         int64 // the whole image's size as the guest sees it
+}
+
+// MemResult is N sandboxes of one image in one mode held at once, each
+// having run MemScript: what each costs the host.
+type MemResult struct {
+	Image, Mode string
+	// Guest is each sandbox's guest RAM (PSS of the mapping: pages the
+	// guest touched, its page cache included), in start order.
+	Guest []MemUsage
+	// GuestCached is each guest's own page cache (Cached in its
+	// /proc/meminfo, bytes) after MemScript.
+	GuestCached []int64
 }
 
 // Summary is the median, minimum and maximum of some durations.
@@ -223,20 +320,26 @@ func durations(runs []FirstExecRun, f func(FirstExecRun) time.Duration) []time.D
 
 // Print writes the report as tables.
 func (rep ImageReport) Print(w io.Writer) {
+	modes := rep.Spec.Modes
+	if len(modes) == 0 {
+		modes = AllImageModes
+	}
 	fmt.Fprintf(w, "time to first exec (sandbox.Start to the first exec of true answered), seconds, median [min–max]:\n")
-	fmt.Fprintf(w, "%-12s %-8s %-8s %-22s %-22s %-22s %-22s %s\n", "image", "size", "root", "pull", "start (agent up)", "first exec", "total", "registry bytes (median, % of image)")
-	images := rep.Spec.Images
-	if w := rep.Spec.Workload; w != "" && !slices.Contains(images, w) {
-		images = append(slices.Clone(images), w)
+	fmt.Fprintf(w, "%-12s %-8s %-10s %-22s %-22s %-22s %-22s %s\n", "image", "size", "root", "pull", "start (agent up)", "first exec", "total", "registry bytes (median, % of image)")
+	images := slices.Clone(rep.Spec.Images)
+	for _, img := range []string{rep.Spec.Workload, rep.Spec.Repo} {
+		if img != "" && !slices.Contains(images, img) {
+			images = append(images, img)
+		}
 	}
 	for _, img := range images {
-		for _, mode := range []string{ModeCold, ModeWarm, ModeExt4} {
+		for _, mode := range modes {
 			runs := rep.Select(img, mode)
 			if len(runs) == 0 {
 				continue
 			}
 			pull := "-"
-			if mode == ModeCold {
+			if modeCold(mode) {
 				pull = Summarize(durations(runs, func(r FirstExecRun) time.Duration { return r.Pull })).String()
 			}
 			fetched := make([]int64, len(runs))
@@ -249,25 +352,76 @@ func (rep ImageReport) Print(w io.Writer) {
 			if mode != ModeExt4 {
 				bytesCol = fmt.Sprintf("%s (%.3f%%)", humanBytes(f), 100*float64(f)/float64(max(runs[0].ImageSize, 1)))
 			}
-			fmt.Fprintf(w, "%-12s %-8s %-8s %-22s %-22s %-22s %-22s %s\n", img, humanBytes(runs[0].ImageSize), mode, pull,
+			fmt.Fprintf(w, "%-12s %-8s %-10s %-22s %-22s %-22s %-22s %s\n", img, humanBytes(runs[0].ImageSize), mode, pull,
 				Summarize(durations(runs, func(r FirstExecRun) time.Duration { return r.Start })),
 				Summarize(durations(runs, func(r FirstExecRun) time.Duration { return r.Exec })),
 				Summarize(durations(runs, func(r FirstExecRun) time.Duration { return r.Total })), bytesCol)
 		}
 	}
-	if len(rep.Workloads) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "\nworkloads in %s (guest-timed, seconds; #1 first run after boot, #2 again with the guest's caches warm):\n", rep.Spec.Workload)
-	fmt.Fprintf(w, "%-36s %8s %8s %8s %8s %14s %14s %8s %s\n", "root", "find#1", "find#2", "py#1", "py#2", "read#1 MB/s", "read#2 MB/s", "files", "registry bytes")
 	sec := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) }
+	var read, repo []WorkloadResult
 	for _, wl := range rep.Workloads {
-		if wl.Err != "" {
-			fmt.Fprintf(w, "%-36s failed: %s\n", wl.Root, wl.Err)
-			continue
+		if wl.Kind == WorkloadRepo {
+			repo = append(repo, wl)
+		} else {
+			read = append(read, wl)
 		}
-		fmt.Fprintf(w, "%-36s %8s %8s %8s %8s %14.1f %14.1f %8d %s\n", wl.Root, sec(wl.Steps["find1"]), sec(wl.Steps["find2"]),
-			sec(wl.Steps["py1"]), sec(wl.Steps["py2"]), wl.MBps("read1"), wl.MBps("read2"), wl.Files, humanBytes(wl.Fetched))
+	}
+	if len(read) > 0 {
+		fmt.Fprintf(w, "\nworkloads in %s (guest-timed, seconds; #1 first run after boot, #2 again with the guest's caches warm):\n", rep.Spec.Workload)
+		fmt.Fprintf(w, "%-36s %8s %8s %8s %8s %14s %14s %8s %s\n", "root", "find#1", "find#2", "py#1", "py#2", "read#1 MB/s", "read#2 MB/s", "files", "registry bytes")
+		for _, wl := range read {
+			if wl.Err != "" {
+				fmt.Fprintf(w, "%-36s failed: %s\n", wl.Root, wl.Err)
+				continue
+			}
+			fmt.Fprintf(w, "%-36s %8s %8s %8s %8s %14.1f %14.1f %8d %s\n", wl.Root, sec(wl.Steps["find1"]), sec(wl.Steps["find2"]),
+				sec(wl.Steps["py1"]), sec(wl.Steps["py2"]), wl.MBps("read1"), wl.MBps("read2"), wl.Files, humanBytes(wl.Fetched))
+		}
+	}
+	if len(repo) > 0 {
+		var ext4 *WorkloadResult
+		for i := range repo {
+			if repo[i].Root == ModeExt4 && repo[i].Err == "" {
+				ext4 = &repo[i]
+			}
+		}
+		fmt.Fprintf(w, "\nrepository workload in %s:%s (guest-timed, seconds; in parentheses: / ext4's):\n", rep.Spec.Repo, rep.Spec.RepoDir)
+		fmt.Fprintf(w, "%-12s", "root")
+		for _, s := range RepoSteps {
+			fmt.Fprintf(w, " %16s", s)
+		}
+		fmt.Fprintf(w, " %7s %s\n", "files", "registry bytes")
+		for _, wl := range repo {
+			if wl.Err != "" {
+				fmt.Fprintf(w, "%-12s failed: %s\n", wl.Root, wl.Err)
+				continue
+			}
+			fmt.Fprintf(w, "%-12s", wl.Root)
+			for _, s := range RepoSteps {
+				col := sec(wl.Steps[s])
+				if ext4 != nil && ext4.Steps[s] > 0 {
+					col += fmt.Sprintf(" (%.2f)", float64(wl.Steps[s])/float64(ext4.Steps[s]))
+				}
+				fmt.Fprintf(w, " %16s", col)
+			}
+			fmt.Fprintf(w, " %7d %s\n", wl.Files, humanBytes(wl.Fetched))
+		}
+	}
+	if len(rep.Layouts) > 0 {
+		fmt.Fprintf(w, "\nEROFS layouts (a fresh image.Roots on the warm store):\n%-12s %10s %10s %8s %12s %12s\n", "image", "open", "lay out", "inodes", "metadata", "image size")
+		for _, l := range rep.Layouts {
+			fmt.Fprintf(w, "%-12s %10v %10v %8d %12s %12s\n", l.Image, l.Open.Round(time.Millisecond), l.Build.Round(time.Millisecond),
+				l.Inodes, humanBytes(l.MetadataSize), humanBytes(l.Size))
+		}
+	}
+	if len(rep.Memory) > 0 {
+		fmt.Fprintf(w, "\nmemory of sandboxes of one image held at once (guest RAM PSS, MiB; guest page cache, MiB):\n")
+		for _, m := range rep.Memory {
+			fmt.Fprintf(w, "%-12s %-10s PSS %s; page cache %s\n", m.Image, m.Mode,
+				strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / "),
+				strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / "))
+		}
 	}
 }
 
@@ -291,13 +445,10 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// WorkloadScript is the guest side of the workloads: each step timed by
-// the guest's clock (date +%s%N, GNU date), printed as
-// "KILN-IMG step nanoseconds last-line-of-output". readFile is read with
-// dd twice: the first read goes to the 9p server (or the disk), the second
-// hits the guest's page cache.
-func WorkloadScript(readFile string) string {
-	return `set -u
+// stepFunc is the workload scripts' shell preamble: step NAME COMMAND runs
+// COMMAND, timed by the guest's clock, and prints "KILN-IMG NAME
+// nanoseconds last-line-of-output".
+const stepFunc = `set -u
 step() {
 	name=$1; shift
 	s=$(date +%s%N)
@@ -305,7 +456,15 @@ step() {
 	e=$(date +%s%N)
 	echo "KILN-IMG $name $((e - s)) $out"
 }
-step find1 'find / -xdev | wc -l'
+`
+
+// WorkloadScript is the guest side of the workloads: each step timed by
+// the guest's clock (date +%s%N, GNU date), printed as
+// "KILN-IMG step nanoseconds last-line-of-output". readFile is read with
+// dd twice: the first read goes to the 9p server (or the disk), the second
+// hits the guest's page cache.
+func WorkloadScript(readFile string) string {
+	return stepFunc + `step find1 'find / -xdev | wc -l'
 step find2 'find / -xdev | wc -l'
 step py1 'python3 -c "import email, json, http.client; print(0)"'
 step py2 'python3 -c "import email, json, http.client; print(0)"'
@@ -314,33 +473,113 @@ step read2 'dd if=` + readFile + ` of=/dev/null bs=1M 2>&1 >/dev/null; stat -c %
 `
 }
 
+// PyModules are the standard library modules RepoScript and MemScript
+// import: a test suite's worth of imports (hundreds of files stat'ed,
+// opened and read, most of them .pyc).
+var PyModules = []string{"argparse", "ast", "asyncio", "base64", "bz2", "calendar", "collections", "concurrent.futures",
+	"configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "email.mime.text",
+	"email.parser", "enum", "fnmatch", "fractions", "ftplib", "functools", "glob", "gzip", "hashlib", "heapq", "hmac",
+	"html.parser", "http.client", "http.server", "imaplib", "importlib.metadata", "inspect", "ipaddress", "itertools",
+	"json", "logging.handlers", "lzma", "mimetypes", "multiprocessing", "netrc", "operator", "optparse", "pathlib",
+	"pickle", "pkgutil", "platform", "plistlib", "pprint", "queue", "quopri", "random", "re", "secrets", "selectors",
+	"shelve", "shlex", "shutil", "smtplib", "socketserver", "sqlite3", "ssl", "statistics", "string", "struct",
+	"subprocess", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize", "trace", "traceback", "typing",
+	"unittest", "unittest.mock", "urllib.parse", "urllib.request", "uuid", "wave", "xml.dom.minidom",
+	"xml.etree.ElementTree", "xml.sax", "zipfile", "zoneinfo"}
+
+// pyImports is a python3 command line importing PyModules and printing
+// how many modules it then had loaded.
+func pyImports() string {
+	return `python3 -c "import sys, ` + strings.Join(PyModules, ", ") + `; print(len(sys.modules))"`
+}
+
+// RepoScript is the guest side of the repository workload, in the
+// repository dir, timed as WorkloadScript's steps are: git status
+// (porcelain, lines counted: a clean tree prints 0), find of the files,
+// grep -r of a string no file holds (so that every byte is read), and
+// PyModules imported.
+func RepoScript(dir string) string {
+	return stepFunc + `cd ` + dir + ` || exit 1
+step git1 'git status --porcelain | wc -l'
+step git2 'git status --porcelain | wc -l'
+step find1 'find . -type f | wc -l'
+step find2 'find . -type f | wc -l'
+step grep1 'grep -r -l -F kiln-bench-no-file-holds-this . | wc -l'
+step py1 '` + pyImports() + `'
+step py2 '` + pyImports() + `'
+`
+}
+
+// MemScript is what each sandbox of the memory figure reads before it is
+// measured: the repository's git status (every file's metadata and the
+// index) and PyModules, a typical agent's first step; then the guest's
+// page cache size (Cached, kB).
+func MemScript(dir string) string {
+	return `cd ` + dir + ` && git status --porcelain | wc -l && ` + pyImports() +
+		` && grep '^Cached:' /proc/meminfo`
+}
+
+// ParseRepoWorkload reads RepoScript's output as ParseWorkload reads
+// WorkloadScript's: every step there, git status clean, the counts
+// numbers.
+func ParseRepoWorkload(out string) (WorkloadResult, error) {
+	r := WorkloadResult{Kind: WorkloadRepo}
+	steps, outs, err := parseSteps(out, RepoSteps)
+	r.Steps = steps
+	if err != nil {
+		return r, err
+	}
+	for _, s := range []string{"git1", "git2", "grep1"} {
+		if outs[s] != "0" {
+			return r, fmt.Errorf("workload step %s: printed %q, want 0 (a clean tree, no file holding the string)", s, outs[s])
+		}
+	}
+	if r.Files, err = strconv.Atoi(outs["find1"]); err != nil || r.Files < 1 || outs["find2"] != outs["find1"] {
+		return r, fmt.Errorf("workload step find: printed %q and %q, not one file count", outs["find1"], outs["find2"])
+	}
+	if r.Modules, err = strconv.Atoi(outs["py1"]); err != nil || r.Modules < len(PyModules) {
+		return r, fmt.Errorf("workload step py1: printed %q, not a module count of at least %d", outs["py1"], len(PyModules))
+	}
+	return r, nil
+}
+
 // showRootMounts prints the guest's root and 9p mounts to stderr: the
 // options the guest's 9p client took.
 const showRootMounts = "grep -E ' / | /kiln/lower ' /proc/mounts >&2; "
 
 var workloadRE = regexp.MustCompile(`(?m)^KILN-IMG ([a-z0-9]+) ([0-9]+) ?(.*)$`)
 
+// parseSteps reads the KILN-IMG lines of a workload's output: each step's
+// time and last line of output; a step of want missing is an error.
+func parseSteps(out string, want []string) (map[string]time.Duration, map[string]string, error) {
+	steps, outs := map[string]time.Duration{}, map[string]string{}
+	for _, m := range workloadRE.FindAllStringSubmatch(out, -1) {
+		ns, err := strconv.ParseInt(m[2], 10, 64)
+		if err != nil {
+			return steps, outs, fmt.Errorf("workload step %s: time %q: %w", m[1], m[2], err)
+		}
+		steps[m[1]] = time.Duration(ns)
+		outs[m[1]] = strings.TrimSpace(m[3])
+	}
+	for _, s := range want {
+		if _, ok := steps[s]; !ok {
+			return steps, outs, fmt.Errorf("workload step %s: no KILN-IMG line in %q", s, lastBytes(out, 400))
+		}
+	}
+	return steps, outs, nil
+}
+
 // ParseWorkload reads WorkloadScript's output: every step's time, the
 // file count (find's output) and the read file's size (stat's). A step
 // missing, or an output that is not the number it must be, is an error
 // naming it.
 func ParseWorkload(out string) (WorkloadResult, error) {
-	r := WorkloadResult{Steps: map[string]time.Duration{}}
-	outs := map[string]string{}
-	for _, m := range workloadRE.FindAllStringSubmatch(out, -1) {
-		ns, err := strconv.ParseInt(m[2], 10, 64)
-		if err != nil {
-			return r, fmt.Errorf("workload step %s: time %q: %w", m[1], m[2], err)
-		}
-		r.Steps[m[1]] = time.Duration(ns)
-		outs[m[1]] = strings.TrimSpace(m[3])
+	r := WorkloadResult{}
+	steps, outs, err := parseSteps(out, WorkloadSteps)
+	r.Steps = steps
+	if err != nil {
+		return r, err
 	}
-	for _, s := range WorkloadSteps {
-		if _, ok := r.Steps[s]; !ok {
-			return r, fmt.Errorf("workload step %s: no KILN-IMG line in %q", s, lastBytes(out, 400))
-		}
-	}
-	var err error
 	if r.Files, err = strconv.Atoi(outs["find1"]); err != nil || r.Files < 1 {
 		return r, fmt.Errorf("workload step find1: printed %q, not a file count", outs["find1"])
 	}
@@ -353,12 +592,14 @@ func ParseWorkload(out string) (WorkloadResult, error) {
 	return r, nil
 }
 
-// RunImage runs the image benchmark: for each image and run, a cold
-// start (fresh images folder), a warm start (the first cold run's folder)
-// and, where there is an ext4 image of the tree, a start from it; the
-// workload in the first sandbox of each mode of the workload image; then
-// one warm sandbox of it per mount option variant. Progress lines go to
-// progress as they happen.
+// RunImage runs the image benchmark: for each image and run, one sandbox
+// per mode (by default: EROFS from a fresh images folder, EROFS and 9p
+// from the first cold run's folder, and the ext4 disk of the tree where
+// there is one); the workloads in the first sandbox of each mode of their
+// images; one warm 9p sandbox of Workload per mount option variant; each
+// image's EROFS layout built again from its warm store; and, with
+// MemSandboxes, the memory figure. Progress lines go to progress as they
+// happen.
 func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep ImageReport, err error) {
 	rep.Spec = spec
 	start := time.Now()
@@ -366,14 +607,23 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 	if progress == nil {
 		progress = io.Discard
 	}
+	if len(spec.Modes) == 0 {
+		spec.Modes = DefaultImageModes
+	}
 	reg, err := ServeLayout(spec.Layout, "kiln/bench")
 	if err != nil {
 		return rep, err
 	}
 	defer reg.Close()
-	for _, img := range append(slices.Clone(spec.Images), spec.Workload) {
-		if _, ok := reg.Refs[img]; !ok && img != "" {
-			return rep, fmt.Errorf("bench: image: %s is not in the layout %s (make test-rootfs makes images-v2)", img, spec.Layout)
+	all := slices.Clone(spec.Images)
+	for _, img := range []string{spec.Workload, spec.Repo} {
+		if img != "" && !slices.Contains(all, img) {
+			all = append(all, img)
+		}
+	}
+	for _, img := range all {
+		if _, ok := reg.Refs[img]; !ok {
+			return rep, fmt.Errorf("bench: image: %s is not in the layout %s (make test-rootfs makes %s)", img, spec.Layout, DefaultImageLayout)
 		}
 	}
 	scratch, err := os.MkdirTemp(spec.Scratch, "kiln-bench-image-")
@@ -382,35 +632,30 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 	}
 	defer os.RemoveAll(scratch)
 	b := &imageBench{spec: spec, reg: reg, scratch: scratch, progress: progress, warm: map[string]string{}}
-	for _, img := range spec.Images {
-		for i := 1; i <= spec.Runs; i++ {
-			for _, mode := range []string{ModeCold, ModeWarm, ModeExt4} {
+	for _, img := range all {
+		runs := spec.Runs
+		if !slices.Contains(spec.Images, img) {
+			runs = 1 // a workload image only
+		}
+		for i := 1; i <= runs; i++ {
+			for _, mode := range spec.Modes {
 				if mode == ModeExt4 && spec.Ext4[img] == "" {
 					continue
 				}
-				wl := img == spec.Workload && i == 1
-				r, w, err := b.firstExec(ctx, img, mode, i, wl, "")
+				var kinds []string
+				if i == 1 && img == spec.Workload {
+					kinds = append(kinds, WorkloadRead)
+				}
+				if i == 1 && img == spec.Repo {
+					kinds = append(kinds, WorkloadRepo)
+				}
+				r, ws, err := b.firstExec(ctx, img, mode, i, kinds, "")
 				if err != nil {
 					return rep, err
 				}
 				rep.Runs = append(rep.Runs, r)
-				if w != nil {
-					rep.Workloads = append(rep.Workloads, *w)
-				}
+				rep.Workloads = append(rep.Workloads, ws...)
 			}
-		}
-	}
-	if spec.Workload != "" && !slices.Contains(spec.Images, spec.Workload) {
-		for _, mode := range []string{ModeCold, ModeWarm, ModeExt4} {
-			if mode == ModeExt4 && spec.Ext4[spec.Workload] == "" {
-				continue
-			}
-			r, w, err := b.firstExec(ctx, spec.Workload, mode, 1, true, "")
-			if err != nil {
-				return rep, err
-			}
-			rep.Runs = append(rep.Runs, r)
-			rep.Workloads = append(rep.Workloads, *w)
 		}
 	}
 	if spec.QEMU != "" && spec.Workload != "" {
@@ -419,20 +664,47 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 			fmt.Fprintf(progress, "qemu microvm: %v\n", err)
 			w = WorkloadResult{Root: RootQEMU, Err: err.Error()}
 		}
+		w.Image, w.Kind = spec.Workload, WorkloadRead
 		rep.Workloads = append(rep.Workloads, w)
 	}
 	for _, v := range spec.Variants {
 		if spec.Workload == "" {
 			break
 		}
-		_, w, err := b.firstExec(ctx, spec.Workload, ModeWarm, 0, true, v)
+		_, ws, err := b.firstExec(ctx, spec.Workload, ModeWarm, 0, []string{WorkloadRead}, v)
 		if err != nil {
 			// A variant the guest refuses is a finding, not the end.
 			fmt.Fprintf(progress, "variant %s: %v\n", v, err)
-			rep.Workloads = append(rep.Workloads, WorkloadResult{Root: ModeWarm + " " + v, Flags: v, Err: err.Error()})
+			rep.Workloads = append(rep.Workloads, WorkloadResult{Image: spec.Workload, Kind: WorkloadRead, Root: ModeWarm + " " + v, Flags: v, Err: err.Error()})
 			continue
 		}
-		rep.Workloads = append(rep.Workloads, *w)
+		rep.Workloads = append(rep.Workloads, ws...)
+	}
+	for _, img := range all {
+		if b.warm[img] == "" {
+			continue
+		}
+		l, err := b.layout(ctx, img)
+		if err != nil {
+			return rep, err
+		}
+		rep.Layouts = append(rep.Layouts, l)
+	}
+	if spec.MemSandboxes > 1 {
+		img, dir := spec.Repo, spec.RepoDir
+		if img == "" {
+			return rep, errors.New("bench: image: the memory figure needs a repository image (Repo)")
+		}
+		for _, mode := range []string{ModeEROFSWarm, ModeWarm, ModeExt4} {
+			if !slices.Contains(spec.Modes, mode) || (mode == ModeExt4 && spec.Ext4[img] == "") {
+				continue
+			}
+			m, err := b.memory(ctx, img, dir, mode, spec.MemSandboxes)
+			if err != nil {
+				return rep, err
+			}
+			rep.Memory = append(rep.Memory, m)
+		}
 	}
 	return rep, nil
 }
@@ -447,42 +719,39 @@ type imageBench struct {
 	n        int
 }
 
-// firstExec boots one sandbox of img in mode, times it to its first exec
-// of true, runs the workload in it when wl, and closes it. flags are
-// kiln.rootflags for a 9p root.
-func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, wl bool, flags string) (FirstExecRun, *WorkloadResult, error) {
-	r := FirstExecRun{Image: img, Mode: mode, Run: run}
+// start boots one sandbox of img in mode (flags: kiln.rootflags for a 9p
+// root) and times it to its first exec of true. The caller closes the
+// sandbox.
+func (b *imageBench) start(ctx context.Context, img, mode, flags string, r *FirstExecRun) (*sandbox.Sandbox, error) {
 	opts := sandbox.Options{Runtime: b.spec.Runtime, MemoryMiB: b.spec.MemoryMiB, BootTimeout: b.spec.BootTimeout,
 		Hostname: "bench", Console: io.Discard}
 	if flags != "" {
 		opts.Cmdline = "kiln.rootflags=" + flags
 	}
-	fail := func(err error) (FirstExecRun, *WorkloadResult, error) {
-		return r, nil, fmt.Errorf("bench: image %s, %s, run %d: %w", img, mode, run, err)
-	}
 	ref := b.reg.Refs[img]
 	b.reg.Reset()
 	begin := time.Now()
-	switch mode {
-	case ModeExt4:
+	if mode == ModeExt4 {
 		opts.Disk, opts.DiskReadOnly = b.spec.Ext4[img], true
-	case ModeCold, ModeWarm:
+	} else {
 		dir := b.warm[img]
-		if mode == ModeCold || dir == "" {
+		fresh := modeCold(mode) || dir == ""
+		if fresh {
 			b.n++
 			dir = filepath.Join(b.scratch, fmt.Sprintf("images-%d", b.n))
 		}
 		// A Roots of its own, as a fresh kiln process would have: a warm
-		// store, but the tree built again from the stored TOCs.
+		// store, but the tree and its layout built again from the stored
+		// TOCs.
 		roots := image.NewRoots(image.Options{FetchTimeout: time.Minute})
 		ims, err := roots.Images(dir)
 		if err != nil {
-			return fail(err)
+			return nil, err
 		}
-		if mode == ModeCold || b.warm[img] == "" {
+		if fresh {
 			pi, err := ims.Pull(ctx, ref, image.PullOptions{})
 			if err != nil {
-				return fail(fmt.Errorf("pull: %w", err))
+				return nil, fmt.Errorf("pull: %w", err)
 			}
 			r.Pull = time.Since(begin)
 			for _, l := range pi.Layers {
@@ -494,15 +763,13 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 		} else {
 			pi, err := ims.Get(ref)
 			if err != nil {
-				return fail(err)
+				return nil, err
 			}
 			for _, l := range pi.Layers {
 				r.ImageSize += l.Size
 			}
 		}
-		opts.Image, opts.Images, opts.ImageRoots = ref, dir, roots
-	default:
-		return fail(fmt.Errorf("unknown mode %q", mode))
+		opts.Image, opts.Images, opts.ImageRoots, opts.ImageTransport = ref, dir, roots, modeTransport(mode)
 	}
 	if r.ImageSize == 0 {
 		r.ImageSize = b.reg.ImageSize(img)
@@ -510,18 +777,34 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 	t0 := time.Now()
 	sb, err := sandbox.Start(ctx, opts)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	defer sb.Close(context.Background())
 	r.Start = time.Since(t0)
 	t1 := time.Now()
 	if err := execTrue(ctx, sb.Client()); err != nil {
-		return fail(fmt.Errorf("first exec: %w", err))
+		sb.Close(context.Background())
+		return nil, fmt.Errorf("first exec: %w", err)
 	}
 	r.Exec = time.Since(t1)
 	r.Total = time.Since(begin)
 	st := b.reg.Stats()
 	r.Fetched, r.Requests = st.Bytes, st.Requests
+	return sb, nil
+}
+
+// firstExec boots one sandbox of img in mode, times it to its first exec
+// of true, runs the workloads of kinds in it, and closes it. flags are
+// kiln.rootflags for a 9p root.
+func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, kinds []string, flags string) (FirstExecRun, []WorkloadResult, error) {
+	r := FirstExecRun{Image: img, Mode: mode, Run: run}
+	fail := func(err error) (FirstExecRun, []WorkloadResult, error) {
+		return r, nil, fmt.Errorf("bench: image %s, %s, run %d: %w", img, mode, run, err)
+	}
+	sb, err := b.start(ctx, img, mode, flags, &r)
+	if err != nil {
+		return fail(err)
+	}
+	defer sb.Close(context.Background())
 	label := mode
 	if flags != "" {
 		label += " " + flags
@@ -529,28 +812,137 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, w
 	fmt.Fprintf(b.progress, "%s %s run %d: pull %v, start %v, first exec %v, total %v; registry %d requests, %s of %s\n",
 		img, label, run, r.Pull.Round(time.Millisecond), r.Start.Round(time.Millisecond), r.Exec.Round(time.Millisecond),
 		r.Total.Round(time.Millisecond), r.Requests, humanBytes(r.Fetched), humanBytes(r.ImageSize))
-	if !wl {
-		return r, nil, nil
+	var ws []WorkloadResult
+	for _, kind := range kinds {
+		w, err := b.workload(ctx, sb, kind, label)
+		if err != nil {
+			return fail(err)
+		}
+		w.Image, w.Flags = img, flags
+		ws = append(ws, w)
 	}
+	return r, ws, nil
+}
+
+// workload runs one workload in sb and parses its timings.
+func (b *imageBench) workload(ctx context.Context, sb *sandbox.Sandbox, kind, label string) (WorkloadResult, error) {
 	b.reg.Reset()
-	var out, errOut bytes.Buffer
-	ectx, cancel := context.WithTimeout(ctx, 20*time.Minute)
-	defer cancel()
-	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: []string{"sh", "-c", showRootMounts + WorkloadScript(b.spec.ReadFile)},
-		Stdout: &out, Stderr: &errOut, Timeout: 20 * time.Minute})
-	if err != nil || !es.Success() {
-		return fail(fmt.Errorf("workload: %v %v: %s %s", es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400)))
+	script := showRootMounts + WorkloadScript(b.spec.ReadFile)
+	if kind == WorkloadRepo {
+		script = showRootMounts + RepoScript(b.spec.RepoDir)
 	}
-	w, err := ParseWorkload(out.String())
+	var out, errOut bytes.Buffer
+	ectx, cancel := context.WithTimeout(ctx, 40*time.Minute)
+	defer cancel()
+	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: []string{"sh", "-c", script},
+		Stdout: &out, Stderr: &errOut, Timeout: 40 * time.Minute})
+	if err != nil || !es.Success() {
+		return WorkloadResult{}, fmt.Errorf("%s workload: %v %v: %s %s", kind, es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400))
+	}
+	var w WorkloadResult
+	if kind == WorkloadRepo {
+		w, err = ParseRepoWorkload(out.String())
+	} else {
+		w, err = ParseWorkload(out.String())
+		w.Kind = WorkloadRead
+	}
 	if err != nil {
-		return fail(err)
+		return w, err
 	}
 	fmt.Fprintf(b.progress, "  guest mounts: %s\n", strings.Join(strings.Fields(errOut.String()), " "))
-	w.Root, w.Flags, w.Fetched = label, flags, b.reg.Stats().Bytes
-	fmt.Fprintf(b.progress, "  workload: find %v / %v (%d files), python %v / %v, read %.1f / %.1f MB/s; registry %s\n",
-		w.Steps["find1"].Round(time.Millisecond), w.Steps["find2"].Round(time.Millisecond), w.Files,
-		w.Steps["py1"].Round(time.Millisecond), w.Steps["py2"].Round(time.Millisecond), w.MBps("read1"), w.MBps("read2"), humanBytes(w.Fetched))
-	return r, &w, nil
+	w.Root, w.Fetched = label, b.reg.Stats().Bytes
+	sec := func(s string) time.Duration { return w.Steps[s].Round(time.Millisecond) }
+	if kind == WorkloadRepo {
+		fmt.Fprintf(b.progress, "  repository: git status %v / %v, find %v / %v (%d files), grep -r %v, python %v / %v (%d modules); registry %s\n",
+			sec("git1"), sec("git2"), sec("find1"), sec("find2"), w.Files, sec("grep1"), sec("py1"), sec("py2"), w.Modules, humanBytes(w.Fetched))
+	} else {
+		fmt.Fprintf(b.progress, "  workload: find %v / %v (%d files), python %v / %v, read %.1f / %.1f MB/s; registry %s\n",
+			sec("find1"), sec("find2"), w.Files, sec("py1"), sec("py2"), w.MBps("read1"), w.MBps("read2"), humanBytes(w.Fetched))
+	}
+	return w, nil
+}
+
+// layout opens img from its warm store in a fresh image.Roots and lays it
+// out as EROFS, as a new kiln process does once per image.
+func (b *imageBench) layout(ctx context.Context, img string) (LayoutResult, error) {
+	l := LayoutResult{Image: img}
+	roots := image.NewRoots(image.Options{FetchTimeout: time.Minute})
+	ims, err := roots.Images(b.warm[img])
+	if err != nil {
+		return l, err
+	}
+	t0 := time.Now()
+	root, err := ims.OpenRoot(ctx, b.reg.Refs[img])
+	if err != nil {
+		return l, fmt.Errorf("bench: image %s: %w", img, err)
+	}
+	defer root.Close()
+	l.Open = time.Since(t0)
+	t1 := time.Now()
+	e, err := root.EROFS(ctx)
+	if err != nil {
+		return l, fmt.Errorf("bench: image %s: %w", img, err)
+	}
+	l.Build = time.Since(t1)
+	l.Inodes, l.MetadataSize, l.Size = e.Inodes(), e.MetadataSize(), e.Size()
+	fmt.Fprintf(b.progress, "%s: opened in %v, laid out as EROFS in %v: %d inodes, %s of metadata, %s in all\n", img,
+		l.Open.Round(time.Millisecond), l.Build.Round(time.Millisecond), l.Inodes, humanBytes(l.MetadataSize), humanBytes(l.Size))
+	return l, nil
+}
+
+// memory holds n sandboxes of img in mode at once, each having run
+// MemScript in dir, and measures each one's guest RAM and page cache.
+func (b *imageBench) memory(ctx context.Context, img, dir, mode string, n int) (MemResult, error) {
+	m := MemResult{Image: img, Mode: mode}
+	var sbs []*sandbox.Sandbox
+	defer func() {
+		for _, sb := range sbs {
+			sb.Close(context.Background())
+		}
+	}()
+	for i := range n {
+		var r FirstExecRun
+		sb, err := b.start(ctx, img, mode, "", &r)
+		if err != nil {
+			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %w", img, mode, i+1, err)
+		}
+		sbs = append(sbs, sb)
+		var out, errOut bytes.Buffer
+		es, err := sb.Client().Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", MemScript(dir)},
+			Stdout: &out, Stderr: &errOut, Timeout: 20 * time.Minute})
+		if err != nil || !es.Success() {
+			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %v %v: %s", img, mode, i+1, es, err, lastBytes(out.String()+errOut.String(), 400))
+		}
+		f := strings.Fields(out.String())
+		var kb int64
+		if len(f) < 3 || f[len(f)-3] != "Cached:" {
+			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: no Cached line in %q", img, mode, i+1, lastBytes(out.String(), 200))
+		}
+		if kb, err = strconv.ParseInt(f[len(f)-2], 10, 64); err != nil {
+			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: Cached %q: %w", img, mode, i+1, f[len(f)-2], err)
+		}
+		m.GuestCached = append(m.GuestCached, kb<<10)
+	}
+	for i, sb := range sbs {
+		u, err := GuestUsage(sb)
+		if err != nil {
+			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %w", img, mode, i+1, err)
+		}
+		m.Guest = append(m.Guest, u)
+	}
+	fmt.Fprintf(b.progress, "%s %s: %d sandboxes held; guest RAM PSS %s; guest page cache %s\n", img, mode, n,
+		strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / ")+" MiB",
+		strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / ")+" MiB")
+	return m, nil
+}
+
+// mapStrings is f of each of xs.
+func mapStrings[T any](xs []T, f func(T) string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = f(x)
+	}
+	return out
 }
 
 // RootQEMU labels the peer's workload.
@@ -735,9 +1127,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // test-rootfs folder, DefaultExt4Dir its ext4 images, DefaultTreeDir the
 // extracted trees (the QEMU peer's 9p roots).
 const (
-	DefaultImageLayout = "images-v2"
-	DefaultExt4Dir     = "ext4-v2"
-	DefaultTreeDir     = "tree-v2"
+	DefaultImageLayout = "images-v3"
+	DefaultExt4Dir     = "ext4-v3"
+	DefaultTreeDir     = "tree-v3"
 )
 
 // Ext4Images maps each image name with an ext4 image NAME.ext4 in dir to

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -277,5 +279,110 @@ func TestQEMU9pArgs(t *testing.T) {
 	want := "-fsdev local,id=kilnroot,path=/srv/tree,security_model=none,readonly=on -device virtio-9p-device,fsdev=kilnroot,mount_tag=kilnroot"
 	if got != want {
 		t.Errorf("QEMU9pArgs = %q, want %q", got, want)
+	}
+}
+
+// TestRepoScriptRuns runs RepoScript on this host in a small git
+// repository (as root in a guest, it runs the same commands) and parses
+// its output: every step, a clean tree, the file count, the modules.
+func TestRepoScriptRuns(t *testing.T) {
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "repo")
+	for _, f := range []string{"a.go", "sub/b.go", "sub/deep/c.txt"} {
+		p := filepath.Join(repo, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("package x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := append(os.Environ(), "HOME="+dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_AUTHOR_NAME=k", "GIT_AUTHOR_EMAIL=k@x",
+		"GIT_COMMITTER_NAME=k", "GIT_COMMITTER_EMAIL=k@x")
+	for _, args := range [][]string{{"init", "-q"}, {"add", "-A"}, {"commit", "-q", "-m", "x"}} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Env = repo, env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	cmd := exec.Command("sh", "-c", RepoScript(repo))
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("RepoScript: %v: %s", err, out)
+	}
+	w, err := ParseRepoWorkload(string(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// find . -type f counts the repository's own files under .git too.
+	if w.Files < 3 || w.Modules < len(PyModules) || w.Kind != WorkloadRepo {
+		t.Errorf("files %d, modules %d, kind %q: want ≥ 3 files, ≥ %d modules, %q", w.Files, w.Modules, w.Kind, len(PyModules), WorkloadRepo)
+	}
+	for _, s := range RepoSteps {
+		if w.Steps[s] <= 0 {
+			t.Errorf("step %s took %v", s, w.Steps[s])
+		}
+	}
+	// MemScript's last line is the page cache's size.
+	cmd = exec.Command("sh", "-c", MemScript(repo))
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "Cached:") {
+		t.Fatalf("MemScript: %v: %s", err, out)
+	}
+}
+
+func TestParseRepoWorkload(t *testing.T) {
+	good := "KILN-IMG git1 5 0\nKILN-IMG git2 4 0\nKILN-IMG find1 3 120\nKILN-IMG find2 2 120\nKILN-IMG grep1 9 0\nKILN-IMG py1 7 400\nKILN-IMG py2 6 400\n"
+	for _, tc := range []struct {
+		name, out, err string
+	}{
+		{"good", good, ""},
+		{"dirty tree", strings.Replace(good, "git1 5 0", "git1 5 3", 1), "git1"},
+		{"grep found", strings.Replace(good, "grep1 9 0", "grep1 9 2", 1), "grep1"},
+		{"step missing", strings.Replace(good, "KILN-IMG py2 6 400\n", "", 1), "py2"},
+		{"find differs", strings.Replace(good, "find2 2 120", "find2 2 119", 1), "find"},
+		{"few modules", strings.Replace(good, "py1 7 400", "py1 7 12", 1), "py1"},
+		{"bad time", strings.Replace(good, "git2 4", "git2 99999999999999999999", 1), "git2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := ParseRepoWorkload(tc.out)
+			if tc.err == "" {
+				if err != nil || w.Files != 120 || w.Modules != 400 || w.Steps["grep1"] != 9 {
+					t.Fatalf("ParseRepoWorkload = %+v, %v", w, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("error %v, want one naming %s", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestImageModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode, transport string
+		cold            bool
+	}{
+		{ModeEROFSCold, "erofs", true}, {ModeEROFSWarm, "erofs", false}, {ModeCold, "9p", true}, {ModeWarm, "9p", false}, {ModeExt4, "", false},
+	} {
+		if got := modeTransport(tc.mode); got != tc.transport {
+			t.Errorf("modeTransport(%q) = %q, want %q", tc.mode, got, tc.transport)
+		}
+		if got := modeCold(tc.mode); got != tc.cold {
+			t.Errorf("modeCold(%q) = %v", tc.mode, got)
+		}
+	}
+	if _, err := (ImageSpec{Layout: "x", Modes: []string{"erofs lukewarm"}}).Normalize(); err == nil || !strings.Contains(err.Error(), "lukewarm") {
+		t.Errorf("an unknown mode: %v", err)
+	}
+	if _, err := (ImageSpec{Layout: "x", Repo: "r", RepoDir: "/a b"}).Normalize(); err == nil {
+		t.Error("a repository folder with a space was taken")
+	}
+	s, err := (ImageSpec{Layout: "x", Repo: "r"}).Normalize()
+	if err != nil || s.RepoDir != DefaultRepoDir || !slices.Equal(s.Modes, DefaultImageModes) {
+		t.Errorf("Normalize = %+v, %v", s, err)
 	}
 }

@@ -16,18 +16,24 @@ import (
 	"github.com/kilnvm/kiln/sandbox"
 )
 
-// cmdBenchImage is `kiln bench image`: image roots (estargz over virtio-9p,
-// pulled from a loopback registry) beside ext4 virtio-blk disks of the same
-// trees: time to first exec cold and warm, registry bytes, and metadata,
-// import and sequential-read workloads, with 9p mount option variants.
+// cmdBenchImage is `kiln bench image`: image roots (estargz pulled from a
+// loopback registry, served as EROFS over virtio-blk or over virtio-9p)
+// beside ext4 virtio-blk disks of the same trees: time to first exec cold
+// and warm, registry bytes, a repository workload (git status, find, grep
+// -r, imports), metadata, import and sequential-read workloads, 9p mount
+// option variants, EROFS layout times and memory per extra sandbox.
 func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kiln bench image", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kiln bench image [-n RUNS] [--images A,B,...] [--workload IMAGE] [--rootflags OPTS]... [--mem MiB] [--json FILE]")
+		fmt.Fprintln(stderr, "usage: kiln bench image [-n RUNS] [--images A,B,...] [--modes M,...] [--workload IMAGE] [--repo IMAGE] [--mem-sandboxes N] [--rootflags OPTS]... [--mem MiB] [--json FILE]")
 		fs.PrintDefaults()
 	}
-	n := fs.Int("n", bench.DefaultImageRuns, "runs per image and mode (cold, warm, ext4)")
+	n := fs.Int("n", bench.DefaultImageRuns, "runs per image and mode")
+	modes := fs.String("modes", strings.Join(bench.DefaultImageModes, ","), "roots tried, comma-separated, of: "+strings.Join(bench.AllImageModes, ", "))
+	repo := fs.String("repo", bench.DefaultRepoImage, "image whose first sandbox of each mode runs the repository workload (git status, find, grep -r, python imports); empty: none")
+	repoDir := fs.String("repo-dir", bench.DefaultRepoDir, "the repository's folder in --repo")
+	memSandboxes := fs.Int("mem-sandboxes", 0, "sandboxes of --repo held at once per warm mode for the memory figure (0: none)")
 	images := fs.String("images", strings.Join(bench.DefaultImageNames, ","), "images of the layout timed to their first exec, comma-separated")
 	workload := fs.String("workload", bench.DefaultWorkloadImage, "image whose first sandbox of each mode runs the workloads (find, python3, dd); empty: none")
 	readFile := fs.String("read-file", bench.DefaultReadFile, "the workload image's file read sequentially")
@@ -96,13 +102,20 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		ext4 = m
 	}
+	var modeList []string
+	for _, m := range strings.Split(*modes, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			modeList = append(modeList, m)
+		}
+	}
 	rt, err := sandbox.FindRuntime(*kernel, *agent)
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
 		return exitUsage
 	}
 	spec, err := bench.ImageSpec{
-		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Workload: *workload, ReadFile: *readFile,
+		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Modes: modeList, Workload: *workload, ReadFile: *readFile,
+		Repo: *repo, RepoDir: *repoDir, MemSandboxes: *memSandboxes,
 		Variants: variants, MemoryMiB: *mem, BootTimeout: *bootTimeout, Scratch: *scratch,
 		QEMU: qpath, QEMUTree: *qemuTree, QEMUCopy: *qemuCopy,
 	}.Normalize()
@@ -115,8 +128,8 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	fmt.Fprintf(stdout, "image roots: %s; ext4 images %v; %d runs per mode; workload %q (read %s); variants %q; %d MiB\n",
-		spec.Layout, ext4, spec.Runs, spec.Workload, spec.ReadFile, spec.Variants, spec.MemoryMiB)
+	fmt.Fprintf(stdout, "image roots: %s; ext4 images %v; modes %q, %d runs each; workload %q (read %s); repository %q (%s); variants %q; %d MiB; %d sandboxes for memory\n",
+		spec.Layout, ext4, spec.Modes, spec.Runs, spec.Workload, spec.ReadFile, spec.Repo, spec.RepoDir, spec.Variants, spec.MemoryMiB, spec.MemSandboxes)
 	fmt.Fprintf(stdout, "kernel %s; load average %s\n", rt.Kernel, bench.LoadAverage())
 	rep, err := bench.RunImage(ctx, spec, stdout)
 	fmt.Fprintf(stdout, "\nload average %s; took %v\n", bench.LoadAverage(), rep.Took.Round(time.Second))
