@@ -405,3 +405,30 @@ func (l *boxLife) setLocked(to boxState) {
 		l.pub, l.hib = pub, hib
 	}
 }
+
+// beginLocked passes op through b's gate (boxLife.begin) and makes b's
+// record say the new state; b.mu is held.
+func (b *box) beginLocked(op boxOp) (boxState, error) {
+	from, err := b.life.begin(op)
+	if err == nil {
+		b.syncStateLocked()
+	}
+	return from, err
+}
+
+// doneLocked ends op through b's gate (boxLife.done) and makes b's record
+// say the new state; b.mu is held.
+func (b *box) doneLocked(op boxOp, err error) (boxState, bool) {
+	to, ok := b.life.done(op, err)
+	if ok {
+		b.syncStateLocked()
+	}
+	return to, ok
+}
+
+// syncStateLocked writes the state the API shows into b's record, which
+// nothing but the gate's callers above writes; b.mu is held.
+func (b *box) syncStateLocked() {
+	pub, _ := b.life.public()
+	b.rec.setState(pub)
+}
