@@ -1,9 +1,3 @@
-// Package daemon is kilnd's core: the kiln.v1 gRPC service (kilnpb) over
-// the sandboxes of one host. Each sandbox runs in a VMM process of its own
-// (SandboxBackend); the server keeps their records in a state folder, so
-// that a restarted server takes every running sandbox over and lists it
-// again, and enforces host limits, request IDs, and lifetime and idle
-// timeouts.
 package daemon
 
 import (
