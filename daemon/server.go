@@ -806,26 +806,6 @@ func (s *Server) use(id string) (_ *box, _ Instance, done func(), _ error) {
 	}, nil
 }
 
-func stateName(st kilnpb.SandboxState) string {
-	switch st {
-	case kilnpb.SandboxState_SANDBOX_STATE_STARTING:
-		return "starting"
-	case kilnpb.SandboxState_SANDBOX_STATE_RUNNING:
-		return "running"
-	case kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
-		return "paused"
-	case kilnpb.SandboxState_SANDBOX_STATE_DESTROYED:
-		return "destroyed"
-	case kilnpb.SandboxState_SANDBOX_STATE_FAILED:
-		return "failed"
-	case kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT:
-		return "timed out"
-	case kilnpb.SandboxState_SANDBOX_STATE_STOPPED:
-		return "stopped"
-	}
-	return st.String()
-}
-
 // callErr turns a backend's error into a status: the agent's code when it
 // gave one, else Internal; what names the call.
 func callErr(what string, err error) error {
