@@ -263,7 +263,7 @@ func (s *Server) pruneCgroups() {
 	s.mu.Lock()
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.live() && b.rec.Cgroup != "" {
+		if b.life.get().live() && b.rec.Cgroup != "" {
 			keep[filepath.Base(b.rec.Cgroup)] = true
 		}
 		b.mu.Unlock()
@@ -296,7 +296,7 @@ func (s *Server) commitLocked() (live int, guestMiB, committedMiB uint64) {
 	for _, b := range s.boxes {
 		b.mu.Lock()
 		// A hibernated sandbox holds no memory, until a resume wakes it.
-		if b.rec.live() && (!b.rec.Hibernated || b.waking) {
+		if b.life.counts() {
 			live++
 			guestMiB += uint64(b.rec.MemoryMiB)
 		}

@@ -165,10 +165,11 @@ func (s *Server) frozen(ctx context.Context, c *checkpointRecord) (Frozen, error
 		return nil, status.Errorf(codes.NotFound, "checkpoint %s is gone with its sandbox %s", c.ID, c.SandboxID)
 	}
 	b.mu.Lock()
+	st, err := b.life.check(lendOp)
 	inst := b.inst
 	b.mu.Unlock()
-	if inst == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is held in memory by sandbox %s, which is not running now", c.ID, c.SandboxID)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is held in memory by sandbox %s, which is %s now", c.ID, c.SandboxID, st)
 	}
 	return frozenOf(ctx, inst, c)
 }
@@ -315,10 +316,9 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s is sandbox %s's: a sandbox rolls back only to its own checkpoints and the one it was made from (create or fork from it instead)", c.ID, c.SandboxID)
 	}
 	b.mu.Lock()
-	st := b.rec.state()
-	if b.ending || b.inst == nil || st != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+	if _, err := b.life.check(rollbackOp); err != nil {
 		b.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: only a running sandbox rolls back", b.id, stateName(st))
+		return nil, err // only a running sandbox rolls back
 	}
 	// In place on its network: the old machine lets go of the tap (it
 	// is closed below) before the new one opens it, with the same
@@ -328,12 +328,12 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		b.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint %s and sandbox %s differ in having a network card", c.ID, b.id)
 	}
+	b.beginLocked(rollbackOp) // checked above, under b.mu
 	old := b.inst
-	b.inst = nil // calls now fail: it is rolling back
+	b.inst = nil // the rollback holds it: an end meanwhile leaves it to the rollback
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 	dir := b.rec.Dir
 	b.mu.Unlock()
 
@@ -344,15 +344,15 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 	spec := CreateSpec{Dir: dir, Hostname: hostname(b.id), CPUs: int(b.rec.CPUs), MemoryMiB: int(b.rec.MemoryMiB)}
 	release, moved, err := s.rollbackSources(ctx, b, old, c, &spec)
 	if err != nil {
+		// Nothing changed: it runs on as it was.
 		b.mu.Lock()
-		ending := b.ending
-		if !ending {
+		_, mine := b.doneLocked(rollbackOp, err)
+		if mine {
 			b.inst = old
-			b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
 			s.scheduleLocked(b)
 		}
 		b.mu.Unlock()
-		if ending {
+		if !mine {
 			// Destroyed (or timed out) meanwhile, while the old machine
 			// was out of its box's hands: it goes here.
 			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -377,14 +377,12 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		s.log.Warn("rollback: closing the old machine", "sandbox", b.id, "err", err)
 	}
 	cancel()
+	// Its old machine is gone: a failure from here on ends it as
+	// failed, unless an end (a destroy, say) took it over meanwhile:
+	// that stands (its gate refuses this one).
 	fail := func(err error) (*kilnpb.Sandbox, error) {
 		err = callErr("roll sandbox "+b.id+" back to "+c.ID, err)
-		b.mu.Lock()
-		ending := b.ending // destroyed or timed out meanwhile: that stands
-		b.mu.Unlock()
-		if !ending {
-			s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
-		}
+		s.end(b, failOp, status.Convert(err).Message())
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -411,16 +409,13 @@ func (s *Server) Rollback(ctx context.Context, req *kilnpb.RollbackRequest) (_ *
 		}
 		cancel()
 	}
-	b.mu.Lock()
-	if b.ending {
-		// Destroyed (or timed out) meanwhile: the new machine goes too.
-		b.mu.Unlock()
-		inst.Close(context.Background())
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its rollback", b.id)
+	// Destroyed meanwhile: runningAs closes the new machine too.
+	err = s.runningAs(b, rollbackOp, inst, time.Since(began), kilnpb.Event_KIND_ROLLED_BACK, func(r *record) {
+		r.Checkpoint, r.LastCheckpoint = c.ID, c.ID
+	})
+	if err != nil {
+		return nil, err
 	}
-	b.rec.Checkpoint, b.rec.LastCheckpoint = c.ID, c.ID
-	b.mu.Unlock()
-	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_ROLLED_BACK)
 	return s.describe(b), nil
 }
 
@@ -684,7 +679,7 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 			}
 			continue
 		}
-		s.runningAs(b, kids[i], time.Since(began), kilnpb.Event_KIND_READY)
+		s.runningAs(b, startOp, kids[i], time.Since(began), kilnpb.Event_KIND_READY, nil) // an end waits for b.ready
 		close(b.ready)
 	}
 	for i, b := range boxes {
@@ -741,7 +736,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 				s.failStart(b, errs[i])
 				return
 			}
-			s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+			s.runningAs(b, startOp, inst, time.Since(began), kilnpb.Event_KIND_READY, nil) // an end waits for b.ready
 			close(b.ready)
 			errs[i] = send(s.describe(b))
 		}()
@@ -762,7 +757,7 @@ func (s *Server) failStart(b *box, err error) {
 	b.mu.Unlock()
 	close(b.ready)
 	os.RemoveAll(b.rec.Dir)
-	s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, status.Convert(err).Message())
+	s.finish(b, startOp, err, status.Convert(err).Message())
 }
 
 // reserveFork finds what tmpl's request ID made, or reserves n starting
@@ -792,7 +787,6 @@ func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequ
 			b.rec.ExpiresUnixMS = now.Add(life).UnixMilli()
 		}
 		b.lastActive = now
-		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 		if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
 			for _, o := range boxes[:i] {
 				delete(s.boxes, o.id)
@@ -802,6 +796,7 @@ func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequ
 			return nil, nil, false, status.Errorf(codes.Internal, "sandbox folder: %v", err)
 		}
 		b.mu.Lock()
+		b.syncStateLocked() // starting
 		s.persistLocked(b)
 		b.mu.Unlock()
 		s.boxes[b.id] = b

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -432,5 +433,46 @@ func TestForkIndexPruned(t *testing.T) {
 	}
 	if got := metricValue(t, e.srv, "kiln_fork_requests", nil); got != 1 {
 		t.Errorf("kiln_fork_requests after the new fork = %v, want 1", got)
+	}
+}
+
+// TestDestroyDuringFailingRollback: a destroy that comes while a rollback
+// starts its new machine stands when that machine then fails to start
+// (c4fe7ad): the sandbox stays destroyed, it does not fail or run again.
+func TestDestroyDuringFailingRollback(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(nil)
+	ck := e.checkpoint(sb.Id, false)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.be.CreateHook = func(ctx context.Context, spec daemon.CreateSpec) error {
+		once.Do(func() { close(entered) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return errors.New("the new machine did not start")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.c.Rollback(ctxT(t), &kilnpb.RollbackRequest{SandboxId: sb.Id, CheckpointId: ck.Id})
+		done <- err
+	}()
+	<-entered
+	if got := e.get(sb.Id).State; got != kilnpb.SandboxState_SANDBOX_STATE_STARTING {
+		t.Errorf("rolling back, it shows %v", got)
+	}
+	if _, err := e.c.DestroySandbox(ctxT(t), &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("the rollback succeeded")
+	}
+	if got := e.get(sb.Id); got.State != kilnpb.SandboxState_SANDBOX_STATE_DESTROYED || got.Reason != "destroyed on request" {
+		t.Errorf("destroyed during a failing rollback, it is %v (%s)", got.State, got.Reason)
+	}
+	if n := e.be.Live(); n != 0 {
+		t.Errorf("%d machines left", n)
 	}
 }

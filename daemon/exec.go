@@ -233,14 +233,14 @@ func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
 	}
 }
 
-// syncExecs syncs b's exec table with its instance, unless it has none
-// or is paused (its agent would not answer): that waits for a later
-// call.
+// syncExecs syncs b's exec table with its instance, unless it is not
+// running (paused, its agent would not answer; else it has none): that
+// waits for a later call.
 func (s *Server) syncExecs(ctx context.Context, b *box) {
 	b.mu.Lock()
-	inst, paused := b.inst, b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+	inst, st := b.inst, b.life.get()
 	b.mu.Unlock()
-	if inst == nil || paused {
+	if st != boxRunning {
 		return
 	}
 	b.execs.sync(ctx, inst, s.log.With("sandbox", b.id))

@@ -50,28 +50,22 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 		return status.FromContextError(ctx.Err()).Err()
 	}
 	b.mu.Lock()
-	st := b.rec.state()
+	st, err := b.life.check(hibernateOp)
 	switch {
-	case b.ending || !b.rec.live():
-		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(st))
-	case b.moving:
-		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed already", b.id)
-	case b.rec.Hibernated:
+	case st == boxHibernated:
 		b.mu.Unlock()
 		return nil
-	case b.inst == nil || st != kilnpb.SandboxState_SANDBOX_STATE_RUNNING && st != kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
+	case err != nil:
 		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot hibernate it", b.id, stateName(st))
+		return err
 	case b.busy > b.streams && !byTimeout:
 		b.mu.Unlock()
 		return status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot hibernate it", b.id, b.busy-b.streams)
 	}
-	old, wasPaused := b.inst, st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+	b.beginLocked(hibernateOp) // checked above, under b.mu
+	old, wasPaused := b.inst, st == boxPaused
 	n := b.rec.Net.clone()
-	b.moving = true
-	b.inst = nil // calls now fail: it is hibernating
+	b.inst = nil // the hibernation holds it: an end meanwhile leaves it to the hibernation
 	if b.timer != nil {
 		b.timer.Stop()
 	}
@@ -85,14 +79,13 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 			f.Close()
 		}
 		b.mu.Lock()
-		b.moving = false
-		ending := b.ending
-		if !ending {
+		_, mine := b.doneLocked(hibernateOp, err) // back to running or paused
+		if mine {
 			b.inst = old
 			s.scheduleLocked(b)
 		}
 		b.mu.Unlock()
-		if ending {
+		if !mine {
 			// Destroyed meanwhile, while its machine was out of the
 			// box's hands: it goes here.
 			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -154,8 +147,7 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	}
 
 	b.mu.Lock()
-	if b.ending {
-		b.moving = false
+	if _, mine := b.doneLocked(hibernateOp, nil); !mine {
 		b.mu.Unlock()
 		os.RemoveAll(dir)
 		return status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its hibernation", b.id)
@@ -176,8 +168,6 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	b.rec.Hibernated, b.rec.HibernateDir = true, dir
 	b.rec.PID, b.rec.Cgroup = 0, ""
 	b.cgroupMax.path, b.cgroupMax.bytes = "", 0
-	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_PAUSED)
-	b.moving = false
 	b.lastActive = now
 	s.persistLocked(b)
 	pb := s.protoLocked(b)
@@ -261,41 +251,41 @@ func (s *Server) persistFrozen(ctx context.Context, b *box, f Frozen, n *netReco
 func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	<-b.ready
 	b.mu.Lock()
-	switch {
-	case b.ending || !b.rec.live():
+	if st, err := b.life.check(wakeOp); err != nil {
 		b.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(b.rec.state()))
-	case b.moving:
-		b.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed already", b.id)
-	case !b.rec.Hibernated:
-		b.mu.Unlock()
-		return s.pauseResume(ctx, b.id, false)
+		if st == boxRunning || st == boxPaused {
+			return s.pauseResume(ctx, b.id, false) // woken meanwhile
+		}
+		return nil, err
 	}
-	b.moving = true
 	hib, n := b.rec.HibernateDir, b.rec.Net.clone()
 	cpus, mem := b.rec.CPUs, b.rec.MemoryMiB
 	b.mu.Unlock()
-	fail := func(err error) (*kilnpb.Sandbox, error) {
-		b.mu.Lock()
-		b.moving, b.waking = false, false
-		b.mu.Unlock()
-		return nil, err
-	}
 	stays := "resume sandbox " + b.id + " (it stays hibernated)"
+	// Admitted and begun at once, under s.mu: the host's limits count a
+	// waking sandbox (boxLife.counts), and did not count it while it
+	// was admitted.
 	s.mu.Lock()
 	err := s.admitLocked(1, uint64(mem))
 	if s.closed {
 		err = status.Error(codes.Unavailable, "kilnd is shutting down")
 	}
-	if err == nil {
-		b.mu.Lock()
-		b.waking = true // counted from now on
-		b.mu.Unlock()
+	if err != nil {
+		s.mu.Unlock()
+		return nil, status.Errorf(status.Code(err), "%s: %s", stays, status.Convert(err).Message())
 	}
+	b.mu.Lock()
+	_, err = b.beginLocked(wakeOp) // refused when something came first
+	b.mu.Unlock()
 	s.mu.Unlock()
 	if err != nil {
-		return fail(status.Errorf(status.Code(err), "%s: %s", stays, status.Convert(err).Message()))
+		return nil, err
+	}
+	fail := func(err error) (*kilnpb.Sandbox, error) {
+		b.mu.Lock()
+		b.doneLocked(wakeOp, err) // hibernated again, unless it ended meanwhile
+		b.mu.Unlock()
+		return nil, err
 	}
 	if n != nil && s.cfg.Network == nil {
 		return fail(status.Errorf(codes.FailedPrecondition, "%s: it has a network, and kilnd runs without sandbox networks now (start it with %s)", stays, netFlag))
@@ -328,23 +318,22 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 		return fail(callErr(stays, err))
 	}
 	b.mu.Lock()
-	if b.ending {
-		b.moving, b.waking = false, false
-		b.mu.Unlock()
-		inst.Close(context.Background())
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its resume", b.id)
-	}
 	if len(b.rec.SecretNames) > 0 && len(b.secrets) == 0 {
 		s.log.Warn("the secrets of a sandbox hibernated before a kilnd restart are lost: its execs run without them", "sandbox", b.id, "secrets", b.rec.SecretNames)
 	}
-	if life := b.rec.ResumeLifeMS; life > 0 {
-		b.rec.ExpiresUnixMS = s.clock.Now().Add(time.Duration(life) * time.Millisecond).UnixMilli()
-	}
-	b.rec.ResumeLifeMS = 0
-	b.rec.Hibernated, b.rec.HibernateDir = false, ""
-	b.moving, b.waking = false, false
 	b.mu.Unlock()
-	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_RESUMED)
+	// Ended meanwhile: runningAs closes the new machine (its end
+	// removed the snapshot).
+	err = s.runningAs(b, wakeOp, inst, time.Since(began), kilnpb.Event_KIND_RESUMED, func(r *record) {
+		if life := r.ResumeLifeMS; life > 0 {
+			r.ExpiresUnixMS = s.clock.Now().Add(time.Duration(life) * time.Millisecond).UnixMilli()
+		}
+		r.ResumeLifeMS = 0
+		r.Hibernated, r.HibernateDir = false, ""
+	})
+	if err != nil {
+		return nil, err
+	}
 	os.RemoveAll(hib)
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)
 	s.syncExecs(sctx, b) // its background execs, still running in the guest
@@ -362,14 +351,13 @@ func (s *Server) timeoutHibernate(b *box, reason string) {
 	if err == nil || s.ctx.Err() != nil {
 		return
 	}
-	b.mu.Lock()
-	skip := b.moving || b.rec.Hibernated || b.ending
-	b.mu.Unlock()
-	if skip {
+	// It times out unless it is no longer running or paused (hibernated
+	// or hibernating by another call, woken, ending, ended).
+	if !timeoutOp.allows(b.life.get()) {
 		return
 	}
 	s.log.Warn("a sandbox whose lifetime ended could not be hibernated: destroying it", "sandbox", b.id, "err", err)
-	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT, reason+"; hibernating it (its timeout action) failed, so it was destroyed: "+status.Convert(err).Message())
+	s.end(b, timeoutOp, reason+"; hibernating it (its timeout action) failed, so it was destroyed: "+status.Convert(err).Message())
 }
 
 // pruneHibernated removes the hibernated states no live sandbox's
@@ -380,7 +368,7 @@ func (s *Server) pruneHibernated() {
 	s.mu.Lock()
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.live() && b.rec.Hibernated {
+		if b.life.get() == boxHibernated {
 			keep[b.rec.HibernateDir] = true
 		}
 		b.mu.Unlock()

@@ -277,7 +277,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	building := s.building
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.live() {
+		if b.life.get().live() {
 			used += uint64(b.rec.MemoryMiB)
 			states[strings.ToLower(strings.TrimPrefix(b.rec.State, "SANDBOX_STATE_"))]++
 			if b.rec.Template != "" {

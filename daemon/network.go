@@ -320,8 +320,8 @@ func (s *Server) UpdateNetworkPolicy(ctx context.Context, req *kilnpb.UpdateNetw
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.ending || !b.rec.live() {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(b.rec.state()))
+	if _, err := b.life.check(updateOp); err != nil {
+		return nil, err
 	}
 	if b.rec.Net == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has no network (its source was made without a network card)", b.id)
@@ -380,7 +380,7 @@ func (s *Server) pruneNets() {
 	keep := map[string]bool{}
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.live() && b.rec.Net != nil {
+		if b.life.get().live() && b.rec.Net != nil {
 			keep[b.rec.Net.ID] = true
 		}
 		b.mu.Unlock()

@@ -304,7 +304,7 @@ func (s *Server) handOut(b *box, w *warmSandbox, egress EgressPolicy, began time
 	}
 	s.publish(kilnpb.Event_KIND_CREATED, s.protoLocked(b), "")
 	b.mu.Unlock()
-	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+	s.runningAs(b, startOp, inst, time.Since(began), kilnpb.Event_KIND_READY, nil) // an end waits for b.ready: none takes a start over
 	close(b.ready)
 	return s.describe(b), nil
 }
@@ -372,7 +372,6 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 		b.rec.ExpiresUnixMS = now.Add(life).UnixMilli()
 	}
 	b.lastActive = now
-	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_STARTING)
 	if err := os.MkdirAll(b.rec.Dir, 0o700); err != nil {
 		if warm != nil {
 			go s.closeWarm(warm)
@@ -382,6 +381,7 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 	s.boxes[b.id] = b
 	s.requests[r.RequestID] = b
 	b.mu.Lock()
+	b.syncStateLocked() // starting
 	s.persistLocked(b)
 	b.mu.Unlock()
 	return b, false, warm, nil
@@ -436,15 +436,27 @@ func (s *Server) start(b *box, spec CreateSpec) (*kilnpb.Sandbox, error) {
 		s.failStart(b, err)
 		return nil, err
 	}
-	s.runningAs(b, inst, time.Since(began), kilnpb.Event_KIND_READY)
+	s.runningAs(b, startOp, inst, time.Since(began), kilnpb.Event_KIND_READY, nil) // an end waits for b.ready: none takes a start over
 	close(b.ready)
 	return s.describe(b), nil
 }
 
-// runningAs records that b runs as inst, ready after ready, and
-// publishes kind.
-func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kilnpb.Event_Kind) {
+// runningAs ends op (b's start, its wake from hibernation or its
+// rollback) with b running as inst, ready after ready, and publishes
+// kind; edit, when set, changes b's record under b.mu first. When b ended
+// during op (an end took it over), inst is closed and runningAs says so.
+func (s *Server) runningAs(b *box, op boxOp, inst Instance, ready time.Duration, kind kilnpb.Event_Kind, edit func(r *record)) error {
 	b.mu.Lock()
+	if _, ok := b.doneLocked(op, nil); !ok {
+		b.mu.Unlock()
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		inst.Close(cctx)
+		cancel()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s ended during its %s", b.id, op)
+	}
+	if edit != nil {
+		edit(&b.rec)
+	}
 	b.inst = inst
 	b.rec.PID = inst.PID()
 	b.rec.Dir = inst.Dir()
@@ -453,7 +465,6 @@ func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kiln
 		b.rec.Image = d
 	}
 	b.rec.ReadyMS = ready.Milliseconds()
-	b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
 	b.lastActive = s.clock.Now()
 	s.persistLocked(b)
 	s.scheduleLocked(b)
@@ -463,6 +474,7 @@ func (s *Server) runningAs(b *box, inst Instance, ready time.Duration, kind kiln
 	s.sample(b, inst)
 	s.publish(kind, pb, "")
 	s.log.Info("sandbox running", "sandbox", b.id, "event", strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_")), "ready_ms", pb.ReadyMs, "pid", pb.Pid)
+	return nil
 }
 
 func (s *Server) describe(b *box) *kilnpb.Sandbox {
@@ -529,7 +541,7 @@ func (s *Server) DestroySandbox(ctx context.Context, req *kilnpb.DestroySandboxR
 	if err != nil {
 		return nil, err
 	}
-	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_DESTROYED, "destroyed on request")
+	s.end(b, destroyOp, "destroyed on request")
 	return &kilnpb.DestroySandboxResponse{}, nil
 }
 
@@ -548,10 +560,7 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *kilnpb.ResumeSandboxReq
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	hib := b.rec.Hibernated
-	b.mu.Unlock()
-	if hib {
+	if b.life.get() == boxHibernated {
 		return s.wake(ctx, b)
 	}
 	return s.pauseResume(ctx, req.GetId(), false)
@@ -562,30 +571,34 @@ func (s *Server) pauseResume(ctx context.Context, id string, pause bool) (*kilnp
 	if err != nil {
 		return nil, err
 	}
-	from, to, kind, verb := kilnpb.SandboxState_SANDBOX_STATE_RUNNING, kilnpb.SandboxState_SANDBOX_STATE_PAUSED, kilnpb.Event_KIND_PAUSED, "pause"
+	op, kind := pauseOp, kilnpb.Event_KIND_PAUSED
 	if !pause {
-		from, to, kind, verb = to, from, kilnpb.Event_KIND_RESUMED, "resume"
+		op, kind = resumeOp, kilnpb.Event_KIND_RESUMED
 	}
+	// b.mu is held throughout, the call to its machine included: no
+	// other call sees it pausing or resuming.
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	st := b.rec.state()
-	if st == to && !b.moving {
+	st, err := b.life.check(op)
+	if pause && (st == boxPaused || st == boxHibernated) || !pause && st == boxRunning {
 		return s.protoLocked(b), nil // already so (a hibernated one too)
 	}
-	if st != from || b.ending || b.inst == nil || b.moving {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s: cannot %s it", id, stateName(st), verb)
+	if err != nil {
+		return nil, err
 	}
 	if b.busy > b.streams && pause {
 		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot pause it", id, b.busy-b.streams)
 	}
+	b.beginLocked(op) // checked above, under b.mu
 	call := b.inst.Resume
 	if pause {
 		call = b.inst.Pause
 	}
-	if err := call(ctx); err != nil {
-		return nil, callErr(verb+" sandbox "+id, err)
+	err = call(ctx)
+	b.doneLocked(op, err)
+	if err != nil {
+		return nil, callErr(op.String()+" sandbox "+id, err)
 	}
-	b.rec.setState(to)
 	b.lastActive = s.clock.Now()
 	s.persistLocked(b)
 	pb := s.protoLocked(b)
@@ -600,8 +613,10 @@ func (s *Server) scheduleLocked(b *box) {
 		b.timer.Stop()
 		b.timer = nil
 	}
-	if b.rec.Hibernated || b.moving {
-		return // its lifetime stands still; a resume arms it again
+	if st := b.life.get(); st != boxRunning && st != boxPaused {
+		// Its start, wake or rollback arms it once it runs; a hibernated
+		// one's lifetime stands still.
+		return
 	}
 	var next time.Time
 	if b.rec.ExpiresUnixMS > 0 {
@@ -629,9 +644,9 @@ func (s *Server) checkTimeouts(b *box) {
 		return
 	}
 	b.mu.Lock()
-	if b.ending || !b.rec.live() || b.rec.Hibernated || b.moving {
+	if _, err := b.life.check(timeoutOp); err != nil {
 		b.mu.Unlock()
-		return
+		return // only a running or paused sandbox times out
 	}
 	now := s.clock.Now()
 	reason := ""
@@ -660,7 +675,7 @@ func (s *Server) checkTimeouts(b *box) {
 		return
 	}
 	b.mu.Unlock()
-	s.end(b, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT, reason)
+	s.end(b, timeoutOp, reason)
 }
 
 // hostMemoryMiB reads the host's memory from /proc/meminfo (0 when it

@@ -69,8 +69,9 @@ func (s *Server) sample(b *box, inst Instance) {
 			case <-t.C:
 			}
 			b.mu.Lock()
-			mine := b.inst == inst && !b.ending && b.rec.live() && !b.moving
-			paused := b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
+			st := b.life.get()
+			mine := b.inst == inst && (st == boxRunning || st == boxPaused)
+			paused := st == boxPaused
 			if paused {
 				b.samples.cpuAt = time.Time{} // the next sample starts afresh
 			}
@@ -195,10 +196,9 @@ func (s *Server) GetSandboxMetrics(ctx context.Context, req *kilnpb.GetSandboxMe
 		return nil, status.Errorf(codes.InvalidArgument, "since_unix_ms %d is negative", req.GetSinceUnixMs())
 	}
 	b.mu.Lock()
-	st := b.rec.state()
-	ended := b.ending || !b.rec.live()
+	st, refused := b.life.check(metricsOp) // refused once it is ending
 	inst := b.inst
-	running := st == kilnpb.SandboxState_SANDBOX_STATE_RUNNING && inst != nil && !b.moving
+	running := st == boxRunning
 	var out []*kilnpb.SandboxMetrics
 	for _, m := range b.samples.samples {
 		if m.UnixMs >= req.GetSinceUnixMs() {
@@ -206,8 +206,8 @@ func (s *Server) GetSandboxMetrics(ctx context.Context, req *kilnpb.GetSandboxMe
 		}
 	}
 	b.mu.Unlock()
-	if ended {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(st))
+	if refused != nil {
+		return nil, refused
 	}
 	if running {
 		m, err := s.takeSample(b, inst, false)

@@ -1,9 +1,3 @@
-// Package daemon is kilnd's core: the kiln.v1 gRPC service (kilnpb) over
-// the sandboxes of one host. Each sandbox runs in a VMM process of its own
-// (SandboxBackend); the server keeps their records in a state folder, so
-// that a restarted server takes every running sandbox over and lists it
-// again, and enforces host limits, request IDs, and lifetime and idle
-// timeouts.
 package daemon
 
 import (
@@ -359,8 +353,14 @@ type box struct {
 	id string
 	mu sync.Mutex
 	// rec is the record as the state folder has it (after persist).
-	rec  record
-	inst Instance // nil while starting, rolling back, or once ended
+	rec record
+	// life is its state (boxstate.go): every operation asks its gate.
+	life *boxLife
+	// inst is its machine: set while it is running or paused (and while
+	// an end closes it); nil while it starts, hibernates, is hibernated,
+	// wakes or rolls back (the operation holds the machine), and once it
+	// has ended.
+	inst Instance
 	// ctx ends when the sandbox does (or rolls back): its background
 	// execs go with it. A rollback replaces it, under mu.
 	ctx    context.Context
@@ -374,8 +374,6 @@ type box struct {
 		path  string
 		bytes uint64
 	}
-	// ending: a destroy, timeout or failure is under way.
-	ending bool
 	// lastActive and busy (calls in flight) drive the idle timeout.
 	lastActive time.Time
 	busy       int
@@ -389,17 +387,13 @@ type box struct {
 	// secrets are the sandbox's secrets, in this process's memory only
 	// (its VMM process keeps them too: see secrets.go); rec names them.
 	secrets []secret
-	// moving: a hibernate or a resume from hibernation is under way
-	// (inst is nil meanwhile); waking: a resume counts against the
-	// host's limits again (hibernate.go).
-	moving, waking bool
 	// samples are its metrics (sandboxmetrics.go).
 	samples sampleRing
 }
 
 func newBox(id string) *box {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &box{id: id, ctx: ctx, cancel: cancel, ready: make(chan struct{}), execs: newExecTable()}
+	return &box{id: id, life: newBoxLife(id, boxStarting), ctx: ctx, cancel: cancel, ready: make(chan struct{}), execs: newExecTable()}
 }
 
 // load reads the records and takes the live sandboxes over.
@@ -423,11 +417,13 @@ func (s *Server) load() error {
 		}
 		b := newBox(r.ID)
 		b.rec = *r
+		b.life = newBoxLife(r.ID, stateOfRecord(r))
+		b.syncStateLocked() // b is not shared yet
 		b.lastActive = s.clock.Now()
 		close(b.ready)
 		s.boxes[r.ID] = b
 		s.indexRequest(b)
-		if r.live() {
+		if b.life.get().live() {
 			live = append(live, b)
 		} else {
 			b.cancel()
@@ -510,17 +506,23 @@ func (s *Server) indexRequest(b *box) {
 
 // adopt takes over a live sandbox of a previous server.
 func (s *Server) adopt(b *box) {
-	if b.rec.Hibernated {
+	if b.life.get() == boxHibernated {
 		// No VMM process to take over: its state is on disk. Its
 		// network stays, for the resume.
 		s.adoptNet(b)
 		s.log.Info("hibernated sandbox taken over", "sandbox", b.id)
 		return
 	}
+	b.mu.Lock()
+	from, err := b.beginLocked(attachOp) // running or paused, as recorded
+	b.mu.Unlock()
+	if err != nil {
+		s.log.Error("sandbox not taken over", "sandbox", b.id, "err", err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 	defer cancel()
-	paused := b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED
-	inst, err := s.backend.Attach(ctx, b.rec.Dir, paused)
+	inst, err := s.backend.Attach(ctx, b.rec.Dir, from == boxPaused)
 	if err != nil {
 		s.log.Warn("sandbox lost while kilnd was down", "sandbox", b.id, "err", err)
 		if inst != nil {
@@ -535,18 +537,16 @@ func (s *Server) adopt(b *box) {
 			ferr = errors.New(reason)
 		}
 		s.metrics.failed(opSandbox, ferr)
-		s.finish(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
+		s.finish(b, attachOp, ferr, reason)
 		return
 	}
 	inst = s.adoptCgroup(inst, &b.rec)
 	secs := s.adoptSecrets(ctx, b, inst)
 	b.mu.Lock()
+	b.doneLocked(attachOp, nil) // running or paused, as recorded
 	b.inst = inst
 	b.secrets = secs
 	b.rec.PID = inst.PID()
-	if b.rec.state() == kilnpb.SandboxState_SANDBOX_STATE_STARTING {
-		b.rec.setState(kilnpb.SandboxState_SANDBOX_STATE_RUNNING)
-	}
 	s.persistLocked(b)
 	s.scheduleLocked(b)
 	b.mu.Unlock()
@@ -567,7 +567,7 @@ func (s *Server) watch(b *box, inst Instance) {
 			return
 		}
 		b.mu.Lock()
-		mine := b.inst == inst && !b.ending
+		mine := b.inst == inst // not one it let go of (a hibernation, a rollback, its end)
 		b.mu.Unlock()
 		if !mine {
 			return
@@ -577,27 +577,28 @@ func (s *Server) watch(b *box, inst Instance) {
 			// The guest's own poweroff: a clean end, not a failure.
 			reason := "its guest powered off: " + inst.Exited()
 			s.log.Info("sandbox stopped by its guest", "sandbox", b.id, "exit", inst.Exited())
-			s.end(b, kilnpb.SandboxState_SANDBOX_STATE_STOPPED, reason)
+			s.end(b, stopOp, reason)
 			return
 		}
 		reason := s.stoppedReason(inst)
 		s.log.Info("sandbox stopped on its own", "sandbox", b.id, "exit", inst.Exited(), "reason", reason)
 		s.metrics.failed(opSandbox, errors.New(reason))
-		s.end(b, kilnpb.SandboxState_SANDBOX_STATE_FAILED, reason)
+		s.end(b, failOp, reason)
 	}()
 }
 
-// end ends the live sandbox b: its instance is closed (nothing of it
-// left on the host) and it is recorded in state with reason. It returns
-// false when b was ending or ended already.
-func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
+// end ends the live sandbox b by op (destroy, timeout, stop or fail):
+// its instance is closed (nothing of it left on the host) and it is
+// recorded in op's final state with reason. It returns false when b's
+// state refuses op: it was ending or ended already (or, for a timeout,
+// is not running or paused).
+func (s *Server) end(b *box, op boxOp, reason string) bool {
 	<-b.ready
 	b.mu.Lock()
-	if b.ending || !b.rec.live() {
+	if _, err := b.beginLocked(op); err != nil {
 		b.mu.Unlock()
 		return false
 	}
-	b.ending = true
 	if b.timer != nil {
 		b.timer.Stop()
 	}
@@ -616,21 +617,29 @@ func (s *Server) end(b *box, state kilnpb.SandboxState, reason string) bool {
 	} else if b.rec.Dir != "" {
 		os.RemoveAll(b.rec.Dir)
 	}
-	s.finish(b, state, reason)
+	s.finish(b, op, nil, reason)
 	return true
 }
 
-// finish records that b ended in state, publishes it, and forgets the
-// oldest ended sandboxes beyond Config.KeepEnded.
-func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
+// finish ends op, which ends b (an end, or a start or take-over that
+// failed with err), in its final state: it records and publishes it, and
+// forgets the oldest ended sandboxes beyond Config.KeepEnded.
+func (s *Server) finish(b *box, op boxOp, err error, reason string) {
 	b.mu.Lock()
 	n := b.rec.Net.clone()
 	b.mu.Unlock()
 	s.detachNet(n) // its VMM process is gone: it ends with nothing left
 	b.mu.Lock()
+	state, ok := b.doneLocked(op, err)
+	if !ok || !state.ended() {
+		// Not possible: nothing takes over an end, a start or a
+		// take-over, and they end only in final states.
+		b.mu.Unlock()
+		s.log.Error("sandbox end not recorded", "sandbox", b.id, "op", op, "state", state)
+		return
+	}
 	b.inst = nil
 	b.secrets = nil // the sandbox's end is its secrets' (execs still masking hold their own reference)
-	b.rec.setState(state)
 	b.rec.Reason = reason
 	b.rec.EndedUnixMS = s.clock.Now().UnixMilli()
 	s.persistLocked(b)
@@ -638,16 +647,16 @@ func (s *Server) finish(b *box, state kilnpb.SandboxState, reason string) {
 	cancel := b.cancel
 	b.mu.Unlock()
 	cancel()
-	kind := map[kilnpb.SandboxState]kilnpb.Event_Kind{
-		kilnpb.SandboxState_SANDBOX_STATE_DESTROYED: kilnpb.Event_KIND_EXITED,
-		kilnpb.SandboxState_SANDBOX_STATE_FAILED:    kilnpb.Event_KIND_FAILED,
-		kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT: kilnpb.Event_KIND_TIMED_OUT,
-		kilnpb.SandboxState_SANDBOX_STATE_STOPPED:   kilnpb.Event_KIND_STOPPED,
+	kind := map[boxState]kilnpb.Event_Kind{
+		boxDestroyed: kilnpb.Event_KIND_EXITED,
+		boxFailed:    kilnpb.Event_KIND_FAILED,
+		boxTimedOut:  kilnpb.Event_KIND_TIMED_OUT,
+		boxStopped:   kilnpb.Event_KIND_STOPPED,
 	}[state]
 	s.publish(kind, pb, reason)
 	s.pokePools()
-	s.metrics.sandboxEnded(state)
-	s.log.Info("sandbox ended", "sandbox", b.id, "state", stateName(state), "reason", reason)
+	s.metrics.sandboxEnded(pb.State)
+	s.log.Info("sandbox ended", "sandbox", b.id, "state", state.String(), "reason", reason)
 	s.gcCheckpoints(b.id)
 	s.pruneEnded()
 }
@@ -665,7 +674,7 @@ func (s *Server) pruneEnded() {
 	var ended []endedBox
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if !b.rec.live() {
+		if b.life.get().ended() {
 			ended = append(ended, endedBox{b, b.rec.EndedUnixMS, b.rec.RequestID, isForkKey(b.rec.RequestKey)})
 		}
 		b.mu.Unlock()
@@ -704,8 +713,9 @@ func (s *Server) publish(kind kilnpb.Event_Kind, sb *kilnpb.Sandbox, reason stri
 // protoLocked describes b; b.mu is held.
 func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 	r := &b.rec
+	st, hib := b.life.public()
 	pb := &kilnpb.Sandbox{
-		Id: r.ID, State: r.state(), Reason: r.Reason, Image: r.Image, Checkpoint: r.Checkpoint,
+		Id: r.ID, State: st, Reason: r.Reason, Image: r.Image, Checkpoint: r.Checkpoint,
 		Template: r.Template, FromPool: r.FromPool,
 		Resources:     &kilnpb.Resources{Cpus: r.CPUs, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB},
 		Labels:        r.Labels,
@@ -714,10 +724,10 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		SecretNames: r.SecretNames,
 		Network:     netProto(r.Net),
 		Cgroup:      r.Cgroup,
-		Hibernated:  r.Hibernated && r.live(), TimeoutAction: r.TimeoutAction,
+		Hibernated:  hib, TimeoutAction: r.TimeoutAction,
 		Init: initName(r.Init),
 	}
-	if !r.live() {
+	if !isLive(st) {
 		pb.Pid, pb.Cgroup = 0, ""
 	}
 	return proto.Clone(pb).(*kilnpb.Sandbox)
@@ -780,18 +790,8 @@ func (s *Server) use(id string) (_ *box, _ Instance, done func(), _ error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	st := b.rec.state()
-	switch {
-	case b.ending || !b.rec.live():
-		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", id, stateName(st))
-	case st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED && b.rec.Hibernated:
-		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is hibernated: resume it first", id)
-	case st == kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
-		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is paused: resume it first", id)
-	case b.moving:
-		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is being hibernated or resumed: try again once it is done", id)
-	case b.inst == nil:
-		return nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is %s", id, stateName(st))
+	if _, err := b.life.check(useOp); err != nil {
+		return nil, nil, nil, err // not running
 	}
 	b.busy++
 	b.lastActive = s.clock.Now()
@@ -804,26 +804,6 @@ func (s *Server) use(id string) (_ *box, _ Instance, done func(), _ error) {
 			b.mu.Unlock()
 		})
 	}, nil
-}
-
-func stateName(st kilnpb.SandboxState) string {
-	switch st {
-	case kilnpb.SandboxState_SANDBOX_STATE_STARTING:
-		return "starting"
-	case kilnpb.SandboxState_SANDBOX_STATE_RUNNING:
-		return "running"
-	case kilnpb.SandboxState_SANDBOX_STATE_PAUSED:
-		return "paused"
-	case kilnpb.SandboxState_SANDBOX_STATE_DESTROYED:
-		return "destroyed"
-	case kilnpb.SandboxState_SANDBOX_STATE_FAILED:
-		return "failed"
-	case kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT:
-		return "timed out"
-	case kilnpb.SandboxState_SANDBOX_STATE_STOPPED:
-		return "stopped"
-	}
-	return st.String()
 }
 
 // callErr turns a backend's error into a status: the agent's code when it

@@ -353,7 +353,7 @@ func (s *Server) templateUsersLocked(id string) int {
 	n := 0
 	for _, b := range s.boxes {
 		b.mu.Lock()
-		if b.rec.Template == id && b.rec.live() {
+		if b.rec.Template == id && b.life.get().live() {
 			n++
 		}
 		b.mu.Unlock()

@@ -50,8 +50,9 @@ func (s *Server) UpdateSandbox(ctx context.Context, req *kilnpb.UpdateSandboxReq
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.ending || !b.rec.live() {
-		return nil, status.Errorf(codes.FailedPrecondition, "sandbox %s has ended (%s)", b.id, stateName(b.rec.state()))
+	st, err := b.life.check(updateOp)
+	if err != nil {
+		return nil, err
 	}
 	if req.LifetimeMs != nil {
 		life := req.GetLifetimeMs()
@@ -60,7 +61,8 @@ func (s *Server) UpdateSandbox(ctx context.Context, req *kilnpb.UpdateSandboxReq
 		}
 		b.rec.LifetimeMS = life
 		switch {
-		case b.rec.Hibernated:
+		case st == boxHibernated || st == boxWaking:
+			// A hibernating one's is turned into this at its end.
 			b.rec.ResumeLifeMS = life
 		case life == 0:
 			b.rec.ExpiresUnixMS = 0
@@ -78,8 +80,6 @@ func (s *Server) UpdateSandbox(ctx context.Context, req *kilnpb.UpdateSandboxReq
 		}
 	}
 	s.persistLocked(b)
-	if b.inst != nil {
-		s.scheduleLocked(b)
-	}
+	s.scheduleLocked(b) // a running or paused one's
 	return s.protoLocked(b), nil
 }
