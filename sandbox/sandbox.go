@@ -24,6 +24,7 @@ import (
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // GuestCID is the vsock CID every sandbox's guest has. Each sandbox has its
@@ -228,7 +229,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			cfg.Cmdline += fmt.Sprintf(" kiln.overlaysize=%d", opts.WritableMiB)
 		}
 		cfg.Cmdline += opts.initCmdline()
-		cfg.OpenFS = OpenImageFS(root.roots)
+		cfg.OpenFS = vmmproc.OpenImageFS(root.roots)
 	}
 	hostname := opts.Hostname
 	if hostname == "" {

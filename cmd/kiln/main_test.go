@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,17 +14,20 @@ import (
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// runKiln runs the CLI in-process and returns its exit code and output.
-// TestMain lets the test binary serve as `kiln vmm`: kiln run and fork start
-// this very executable with the vmm command.
+// TestMain lets the test binary serve as a VMM process (vmmproc.Main, as
+// cmd/kiln-vmm): started as [self, "vmm"], as the KVM tests' kilnd and
+// library sandboxes do.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "vmm" {
-		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+		os.Exit(vmmproc.Main(context.Background(), os.Args[2:]))
 	}
 	os.Exit(m.Run())
 }
+
+// runKiln runs the CLI in-process and returns its exit code and output.
 
 func runKiln(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()

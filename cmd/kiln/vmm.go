@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 
@@ -14,23 +13,12 @@ import (
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// cmdVMM is `kiln vmm`: a VMM process, serving one VM on a Unix socket
-// for its parent (package vmmproc). The socket is --socket, or the one
-// $KILN_VMM_SOCKET names (as vmmproc.Start passes it).
-func cmdVMM(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kiln vmm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	sock := fs.String("socket", "", "the API's Unix socket `PATH` (default: $"+vmmproc.SocketEnv+")")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kiln vmm: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	// Image roots open from the images folder their spec names; jailed,
-	// the parent fetches their missing chunks (sandbox.ServeVMM).
-	return sandbox.ServeVMM(ctx, *sock)
+// cmdVMM is `kiln vmm`, hidden: a VMM process as cmd/kiln-vmm is one
+// (vmmproc.Main), kept so that a parent configured with [kiln, "vmm"]
+// (kilnd's deprecated --kiln) still works. The VMM processes kiln and
+// kilnd start run kiln-vmm (sandbox.FindVMM), which links none of the CLI.
+func cmdVMM(ctx context.Context, args []string) int {
+	return vmmproc.Main(ctx, args)
 }
 
 // vmmProcess returns the options that run a sandbox's VM in a `kiln vmm`

@@ -27,7 +27,6 @@ import (
 	"github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/daemontest"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -505,7 +504,7 @@ func TestMain(m *testing.M) {
 	// A VMM process that the real backend started (--kiln this binary):
 	// what `kiln vmm` runs. First, since it inherits testKilndEnv.
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(sandbox.ServeVMM(context.Background(), ""))
+		os.Exit(vmmproc.Main(context.Background(), nil))
 	}
 	switch os.Getenv(testKilndEnv) {
 	case testKilndReal:
