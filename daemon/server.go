@@ -43,7 +43,7 @@ type Config struct {
 	Runtime sandbox.Runtime
 	// Images is the images folder of image-rooted sandboxes.
 	Images string
-	// ProcessCommand starts a VMM process: ["/usr/bin/kiln", "vmm"].
+	// ProcessCommand starts a VMM process: ["/usr/bin/kiln-vmm"].
 	ProcessCommand []string
 	// Jail, when set, jails every sandbox's VMM process
 	// (sandbox.ProcessOptions.Jail; kilnd --jail). An image root's
@@ -227,7 +227,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("daemon: state folder %s is too long: its sandboxes' socket paths would have %d bytes, Unix sockets take at most 100 here", cfg.StateDir, n)
 		}
 		if len(cfg.ProcessCommand) == 0 {
-			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln vmm)")
+			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln-vmm)")
 		}
 		// The host key of the checkpoints kilnd saves and restores:
 		// made on first use, mode 0600, in the state folder.
