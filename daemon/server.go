@@ -51,8 +51,9 @@ type Config struct {
 	// (image/chunkrpc).
 	Jail *sandbox.JailOptions
 
-	// Defaults of a CreateSandboxRequest's zero fields: 1 vCPU, 512 MiB,
-	// no lifetime limit when zero.
+	// Defaults of a CreateSandboxRequest's zero fields (sandbox.DefaultCPUs
+	// and DefaultMemoryMiB: 1 vCPU, 512 MiB when zero), and its lifetime
+	// (no limit when zero).
 	DefaultCPUs      uint32
 	DefaultMemoryMiB uint32
 	DefaultLifetime  time.Duration
@@ -186,10 +187,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = realClock{}
 	}
 	if cfg.DefaultCPUs == 0 {
-		cfg.DefaultCPUs = 1
+		cfg.DefaultCPUs = sandbox.DefaultCPUs
 	}
 	if cfg.DefaultMemoryMiB == 0 {
-		cfg.DefaultMemoryMiB = 512
+		cfg.DefaultMemoryMiB = sandbox.DefaultMemoryMiB
 	}
 	if cfg.MaxSandboxes == 0 {
 		cfg.MaxSandboxes = 1024
