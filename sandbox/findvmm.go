@@ -19,8 +19,8 @@ const VMMName = "kiln-vmm"
 // (ProcessOptions.Command is [FindVMM()]): $KILN_VMM, else kiln-vmm
 // beside the running executable (make build and make install put kiln,
 // kilnd and kiln-vmm side by side), else kiln-vmm on $PATH. The path is
-// absolute: a VMM process starts in its sandbox's folder. The error names
-// every place it looked.
+// absolute, so it names the same file whatever the working directory of
+// a later start. The error names every place it looked.
 func FindVMM() (string, error) {
 	if p := os.Getenv(VMMEnv); p != "" {
 		abs, err := executableFile(p)
