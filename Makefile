@@ -21,6 +21,7 @@ DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs erofs
 CRICTL_VERSION := v1.37.0
 
 KILN := bin/kiln
+VMM := bin/kiln-vmm
 AGENT := bin/kiln-agent
 HARNESS := bin/kvmharness
 
@@ -66,11 +67,13 @@ deps:
 	  echo "deps: go install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)"; \
 	  GOBIN=$$(pwd)/bin CGO_ENABLED=0 $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); }
 
-# kiln and kilnd without cgo: a jailed `kiln vmm` (package jail) changes
-# every thread's ids and capabilities through the Go runtime, which it
-# cannot do in a cgo binary.
+# kiln-vmm (the VMM process every sandbox runs: package vmmproc, not the
+# CLI) without cgo: a jailed VMM process (package jail) changes every
+# thread's ids and capabilities through the Go runtime, which it cannot do
+# in a cgo binary. kiln and kilnd find it beside themselves.
 build: harness
 	CGO_ENABLED=0 $(GO) build -o $(KILN) ./cmd/kiln
+	CGO_ENABLED=0 $(GO) build -o $(VMM) ./cmd/kiln-vmm
 	CGO_ENABLED=0 $(GO) build -o bin/kilnd ./cmd/kilnd
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(AGENT) ./cmd/kiln-agent
 	@# The guest echo program of kiln bench devices (found beside kiln).
@@ -194,9 +197,9 @@ bench: build harness kernel test-rootfs
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed (see above)"; exit 1; fi
 	$(GO) test -run '^$$' -bench . ./bench/...
 
-# make install [PREFIX=/usr/local] [DESTDIR=]: kiln, kilnd and kiln-agent
-# side by side in $(BINDIR) (kiln and kilnd find the agent beside
-# themselves), kilnd's systemd units (ExecStart pointed at $(BINDIR)), and
+# make install [PREFIX=/usr/local] [DESTDIR=]: kiln, kilnd, kiln-vmm and
+# kiln-agent side by side in $(BINDIR) (kiln and kilnd find the agent and
+# the VMM beside themselves), kilnd's systemd units (ExecStart pointed at $(BINDIR)), and
 # /etc/kiln/kilnd.toml unless one is there, and /etc/tmpfiles.d/kiln.conf
 # (shmem huge pages where advised, from the next boot). Then: systemctl daemon-reload;
 # systemctl enable --now kilnd.socket kilnd.service (README).
@@ -209,6 +212,7 @@ install: build
 	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/kiln
 	install -m 0755 $(KILN) $(DESTDIR)$(BINDIR)/kiln
 	install -m 0755 $(KILND) $(DESTDIR)$(BINDIR)/kilnd
+	install -m 0755 $(VMM) $(DESTDIR)$(BINDIR)/kiln-vmm
 	install -m 0755 $(AGENT) $(DESTDIR)$(BINDIR)/kiln-agent
 	sed -e 's|/usr/local/bin/kilnd|$(BINDIR)/kilnd|g' -e 's|/etc/kiln/|$(SYSCONFDIR)/kiln/|g' packaging/kilnd.service > $(DESTDIR)$(UNITDIR)/kilnd.service.tmp
 	chmod 0644 $(DESTDIR)$(UNITDIR)/kilnd.service.tmp && mv $(DESTDIR)$(UNITDIR)/kilnd.service.tmp $(DESTDIR)$(UNITDIR)/kilnd.service

@@ -52,10 +52,10 @@ const (
 
 // DaemonSpec says what RunDaemon measures.
 type DaemonSpec struct {
-	// Kilnd is the kilnd binary; Kiln the kiln binary whose `kiln vmm`
-	// runs every VM, kilnd's and the library path's.
+	// Kilnd is the kilnd binary; VMM the kiln-vmm binary that runs every
+	// VM, kilnd's and the library path's.
 	Kilnd string `json:"kilnd"`
-	Kiln  string `json:"kiln"`
+	VMM   string `json:"vmm"`
 	// Kernel and Agent are kilnd's --kernel and --agent (empty: its
 	// defaults, the cached Debian kernel and kiln-agent beside kiln).
 	Kernel string `json:"kernel,omitempty"`
@@ -131,8 +131,8 @@ func (s DaemonSpec) Normalize() (DaemonSpec, error) {
 		s.OpTimeout = DefaultDaemonOpTimeout
 	}
 	switch {
-	case s.Kilnd == "" || s.Kiln == "":
-		return s, fmt.Errorf("bench: daemon spec: kilnd %q and kiln %q binaries are both needed", s.Kilnd, s.Kiln)
+	case s.Kilnd == "" || s.VMM == "":
+		return s, fmt.Errorf("bench: daemon spec: kilnd %q and kiln-vmm %q binaries are both needed", s.Kilnd, s.VMM)
 	case s.Image == "" || s.Images == "":
 		return s, fmt.Errorf("bench: daemon spec: image %q and images folder %q are both needed", s.Image, s.Images)
 	case len(s.Setup) == 0:
@@ -226,7 +226,7 @@ func RunDaemon(ctx context.Context, spec DaemonSpec, progress io.Writer) (rep Da
 	rep.Spec, rep.Env, rep.LoadBefore = spec, DetectEnv(spec.KVMMode), LoadAverage()
 	defer func() { rep.Took, rep.LoadAfter = time.Since(begin), LoadAverage() }()
 	r := &daemonRunner{spec: spec, rep: &rep, progress: progress, start: begin,
-		proc:  sandbox.ProcessOptions{Command: []string{spec.Kiln, "vmm"}},
+		proc:  sandbox.ProcessOptions{Command: []string{spec.VMM}},
 		roots: image.NewRoots(image.Options{Logger: spec.Logger}), snapshots: snapshot.NewCache(0)}
 	if r.spec.Logger == nil {
 		r.spec.Logger = slog.New(slog.DiscardHandler)
@@ -248,7 +248,7 @@ func RunDaemon(ctx context.Context, spec DaemonSpec, progress io.Writer) (rep Da
 		defer cleanup() // after kilnd stops (deferred below)
 		cgRoot = root
 	}
-	r.k, err = StartKilnd(ctx, KilndSpec{Binary: spec.Kilnd, Kiln: spec.Kiln, Kernel: spec.Kernel, Agent: spec.Agent,
+	r.k, err = StartKilnd(ctx, KilndSpec{Binary: spec.Kilnd, VMM: spec.VMM, Kernel: spec.Kernel, Agent: spec.Agent,
 		Images: spec.Images, Dir: filepath.Join(r.dir, "kilnd"), MaxMemoryMiB: spec.MaxMemoryMiB, CgroupRoot: cgRoot})
 	if err != nil {
 		return rep, err

@@ -24,8 +24,8 @@ import (
 type KilndSpec struct {
 	// Binary is the kilnd executable.
 	Binary string
-	// Kiln is the kiln binary whose `kiln vmm` runs kilnd's VMs.
-	Kiln string
+	// VMM is the kiln-vmm binary that runs kilnd's VMs (kilnd --vmm).
+	VMM string
 	// Kernel and Agent are passed on (empty: kilnd's defaults).
 	Kernel, Agent string
 	// Images is kilnd's images folder.
@@ -48,7 +48,7 @@ func (s KilndSpec) KilndArgs() []string {
 		"--listen", "unix:" + s.Socket(),
 		"--state-dir", s.StateDir(),
 		"--images", s.Images,
-		"--kiln", s.Kiln,
+		"--vmm", s.VMM,
 	}
 	if s.Kernel != "" {
 		args = append(args, "--kernel", s.Kernel)
@@ -152,8 +152,8 @@ type Kilnd struct {
 // StartKilnd starts kilnd and returns once its health service says it
 // serves kiln.v1.Kiln.
 func StartKilnd(ctx context.Context, s KilndSpec) (_ *Kilnd, err error) {
-	if s.Binary == "" || s.Kiln == "" || s.Images == "" || s.Dir == "" {
-		return nil, fmt.Errorf("bench: kilnd: binary %q, kiln %q, images %q and folder %q must all be given", s.Binary, s.Kiln, s.Images, s.Dir)
+	if s.Binary == "" || s.VMM == "" || s.Images == "" || s.Dir == "" {
+		return nil, fmt.Errorf("bench: kilnd: binary %q, kiln-vmm %q, images %q and folder %q must all be given", s.Binary, s.VMM, s.Images, s.Dir)
 	}
 	if s.Timeout <= 0 {
 		s.Timeout = time.Minute

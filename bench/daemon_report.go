@@ -27,7 +27,7 @@ const (
 	// PathKilnd is through a kilnd process, over its gRPC socket.
 	PathKilnd = "kilnd"
 	// PathLibrary is package sandbox called in this process, each VM in a
-	// VMM process of its own (kiln vmm), as kilnd runs them.
+	// VMM process of its own (kiln-vmm), as kilnd runs them.
 	PathLibrary = "library"
 )
 

@@ -185,7 +185,7 @@ func TestMachineFacts(t *testing.T) {
 
 // okSpec is a DaemonSpec that Normalize accepts.
 func okSpec() DaemonSpec {
-	return DaemonSpec{Kilnd: "/bin/kilnd", Kiln: "/bin/kiln", Image: "busybox", Images: "/images"}
+	return DaemonSpec{Kilnd: "/bin/kilnd", VMM: "/bin/kiln-vmm", Image: "busybox", Images: "/images"}
 }
 
 func TestDaemonSpecNormalize(t *testing.T) {
@@ -241,13 +241,13 @@ func TestDaemonSpecBursts(t *testing.T) {
 }
 
 func TestKilndArgs(t *testing.T) {
-	s := KilndSpec{Binary: "kilnd", Kiln: "/k/kiln", Images: "/img", Dir: "/d", Kernel: "/vmlinux", MaxMemoryMiB: 640}
-	want := "--listen unix:/d/kilnd.sock --state-dir /d/state --images /img --kiln /k/kiln --kernel /vmlinux --max-memory 640"
+	s := KilndSpec{Binary: "kilnd", VMM: "/k/kiln-vmm", Images: "/img", Dir: "/d", Kernel: "/vmlinux", MaxMemoryMiB: 640}
+	want := "--listen unix:/d/kilnd.sock --state-dir /d/state --images /img --vmm /k/kiln-vmm --kernel /vmlinux --max-memory 640"
 	if got := strings.Join(s.KilndArgs(), " "); got != want {
 		t.Errorf("KilndArgs = %q\nwant        %q", got, want)
 	}
 	s.Kernel, s.MaxMemoryMiB, s.Agent = "", 0, "/agent"
-	if got := strings.Join(s.KilndArgs(), " "); !strings.HasSuffix(got, "--kiln /k/kiln --agent /agent") {
+	if got := strings.Join(s.KilndArgs(), " "); !strings.HasSuffix(got, "--vmm /k/kiln-vmm --agent /agent") {
 		t.Errorf("KilndArgs = %q, want --agent last and no --kernel or --max-memory", got)
 	}
 }
@@ -392,9 +392,9 @@ func TestStartKilndFails(t *testing.T) {
 		want string
 	}{
 		{"missing fields", KilndSpec{Binary: "/bin/true"}, "must all be given"},
-		{"no such binary", KilndSpec{Binary: filepath.Join(dir, "nope"), Kiln: "k", Images: "i", Dir: filepath.Join(dir, "a")}, "start"},
-		{"exits at once", KilndSpec{Binary: "/bin/false", Kiln: "k", Images: "i", Dir: filepath.Join(dir, "b")}, "exited before serving"},
-		{"never serves", KilndSpec{Binary: sleeper, Kiln: "k", Images: "i", Dir: filepath.Join(dir, "c"), Timeout: 300 * time.Millisecond}, "did not serve within"},
+		{"no such binary", KilndSpec{Binary: filepath.Join(dir, "nope"), VMM: "k", Images: "i", Dir: filepath.Join(dir, "a")}, "start"},
+		{"exits at once", KilndSpec{Binary: "/bin/false", VMM: "k", Images: "i", Dir: filepath.Join(dir, "b")}, "exited before serving"},
+		{"never serves", KilndSpec{Binary: sleeper, VMM: "k", Images: "i", Dir: filepath.Join(dir, "c"), Timeout: 300 * time.Millisecond}, "did not serve within"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -423,7 +423,7 @@ func TestRunDaemonFakeKilnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	spec := DaemonSpec{Kilnd: os.Args[0], Kiln: "/nonexistent/kiln", Image: "busybox", Images: dir, Setup: []string{"true"},
+	spec := DaemonSpec{Kilnd: os.Args[0], VMM: "/nonexistent/kiln-vmm", Image: "busybox", Images: dir, Setup: []string{"true"},
 		Concurrency: []int{1, 3}, Samples: 3, Pool: 2, RateFor: 300 * time.Millisecond, RateWorkers: 2,
 		Forks: []int{1, 2}, Checkpoints: 2, Dir: dir, OpTimeout: time.Minute, KVMMode: KVMDirect}
 	rep, err := RunDaemon(ctx, spec, testLogWriter{t})
@@ -502,7 +502,7 @@ func TestInRootCgroup(t *testing.T) {
 			t.Errorf("inRootCgroup(%q) = %v, want %v", tt.in, got, tt.want)
 		}
 	}
-	args := KilndSpec{Binary: "kilnd", Kiln: "k", Images: "i", Dir: "/d", CgroupRoot: "none"}.KilndArgs()
+	args := KilndSpec{Binary: "kilnd", VMM: "k", Images: "i", Dir: "/d", CgroupRoot: "none"}.KilndArgs()
 	if n := len(args); n < 2 || args[n-2] != "--cgroup-root" || args[n-1] != "none" {
 		t.Errorf("KilndArgs = %q, want --cgroup-root none at the end", args)
 	}

@@ -63,7 +63,7 @@ const (
 type DensitySpec struct {
 	// Runtime boots the template (sandbox.FindRuntime makes one).
 	Runtime sandbox.Runtime
-	// Process starts each VMM process (`kiln vmm`); required.
+	// Process starts each VMM process (kiln-vmm); required.
 	Process sandbox.ProcessOptions
 	// MemoryMiB and CPUs size the template (DefaultDensityMemoryMiB and
 	// 1 when zero).

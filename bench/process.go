@@ -24,7 +24,7 @@ type ProcessSpec struct {
 	// is booted (MemoryMiB) and saved into a temporary folder.
 	Snapshot  string
 	MemoryMiB int
-	// Process starts a VMM process (`kiln vmm`), as it runs by default.
+	// Process starts a VMM process (kiln-vmm), as it runs by default.
 	Process sandbox.ProcessOptions
 	// Variants are further ways of running the VMM process, measured
 	// after the default one (say, with KILN_SECCOMP=off in its Env, or

@@ -37,7 +37,7 @@ import (
 // backend's ProcessCommand in TestKVMDaemon).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(sandbox.ServeVMM(context.Background(), ""))
+		os.Exit(vmmproc.Main(context.Background(), nil))
 	}
 	os.Exit(m.Run())
 }

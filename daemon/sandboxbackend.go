@@ -37,7 +37,7 @@ type SandboxBackend struct {
 	// not in it is pulled on the first create that names it (plain HTTP
 	// for loopback registries only, as kiln image pull).
 	Images string
-	// Process starts a VMM process: ["/usr/bin/kiln", "vmm"].
+	// Process starts a VMM process: ["/usr/bin/kiln-vmm"].
 	Process sandbox.ProcessOptions
 	Logger  *slog.Logger
 	// SnapshotKey authenticates the checkpoints it saves and restores

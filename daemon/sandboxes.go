@@ -17,14 +17,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // Limits of the request fields.
 const (
 	maxRequestID = 128
 	maxIDLen     = 128
-	minMemoryMiB = 128 // Debian's kernel needs 74 MiB below the MMIO gap to boot
-	maxCPUs      = 255
 	maxLabelKey  = 128
 	maxLabelVal  = 1024
 	maxLabels    = 64
@@ -324,14 +323,17 @@ func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) 
 	if disk := res.GetDiskMib(); disk > mem {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.disk_mib %d: the writable layer is guest RAM, at most memory_mib (%d)", disk, mem)
 	}
-	if int(cpus) > maxCPUs || int(cpus) > s.cfg.HostCPUs {
+	if int(cpus) > s.cfg.HostCPUs {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus %d: the host has %d CPUs", cpus, s.cfg.HostCPUs)
 	}
-	if mem < minMemoryMiB {
-		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib %d: at least %d", mem, minMemoryMiB)
+	if err := sandbox.CheckCPUs(int(cpus)); err != nil {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus: %v", err)
 	}
 	if uint64(mem) > s.cfg.HostMemoryMiB {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib %d is more than the host has (%d MiB)", mem, s.cfg.HostMemoryMiB)
+	}
+	if err := sandbox.CheckMemory(int(mem)); err != nil {
+		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib: %v", err)
 	}
 	return cpus, mem, nil
 }

@@ -37,7 +37,7 @@ type Config struct {
 	Runtime sandbox.Runtime
 	// Images is the images folder of image-rooted sandboxes.
 	Images string
-	// ProcessCommand starts a VMM process: ["/usr/bin/kiln", "vmm"].
+	// ProcessCommand starts a VMM process: ["/usr/bin/kiln-vmm"].
 	ProcessCommand []string
 	// Jail, when set, jails every sandbox's VMM process
 	// (sandbox.ProcessOptions.Jail; kilnd --jail). An image root's
@@ -45,8 +45,9 @@ type Config struct {
 	// (image/chunkrpc).
 	Jail *sandbox.JailOptions
 
-	// Defaults of a CreateSandboxRequest's zero fields: 1 vCPU, 512 MiB,
-	// no lifetime limit when zero.
+	// Defaults of a CreateSandboxRequest's zero fields (sandbox.DefaultCPUs
+	// and DefaultMemoryMiB: 1 vCPU, 512 MiB when zero), and its lifetime
+	// (no limit when zero).
 	DefaultCPUs      uint32
 	DefaultMemoryMiB uint32
 	DefaultLifetime  time.Duration
@@ -180,10 +181,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = realClock{}
 	}
 	if cfg.DefaultCPUs == 0 {
-		cfg.DefaultCPUs = 1
+		cfg.DefaultCPUs = sandbox.DefaultCPUs
 	}
 	if cfg.DefaultMemoryMiB == 0 {
-		cfg.DefaultMemoryMiB = 512
+		cfg.DefaultMemoryMiB = sandbox.DefaultMemoryMiB
 	}
 	if cfg.MaxSandboxes == 0 {
 		cfg.MaxSandboxes = 1024
@@ -221,7 +222,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("daemon: state folder %s is too long: its sandboxes' socket paths would have %d bytes, Unix sockets take at most 100 here", cfg.StateDir, n)
 		}
 		if len(cfg.ProcessCommand) == 0 {
-			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln vmm)")
+			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln-vmm)")
 		}
 		// The host key of the checkpoints kilnd saves and restores:
 		// made on first use, mode 0600, in the state folder.

@@ -81,6 +81,7 @@ type Host struct {
 	StateDir       string // kilnd's --state-dir
 	KernelCache    string // Kiln's cache root (guestkernel.CacheDir)
 	Agent          string // kiln-agent; "" for sandbox.FindAgent's
+	VMM            string // kiln-vmm; "" for sandbox.FindVMM's
 	// Network: kilnd is to give sandboxes networks (--net-pool), so the
 	// network checks are required.
 	Network bool
@@ -140,6 +141,7 @@ func Checks() []Check {
 		{"disk", CheckDisk},
 		{"guest-kernel", CheckKernel},
 		{"agent", CheckAgent},
+		{"vmm", CheckVMM},
 	}
 }
 
@@ -208,9 +210,31 @@ func CheckAgent(_ context.Context, h *Host) Result {
 			return r
 		}
 	}
+	return checkBinary(r, p, "kiln-agent")
+}
+
+// CheckVMM: the kiln-vmm binary every sandbox's VMM process runs is
+// there and executable.
+func CheckVMM(_ context.Context, h *Host) Result {
+	r := Result{Required: true}
+	p := h.VMM
+	if p == "" {
+		var err error
+		if p, err = sandbox.FindVMM(); err != nil {
+			r.Status, r.Detail = Fail, err.Error()
+			r.Hint = "make install puts kiln-vmm beside kiln and kilnd; or set $KILN_VMM (kilnd: --vmm)"
+			return r
+		}
+	}
+	return checkBinary(r, p, "kiln-vmm")
+}
+
+// checkBinary fills in r for the binary p built from ./cmd/name: an
+// executable ELF file (its absolute path the detail).
+func checkBinary(r Result, p, name string) Result {
 	fi, err := os.Stat(p)
 	if err != nil {
-		r.Status, r.Detail, r.Hint = Fail, err.Error(), "make build (bin/kiln-agent) or make install"
+		r.Status, r.Detail, r.Hint = Fail, err.Error(), "make build (bin/"+name+") or make install"
 		return r
 	}
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
@@ -225,7 +249,7 @@ func CheckAgent(_ context.Context, h *Host) Result {
 	defer f.Close()
 	magic := make([]byte, 4)
 	if _, err := f.ReadAt(magic, 0); err != nil || string(magic) != "\x7fELF" {
-		r.Status, r.Detail, r.Hint = Fail, p+" is not an ELF binary", "rebuild it: CGO_ENABLED=0 go build -o "+p+" ./cmd/kiln-agent"
+		r.Status, r.Detail, r.Hint = Fail, p+" is not an ELF binary", "rebuild it: CGO_ENABLED=0 go build -o "+p+" ./cmd/"+name
 		return r
 	}
 	abs, _ := filepath.Abs(p)

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // tree is a fake host: files under a temporary root.
@@ -55,6 +57,7 @@ func (tr *tree) host() *Host {
 	os.MkdirAll(tr.path("cache/kernel/6.1.0-57-amd64/modules"), 0o755)
 	os.Symlink("6.1.0-57-amd64", tr.path("cache/kernel/current"))
 	tr.write("bin/kiln-agent", "\x7fELF\x02\x01\x01", 0o755)
+	tr.write("bin/kiln-vmm", "\x7fELF\x02\x01\x01", 0o755)
 	os.MkdirAll(tr.path("var/lib"), 0o755)
 	return &Host{
 		KVM:            tr.path("dev/kvm"),
@@ -70,6 +73,7 @@ func (tr *tree) host() *Host {
 		StateDir:       tr.path("var/lib/kiln"),
 		KernelCache:    tr.path("cache"),
 		Agent:          tr.path("bin/kiln-agent"),
+		VMM:            tr.path("bin/kiln-vmm"),
 		Network:        true,
 		Statfs:         fakeStatfs(cgroup2Magic, 100<<30),
 		ProbeKVM:       func(string) error { return nil },
@@ -215,6 +219,15 @@ func TestChecks(t *testing.T) {
 		{name: "no agent", check: "agent", modify: func(tr *tree, h *Host) { os.Remove(h.Agent) }, want: Fail, hint: "make"},
 		{name: "agent not executable", check: "agent", modify: func(tr *tree, h *Host) { os.Chmod(h.Agent, 0o644) }, want: Fail, hint: "chmod"},
 		{name: "agent not ELF", check: "agent", modify: func(tr *tree, h *Host) { tr.write("bin/kiln-agent", "#!/bin/sh\n", 0o755) }, want: Fail, detail: "not an ELF"},
+
+		{name: "vmm", check: "vmm", want: OK, detail: "bin/kiln-vmm"},
+		{name: "no vmm", check: "vmm", modify: func(tr *tree, h *Host) { os.Remove(h.VMM) }, want: Fail, hint: "make build (bin/kiln-vmm)"},
+		{name: "vmm not executable", check: "vmm", modify: func(tr *tree, h *Host) { os.Chmod(h.VMM, 0o644) }, want: Fail, hint: "chmod"},
+		{name: "vmm not ELF", check: "vmm", modify: func(tr *tree, h *Host) { tr.write("bin/kiln-vmm", "#!/bin/sh\n", 0o755) }, want: Fail, hint: "./cmd/kiln-vmm"},
+		{name: "vmm not found", check: "vmm", modify: func(tr *tree, h *Host) {
+			h.VMM = ""
+			tr.t.Setenv(sandbox.VMMEnv, tr.path("none"))
+		}, want: Fail, detail: "$KILN_VMM", hint: "--vmm"},
 	}
 	checks := map[string]Check{}
 	for _, c := range Checks() {

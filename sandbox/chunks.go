@@ -13,7 +13,6 @@ import (
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/chunkrpc"
 	"github.com/kilnvm/kiln/virtio"
-	"github.com/kilnvm/kiln/vmmproc"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -116,23 +115,4 @@ func (m *processVM) serveAttachedJail(s *Sandbox, opts AttachOptions) {
 	if fs != nil {
 		s.imageFS, s.roots = fs, roots
 	}
-}
-
-// ServeVMM is the main of a VMM process (`kiln vmm`, or a test binary run
-// as one): vmmproc.ServeMain with image roots that open from the images
-// folder their spec names. Unjailed, the process fetches lazy chunks from
-// the registry itself, as its parent would; jailed, where it has neither
-// the registry's network nor write access to the store, its parent
-// fetches them (vmmproc.ChunkSocket, beside sock: $KILN_VMM_SOCKET when
-// sock is empty).
-func ServeVMM(ctx context.Context, sock string) int {
-	path := sock
-	if path == "" {
-		path = os.Getenv(vmmproc.SocketEnv)
-	}
-	var opts image.Options
-	if os.Getenv(vmmproc.JailEnv) != "" && path != "" {
-		opts.Fetcher = chunkrpc.Client{Path: vmmproc.ChunkSocket(path)}
-	}
-	return vmmproc.ServeMain(ctx, sock, OpenImageFS(image.NewRoots(opts)))
 }

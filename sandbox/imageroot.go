@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,13 +10,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/kilnvm/kiln/erofs"
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/hostfs"
 	"github.com/kilnvm/kiln/image"
-	"github.com/kilnvm/kiln/image/tree"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/rofs"
 	"github.com/kilnvm/kiln/virtio"
@@ -75,46 +70,6 @@ func (o Options) initCmdline() string {
 	}
 	return ""
 }
-
-// OpenImageFS returns the opener of the trees a VM needs for its fs
-// devices (vmm.Config.OpenFS): image roots through roots (the devices of
-// one image in one folder share one tree), and host directories (package
-// hostfs: never following a symbolic link, never leaving the directory),
-// each a *hostfs.Trees, to which further named trees can be added while
-// it is served (Sandbox.ServeDir).
-func OpenImageFS(roots *image.Roots) virtio.FSOpener {
-	return func(spec virtio.FSSpec) (rofs.FS, io.Closer, error) {
-		if spec.Dir != "" {
-			t, err := hostfs.NewTrees(spec.Dir)
-			if err != nil {
-				return nil, nil, err
-			}
-			return t, t, nil
-		}
-		if roots == nil {
-			return nil, nil, errors.New("no image store here")
-		}
-		r, release, err := roots.Open(context.Background(), spec.Images, digest.Digest(spec.Image))
-		if err != nil {
-			return nil, nil, err
-		}
-		return rootTree{r.Tree, r}, closerFunc(release), nil
-	}
-}
-
-// rootTree is an image root's tree that keeps its EROFS layout in the
-// root (virtio.EROFSLayout): one layout per image, however many disks
-// serve it in this process.
-type rootTree struct {
-	*tree.Tree
-	root *image.Root
-}
-
-func (t rootTree) EROFS(ctx context.Context) (*erofs.Image, error) { return t.root.EROFS(ctx) }
-
-type closerFunc func() error
-
-func (f closerFunc) Close() error { return f() }
 
 // keepTrees wraps open so that the *hostfs.Trees it first opens for the
 // root directory's device (tag ImageTag) become the sandbox's, for

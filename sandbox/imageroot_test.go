@@ -15,6 +15,7 @@ import (
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/initramfs"
 	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // TestImageInitrd: the base, padded to 4 bytes, then the config's
@@ -79,7 +80,7 @@ func TestServeDirRefused(t *testing.T) {
 // them), and ServeDir and StopServingDir add and remove named trees.
 func TestServeDir(t *testing.T) {
 	s := &Sandbox{}
-	open := s.keepTrees(OpenImageFS(nil))
+	open := s.keepTrees(vmmproc.OpenImageFS(nil))
 	fs, closer, err := open(virtio.FSSpec{Tag: ImageTag, Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

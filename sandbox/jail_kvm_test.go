@@ -31,7 +31,7 @@ import (
 // namespaces are not this process's; execs work; a jailed sandbox saves
 // (through a folder passed as a descriptor) and the save restores; and
 // after Close no id is held, no jail mount is left and no socket stays.
-// The VMM processes run kiln vmm (kvmtest.VMMBinary: without cgo).
+// The VMM processes run kiln-vmm (kvmtest.VMMBinary: without cgo).
 func TestKVMJail(t *testing.T) {
 	kvmtest.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -41,9 +41,9 @@ func TestKVMJail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The VMM is kiln vmm built without cgo (a test binary may have it,
+	// The VMM is kiln-vmm built without cgo (a test binary may have it,
 	// and a cgo binary cannot enter a jail).
-	proc := &ProcessOptions{Command: []string{kvmtest.VMMBinary(t), "vmm"}, Jail: &JailOptions{IDs: ids}}
+	proc := &ProcessOptions{Command: []string{kvmtest.VMMBinary(t)}, Jail: &JailOptions{IDs: ids}}
 	run := func(sb *Sandbox, script string) string {
 		t.Helper()
 		return shOut(t, ctx, sb, script)

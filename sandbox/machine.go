@@ -26,8 +26,8 @@ import (
 // limit each VM apart. Execs do not cross the VMM process: the agent's
 // socket is in the sandbox's folder.
 type ProcessOptions struct {
-	// Command starts a VMM process: the kiln binary and its vmm command,
-	// ["/usr/bin/kiln", "vmm"].
+	// Command starts a VMM process: the kiln-vmm binary (FindVMM),
+	// ["/usr/bin/kiln-vmm"].
 	Command []string
 	// Env is added to the VMM process's environment.
 	Env []string

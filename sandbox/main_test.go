@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 		if trigger := os.Getenv(seccomptest.TriggerEnv); trigger != "" {
 			go seccomptest.Watch(context.Background(), trigger)
 		}
-		os.Exit(ServeVMM(context.Background(), ""))
+		os.Exit(vmmproc.Main(context.Background(), nil))
 	}
 	os.Exit(m.Run())
 }

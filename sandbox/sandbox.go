@@ -24,6 +24,7 @@ import (
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // GuestCID is the vsock CID every sandbox's guest has. Each sandbox has its
@@ -43,7 +44,8 @@ type Options struct {
 	Disk         string
 	DiskReadOnly bool
 	RootFSType   string
-	// CPUs and MemoryMiB size the VM (1 and 512 when zero).
+	// CPUs and MemoryMiB size the VM (DefaultCPUs and DefaultMemoryMiB,
+	// 1 and 512, when zero; CheckCPUs and CheckMemory bound them).
 	CPUs, MemoryMiB int
 	// Hostname is the guest's host name; "kiln" when empty.
 	Hostname string
@@ -228,7 +230,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			cfg.Cmdline += fmt.Sprintf(" kiln.overlaysize=%d", opts.WritableMiB)
 		}
 		cfg.Cmdline += opts.initCmdline()
-		cfg.OpenFS = OpenImageFS(root.roots)
+		cfg.OpenFS = vmmproc.OpenImageFS(root.roots)
 	}
 	hostname := opts.Hostname
 	if hostname == "" {
@@ -538,10 +540,16 @@ func (o Options) vmConfig() (vmm.Config, error) {
 	}
 
 	if cfg.CPUs == 0 {
-		cfg.CPUs = 1
+		cfg.CPUs = DefaultCPUs
 	}
 	if cfg.MemoryMiB == 0 {
-		cfg.MemoryMiB = 512
+		cfg.MemoryMiB = DefaultMemoryMiB
+	}
+	if err := CheckCPUs(cfg.CPUs); err != nil {
+		return cfg, fmt.Errorf("sandbox: Options.CPUs: %w", err)
+	}
+	if err := CheckMemory(cfg.MemoryMiB); err != nil {
+		return cfg, fmt.Errorf("sandbox: Options.MemoryMiB: %w", err)
 	}
 	if o.Runtime.Kernel == "" || o.Runtime.Initrd == "" {
 		return cfg, errors.New("sandbox: no runtime: Options.Runtime needs a kernel and the agent's initramfs (NewRuntime, or FindRuntime for the cached kernel and the agent beside kiln)")

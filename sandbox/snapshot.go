@@ -19,6 +19,7 @@ import (
 	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // Labels a sandbox's snapshot carries in its manifest
@@ -428,7 +429,7 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 			return fmt.Errorf("sandbox: root directory: %w", err)
 		}
 		cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &virtio.FSSpec{Tag: fs.Tag, Dir: abs}})
-		cfg.OpenFS = s.keepTrees(OpenImageFS(nil))
+		cfg.OpenFS = s.keepTrees(vmmproc.OpenImageFS(nil))
 		s.openFS = cfg.OpenFS
 		return nil
 	}
@@ -460,7 +461,7 @@ func (s *Sandbox) restoreImage(what string, devs []virtio.DeviceSpec, opts Resto
 	if moved {
 		cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: dev.ID, Kind: virtio.KindFS, FS: &fs})
 	}
-	cfg.OpenFS = OpenImageFS(roots)
+	cfg.OpenFS = vmmproc.OpenImageFS(roots)
 	s.image, s.openFS = fs.Image, cfg.OpenFS
 	s.imageFS, s.roots = &fs, roots
 	return nil

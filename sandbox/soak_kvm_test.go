@@ -28,7 +28,7 @@ import (
 // (through one snapshot.Cache, as kilnd's creates from a template do) and
 // closes it, N times (KILN_SOAK_CYCLES, default 16), four in flight; every
 // 25th sandbox runs an exec. As root (always, in the harness's L1) each
-// VMM process is jailed as kilnd jails it (kiln vmm without cgo, an id of
+// VMM process is jailed as kilnd jails it (kiln-vmm without cgo, an id of
 // its own, namespaces, pivot_root) and starts in a cgroup of its own,
 // made before the restore and removed after the close. After a warm-up,
 // this process's descriptors, goroutines, threads and memfds, the host's
@@ -181,7 +181,7 @@ func TestKVMSandboxSoak(t *testing.T) {
 const soakIDs = 64
 
 // soakConfinement returns the soak's VMM process options: as root, jailed
-// (kiln vmm without cgo, ids from a fresh allocator) with a cgroup v2
+// (kiln-vmm without cgo, ids from a fresh allocator) with a cgroup v2
 // manager under a folder of the test's own in the host's hierarchy, for a
 // cgroup per sandbox; otherwise the plain VMM process, with neither (said
 // in the log).
@@ -195,7 +195,7 @@ func soakConfinement(t *testing.T) (*sandbox.ProcessOptions, *cgroup.Manager, *j
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc := &sandbox.ProcessOptions{Command: []string{kvmtest.VMMBinary(t), "vmm"}, Jail: &sandbox.JailOptions{IDs: ids}}
+	proc := &sandbox.ProcessOptions{Command: []string{kvmtest.VMMBinary(t)}, Jail: &sandbox.JailOptions{IDs: ids}}
 	var st unix.Statfs_t
 	if err := unix.Statfs(cgroup.DefaultMount, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
 		t.Fatalf("%s is not a cgroup v2 mount (%v): the KVM harness's L1 has one", cgroup.DefaultMount, err)

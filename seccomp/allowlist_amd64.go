@@ -6,7 +6,7 @@ import (
 	"github.com/kilnvm/kiln/kvm"
 )
 
-// vmmSyscalls is what a `kiln vmm` process calls once its VM is built
+// vmmSyscalls is what a kiln-vmm process calls once its VM is built
 // (vmmproc's server.Create installs the filter after the build: opening
 // /dev/kvm, the kernel, disks and taps happens before). Each group says who
 // needs it. Recorded from the VMM processes of the out-of-process KVM tests

@@ -72,13 +72,13 @@ type Policy struct {
 	Mode Mode
 }
 
-// VMM returns the reviewed allowlist of a `kiln vmm` process, in Kill
+// VMM returns the reviewed allowlist of a kiln-vmm process, in Kill
 // mode.
 func VMM() *Policy {
 	return &Policy{Syscalls: vmmSyscalls(), Ioctls: vmmIoctls(), Mode: Kill}
 }
 
-// JailedVMM returns the allowlist of a jailed `kiln vmm` process, in
+// JailedVMM returns the allowlist of a jailed kiln-vmm process, in
 // Kill mode: VMM's, with socket and socketpair for AF_UNIX only. A
 // jailed VMM fetches no image chunk itself (its parent does, over
 // image/chunkrpc's Unix socket) and dials its guest's vsock connections

@@ -39,8 +39,8 @@ type Config struct {
 	// initramfs/. Empty: $KILN_CACHE, else ~/.cache/kiln. A node's
 	// installer (packaging/kubernetes) sets /var/lib/kiln.
 	Cache string `toml:"cache"`
-	// CPUs and MemoryMiB size a VM whose container asks for nothing (1
-	// and 512 when zero).
+	// CPUs and MemoryMiB size a VM whose container asks for nothing
+	// (sandbox.DefaultCPUs and DefaultMemoryMiB, 1 and 512, when zero).
 	CPUs      int `toml:"cpus"`
 	MemoryMiB int `toml:"memory_mib"`
 	// BootTimeout bounds a VM's boot ("2m"; 5 minutes when empty:
@@ -89,16 +89,16 @@ func ParseConfig(name string, b []byte) (Config, error) {
 
 func (c Config) withDefaults() (Config, error) {
 	if c.CPUs == 0 {
-		c.CPUs = 1
+		c.CPUs = sandbox.DefaultCPUs
 	}
 	if c.MemoryMiB == 0 {
-		c.MemoryMiB = 512
+		c.MemoryMiB = sandbox.DefaultMemoryMiB
 	}
-	switch {
-	case c.CPUs < 0 || c.CPUs > maxVCPUs:
-		return c, fmt.Errorf("cpus = %d: want 1 to %d", c.CPUs, maxVCPUs)
-	case c.MemoryMiB < minMemoryMiB || c.MemoryMiB > maxMemoryMiB:
-		return c, fmt.Errorf("memory_mib = %d: want %d to %d", c.MemoryMiB, minMemoryMiB, maxMemoryMiB)
+	if err := sandbox.CheckCPUs(c.CPUs); err != nil {
+		return c, fmt.Errorf("cpus: %w", err)
+	}
+	if err := sandbox.CheckMemory(c.MemoryMiB); err != nil {
+		return c, fmt.Errorf("memory_mib: %w", err)
 	}
 	if c.Cache != "" && !filepath.IsAbs(c.Cache) {
 		return c, fmt.Errorf("cache = %q: want an absolute path", c.Cache)

@@ -18,7 +18,7 @@ func installFrom(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"containerd-shim-kiln-v2", "kiln-agent", "kiln"} {
+	for _, b := range []string{"containerd-shim-kiln-v2", "kiln-agent", "kiln", "kiln-vmm"} {
 		if err := os.WriteFile(filepath.Join(from, "bin", b), []byte("#!/bin/sh\necho "+b+"\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestInstallScript(t *testing.T) {
 			t.Fatalf("install (run %d): %v\n%s", run, err, out)
 		}
 	}
-	for _, p := range []string{"usr/local/bin/containerd-shim-kiln-v2", "usr/local/bin/kiln-agent", "usr/local/bin/kiln", "var/lib/kiln/kernel/6.1.0-test/vmlinuz", "etc/kiln/shim.toml"} {
+	for _, p := range []string{"usr/local/bin/containerd-shim-kiln-v2", "usr/local/bin/kiln-agent", "usr/local/bin/kiln", "usr/local/bin/kiln-vmm", "var/lib/kiln/kernel/6.1.0-test/vmlinuz", "etc/kiln/shim.toml"} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
 			t.Errorf("after install: %v", err)
 		}

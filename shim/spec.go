@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // Annotations a pod (through containerd's pod_annotations) or a container
@@ -33,9 +34,6 @@ const (
 
 // Bounds on what a spec may ask of a VM.
 const (
-	maxVCPUs     = 64
-	minMemoryMiB = 128
-	maxMemoryMiB = 256 << 10
 	maxSpecBytes = 4 << 20
 )
 
@@ -137,14 +135,14 @@ func vmSize(s *specs.Spec, defCPUs, defMiB int) (cpus, memMiB int, err error) {
 		}
 		memMiB = n
 	}
-	if cpus < 1 || cpus > maxVCPUs {
-		return 0, 0, fmt.Errorf("%d vCPUs asked: want 1 to %d", cpus, maxVCPUs)
+	if err := sandbox.CheckCPUs(cpus); err != nil {
+		return 0, 0, fmt.Errorf("the spec asks for %w", err)
 	}
-	if memMiB < minMemoryMiB {
-		memMiB = minMemoryMiB // the guest's kernel and agent need their share
+	if memMiB < sandbox.MinMemoryMiB {
+		memMiB = sandbox.MinMemoryMiB // the guest's kernel and agent need their share
 	}
-	if memMiB > maxMemoryMiB {
-		return 0, 0, fmt.Errorf("%d MiB of memory asked: want at most %d", memMiB, maxMemoryMiB)
+	if err := sandbox.CheckMemory(memMiB); err != nil {
+		return 0, 0, fmt.Errorf("the spec asks for %w", err)
 	}
 	return cpus, memMiB, nil
 }

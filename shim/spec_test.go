@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 func TestVMSize(t *testing.T) {
@@ -25,7 +26,7 @@ func TestVMSize(t *testing.T) {
 		{name: "defaults", cpus: 1, mem: 512},
 		{name: "limits", res: &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(150000), Period: u64(100000)}, Memory: &specs.LinuxMemory{Limit: i64(1<<30 + 1)}}, cpus: 2, mem: 1025},
 		{name: "annotations win", res: &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(400000), Period: u64(100000)}}, ann: map[string]string{AnnotationVCPUs: "3", AnnotationMemoryMiB: " 2048 "}, cpus: 3, mem: 2048},
-		{name: "tiny memory raised", ann: map[string]string{AnnotationMemoryMiB: "16"}, cpus: 1, mem: minMemoryMiB},
+		{name: "tiny memory raised", ann: map[string]string{AnnotationMemoryMiB: "16"}, cpus: 1, mem: sandbox.MinMemoryMiB},
 		{name: "zero vCPUs", ann: map[string]string{AnnotationVCPUs: "0"}, err: "0 vCPUs"},
 		{name: "bad vCPUs", ann: map[string]string{AnnotationVCPUs: "two"}, err: AnnotationVCPUs},
 		{name: "huge memory", ann: map[string]string{AnnotationMemoryMiB: "99999999"}, err: "MiB"},
@@ -158,7 +159,7 @@ func FuzzSpec(f *testing.F) {
 			return
 		}
 		cpus, mem, err := vmSize(spec, 1, 512)
-		if err == nil && (cpus < 1 || cpus > maxVCPUs || mem < minMemoryMiB || mem > maxMemoryMiB) {
+		if err == nil && (cpus < 1 || cpus > sandbox.MaxCPUs || mem < sandbox.MinMemoryMiB || mem > sandbox.MaxMemoryMiB) {
 			t.Fatalf("vmSize = %d vCPUs, %d MiB: out of bounds", cpus, mem)
 		}
 		execOptions(spec.Process)

@@ -33,8 +33,8 @@ import (
 )
 
 // SocketEnv is the environment variable through which Start tells the
-// VMM process its socket. `kiln vmm` reads it (as does a test binary
-// that serves as its own VMM process).
+// VMM process its socket. Main (kiln-vmm) reads it, as does a test
+// binary that serves as its own VMM process.
 const SocketEnv = "KILN_VMM_SOCKET"
 
 // The files of a VMM process in its folder.

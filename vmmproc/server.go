@@ -1,4 +1,4 @@
-// Package vmmproc runs one VM in a process of its own (`kiln vmm`) and
+// Package vmmproc runs one VM in a process of its own (kiln-vmm: Main) and
 // drives it from another: the parent process that starts sandboxes (kiln,
 // kilnd) keeps none of a VM's state, so a VMM that panics or is killed
 // takes only its own sandbox down, and each VM can get its own seccomp

@@ -446,7 +446,7 @@ func loadAverage() string {
 }
 
 // cmdBenchProcess is `kiln bench process`: a sandbox in this process and
-// one in a VMM process of its own (kiln vmm), restored from one snapshot:
+// one in a VMM process of its own (kiln-vmm), restored from one snapshot:
 // exec and fork latency and the VMM process's memory.
 func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kiln bench process", flag.ContinueOnError)
@@ -477,7 +477,7 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitUsage
 	}
-	po, err := vmmProcess("")
+	po, err := findVMMProcess("")
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench process: %v\n", err)
 		return exitInternal
@@ -492,7 +492,7 @@ func cmdBenchProcess(ctx context.Context, args []string, stdout, stderr io.Write
 		off.Env = append(slices.Clone(po.Env), "KILN_SECCOMP=off")
 		spec.Variants = append(spec.Variants, bench.ProcessVariant{Name: "no seccomp", Process: off})
 		if os.Geteuid() == 0 {
-			jailed, err := vmmProcess(*jailIDs)
+			jailed, err := findVMMProcess(*jailIDs)
 			if err != nil {
 				fmt.Fprintf(stderr, "kiln bench process: --jail-ids: %v\n", err)
 				return exitUsage

@@ -14,6 +14,7 @@ import (
 	"github.com/kilnvm/kiln/bench/results"
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // benchDaemonUsage is kiln bench daemon's synopsis.
@@ -49,6 +50,7 @@ func parseBenchDaemon(args []string, kiln string, stderr io.Writer) (benchDaemon
 	fs.StringVar(&a.images, "images", "", "images `DIR` holding --image for kilnd and the library path; default: a private folder the image is pulled into")
 	fs.StringVar(&a.layout, "layout", "", "OCI layout served on a loopback registry for --image; default: <cache>/test-rootfs/"+bench.DefaultImageLayout+" (make test-rootfs)")
 	kilnd := fs.String("kilnd", "", "the kilnd binary; default: kilnd beside kiln")
+	fs.StringVar(&a.spec.VMM, "vmm", "", "the kiln-vmm binary kilnd's and the library path's VMM processes run; default: $"+sandbox.VMMEnv+", else kiln-vmm beside kiln, else on $PATH")
 	fs.StringVar(&a.spec.Kernel, "kernel", "", "kernel image for kilnd; default: the cached Debian kernel")
 	fs.StringVar(&a.spec.Agent, "agent", "", "static kiln-agent binary for kilnd; default: $KILN_AGENT, or kiln-agent beside kiln")
 	conc := intList(bench.DefaultDaemonConcurrency)
@@ -98,13 +100,16 @@ func parseBenchDaemon(args []string, kiln string, stderr io.Writer) (benchDaemon
 	if *noFork {
 		a.spec.Forks = []int{}
 	}
-	a.spec.Kiln, a.spec.Kilnd = kiln, *kilnd
+	a.spec.Kilnd = *kilnd
 	if a.spec.Kilnd == "" {
 		a.spec.Kilnd = filepath.Join(filepath.Dir(kiln), "kilnd")
 	}
 	// Check the numbers now, with a placeholder for what is settled later.
 	probe := a.spec
 	probe.Image, probe.Images = a.image, "-"
+	if probe.VMM == "" {
+		probe.VMM = "-" // sandbox.FindVMM's, found when it runs
+	}
 	if _, err := probe.Normalize(); err != nil {
 		return a, err
 	}
@@ -133,6 +138,12 @@ func cmdBenchDaemon(ctx context.Context, args []string, stdout, stderr io.Writer
 	if _, err := os.Stat(a.spec.Kilnd); err != nil {
 		fmt.Fprintf(stderr, "kiln bench daemon: kilnd: %v (make build puts it beside kiln; or --kilnd)\n", err)
 		return exitUsage
+	}
+	if a.spec.VMM == "" {
+		if a.spec.VMM, err = sandbox.FindVMM(); err != nil {
+			fmt.Fprintf(stderr, "kiln bench daemon: %v (or --vmm)\n", err)
+			return exitUsage
+		}
 	}
 	if a.timeout > 0 {
 		var cancel context.CancelFunc

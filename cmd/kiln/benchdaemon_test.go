@@ -24,7 +24,7 @@ func TestParseBenchDaemon(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, a benchDaemonArgs) {
 			s := a.spec
-			if a.image != "busybox" || a.images != "" || s.Kiln != "/opt/kiln/bin/kiln" || s.Kilnd != "/opt/kiln/bin/kilnd" ||
+			if a.image != "busybox" || a.images != "" || s.VMM != "" || s.Kilnd != "/opt/kiln/bin/kilnd" ||
 				!slices.Equal(s.Concurrency, []int{1, 10, 50}) || !slices.Equal(s.Forks, []int{1, 8, 32}) ||
 				s.RateFor != time.Minute || s.Pool != bench.DefaultDaemonPool || s.MemoryMiB != 128 || s.Samples != bench.DefaultDaemonSamples {
 				t.Errorf("defaults: %+v, image %q", s, a.image)

@@ -125,7 +125,7 @@ func cmdBenchDensity(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "kiln bench density: %v\n", err)
 		return exitUsage
 	}
-	po, err := vmmProcess("")
+	po, err := findVMMProcess("")
 	if err != nil {
 		fmt.Fprintf(stderr, "kiln bench density: %v\n", err)
 		return exitInternal

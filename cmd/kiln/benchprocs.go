@@ -12,7 +12,7 @@ import (
 const holdProcsUsage = "run Kiln's vCPUs keeping their Go Ps while in the guest, as kilnd's VMM processes do (vmm.Config.HoldProcs; GOMAXPROCS grows by the vCPUs)"
 
 // holdProcs sizes this process's GOMAXPROCS for one VM of cpus vCPUs
-// when hold is set, as a `kiln vmm` process does, and says what it did
+// when hold is set, as a kiln-vmm process does, and says what it did
 // for the progress line. The commands that call it run Kiln's VMs one at
 // a time; the figure starts from the runtime's default each time, so that
 // commands run one after another in one process (the tests) do not add

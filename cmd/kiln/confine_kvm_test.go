@@ -15,14 +15,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// TestKVMRunConfined runs the built kiln (cgo-free, as make build builds
-// it) as root with its defaults: `kiln run -- sleep 30`. From the moment
-// its VMM process says its filter is on until kiln exits, every task of
-// every process of kiln's tree that holds /dev/kvm (or a KVM VM or vCPU
-// descriptor) shows Seccomp 2, NoNewPrivs 1, no effective capability and
+// TestKVMRunConfined runs the built kiln and kiln-vmm (cgo-free, as make
+// build builds them) as root with kiln's defaults: `kiln run -- sleep 30`.
+// From the moment its VMM process says its filter is on until kiln exits,
+// every task of every process of kiln's tree that holds /dev/kvm (or a
+// KVM VM or vCPU descriptor) shows Seccomp 2, NoNewPrivs 1, no effective capability and
 // a uid other than root's; at least one such process exists, and it is
 // not kiln itself: the CLI keeps no KVM descriptor.
 func TestKVMRunConfined(t *testing.T) {
@@ -31,8 +32,10 @@ func TestKVMRunConfined(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("run as root (the harness does): kiln run jails its VMM processes as root only, uid %d here", os.Geteuid())
 	}
-	kiln := kvmtest.VMMBinary(t)
+	kiln := kvmtest.KilnBinary(t)
 	cmd := exec.Command(kiln, "run", "--agent", kvmtest.AgentBinary(t), "--boot-timeout", "8m", "--", "sleep", "30")
+	// Its VMM processes run kiln-vmm, cgo-free as make build builds it.
+	cmd.Env = append(os.Environ(), sandbox.VMMEnv+"="+kvmtest.VMMBinary(t))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	begin := time.Now()

@@ -46,6 +46,7 @@ kilnd needs fails. Run it as root, as kilnd runs.`,
 	f.StringVar(&h.CgroupRoot, "cgroup-root", "", "kilnd's --cgroup-root `PATH` (\"\": kilnd.service's cgroup, else this process's; \"none\": no cgroups)")
 	f.StringVar(&h.KernelCache, "kernel-cache", h.KernelCache, "Kiln's cache `DIR` with the guest kernel (kilnd.service: /var/cache/kiln)")
 	f.StringVar(&h.Agent, "agent", "", "the kiln-agent `FILE` (default: $KILN_AGENT, else beside kiln)")
+	f.StringVar(&h.VMM, "vmm", "", "the kiln-vmm `FILE` (default: $KILN_VMM, else beside kiln, else on $PATH)")
 	f.BoolVar(&noNetwork, "no-network", false, "kilnd runs without --net-pool: the network checks are not required")
 	return cmd
 }

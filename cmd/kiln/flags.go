@@ -7,18 +7,19 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmm"
 )
 
-// checkShape refuses --cpus and --mem a VM cannot have, by flag name, at
-// the command line: 0 is not "the default", as the sandbox package would
-// take it.
+// checkShape refuses --cpus and --mem a sandbox cannot have, by flag
+// name, at the command line: 0 is not "the default", as the sandbox
+// package would take it.
 func checkShape(cpus, memMiB int) error {
-	if cpus < 1 || cpus > vmm.MaxCPUs {
-		return fmt.Errorf("--cpus %d: want 1 to %d", cpus, vmm.MaxCPUs)
+	if err := sandbox.CheckCPUs(cpus); err != nil {
+		return fmt.Errorf("--cpus: %w", err)
 	}
-	if memMiB < vmm.MinMemoryMiB || memMiB > vmm.MaxMemoryMiB {
-		return fmt.Errorf("--mem %d: want %d to %d MiB", memMiB, vmm.MinMemoryMiB, vmm.MaxMemoryMiB)
+	if err := sandbox.CheckMemory(memMiB); err != nil {
+		return fmt.Errorf("--mem: %w", err)
 	}
 	return nil
 }

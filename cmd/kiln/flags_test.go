@@ -74,10 +74,10 @@ func TestZeroShapeRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", "--cpus", "0", "--", "true"}, "--cpus 0: want 1 to"},
-		{[]string{"run", "--mem", "0", "--", "true"}, "--mem 0: want 16 to"},
-		{[]string{"run", "--cpus", "-1", "--", "true"}, "--cpus -1"},
-		{[]string{"run", "--cpus", "1000", "--", "true"}, "--cpus 1000"},
+		{[]string{"run", "--cpus", "0", "--", "true"}, "--cpus: 0 vCPUs: want 1 to"},
+		{[]string{"run", "--mem", "0", "--", "true"}, "--mem: 0 MiB of memory: want 128 to"},
+		{[]string{"run", "--cpus", "-1", "--", "true"}, "--cpus: -1 vCPUs"},
+		{[]string{"run", "--cpus", "1000", "--", "true"}, "--cpus: 1000 vCPUs"},
 		{[]string{"boot", "--cpus", "0"}, "0 vCPUs"},
 		{[]string{"boot", "--mem", "0"}, "0 MiB of memory"},
 		{[]string{"sandbox", "create", "--image", "x", "--cpus", "0"}, "--cpus 0: want at least 1"},

@@ -59,7 +59,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	case "vmm":
-		return cmdVMM(ctx, args[1:], stderr)
+		return cmdVMM(ctx, args[1:])
 	case "image":
 		return cmdImage(ctx, args[1:], stdout, stderr)
 	case "e2b":
@@ -85,8 +85,6 @@ commands:
   image   OCI images: kiln image pull|import|ls|rm|inspect [--dir DIR] ...
   e2b     kiln e2b key new [--keys FILE] TENANT: an API key in E2B's format
           (both E2B SDKs take it) added to kilnd's keys file, printed
-  vmm     serve one VM for a parent process over a Unix socket
-          (what kiln run, fork and kilnd start; not for people)
   sandbox sandboxes run by kilnd (--host, $KILN_HOST):
           kiln sandbox create|ls|inspect|exec|run|cp|ps|kill|pause|resume|events|
                        checkpoint|checkpoints|rollback|fork|rm

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,18 +13,30 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmm"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// runKiln runs the CLI in-process and returns its exit code and output.
-// TestMain lets the test binary serve as `kiln vmm`: kiln run and fork start
-// this very executable with the vmm command.
+// TestMain lets the test binary serve as a VMM process (vmmproc.Main, as
+// cmd/kiln-vmm): kiln run and fork, run in this process, start it as
+// their kiln-vmm ($KILN_VMM, set here unless the caller set one), with
+// vmmproc.SocketEnv set; the KVM tests' kilnd and library sandboxes start
+// it as [self, "vmm"], the hidden `kiln vmm`.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "vmm" {
-		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+		os.Exit(vmmproc.Main(context.Background(), os.Args[2:]))
+	}
+	if os.Getenv(vmmproc.SocketEnv) != "" {
+		os.Exit(vmmproc.Main(context.Background(), nil))
+	}
+	if os.Getenv(sandbox.VMMEnv) == "" {
+		os.Setenv(sandbox.VMMEnv, os.Args[0])
 	}
 	os.Exit(m.Run())
 }
+
+// runKiln runs the CLI in-process and returns its exit code and output.
 
 func runKiln(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
@@ -187,7 +200,7 @@ func TestKVMRunCommand(t *testing.T) {
 	}
 	t.Logf("restored: the loop counts %d, then %d", before, after)
 
-	// The clones in VMM processes of their own: `kiln vmm`, which is
+	// The clones in VMM processes of their own: kiln-vmm ($KILN_VMM), which is
 	// this test binary (TestMain).
 	args = append([]string{"fork", "--vmm-process", "--from", dir, "-n", "2", "--boot-timeout", "5m"}, netFork...)
 	code, stdout, stderr = runKiln(t, append(args, "--", "sh", "-c", "test -s /run/n && hostname && cat /sys/class/net/*/address | grep -vx 00:00:00:00:00:00 || true")...)

@@ -44,8 +44,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.StringVar(&o.Init, "init", "", "with --image, process 1: agent (default) or systemd (the image's /sbin/init boots, the agent runs as a service)")
 	fs.StringVar(&o.Images, "images", "", "images `DIR` (default: <kernel cache>/images)")
 	insecure := fs.Bool("insecure", false, "with --image: pull over plain HTTP from a registry that is not on loopback")
-	fs.IntVar(&o.CPUs, "cpus", 1, "number of vCPUs")
-	fs.IntVar(&o.MemoryMiB, "mem", 512, "guest memory in MiB")
+	fs.IntVar(&o.CPUs, "cpus", sandbox.DefaultCPUs, "number of vCPUs")
+	fs.IntVar(&o.MemoryMiB, "mem", sandbox.DefaultMemoryMiB, "guest memory in MiB")
 	fs.StringVar(&o.Hostname, "hostname", "kiln", "guest host name")
 	var env repeated
 	fs.Var(&env, "e", "environment variable `K=V` for the command (repeatable)")

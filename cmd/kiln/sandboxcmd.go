@@ -29,6 +29,7 @@ import (
 
 	kilnclient "github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // cobraCommands are the first arguments main hands to the cobra tree
@@ -307,8 +308,8 @@ func (a *cli) createCmd() *cobra.Command {
 	f.StringVar(&template, "template", "", "template `ID` or name to restore")
 	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint `ID` to restore")
 	f.StringVar(&initFlag, "init", "", "with --image, process 1: agent (default) or systemd (the image's /sbin/init, the agent a service)")
-	f.Uint32Var(&cpus, "cpus", 0, "vCPUs (default: the daemon's, 1)")
-	f.Uint32Var(&mem, "mem", 0, "guest memory in `MiB` (default: the daemon's, 512)")
+	f.Uint32Var(&cpus, "cpus", 0, fmt.Sprintf("vCPUs (default: the daemon's, %d)", sandbox.DefaultCPUs))
+	f.Uint32Var(&mem, "mem", 0, fmt.Sprintf("guest memory in `MiB` (default: the daemon's, %d)", sandbox.DefaultMemoryMiB))
 	f.Uint32Var(&disk, "disk", 0, "writable layer cap in `MiB` (default: half the memory)")
 	f.DurationVar(&lifetime, "timeout", 0, "destroy the sandbox this long after it starts (0: the daemon's default; negative: never)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy it after this long without an exec or file call (0: never)")

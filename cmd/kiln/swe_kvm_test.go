@@ -277,7 +277,7 @@ func checkPytest(t *testing.T, where, before, after string) {
 }
 
 // sweDaemon runs the loop through kilnd's server over the real backend
-// (sandboxes in VMM processes: this test binary as kiln vmm), in a
+// (sandboxes in VMM processes: this test binary as `kiln vmm`), in a
 // sandbox of the image; then sweSystemd.
 func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]sweResult) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 
@@ -14,34 +13,19 @@ import (
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// cmdVMM is `kiln vmm`: a VMM process, serving one VM on a Unix socket
-// for its parent (package vmmproc). The socket is --socket, or the one
-// $KILN_VMM_SOCKET names (as vmmproc.Start passes it).
-func cmdVMM(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kiln vmm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	sock := fs.String("socket", "", "the API's Unix socket `PATH` (default: $"+vmmproc.SocketEnv+")")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kiln vmm: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	// Image roots open from the images folder their spec names; jailed,
-	// the parent fetches their missing chunks (sandbox.ServeVMM).
-	return sandbox.ServeVMM(ctx, *sock)
+// cmdVMM is `kiln vmm`, hidden: a VMM process as cmd/kiln-vmm is one
+// (vmmproc.Main), kept so that a parent configured with [kiln, "vmm"]
+// (kilnd's deprecated --kiln) still works. The VMM processes kiln and
+// kilnd start run kiln-vmm (sandbox.FindVMM), which links none of the CLI.
+func cmdVMM(ctx context.Context, args []string) int {
+	return vmmproc.Main(ctx, args)
 }
 
-// vmmProcess returns the options that run a sandbox's VM in a `kiln vmm`
-// process of this very binary, jailed (package jail) when jailIDs is set:
-// the folder of the jails' id locks.
-func vmmProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	po := &sandbox.ProcessOptions{Command: []string{self, "vmm"}}
+// vmmProcess returns the options that run a sandbox's VM in a VMM
+// process of vmm (the kiln-vmm binary, sandbox.FindVMM), jailed (package
+// jail) when jailIDs is set: the folder of the jails' id locks.
+func vmmProcess(vmm, jailIDs string) (*sandbox.ProcessOptions, error) {
+	po := &sandbox.ProcessOptions{Command: []string{vmm}}
 	if jailIDs != "" {
 		ids, err := jail.NewIDs(jailIDs, jail.FirstID, jail.IDCount)
 		if err != nil {
@@ -50,6 +34,15 @@ func vmmProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
 		po.Jail = &sandbox.JailOptions{IDs: ids}
 	}
 	return po, nil
+}
+
+// findVMMProcess is vmmProcess of the kiln-vmm sandbox.FindVMM finds.
+func findVMMProcess(jailIDs string) (*sandbox.ProcessOptions, error) {
+	vmm, err := sandbox.FindVMM()
+	if err != nil {
+		return nil, err
+	}
+	return vmmProcess(vmm, jailIDs)
 }
 
 // vmmFlags are kiln run's and kiln fork's say in where each VM runs.
@@ -64,8 +57,8 @@ func addVMMFlags(fs *flag.FlagSet) vmmFlags {
 	f := vmmFlags{jail: new(jail.Mode)}
 	*f.jail = jail.ModeAuto
 	f.inProcess = fs.Bool("in-process", false, "run the VM in this process (embedding, debugging), not in a VMM process of its own: its vCPU threads alone are under the seccomp filter")
-	f.vmmProcess = fs.Bool("vmm-process", true, "deprecated, the default: each VM in a VMM process of its own (kiln vmm); --vmm-process=false is --in-process")
-	fs.Var(f.jail, "jail", "auto, true or false: jail each VMM process (namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; image chunks are fetched by this process for it); auto jails as root with a kiln built with CGO_ENABLED=0")
+	f.vmmProcess = fs.Bool("vmm-process", true, "deprecated, the default: each VM in a VMM process of its own (kiln-vmm: $KILN_VMM, else beside kiln, else on $PATH); --vmm-process=false is --in-process")
+	fs.Var(f.jail, "jail", "auto, true or false: jail each VMM process (namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities; image chunks are fetched by this process for it); auto jails as root with a kiln-vmm built with CGO_ENABLED=0")
 	f.ids = fs.String("jail-ids", jail.DefaultIDsDir, "with a jail, `DIR` whose jail-ids folder holds the locks of the jails' uids (kilnd's --jail-ids)")
 	return f
 }
@@ -96,14 +89,15 @@ type placement struct {
 	inProcess bool
 	jail      bool
 	why       string // in a VMM process without a jail: why not
+	vmm       string // the kiln-vmm binary its VMM process runs
 }
 
 // placeVM decides where each VM runs, as kilnd does: in a VMM process
 // of its own (seccomp filter, NO_NEW_PRIVS), jailed where a jail can be
-// had (jail.Unavailable: root and a cgo-free self), unless the flags say
+// had (jail.Unavailable: root and a cgo-free kiln-vmm), unless the flags say
 // otherwise; contradictory flags are an error naming them. euid is this
-// process's, self the binary its VMM processes run.
-func placeVM(c vmmChoice, euid int, self string) (placement, error) {
+// process's, vmm the kiln-vmm binary its VMM processes run.
+func placeVM(c vmmChoice, euid int, vmm string) (placement, error) {
 	if c.vmmProcess != nil {
 		if *c.vmmProcess && c.inProcess {
 			return placement{}, errors.New("--in-process and --vmm-process contradict each other: give one")
@@ -127,7 +121,7 @@ func placeVM(c vmmChoice, euid int, self string) (placement, error) {
 		}
 		return placement{why: "--jail=false"}, nil
 	}
-	why := jail.Unavailable(euid, self)
+	why := jail.Unavailable(euid, vmm)
 	if why == "" {
 		return placement{jail: true}, nil
 	}
@@ -137,14 +131,21 @@ func placeVM(c vmmChoice, euid int, self string) (placement, error) {
 	return placement{why: why}, nil
 }
 
-// placement decides where VMs run: placeVM, for this process and
-// binary.
+// placement decides where VMs run: placeVM, for this process and the
+// kiln-vmm binary sandbox.FindVMM finds. Without one, only --in-process
+// (or a flag error) places a VM.
 func (f vmmFlags) placement(fs *flag.FlagSet) (placement, error) {
-	self, err := os.Executable()
+	c := f.choice(fs)
+	vmm, err := sandbox.FindVMM()
 	if err != nil {
-		return placement{}, fmt.Errorf("find this binary for its VMM processes: %w", err)
+		if pl, perr := placeVM(c, os.Geteuid(), ""); perr != nil || pl.inProcess {
+			return pl, perr
+		}
+		return placement{}, fmt.Errorf("%w; or run the VM in this process: --in-process", err)
 	}
-	return placeVM(f.choice(fs), os.Geteuid(), self)
+	pl, err := placeVM(c, os.Geteuid(), vmm)
+	pl.vmm = vmm
+	return pl, err
 }
 
 // processOptions returns the ProcessOptions of pl (nil: in this
@@ -163,7 +164,7 @@ func (f vmmFlags) processOptions(pl placement, log *slog.Logger) (*sandbox.Proce
 	} else {
 		log.Debug("VMM processes are not jailed", "why", pl.why)
 	}
-	po, err := vmmProcess(ids)
+	po, err := vmmProcess(pl.vmm, ids)
 	if err != nil {
 		return nil, fmt.Errorf("VMM process: %w", err)
 	}

@@ -77,7 +77,7 @@ jail-ids = "/srv/kiln-ids"
 				e2bTimeout:       15 * time.Second,
 				e2bIdleTimeout:   defaultE2BIdleTimeout, e2bReadTimeout: defaultE2BReadTimeout, e2bWriteTimeout: defaultE2BWriteTimeout, e2bConnsPerAddr: defaultE2BConnsPerAddr,
 			}
-			want.configFile, want.kiln = cfg.configFile, cfg.kiln
+			want.configFile = cfg.configFile
 			if !reflect.DeepEqual(cfg, want) {
 				t.Errorf("config\n %+v\nwant\n %+v", cfg, want)
 			}

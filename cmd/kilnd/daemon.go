@@ -33,14 +33,40 @@ func (k *kilndService) Close(ctx context.Context) error {
 	return err
 }
 
-// newDaemon is the real service: package daemon over VMM processes.
-func newDaemon(cfg config, log *slog.Logger) (service, error) {
-	fi, err := os.Stat(cfg.kiln)
+// vmmCommand is the command every sandbox's VMM process runs: [--vmm],
+// else [sandbox.FindVMM's]; with the deprecated --kiln, [kiln, "vmm"]
+// (kiln's hidden alias of kiln-vmm). Its binary must be an executable
+// file.
+func (c config) vmmCommand() ([]string, error) {
+	cmd, flag := []string{c.vmm}, "--vmm"
+	switch {
+	case c.kiln != "":
+		cmd, flag = []string{c.kiln, "vmm"}, "--kiln"
+	case c.vmm == "":
+		p, err := sandbox.FindVMM()
+		if err != nil {
+			return nil, fmt.Errorf("the VMM binary: %w (or use --vmm)", err)
+		}
+		cmd = []string{p}
+	}
+	fi, err := os.Stat(cmd[0])
 	if err != nil {
-		return nil, fmt.Errorf("the kiln binary that runs VMM processes: %w (use --kiln)", err)
+		return nil, fmt.Errorf("the VMM binary (%s): %w", flag, err)
 	}
 	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-		return nil, fmt.Errorf("the kiln binary %s is not an executable file (use --kiln)", cfg.kiln)
+		return nil, fmt.Errorf("the VMM binary %s (%s) is not an executable file", cmd[0], flag)
+	}
+	return cmd, nil
+}
+
+// newDaemon is the real service: package daemon over VMM processes.
+func newDaemon(cfg config, log *slog.Logger) (service, error) {
+	vmmCmd, err := cfg.vmmCommand()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.kiln != "" {
+		log.Warn("--kiln is deprecated: give --vmm the kiln-vmm binary (make build and make install put it beside kilnd)", "kiln", cfg.kiln)
 	}
 	rt, err := sandbox.FindRuntime(cfg.kernel, cfg.agent)
 	if err != nil {
@@ -56,7 +82,7 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		StateDir:        cfg.stateDir,
 		Runtime:         rt,
 		Images:          images,
-		ProcessCommand:  []string{cfg.kiln, "vmm"},
+		ProcessCommand:  vmmCmd,
 		MaxSandboxes:    cfg.maxSandboxes,
 		MaxMemoryMiB:    cfg.maxMemoryMiB,
 		DefaultLifetime: cfg.defaultLifetime,
@@ -67,7 +93,7 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		MemoryOvercommit: cfg.memoryOvercommit,
 		SandboxIO:        cfg.sandboxIO,
 	}
-	jailed, why, err := resolveJail(cfg.jail, os.Geteuid(), cfg.kiln)
+	jailed, why, err := resolveJail(cfg.jail, os.Geteuid(), vmmCmd[0])
 	if err != nil {
 		return nil, err
 	}

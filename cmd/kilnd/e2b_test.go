@@ -28,7 +28,7 @@ func TestE2BFlags(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "kilnd.toml")
 	os.WriteFile(conf, []byte("e2b-listen = \"127.0.0.1:3000\"\ne2b-api-key = [\"key-conf-0001 alpha\", \"key-conf-0002 beta\"]\ne2b-domain = \"kiln.test\"\n"), 0o644)
-	cfg, err := parseFlagsWith([]string{"--config", conf, "--kiln", "/bin/true"}, io.Discard, "")
+	cfg, err := parseFlagsWith([]string{"--config", conf, "--vmm", "/bin/true"}, io.Discard, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestE2BFlags(t *testing.T) {
 		{[]string{"--e2b-listen", "nowhere"}, "e2b-listen"},
 		{[]string{"--e2b-listen", "127.0.0.1:3000", "--e2b-api-key", "key-0000001 a", "--e2b-domain", "a/b"}, "--e2b-domain"},
 	} {
-		if _, err := parseFlagsWith(append(tc.args, "--kiln", "/bin/true"), io.Discard, ""); err == nil || !strings.Contains(err.Error(), tc.msg) {
+		if _, err := parseFlagsWith(append(tc.args, "--vmm", "/bin/true"), io.Discard, ""); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: %v; want %q", tc.args, err, tc.msg)
 		}
 	}
@@ -52,7 +52,7 @@ func TestE2BFlags(t *testing.T) {
 	os.WriteFile(keys, []byte("# k\nkey-file-0001\n"), 0o600)
 	var stderr bytes.Buffer
 	args := []string{"--config=", "--listen", "unix:" + filepath.Join(dir, "s.sock"), "--state-dir", filepath.Join(dir, "state"),
-		"--kiln", "/bin/true", "--e2b-listen", "127.0.0.1:0", "--e2b-api-keys", keys}
+		"--vmm", "/bin/true", "--e2b-listen", "127.0.0.1:0", "--e2b-api-keys", keys}
 	if code := run(context.Background(), args, &stderr, func(config, *slog.Logger) (service, error) {
 		t.Error("kilnd made its service with a bad keys file")
 		return &listOnly{}, nil
@@ -81,7 +81,7 @@ func TestE2BListen(t *testing.T) {
 	newSvc := func(cfg config, log *slog.Logger) (service, error) {
 		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
 	}
-	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true",
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--vmm", "/bin/true",
 		"--e2b-listen", addr, "--e2b-api-keys", keys, "--e2b-api-key", "key-flag-0002 beta"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
@@ -182,7 +182,7 @@ func startE2BKilnd(t *testing.T, extra ...string) string {
 		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
 	}
 	args := append([]string{"--config=", "--listen", "unix:" + filepath.Join(dir, "kilnd.sock"), "--state-dir", filepath.Join(dir, "state"),
-		"--kiln", "/bin/true", "--e2b-listen", addr, "--e2b-api-key", "key-flag-0001 alpha"}, extra...)
+		"--vmm", "/bin/true", "--e2b-listen", addr, "--e2b-api-key", "key-flag-0001 alpha"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var stderr bytes.Buffer

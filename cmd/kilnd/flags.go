@@ -18,6 +18,7 @@ import (
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/jail"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // Defaults of the host-integration flags.
@@ -58,13 +59,14 @@ func newFlagSet(cfg *config, listens *listenFlag) *flag.FlagSet {
 	fs.StringVar(&cfg.images, "images", "", "images `DIR` (default: <kernel cache>/images, as kiln image pull uses)")
 	fs.StringVar(&cfg.kernel, "kernel", "", "kernel image; default: the cached Debian kernel, as kiln run")
 	fs.StringVar(&cfg.agent, "agent", "", "static kiln-agent binary; default: $KILN_AGENT, or kiln-agent beside kiln")
-	fs.StringVar(&cfg.kiln, "kiln", "", "the kiln binary whose `kiln vmm` runs each sandbox's VM (default: kiln beside kilnd)")
+	fs.StringVar(&cfg.vmm, "vmm", "", "the kiln-vmm binary, `PATH`, each sandbox's VMM process runs (default: $"+sandbox.VMMEnv+", else kiln-vmm beside kilnd, else on $PATH)")
+	fs.StringVar(&cfg.kiln, "kiln", "", "deprecated, use --vmm: a kiln binary, `PATH`, whose hidden `kiln vmm` runs each sandbox's VMM process")
 	fs.IntVar(&cfg.maxSandboxes, "max-sandboxes", 0, "most live sandboxes at once (0: 1024)")
 	fs.Uint64Var(&cfg.maxMemoryMiB, "max-memory", 0, "most guest memory in `MiB` among the live sandboxes (0: the host's)")
 	fs.DurationVar(&cfg.defaultLifetime, "default-lifetime", 0, "lifetime of a sandbox whose request gives none (0: unlimited)")
 	fs.BoolVar(&cfg.debug, "debug", false, "log at debug level")
 	cfg.jail = jail.ModeAuto
-	fs.Var(&cfg.jail, "jail", "jail every sandbox's VMM process: namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities (kilnd fetches image chunks for them). auto (the default): when kilnd runs as root and the kiln binary is built with CGO_ENABLED=0, else say why and run unjailed; true: refuse to start without; false: never")
+	fs.Var(&cfg.jail, "jail", "jail every sandbox's VMM process: namespaces of its own, a root holding only what it needs, a uid of its own, no capabilities (kilnd fetches image chunks for them). auto (the default): when kilnd runs as root and the kiln-vmm binary is built with CGO_ENABLED=0, else say why and run unjailed; true: refuse to start without; false: never")
 	fs.StringVar(&cfg.jailIDs, "jail-ids", jail.DefaultIDsDir, "`DIR` whose jail-ids folder holds the locks of the jails' uids (shared with kiln run/fork --jail, so that no two jails share an id)")
 
 	cfg.logFormat = logText

@@ -245,7 +245,7 @@ func TestKVMKilnd(t *testing.T) {
 	t.Cleanup(func() { removeCgroupTree(t, cgRoot) })
 	k := &kilndProc{t: t, sock: filepath.Join(dir, "kilnd.sock"), logs: t.TempDir(), pids: map[int32]bool{},
 		args: []string{"--listen", "unix:" + filepath.Join(dir, "kilnd.sock"), "--state-dir", state,
-			"--images", images, "--agent", agent, "--kiln", vmmBin, "--jail=true", "--jail-ids", t.TempDir(), "--cgroup-root", cgRoot}}
+			"--images", images, "--agent", agent, "--vmm", vmmBin, "--jail=true", "--jail-ids", t.TempDir(), "--cgroup-root", cgRoot}}
 	t.Cleanup(k.cleanup)
 
 	startAt := time.Now()

@@ -27,7 +27,6 @@ import (
 	"github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/daemontest"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -109,8 +108,8 @@ func TestParseFlags(t *testing.T) {
 			if got := (*listenFlag)(&cfg.listens).String(); got != tt.wantLists {
 				t.Errorf("listens %s; want %s", got, tt.wantLists)
 			}
-			if cfg.stateDir != "/var/lib/kiln" || filepath.Base(cfg.kiln) != "kiln" {
-				t.Errorf("state dir %q, kiln %q; want /var/lib/kiln and kiln beside kilnd", cfg.stateDir, cfg.kiln)
+			if cfg.stateDir != "/var/lib/kiln" || cfg.vmm != "" || cfg.kiln != "" {
+				t.Errorf("state dir %q, vmm %q, kiln %q; want /var/lib/kiln and no VMM binary named (sandbox.FindVMM's)", cfg.stateDir, cfg.vmm, cfg.kiln)
 			}
 		})
 	}
@@ -360,7 +359,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr bytes.Buffer
 	done := make(chan int, 1)
-	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true"}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--vmm", "/bin/true"}
 	go func() { done <- run(ctx, args, &stderr, newSvc) }()
 	ns.until("READY=1", 20*time.Second)
 
@@ -412,7 +411,7 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 	newSvc := func(cfg config, log *slog.Logger) (service, error) {
 		return daemon.New(daemon.Config{StateDir: cfg.stateDir, Backend: be, HostMemoryMiB: 16384, HostCPUs: 8, Logger: log})
 	}
-	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--kiln", "/bin/true"}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", state, "--vmm", "/bin/true"}
 	start := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int, 1)
@@ -502,10 +501,10 @@ const testKilndEnv = "KILND_TEST_AS_KILND"
 const testKilndReal = "real"
 
 func TestMain(m *testing.M) {
-	// A VMM process that the real backend started (--kiln this binary):
-	// what `kiln vmm` runs. First, since it inherits testKilndEnv.
+	// A VMM process that the real backend started (--vmm this binary):
+	// what kiln-vmm runs. First, since it inherits testKilndEnv.
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(sandbox.ServeVMM(context.Background(), ""))
+		os.Exit(vmmproc.Main(context.Background(), nil))
 	}
 	switch os.Getenv(testKilndEnv) {
 	case testKilndReal:
@@ -527,7 +526,7 @@ func TestMain(m *testing.M) {
 func TestSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kilnd.sock")
-	cmd := exec.Command(os.Args[0], "--config=", "--listen", "unix:"+sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true")
+	cmd := exec.Command(os.Args[0], "--config=", "--listen", "unix:"+sock, "--state-dir", filepath.Join(dir, "state"), "--vmm", "/bin/true")
 	cmd.Env = append(os.Environ(), testKilndEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

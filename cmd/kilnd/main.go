@@ -1,9 +1,9 @@
 // Command kilnd is Kiln's sandbox daemon: it serves the kiln.v1 gRPC API
 // (package daemon) on a Unix socket and, with a bearer token, on TCP, and
-// runs each sandbox in a VMM process of its own (this install's kiln vmm).
+// runs each sandbox in a VMM process of its own (this install's kiln-vmm).
 //
 //	kilnd [--config FILE] [--listen unix:PATH]... [--listen tcp:HOST:PORT --token-file FILE]
-//	      [--state-dir DIR] [--images DIR] [--kernel K] [--agent A] [--kiln PATH]
+//	      [--state-dir DIR] [--images DIR] [--kernel K] [--agent A] [--vmm PATH]
 //	      [--log-format text|json] [host flags: --cgroup-root, --net-pool, ...]
 //
 // Every flag is also a key of the TOML config file (--config, default
@@ -31,7 +31,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -57,7 +56,8 @@ type config struct {
 	images         string
 	kernel         string
 	agent          string
-	kiln           string // the kiln binary whose vmm command runs each VM
+	vmm            string // the kiln-vmm each VMM process runs ("": sandbox.FindVMM's)
+	kiln           string // deprecated --kiln: a kiln whose `kiln vmm` runs each VM
 	debug          bool
 	// jail jails each VMM process (--jail); jailIDs holds its id locks
 	// (--jail-ids).
@@ -176,12 +176,8 @@ func parseFlagsWith(args []string, stderr io.Writer, defaultConfig string) (conf
 	if err := checkE2BConfig(cfg); err != nil {
 		return config{}, err
 	}
-	if cfg.kiln == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return config{}, fmt.Errorf("finding kiln beside kilnd: %w (use --kiln)", err)
-		}
-		cfg.kiln = filepath.Join(filepath.Dir(self), "kiln")
+	if cfg.vmm != "" && cfg.kiln != "" {
+		return config{}, errors.New("--vmm and --kiln (deprecated: a kiln whose hidden `kiln vmm` runs each VM) both name the VMM binary: give --vmm")
 	}
 	return cfg, nil
 }

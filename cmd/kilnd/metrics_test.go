@@ -22,7 +22,7 @@ func TestMetricsListen(t *testing.T) {
 	sock := filepath.Join(dir, "kilnd.sock")
 	addr := freePort(t)
 	startKilnd(t, []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"),
-		"--kiln", "/bin/true", "--metrics-listen", addr}, nil)
+		"--vmm", "/bin/true", "--metrics-listen", addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var c *client.Client
@@ -83,7 +83,7 @@ func TestMetricsListenBusy(t *testing.T) {
 	defer ln.Close()
 	dir := t.TempDir()
 	k := startKilnd(t, []string{"--config=", "--listen", "unix:" + filepath.Join(dir, "k.sock"), "--state-dir", filepath.Join(dir, "state"),
-		"--kiln", "/bin/true", "--metrics-listen", ln.Addr().String()}, nil)
+		"--vmm", "/bin/true", "--metrics-listen", ln.Addr().String()}, nil)
 	if err := k.wait(t, 30*time.Second); err == nil {
 		t.Fatal("kilnd started on a busy metrics port")
 	}

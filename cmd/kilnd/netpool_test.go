@@ -68,7 +68,7 @@ func TestKilndNetPool(t *testing.T) {
 	state, sock := filepath.Join(dir, "state"), filepath.Join(dir, "kilnd.sock")
 	run := func(uplink string) (*exec.Cmd, *bytes.Buffer) {
 		cmd := exec.Command(ipBin, "netns", "exec", ns, self, "--config=", "--listen", "unix:"+sock,
-			"--state-dir", state, "--agent", agent, "--kiln", self, "--cgroup-root", "none",
+			"--state-dir", state, "--agent", agent, "--vmm", self, "--cgroup-root", "none",
 			"--net-pool", "10.213.0.0/24", "--net-uplink", uplink, "--net-dns", "10.251.0.1")
 		cmd.Env = append(os.Environ(), testKilndEnv+"="+testKilndReal)
 		var out bytes.Buffer

@@ -59,7 +59,7 @@ func TestUnitFiles(t *testing.T) {
 
 // TestMakeInstall runs make install into a DESTDIR, with stand-ins for the
 // built binaries (make -o build: no build), and checks the layout: the
-// three binaries side by side, the units with ExecStart at BINDIR, and
+// four binaries side by side, the units with ExecStart at BINDIR, and
 // the config file, which a second install keeps.
 func TestMakeInstall(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
@@ -67,7 +67,7 @@ func TestMakeInstall(t *testing.T) {
 	}
 	src, dest := t.TempDir(), t.TempDir()
 	bins := map[string]string{}
-	for _, name := range []string{"kiln", "kilnd", "kiln-agent"} {
+	for _, name := range []string{"kiln", "kilnd", "kiln-vmm", "kiln-agent"} {
 		p := filepath.Join(src, name)
 		if err := os.WriteFile(p, []byte("#!/bin/sh\necho "+name+"\n"), 0o700); err != nil {
 			t.Fatal(err)
@@ -77,7 +77,7 @@ func TestMakeInstall(t *testing.T) {
 	install := func() string {
 		t.Helper()
 		cmd := exec.Command("make", "--no-print-directory", "-C", "../..", "-o", "build", "install",
-			"DESTDIR="+dest, "PREFIX=/opt/kiln", "KILN="+bins["kiln"], "KILND="+bins["kilnd"], "AGENT="+bins["kiln-agent"])
+			"DESTDIR="+dest, "PREFIX=/opt/kiln", "KILN="+bins["kiln"], "KILND="+bins["kilnd"], "VMM="+bins["kiln-vmm"], "AGENT="+bins["kiln-agent"])
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("make install: %v\n%s", err, out)
@@ -85,7 +85,7 @@ func TestMakeInstall(t *testing.T) {
 		return string(out)
 	}
 	install()
-	for _, name := range []string{"kiln", "kilnd", "kiln-agent"} {
+	for _, name := range []string{"kiln", "kilnd", "kiln-vmm", "kiln-agent"} {
 		p := filepath.Join(dest, "opt/kiln/bin", name)
 		fi, err := os.Stat(p)
 		if err != nil || fi.Mode().Perm() != 0o755 {

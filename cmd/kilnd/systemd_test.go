@@ -178,7 +178,7 @@ func TestNotifyProtocol(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kilnd.sock")
 	ns := newNotifySocket(t, dir)
-	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true"}
+	args := []string{"--config=", "--listen", "unix:" + sock, "--state-dir", filepath.Join(dir, "state"), "--vmm", "/bin/true"}
 	env := []string{"NOTIFY_SOCKET=" + ns.path, fmt.Sprintf("WATCHDOG_USEC=%d", watchdogUsec)}
 
 	// A client's dial loop: when its first call succeeds, noted for the log.
@@ -301,7 +301,7 @@ func TestSocketActivation(t *testing.T) {
 	_, defaultErr := os.Lstat(defaultSocket)
 
 	ns := newNotifySocket(t, dir)
-	args := []string{"--config=", "--state-dir", filepath.Join(dir, "state"), "--kiln", "/bin/true",
+	args := []string{"--config=", "--state-dir", filepath.Join(dir, "state"), "--vmm", "/bin/true",
 		"--listen", "unix:" + other, "--listen", "unix:" + sock}
 	env := []string{"NOTIFY_SOCKET=" + ns.path}
 	k := startKilnd(t, args, env, f)

@@ -23,7 +23,7 @@ import (
 // backend's ProcessCommand in TestKVME2B).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
-		os.Exit(sandbox.ServeVMM(context.Background(), ""))
+		os.Exit(vmmproc.Main(context.Background(), nil))
 	}
 	os.Exit(m.Run())
 }

@@ -123,19 +123,28 @@ func guestBinary(tb testing.TB, name, pkg string, srcDirs ...string) string {
 	return out
 }
 
-// vmmPkg is the kiln command, whose `kiln vmm` serves a VMM process.
-const vmmPkg = "github.com/kilnvm/kiln/cmd/kiln"
+// vmmPkg is cmd/kiln-vmm, a VMM process and nothing else.
+const vmmPkg = "github.com/kilnvm/kiln/cmd/kiln-vmm"
 
-// VMMBinary returns a build of the kiln command without cgo, for tests
-// whose VMM processes are jailed: package jail changes every thread
-// through the Go runtime, which a cgo binary cannot (and a test binary
-// links cgo when the toolchain's CGO_ENABLED is 1, as the harness builds
-// them). Run it as [VMMBinary(t), "vmm"]. Shared and kept as the guest
-// binaries are, keyed by every package of the module; TestVMMBinary
-// builds it on the host before L1's run.
+// VMMBinary returns a build of kiln-vmm without cgo, for tests whose VMM
+// processes are jailed: package jail changes every thread through the Go
+// runtime, which a cgo binary cannot (and a test binary links cgo when
+// the toolchain's CGO_ENABLED is 1, as the harness builds them). Run it
+// as [VMMBinary(t)] (ProcessOptions.Command, kilnd --vmm, $KILN_VMM).
+// Shared and kept as the guest binaries are, keyed by every package of
+// the module; TestVMMBinary builds it on the host before L1's run.
 func VMMBinary(tb testing.TB) string {
 	tb.Helper()
 	return moduleBinary(tb, "kiln-vmm", vmmPkg)
+}
+
+// KilnBinary returns a build of the kiln command without cgo, for tests
+// that run the CLI as a program of its own (with $KILN_VMM set to
+// VMMBinary's, as it finds no kiln-vmm beside it); kept as VMMBinary's is
+// (TestKilnBinary builds it on the host).
+func KilnBinary(tb testing.TB) string {
+	tb.Helper()
+	return moduleBinary(tb, "kiln", "github.com/kilnvm/kiln/cmd/kiln")
 }
 
 // ShimBinary returns a build of containerd-shim-kiln-v2 (without cgo),

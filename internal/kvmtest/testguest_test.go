@@ -41,7 +41,17 @@ func TestVMMBinary(t *testing.T) {
 	}
 	p := VMMBinary(t)
 	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
-		t.Fatalf("kiln (for VMM processes) at %s: %v", p, err)
+		t.Fatalf("kiln-vmm at %s: %v", p, err)
+	}
+}
+
+func TestKilnBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program")
+	}
+	p := KilnBinary(t)
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		t.Fatalf("kiln at %s: %v", p, err)
 	}
 }
 

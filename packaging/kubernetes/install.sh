@@ -5,14 +5,15 @@
 #   install.sh [--root DIR] [--from DIR] [--no-restart]
 #
 # --from DIR (default: this script's folder) holds what is installed:
-#   bin/containerd-shim-kiln-v2, bin/kiln-agent, bin/kiln (optional), and
+#   bin/containerd-shim-kiln-v2, bin/kiln-agent, bin/kiln and bin/kiln-vmm
+#   (optional: the CLI and the VMM process it runs), and
 #   kernel/<version>/{vmlinuz,modules/} with kernel/current -> <version>
 #   (tools/fetch-kernel.sh's cache layout; Dockerfile.installer packs it).
 # --root DIR (default /) is the node's root: the installer DaemonSet mounts
 #   the host's / at /host and passes --root /host.
 #
 # It writes, under the root:
-#   /usr/local/bin/{containerd-shim-kiln-v2,kiln-agent,kiln}
+#   /usr/local/bin/{containerd-shim-kiln-v2,kiln-agent,kiln,kiln-vmm}
 #   /var/lib/kiln/kernel/...              the guest kernel (the shim's cache)
 #   /etc/kiln/shim.toml                   unless one is there
 # and the CRI runtime "kiln" (containerd-kiln.toml) into
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 	--root) root=$2; shift 2 ;;
 	--from) from=$2; shift 2 ;;
 	--no-restart) restart=0; shift ;;
-	-h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
 	*) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -59,7 +60,7 @@ if [ "${KILN_INSTALL_SKIP_NODE_CHECKS:-}" != 1 ]; then
 fi
 
 install -d -m 0755 "$r/usr/local/bin" "$r/var/lib/kiln/kernel" "$r/etc/kiln" "$r/etc/containerd"
-for b in containerd-shim-kiln-v2 kiln-agent kiln; do
+for b in containerd-shim-kiln-v2 kiln-agent kiln kiln-vmm; do
 	[ -x "$from/bin/$b" ] || continue
 	install -m 0755 "$from/bin/$b" "$r/usr/local/bin/.$b.new"
 	mv -f "$r/usr/local/bin/.$b.new" "$r/usr/local/bin/$b"

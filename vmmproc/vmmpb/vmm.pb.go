@@ -4,7 +4,7 @@
 // 	protoc        v3.21.12
 // source: vmm.proto
 
-// The API of a Kiln VMM process (`kiln vmm`): one process owns exactly one
+// The API of a Kiln VMM process (kiln-vmm): one process owns exactly one
 // VM and is driven by its parent over a Unix socket. Plain data crosses as
 // JSON of the Go types named (vmm.Spec, vmm.State, virtio.DeviceSpec), so
 // that the VMM and its parent share one definition of each; descriptors
