@@ -37,7 +37,7 @@ HARNESS_TRIES ?= 1
 DEMO_CMD = $(KILN) run --time --boot-timeout 4m -- sh -c 'uname -a; echo hello from kiln'
 DEMO_TIMEOUT := 5m
 
-.PHONY: all deps build harness kernel guest-kernel test-rootfs demo test fuzz bench clean install
+.PHONY: all deps build harness kernel guest-kernel test-rootfs demo test soak fuzz bench clean install
 
 all: deps build kernel demo
 
@@ -109,6 +109,16 @@ test: harness test-rootfs
 	  $(HARNESS) $(HARNESS_FLAGS) ./... && exit 0; \
 	  [ $$try -lt $(HARNESS_TRIES) ] && echo "make test: the suite failed (try $$try of $(HARNESS_TRIES)); running it again: Linux boots in L2 under TCG-nested KVM are occasionally flaky (see README)"; \
 	done; exit 1
+
+# The load tests at the sizes make test keeps small: 100 concurrent
+# creates from a template through kilnd (TestKVMDaemonTemplates, 12 in
+# make test) and 64 restore/close cycles of VMM processes, each counted for
+# leaks (TestKVMSandboxSoak, 16 in make test). Not part of CI.
+SOAK_STORM ?= 100
+SOAK_CYCLES ?= 64
+soak: harness test-rootfs
+	KILN_TEMPLATE_STORM=$(SOAK_STORM) KILN_SOAK_CYCLES=$(SOAK_CYCLES) \
+	  $(HARNESS) $(HARNESS_FLAGS) -timeout 60m -run 'TestKVMDaemonTemplates$$|TestKVMSandboxSoak$$' ./daemon ./sandbox
 
 # Every fuzz target, briefly: the parsers of guest- and user-written input
 # (virtqueues, device requests, kernel images, flags). make test runs only

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,16 +328,25 @@ func TestKVMDaemon(t *testing.T) {
 	}
 }
 
-// TestKVMDaemonTemplates: one template (busybox, set up once), 100
-// concurrent creates from it with one exec each, a warm pool's hand-out
-// under a new identity, and every sandbox gone after destroy.
+// TestKVMDaemonTemplates: one template (busybox, set up once), N
+// concurrent creates from it with one exec each (KILN_TEMPLATE_STORM,
+// default 12: more than kilnd starts at once on L1's one CPU, so the
+// queue is exercised; make soak runs 100), a warm pool's hand-out under a
+// new identity, and every sandbox gone after destroy.
 func TestKVMDaemonTemplates(t *testing.T) {
 	kvmtest.Require(t)
+	n := 12
+	if s := os.Getenv("KILN_TEMPLATE_STORM"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 || n > 1000 {
+			t.Fatalf("KILN_TEMPLATE_STORM=%q: want 1 to 1000 concurrent creates", s)
+		}
+	}
 	e := newKVMEnv(t)
 	// Restored sandboxes share the template's pages: 100 of 128 MiB each
 	// are more guest memory than L1 has, and fit.
 	e.stop()
-	e.cfg.MaxMemoryMiB = 100 * 128 * 2
+	e.cfg.MaxMemoryMiB = uint64(max(n, 100)) * 128 * 2
 	e.cfg.MemoryOvercommit = 16 // 100 × (128 + 128 MiB of VMM overhead) committed on L1's 4 GiB
 	e.startKVM()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -353,10 +363,9 @@ func TestKVMDaemonTemplates(t *testing.T) {
 	}
 	t.Logf("template %s ready in %v", tp.Id, time.Since(began).Round(time.Millisecond))
 
-	// 100 creates at once, each followed by an exec and a destroy (an RL
+	// n creates at once, each followed by an exec and a destroy (an RL
 	// step's life); kilnd starts Config.MaxStarting at a time (4 per
 	// CPU) and queues the rest.
-	const n = 100
 	began = time.Now()
 	sbs := make([]*kilnpb.Sandbox, n)
 	outs := make([]string, n)
@@ -368,7 +377,7 @@ func TestKVMDaemonTemplates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() {
-				if d := done.Add(1); d%20 == 0 {
+				if d := done.Add(1); d%20 == 0 || int(d) == n {
 					t.Logf("%d of %d done after %v", d, n, time.Since(began).Round(time.Second))
 				}
 			}()
