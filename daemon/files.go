@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/client"
 )
 
 // maxPath is the longest path a file call takes (Linux's PATH_MAX).
@@ -74,7 +73,7 @@ func stMode(m fs.FileMode) uint32 {
 	return st
 }
 
-func fileInfo(fi client.FileInfo) *kilnpb.FileInfo {
+func fileInfo(fi FileInfo) *kilnpb.FileInfo {
 	return &kilnpb.FileInfo{
 		Path: fi.Path, Name: fi.Name, Size: fi.Size, Mode: stMode(fi.Mode),
 		MtimeUnixNanos: fi.ModTime.UnixNano(), IsDir: fi.IsDir, Symlink: fi.Symlink,
@@ -315,7 +314,7 @@ func (s *Server) WatchDir(req *kilnpb.WatchDirRequest, stream kilnpb.Kiln_WatchD
 	defer cancel()
 	stop := context.AfterFunc(bctx, cancel) // the sandbox ended
 	defer stop()
-	err = inst.Watch(ctx, req.GetPath(), req.GetRecursive(), func(ev client.WatchEvent) error {
+	err = inst.Watch(ctx, req.GetPath(), req.GetRecursive(), func(ev WatchEvent) error {
 		out := &kilnpb.WatchEvent{Started: ev.Started, Op: kilnpb.WatchEvent_Op(ev.Op), Name: ev.Name}
 		if ev.HasEntry {
 			out.Entry = fileInfo(ev.Entry)

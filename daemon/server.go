@@ -21,8 +21,7 @@ import (
 
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
-	"github.com/kilnvm/kiln/snapshot"
+	"github.com/kilnvm/kiln/limits"
 )
 
 // Config configures a Server.
@@ -30,22 +29,11 @@ type Config struct {
 	// StateDir holds the server's records and the sandboxes' folders
 	// (required; kilnd uses /var/lib/kiln).
 	StateDir string
-	// Backend runs the sandboxes; nil: a SandboxBackend from Runtime,
-	// Images and ProcessCommand.
+	// Backend runs the sandboxes (required): kilnd's is a
+	// vmmbackend.Backend, VMM processes over StateDir.
 	Backend Backend
-	// Runtime is the kernel and agent initramfs sandboxes boot.
-	Runtime sandbox.Runtime
-	// Images is the images folder of image-rooted sandboxes.
-	Images string
-	// ProcessCommand starts a VMM process: ["/usr/bin/kiln-vmm"].
-	ProcessCommand []string
-	// Jail, when set, jails every sandbox's VMM process
-	// (sandbox.ProcessOptions.Jail; kilnd --jail). An image root's
-	// missing chunks are fetched by kilnd for the jailed process
-	// (image/chunkrpc).
-	Jail *sandbox.JailOptions
 
-	// Defaults of a CreateSandboxRequest's zero fields (sandbox.DefaultCPUs
+	// Defaults of a CreateSandboxRequest's zero fields (limits.DefaultCPUs
 	// and DefaultMemoryMiB: 1 vCPU, 512 MiB when zero), and its lifetime
 	// (no limit when zero).
 	DefaultCPUs      uint32
@@ -157,8 +145,6 @@ const (
 	checkpointsDir = "checkpoints"
 	templatesDir   = "templates"
 	hibernatedDir  = "hibernated" // ID/ per hibernated sandbox: its snapshot
-	// snapshotKeyFile is the host key of its checkpoints (snapshot.LoadKey).
-	snapshotKeyFile = "snapshot.key"
 )
 
 // New makes a server over cfg.StateDir, taking over every sandbox its
@@ -181,10 +167,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = realClock{}
 	}
 	if cfg.DefaultCPUs == 0 {
-		cfg.DefaultCPUs = sandbox.DefaultCPUs
+		cfg.DefaultCPUs = limits.DefaultCPUs
 	}
 	if cfg.DefaultMemoryMiB == 0 {
-		cfg.DefaultMemoryMiB = sandbox.DefaultMemoryMiB
+		cfg.DefaultMemoryMiB = limits.DefaultMemoryMiB
 	}
 	if cfg.MaxSandboxes == 0 {
 		cfg.MaxSandboxes = 1024
@@ -216,22 +202,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.Backend == nil {
-		// A sandbox's sockets are StateDir/sandboxes/ID/vmm.sock: a Unix
-		// socket's path has at most 107 bytes.
-		if n := len(cfg.StateDir) + len("/sandboxes/sb-0123456789abcdef/vsock.sock"); n > 100 {
-			return nil, fmt.Errorf("daemon: state folder %s is too long: its sandboxes' socket paths would have %d bytes, Unix sockets take at most 100 here", cfg.StateDir, n)
-		}
-		if len(cfg.ProcessCommand) == 0 {
-			return nil, errors.New("daemon: no backend and no VMM process command (Config.ProcessCommand: kiln-vmm)")
-		}
-		// The host key of the checkpoints kilnd saves and restores:
-		// made on first use, mode 0600, in the state folder.
-		key, err := snapshot.LoadKey(filepath.Join(cfg.StateDir, snapshotKeyFile))
-		if err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
-		}
-		cfg.Backend = &SandboxBackend{Runtime: cfg.Runtime, Images: cfg.Images,
-			Process: sandbox.ProcessOptions{Command: cfg.ProcessCommand, Jail: cfg.Jail}, Logger: cfg.Logger, SnapshotKey: key}
+		return nil, errors.New("daemon: no backend (Config.Backend: kilnd's is a vmmbackend.Backend)")
 	}
 	if cfg.TemplateTimeout == 0 {
 		cfg.TemplateTimeout = 30 * time.Minute

@@ -1,7 +1,9 @@
-package daemon
+package vmmbackend
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,13 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
 )
 
 // The real backend without KVM: its failures are errors that say what is
 // wrong, and leave no process behind. (Its sandboxes run in
 // TestKVMDaemon, under the harness.)
-func TestSandboxBackendErrors(t *testing.T) {
+func TestBackendErrors(t *testing.T) {
 	dir := t.TempDir()
 	kernel := filepath.Join(dir, "vmlinux")
 	initrd := filepath.Join(dir, "initrd")
@@ -27,14 +32,14 @@ func TestSandboxBackendErrors(t *testing.T) {
 	defer cancel()
 	tests := []struct {
 		name string
-		b    *SandboxBackend
-		spec CreateSpec
+		b    *Backend
+		spec daemon.CreateSpec
 		want string
 	}{
-		{"no command", &SandboxBackend{Runtime: rt}, CreateSpec{Image: "busybox"}, "no VMM process command"},
-		{"no source", &SandboxBackend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}, CreateSpec{}, "an image or a checkpoint"},
-		{"no checkpoint", &SandboxBackend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}, CreateSpec{Checkpoint: filepath.Join(dir, "none")}, "none"},
-		{"no image", &SandboxBackend{Runtime: rt, Images: filepath.Join(dir, "images"), Process: sandbox.ProcessOptions{Command: []string{"false"}}}, CreateSpec{Image: "busybox"}, "busybox"},
+		{"no command", &Backend{Runtime: rt}, daemon.CreateSpec{Image: "busybox"}, "no VMM process command"},
+		{"no source", &Backend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}, daemon.CreateSpec{}, "an image or a checkpoint"},
+		{"no checkpoint", &Backend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}, daemon.CreateSpec{Checkpoint: filepath.Join(dir, "none")}, "none"},
+		{"no image", &Backend{Runtime: rt, Images: filepath.Join(dir, "images"), Process: sandbox.ProcessOptions{Command: []string{"false"}}}, daemon.CreateSpec{Image: "busybox"}, "busybox"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,7 +56,7 @@ func TestSandboxBackendErrors(t *testing.T) {
 	}
 	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	b := &SandboxBackend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}
+	b := &Backend{Runtime: rt, Process: sandbox.ProcessOptions{Command: []string{"false"}}}
 	if _, err := b.Attach(actx, t.TempDir(), false); err == nil || !strings.Contains(err.Error(), "attach") {
 		t.Errorf("attach to an empty folder: %v", err)
 	}
@@ -77,5 +82,37 @@ func TestReap(t *testing.T) {
 	}
 	if err := reap(os.Getpid(), time.Millisecond); err != nil {
 		t.Errorf("reap of this process: %v", err)
+	}
+}
+
+// The daemon's plain types say what the guest's do: its bound on detached
+// processes is the agent's, its watch operations are the client's.
+func TestPlainTypes(t *testing.T) {
+	if daemon.MaxDetached != agentpb.MaxDetached {
+		t.Errorf("daemon.MaxDetached %d, the agent keeps %d", daemon.MaxDetached, agentpb.MaxDetached)
+	}
+	for _, op := range []client.WatchOp{client.WatchCreate, client.WatchWrite, client.WatchRemove, client.WatchRename, client.WatchChmod} {
+		if got := watchOp(op); int(got) != int(op) {
+			t.Errorf("watch op %v is %d, want %d", op, got, op)
+		}
+	}
+	for _, err := range []error{sandbox.ErrNotHeld, sandbox.ErrNotKept} {
+		m := markErr(fmt.Errorf("wrapped: %w", err))
+		if !errors.Is(m, err) || m.Error() != "wrapped: "+err.Error() {
+			t.Errorf("marked %v: %v", err, m)
+		}
+	}
+	if !errors.Is(markErr(sandbox.ErrNotHeld), daemon.ErrNotHeld) || !errors.Is(markErr(sandbox.ErrNotKept), daemon.ErrNotKept) {
+		t.Error("not marked")
+	}
+}
+
+func TestNewLongStateDir(t *testing.T) {
+	long := filepath.Join(t.TempDir(), strings.Repeat("x", 100))
+	if _, err := New(Options{StateDir: long, Command: []string{"kiln-vmm"}}); err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Errorf("New over %s: %v", long, err)
+	}
+	if _, err := New(Options{StateDir: t.TempDir()}); err == nil {
+		t.Error("New without a command")
 	}
 }
