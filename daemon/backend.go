@@ -82,9 +82,27 @@ type NetSpec struct {
 	MAC   string
 }
 
-// Instance is one running sandbox of a backend. Its methods are safe for
-// concurrent use.
+// Instance is one running sandbox of a backend: its machine, the
+// processes and files of its guest, and its checkpoints. Its methods are
+// safe for concurrent use.
 type Instance interface {
+	Machine
+	Execs
+	Files
+	Checkpoints
+	// Keep has the sandbox's VMM process keep value under key in its
+	// memory, never on a disk, until set again or the sandbox ends (an
+	// empty value drops key), so that it outlives a restart of the
+	// server: a later Attach's Kept reads it back. Kept of a key not
+	// kept is ErrNotKept. Keys and sizes are bounded as vmmproc.Keep's.
+	// The server keeps the sandbox's secrets so.
+	Keep(ctx context.Context, key string, value []byte) error
+	Kept(ctx context.Context, key string) ([]byte, error)
+}
+
+// Machine is an instance's machine: what runs the sandbox on the host,
+// and the guest's identity, network and description.
+type Machine interface {
 	// Dir is the sandbox's host folder (Backend.Attach takes it).
 	Dir() string
 	// PID is the process that runs the sandbox's VM.
@@ -99,11 +117,36 @@ type Instance interface {
 	// itself off (a clean end), once Done is closed.
 	PoweredOff() bool
 
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// ConfigureNetwork gives the guest's network card (the sandbox has
+	// one: HostSpec.Net) its address, gateway, MAC, MTU and nameservers,
+	// after every start, restore and fork.
+	ConfigureNetwork(ctx context.Context, cfg NetworkConfig) error
+	// Refresh gives the sandbox a new identity, as a restore does: fresh
+	// entropy, the host's time, and the host name (a warm pool's sandbox
+	// handed out).
+	Refresh(ctx context.Context, hostname string) error
+	// Info asks the guest about itself: its memory (MemTotal,
+	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
+	// the server samples for GetSandboxMetrics.
+	Info(ctx context.Context) (GuestInfo, error)
+
+	// Close stops the sandbox and removes everything it holds on the host
+	// (its VMM process, folder and sockets).
+	Close(ctx context.Context) error
+	// Detach lets go of the sandbox without stopping it: a later
+	// Backend.Attach takes it over.
+	Detach()
+}
+
+// Execs are the processes of an instance's guest.
+type Execs interface {
 	// Start starts a process; cancelling ctx kills its process group,
-	// unless opts.DetachID is set: a detached
-	// process outlives ctx and the server, kept by the sandbox under
-	// that ID (Detached lists it) until it exits and is forgotten, and
-	// its Process's Wait outlasts a broken connection.
+	// unless opts.DetachID is set: a detached process outlives ctx and
+	// the server, kept by the sandbox under that ID (Detached lists it)
+	// until it exits and is forgotten, and its Process's Wait outlasts a
+	// broken connection.
 	Start(ctx context.Context, opts ExecOptions) (Process, error)
 	// Detached lists the sandbox's detached processes, running and
 	// exited, oldest first: those a previous server started are there.
@@ -115,18 +158,16 @@ type Instance interface {
 	// it has exited (at once for one that has); several may attach at
 	// once. An ID the sandbox lacks is NotFound.
 	AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (ExitStatus, error)
-	Files
+}
 
-	Pause(ctx context.Context) error
-	Resume(ctx context.Context) error
-	// ConfigureNetwork gives the guest's network card (the sandbox has
-	// one: HostSpec.Net) its address, gateway, MAC, MTU and nameservers,
-	// after every start, restore and fork.
-	ConfigureNetwork(ctx context.Context, cfg NetworkConfig) error
-	// Refresh gives the sandbox a new identity, as a restore does: fresh
-	// entropy, the host's time, and the host name (a warm pool's sandbox
-	// handed out).
-	Refresh(ctx context.Context, hostname string) error
+// Checkpoints are an instance's checkpoints: on disk (Save), as children
+// (Fork), and in memory, kept by ID in the sandbox's VMM process (so that
+// they outlive a restart of the server) until released or the sandbox
+// ends: Hold takes one of the running sandbox (it runs on), Frozen hands
+// one out to restore from (CreateSpec.Frozen) or to Adopt into another
+// instance (a rollback's new machine), Release drops one. An ID not held
+// is ErrNotHeld for Frozen.
+type Checkpoints interface {
 	// Save writes a checkpoint of the running sandbox into dir (which
 	// must not exist); the sandbox runs on.
 	Save(ctx context.Context, dir string) error
@@ -134,39 +175,11 @@ type Instance interface {
 	// in a folder of its own and with that share of the host; the sandbox
 	// runs on.
 	Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error)
-
-	// In-memory checkpoints, kept by ID in the sandbox's VMM process (so
-	// that they outlive a restart of the server) until released or the
-	// sandbox ends: Hold takes one of the running sandbox (it runs on),
-	// Frozen hands one out to restore from (CreateSpec.Frozen) or to
-	// Adopt into another instance (a rollback's new machine), Release
-	// drops one. An ID not held is ErrNotHeld for Frozen.
 	Hold(ctx context.Context, id string) error
 	Release(ctx context.Context, id string) error
 	Held(ctx context.Context) ([]string, error)
 	Frozen(ctx context.Context, id string) (Frozen, error)
 	Adopt(ctx context.Context, f Frozen) error
-
-	// Keep has the sandbox's VMM process keep value under key in its
-	// memory, never on a disk, until set again or the sandbox ends (an
-	// empty value drops key), so that it outlives a restart of the
-	// server: a later Attach's Kept reads it back. Kept of a key not
-	// kept is ErrNotKept. Keys and sizes are bounded as
-	// vmmproc.Keep's. The server keeps the sandbox's secrets so.
-	Keep(ctx context.Context, key string, value []byte) error
-	Kept(ctx context.Context, key string) ([]byte, error)
-
-	// Info asks the guest's agent about the guest: its memory (MemTotal,
-	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
-	// the server samples for GetSandboxMetrics.
-	Info(ctx context.Context) (GuestInfo, error)
-
-	// Close stops the sandbox and removes everything it holds on the host
-	// (its VMM process, folder and sockets).
-	Close(ctx context.Context) error
-	// Detach lets go of the sandbox without stopping it: a later
-	// Backend.Attach takes it over.
-	Detach()
 }
 
 // Frozen is an in-memory checkpoint handed out of the instance that holds
