@@ -2,18 +2,23 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
+	"strings"
 	"syscall"
 	"time"
 
-	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/virtio"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
-// Backend is what runs sandboxes for the server: SandboxBackend in VMM
-// processes (package sandbox), daemontest.Backend as host folders and host
-// processes for tests. The server keeps the state, the IDs, the limits
+// Backend is what runs sandboxes for the server: vmmbackend.Backend in VMM
+// processes (package sandbox; kilnd wires it in), daemontest.Backend as
+// host folders and host processes for tests. The seam speaks the plain
+// types of this file, never a guest's or a VMM's: the daemon imports no
+// VMM layer. The server keeps the state, the IDs, the limits
 // and the timers; a backend only starts, adopts and stops machines.
 type Backend interface {
 	// Create starts a sandbox in the folder spec.Dir (which exists and is
@@ -23,6 +28,17 @@ type Backend interface {
 	// VMM process kept running); paused says it was left paused, as it
 	// must be again once attached.
 	Attach(ctx context.Context, dir string, paused bool) (Instance, error)
+}
+
+// SharedFiles is what a backend whose sandboxes share host files says of
+// them (an optional interface): the files every boot reads (a kernel, an
+// initramfs) and the files of a checkpoint in folder dir that its
+// restores map (its memory). With Config.Cgroups the server reads them
+// into the page cache from its own cgroup first, so that no sandbox's is
+// charged for them.
+type SharedFiles interface {
+	BootFiles() []string
+	CheckpointFiles(dir string) []string
 }
 
 // CreateSpec is a sandbox to start: from an image, a checkpoint folder
@@ -52,15 +68,41 @@ type CreateSpec struct {
 // Plain data: a backend passes it on to the VMM process it starts.
 type HostSpec struct {
 	// Net, when set, gives the guest a network card on this tap.
-	Net *virtio.NetSpec
+	Net *NetSpec
 	// Cgroup, when set, is the cgroup v2 folder (an absolute path under
 	// the cgroup mount) the sandbox's VMM process starts in.
 	Cgroup string
 }
 
-// Instance is one running sandbox of a backend. Its methods are safe for
-// concurrent use.
+// NetSpec is a guest's network card: the tap it is, in the network
+// namespace Netns (a path; "": the backend's own), and its MAC.
+type NetSpec struct {
+	Tap   string
+	Netns string
+	MAC   string
+}
+
+// Instance is one running sandbox of a backend: its machine, the
+// processes and files of its guest, and its checkpoints. Its methods are
+// safe for concurrent use.
 type Instance interface {
+	Machine
+	Execs
+	Files
+	Checkpoints
+	// Keep has the sandbox's VMM process keep value under key in its
+	// memory, never on a disk, until set again or the sandbox ends (an
+	// empty value drops key), so that it outlives a restart of the
+	// server: a later Attach's Kept reads it back. Kept of a key not
+	// kept is ErrNotKept. Keys and sizes are bounded as vmmproc.Keep's.
+	// The server keeps the sandbox's secrets so.
+	Keep(ctx context.Context, key string, value []byte) error
+	Kept(ctx context.Context, key string) ([]byte, error)
+}
+
+// Machine is an instance's machine: what runs the sandbox on the host,
+// and the guest's identity, network and description.
+type Machine interface {
 	// Dir is the sandbox's host folder (Backend.Attach takes it).
 	Dir() string
 	// PID is the process that runs the sandbox's VM.
@@ -75,67 +117,20 @@ type Instance interface {
 	// itself off (a clean end), once Done is closed.
 	PoweredOff() bool
 
-	// Start starts a process; cancelling ctx kills its process group
-	// (as client.Client.Start), unless opts.DetachID is set: a detached
-	// process outlives ctx and the server, kept by the sandbox under
-	// that ID (Detached lists it) until it exits and is forgotten, and
-	// its Process's Wait outlasts a broken connection.
-	Start(ctx context.Context, opts client.ExecOptions) (Process, error)
-	// Detached lists the sandbox's detached processes, running and
-	// exited, oldest first: those a previous server started are there.
-	Detached(ctx context.Context) ([]DetachedExec, error)
-	// ForgetDetached drops the exited detached process id.
-	ForgetDetached(ctx context.Context, id string) error
-	// AttachDetached copies the output the detached process id writes
-	// from now on to stdout and stderr and returns its exit status once
-	// it has exited (at once for one that has); several may attach at
-	// once. An ID the sandbox lacks is NotFound.
-	AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (client.ExitStatus, error)
-	Files
-
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 	// ConfigureNetwork gives the guest's network card (the sandbox has
 	// one: HostSpec.Net) its address, gateway, MAC, MTU and nameservers,
 	// after every start, restore and fork.
-	ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error
+	ConfigureNetwork(ctx context.Context, cfg NetworkConfig) error
 	// Refresh gives the sandbox a new identity, as a restore does: fresh
 	// entropy, the host's time, and the host name (a warm pool's sandbox
 	// handed out).
 	Refresh(ctx context.Context, hostname string) error
-	// Save writes a checkpoint of the running sandbox into dir (which
-	// must not exist); the sandbox runs on.
-	Save(ctx context.Context, dir string) error
-	// Fork makes a child of the running sandbox per entry of hosts, each
-	// in a folder of its own and with that share of the host; the sandbox
-	// runs on.
-	Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error)
-
-	// In-memory checkpoints, kept by ID in the sandbox's VMM process (so
-	// that they outlive a restart of the server) until released or the
-	// sandbox ends: Hold takes one of the running sandbox (it runs on),
-	// Frozen hands one out to restore from (CreateSpec.Frozen) or to
-	// Adopt into another instance (a rollback's new machine), Release
-	// drops one. An ID not held is sandbox.ErrNotHeld for Frozen.
-	Hold(ctx context.Context, id string) error
-	Release(ctx context.Context, id string) error
-	Held(ctx context.Context) ([]string, error)
-	Frozen(ctx context.Context, id string) (Frozen, error)
-	Adopt(ctx context.Context, f Frozen) error
-
-	// Keep has the sandbox's VMM process keep value under key in its
-	// memory, never on a disk, until set again or the sandbox ends (an
-	// empty value drops key), so that it outlives a restart of the
-	// server: a later Attach's Kept reads it back. Kept of a key not
-	// kept is sandbox.ErrNotKept. Keys and sizes are bounded as
-	// vmmproc.Keep's. The server keeps the sandbox's secrets so.
-	Keep(ctx context.Context, key string, value []byte) error
-	Kept(ctx context.Context, key string) ([]byte, error)
-
-	// Info asks the guest's agent about the guest: its memory (MemTotal,
+	// Info asks the guest about itself: its memory (MemTotal,
 	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
 	// the server samples for GetSandboxMetrics.
-	Info(ctx context.Context) (client.Info, error)
+	Info(ctx context.Context) (GuestInfo, error)
 
 	// Close stops the sandbox and removes everything it holds on the host
 	// (its VMM process, folder and sockets).
@@ -145,12 +140,59 @@ type Instance interface {
 	Detach()
 }
 
+// Execs are the processes of an instance's guest.
+type Execs interface {
+	// Start starts a process; cancelling ctx kills its process group,
+	// unless opts.DetachID is set: a detached process outlives ctx and
+	// the server, kept by the sandbox under that ID (Detached lists it)
+	// until it exits and is forgotten, and its Process's Wait outlasts a
+	// broken connection.
+	Start(ctx context.Context, opts ExecOptions) (Process, error)
+	// Detached lists the sandbox's detached processes, running and
+	// exited, oldest first: those a previous server started are there.
+	Detached(ctx context.Context) ([]DetachedExec, error)
+	// ForgetDetached drops the exited detached process id.
+	ForgetDetached(ctx context.Context, id string) error
+	// AttachDetached copies the output the detached process id writes
+	// from now on to stdout and stderr and returns its exit status once
+	// it has exited (at once for one that has); several may attach at
+	// once. An ID the sandbox lacks is NotFound.
+	AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (ExitStatus, error)
+}
+
+// Checkpoints are an instance's checkpoints: on disk (Save), as children
+// (Fork), and in memory, kept by ID in the sandbox's VMM process (so that
+// they outlive a restart of the server) until released or the sandbox
+// ends: Hold takes one of the running sandbox (it runs on), Frozen hands
+// one out to restore from (CreateSpec.Frozen) or to Adopt into another
+// instance (a rollback's new machine), Release drops one. An ID not held
+// is ErrNotHeld for Frozen.
+type Checkpoints interface {
+	// Save writes a checkpoint of the running sandbox into dir (which
+	// must not exist); the sandbox runs on.
+	Save(ctx context.Context, dir string) error
+	// Fork makes a child of the running sandbox per entry of hosts, each
+	// in a folder of its own and with that share of the host; the sandbox
+	// runs on.
+	Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error)
+	Hold(ctx context.Context, id string) error
+	Release(ctx context.Context, id string) error
+	Held(ctx context.Context) ([]string, error)
+	Frozen(ctx context.Context, id string) (Frozen, error)
+	Adopt(ctx context.Context, f Frozen) error
+}
+
 // Frozen is an in-memory checkpoint handed out of the instance that holds
 // it; Close lets go of it (the hold stays).
 type Frozen interface {
 	ID() string
 	Close() error
 }
+
+// MaxDetached is the most detached processes the server takes from a
+// sandbox's list (Instance.Detached): as many as a guest's agent keeps
+// (agentpb.MaxDetached, which vmmbackend's tests hold it to).
+const MaxDetached = 1024
 
 // DetachedExec is a detached process an instance keeps (Instance.Detached).
 type DetachedExec struct {
@@ -159,22 +201,22 @@ type DetachedExec struct {
 	Argv    []string
 	Started time.Time
 	// Exit is set once it has exited.
-	Exit *client.ExitStatus
+	Exit *ExitStatus
 	// Process signals it and waits for its exit (until the instance is
 	// closed or detached).
 	Process Process
 }
 
-// Process is a process running in a sandbox (*client.Process is one).
+// Process is a process running in a sandbox.
 type Process interface {
 	Pid() int
 	Signal(sig syscall.Signal) error
 	SignalGroup(sig syscall.Signal) error
 	// Resize sets the size of the process's terminal (one started with
-	// client.ExecOptions.Pty); FailedPrecondition without one.
-	Resize(size client.PtySize) error
+	// ExecOptions.Pty); FailedPrecondition without one.
+	Resize(size PtySize) error
 	// Wait waits for the process to exit and its output to be delivered.
-	Wait() (client.ExitStatus, error)
+	Wait() (ExitStatus, error)
 }
 
 // Files are a sandbox's file calls, on absolute clean paths. Their errors
@@ -183,20 +225,182 @@ type Process interface {
 // An owner is a user name of the guest's /etc/passwd ("": root); the
 // files and directories a call creates are then its and its group's.
 type Files interface {
-	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (client.FileInfo, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (FileInfo, error)
 	ReadFile(ctx context.Context, path string, w io.Writer) (int64, error)
-	Stat(ctx context.Context, path string, noFollow bool) (client.FileInfo, error)
+	Stat(ctx context.Context, path string, noFollow bool) (FileInfo, error)
 	// List lists a directory, and depth levels (0 as 1) down its
 	// subdirectories', with full paths, not following symlinks.
-	List(ctx context.Context, path string, depth int) ([]client.FileInfo, error)
+	List(ctx context.Context, path string, depth int) ([]FileInfo, error)
 	Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool, owner string) error
 	Remove(ctx context.Context, path string, recursive bool) error
 	// Move renames source to destination (rename(2); FailedPrecondition
 	// across file systems) and describes the destination.
-	Move(ctx context.Context, source, destination string) (client.FileInfo, error)
+	Move(ctx context.Context, source, destination string) (FileInfo, error)
 	// Watch calls fn with the changes below directory path (recursive:
 	// in its subdirectories too), a started event first, until ctx ends
 	// or the directory goes (nil), fn fails (its error) or the watch
 	// does (ResourceExhausted when events were lost).
-	Watch(ctx context.Context, path string, recursive bool, fn func(client.WatchEvent) error) error
+	Watch(ctx context.Context, path string, recursive bool, fn func(WatchEvent) error) error
 }
+
+// The plain types of the seam: what an exec, a file call, a watch and the
+// guest's description carry across it. They are the daemon's own (a
+// backend converts its guest's to them), so that the daemon knows no guest
+// package; their fields are the guest agent's, as kiln.v1 passes them on.
+
+// ExecOptions is a process to start (Instance.Start).
+type ExecOptions struct {
+	// Argv is the command line; Argv[0] is looked up in the guest's PATH
+	// unless it contains a slash.
+	Argv []string
+	// Env holds NAME=VALUE entries; empty means the guest's default.
+	Env []string
+	// Dir is the absolute working directory; empty means "/".
+	Dir string
+	// UID and GID to run as; 0 keeps the default: the image's user in an
+	// image-rooted sandbox, else root.
+	UID, GID uint32
+	// AsRoot runs the process as root even where the image names another
+	// user.
+	AsRoot bool
+	// Timeout kills the process group with SIGKILL after this long; 0
+	// means none.
+	Timeout time.Duration
+	// Stdin is copied to the process's stdin, which is closed at its EOF;
+	// nil gives the process /dev/null.
+	Stdin io.Reader
+	// Stdout and Stderr receive the process's output; nil discards it.
+	Stdout, Stderr io.Writer
+	// DetachID, when set, detaches the process under this ID (see
+	// Instance.Start).
+	DetachID string
+	// User, when set, runs the process as this user of the guest's
+	// /etc/passwd; exclusive with UID, GID and AsRoot.
+	User string
+	// Pty, when set, runs the process on a terminal of this size: Stdout
+	// gets what it shows (Stderr nothing), Stdin is typed into it.
+	Pty *PtySize
+	// Root, when set, runs the process in the guest's container root of
+	// this name.
+	Root string
+}
+
+// PtySize is a terminal's size in characters.
+type PtySize struct {
+	Rows, Cols uint32
+}
+
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	// Code is the exit code, or -1 if a signal killed the process.
+	Code int
+	// Signal is the signal that killed the process, or 0.
+	Signal int
+	// TimedOut says ExecOptions.Timeout expired and the process group was
+	// killed (Signal is then 9).
+	TimedOut bool
+	// OOMKilled says the guest's OOM killer killed a process of the exec.
+	OOMKilled bool
+}
+
+// Success reports a zero exit code.
+func (s ExitStatus) Success() bool { return s.Code == 0 && s.Signal == 0 }
+
+func (s ExitStatus) String() string {
+	var b strings.Builder
+	if s.Signal != 0 {
+		fmt.Fprintf(&b, "killed by signal %d (%v)", s.Signal, syscall.Signal(s.Signal))
+	} else {
+		fmt.Fprintf(&b, "exit code %d", s.Code)
+	}
+	if s.TimedOut {
+		b.WriteString(", timed out")
+	}
+	if s.OOMKilled {
+		b.WriteString(", OOM-killed")
+	}
+	return b.String()
+}
+
+// FileInfo describes a file of the guest.
+type FileInfo struct {
+	Path    string
+	Name    string
+	Size    int64
+	Mode    fs.FileMode
+	ModTime time.Time
+	IsDir   bool
+	Symlink string // the target, for a symlink that was not followed
+	UID     uint32
+	GID     uint32
+	// Owner and Group are the guest's names for UID and GID, or the
+	// numbers when it has none.
+	Owner string
+	Group string
+}
+
+// WatchOp is what a watch saw happen; its values are kiln.v1's.
+type WatchOp int
+
+// The operations a watch reports.
+const (
+	WatchCreate = WatchOp(kilnpb.WatchEvent_OP_CREATE) // created, or moved in
+	WatchWrite  = WatchOp(kilnpb.WatchEvent_OP_WRITE)
+	WatchRemove = WatchOp(kilnpb.WatchEvent_OP_REMOVE)
+	WatchRename = WatchOp(kilnpb.WatchEvent_OP_RENAME) // moved away
+	WatchChmod  = WatchOp(kilnpb.WatchEvent_OP_CHMOD)  // attributes changed
+)
+
+// WatchEvent is a change a watch saw (Files.Watch).
+type WatchEvent struct {
+	// Started is the first event: the watch is in place.
+	Started bool
+	Op      WatchOp
+	// Name is the entry's path relative to the watched directory.
+	Name string
+	// Entry describes it as it is now, when it exists (HasEntry).
+	Entry    FileInfo
+	HasEntry bool
+}
+
+// NetworkConfig is the guest's network card's setup
+// (Instance.ConfigureNetwork).
+type NetworkConfig struct {
+	// Interface names the card; empty: the guest's first ethernet card.
+	Interface string
+	// MAC is the card's new address; empty keeps its own.
+	MAC string
+	// Addresses replace the card's (at least one).
+	Addresses []netip.Prefix
+	// Gateway is the default route's; the zero Addr: no default route.
+	Gateway netip.Addr
+	// MTU is the card's MTU; 0 keeps it.
+	MTU int
+	// Nameservers go to the guest's /etc/resolv.conf; none leaves it.
+	Nameservers []netip.Addr
+}
+
+// GuestInfo describes the guest (Instance.Info): its memory and its root
+// file system, in bytes, among the rest.
+type GuestInfo struct {
+	KernelRelease string
+	Hostname      string
+	Uptime        time.Duration
+	MemTotal      uint64
+	MemAvailable  uint64
+	NumCPU        int
+	AgentVersion  string
+	DiskTotal     uint64 // the root file system's size
+	DiskUsed      uint64
+}
+
+// The errors a backend marks (errors.Is finds them) for the server to
+// tell apart.
+var (
+	// ErrNotHeld: Instance.Frozen of an ID the sandbox does not hold.
+	ErrNotHeld = errors.New("no such held checkpoint")
+	// ErrNotKept: Instance.Kept of a key not kept.
+	ErrNotKept = errors.New("no such kept value")
+	// ErrMachineExited: the sandbox's machine (its VMM process) died.
+	ErrMachineExited = errors.New("the sandbox's machine exited")
+)

@@ -53,7 +53,11 @@ func (s *Server) chargeRuntime() {
 	if s.cfg.Cgroups == nil {
 		return
 	}
-	for _, p := range []string{s.cfg.Runtime.Kernel, s.cfg.Runtime.Initrd} {
+	sf, ok := s.backend.(SharedFiles)
+	if !ok {
+		return
+	}
+	for _, p := range sf.BootFiles() {
 		if p == "" {
 			continue
 		}

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
 )
 
 // maxFork is the most children one Fork makes.
@@ -177,7 +176,7 @@ func (s *Server) frozen(ctx context.Context, c *checkpointRecord) (Frozen, error
 // frozenOf hands out the in-memory checkpoint c from inst, its holder.
 func frozenOf(ctx context.Context, inst Instance, c *checkpointRecord) (Frozen, error) {
 	f, err := inst.Frozen(ctx, c.ID)
-	if errors.Is(err, sandbox.ErrNotHeld) {
+	if errors.Is(err, ErrNotHeld) {
 		return nil, status.Errorf(codes.NotFound, "checkpoint %s: its sandbox %s no longer holds it", c.ID, c.SandboxID)
 	}
 	if err != nil {
@@ -448,7 +447,7 @@ func (s *Server) rollbackSources(ctx context.Context, b *box, old Instance, c *c
 	s.mu.Unlock()
 	for _, id := range mine {
 		f, err := old.Frozen(ctx, id)
-		if errors.Is(err, sandbox.ErrNotHeld) {
+		if errors.Is(err, ErrNotHeld) {
 			s.forgetCheckpoint(id)
 			continue
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/daemon/vmmbackend"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/internal/kvmtest"
@@ -35,7 +36,7 @@ import (
 )
 
 // TestMain lets the test binary serve as a VMM process (the real
-// backend's ProcessCommand in TestKVMDaemon).
+// backend's Command in TestKVMDaemon).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
 		os.Exit(vmmproc.Main(context.Background(), nil))
@@ -48,6 +49,9 @@ func TestMain(m *testing.M) {
 type kvmEnv struct {
 	env
 	image string
+	// backend is what startKVM makes each server's backend of (its
+	// StateDir and Logger are e.cfg's at the start).
+	backend vmmbackend.Options
 }
 
 func newKVMEnv(t *testing.T) *kvmEnv {
@@ -76,8 +80,8 @@ func newKVMEnv(t *testing.T) *kvmEnv {
 	t.Cleanup(func() { os.RemoveAll(state) })
 	e := &kvmEnv{image: refs["busybox"]}
 	e.t, e.state = t, state
-	e.cfg = daemon.Config{StateDir: state, Runtime: rt, Images: images,
-		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute,
+	e.backend = vmmbackend.Options{Runtime: rt, Images: images, Command: []string{os.Args[0], "-test.run=^$"}}
+	e.cfg = daemon.Config{StateDir: state, BootTimeout: 8 * time.Minute,
 		// The tests' guests touch a fraction of their memory: up to 7
 		// sandboxes of 512 + 128 MiB at once on L1's 4 GiB.
 		MemoryOvercommit: 2,
@@ -89,6 +93,14 @@ func newKVMEnv(t *testing.T) *kvmEnv {
 
 func (e *kvmEnv) startKVM() {
 	e.t.Helper()
+	// A server's backend, as kilnd's: VMM processes over its state folder.
+	opts := e.backend
+	opts.StateDir, opts.Logger = e.cfg.StateDir, e.cfg.Logger
+	be, err := vmmbackend.New(opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.cfg.Backend = be
 	srv, err := daemon.New(e.cfg)
 	if err != nil {
 		e.t.Fatal(err)

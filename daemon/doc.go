@@ -1,9 +1,11 @@
 // Package daemon is kilnd's core: the kiln.v1 gRPC service (kilnpb) over
-// the sandboxes of one host. Each sandbox runs in a VMM process of its own
-// (SandboxBackend); the server keeps their records in a state folder, so
-// that a restarted server takes every running sandbox over and lists it
-// again, and enforces host limits, request IDs, and lifetime and idle
-// timeouts.
+// the sandboxes of one host. A Backend runs the sandboxes: kilnd wires in
+// vmmbackend's, which runs each in a VMM process of its own; the daemon
+// imports no VMM layer and no guest package, and the Backend and Instance
+// interfaces speak its own plain types (backend.go). The server keeps
+// the sandboxes' records in a state folder, so that a restarted server
+// takes every running sandbox over and lists it again, and enforces host
+// limits, request IDs, and lifetime and idle timeouts.
 //
 // # A sandbox's lifecycle
 //

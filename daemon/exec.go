@@ -16,8 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/agentpb"
-	"github.com/kilnvm/kiln/guest/client"
 )
 
 // keepExited is how many exited execs a sandbox's ListExecs still shows.
@@ -193,8 +191,8 @@ func (t *execTable) sync(ctx context.Context, inst Instance, log *slog.Logger) {
 	// The list is the guest's word: only as many entries as an agent
 	// keeps, only IDs kilnd gives, and one log line for what is skipped.
 	skipped := 0
-	if len(ds) > agentpb.MaxDetached {
-		skipped, ds = len(ds)-agentpb.MaxDetached, ds[:agentpb.MaxDetached]
+	if len(ds) > MaxDetached {
+		skipped, ds = len(ds)-MaxDetached, ds[:MaxDetached]
 	}
 	t.mu.Lock()
 	var wait []*execEntry
@@ -269,8 +267,8 @@ func (t *execTable) list() []*kilnpb.ExecInfo {
 }
 
 // execOptions checks an ExecStart and turns it into the agent's options.
-func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions, error) {
-	var o client.ExecOptions
+func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (ExecOptions, error) {
+	var o ExecOptions
 	if len(st.GetArgv()) == 0 {
 		return o, status.Error(codes.InvalidArgument, "exec: argv is empty")
 	}
@@ -306,7 +304,7 @@ func execOptions(st *kilnpb.ExecStart, sandboxEnv []string) (client.ExecOptions,
 		if err := checkPtySize("exec: pty", p); err != nil {
 			return o, err
 		}
-		o.Pty = &client.PtySize{Rows: p.GetRows(), Cols: p.GetCols()}
+		o.Pty = &PtySize{Rows: p.GetRows(), Cols: p.GetCols()}
 	}
 	o.Argv = st.GetArgv()
 	if len(sandboxEnv)+len(st.GetEnv()) > 0 {
@@ -560,7 +558,7 @@ func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *i
 			if !pty || checkPtySize("resize", k.Resize) != nil {
 				continue // nothing to resize, or a size no terminal has
 			}
-			if err := proc.Resize(client.PtySize{Rows: k.Resize.GetRows(), Cols: k.Resize.GetCols()}); err != nil {
+			if err := proc.Resize(PtySize{Rows: k.Resize.GetRows(), Cols: k.Resize.GetCols()}); err != nil {
 				s.log.Debug("exec: resize", "pid", proc.Pid(), "err", err)
 			}
 		}
@@ -569,8 +567,8 @@ func (s *Server) execInput(stream kilnpb.Kiln_ExecServer, proc Process, stdin *i
 
 // exitOf describes how a process ended; a failure to learn it reads as
 // being killed.
-func exitOf(st client.ExitStatus, err error) *kilnpb.ExecExit {
-	if err != nil && st == (client.ExitStatus{}) {
+func exitOf(st ExitStatus, err error) *kilnpb.ExecExit {
+	if err != nil && st == (ExitStatus{}) {
 		return &kilnpb.ExecExit{ExitCode: -1, Signal: int32(syscall.SIGKILL)}
 	}
 	return &kilnpb.ExecExit{ExitCode: int32(st.Code), Signal: int32(st.Signal), TimedOut: st.TimedOut, OomKilled: st.OOMKilled}

@@ -6,9 +6,6 @@ import (
 	"log/slog"
 	"syscall"
 	"testing"
-
-	"github.com/kilnvm/kiln/guest/agentpb"
-	"github.com/kilnvm/kiln/guest/client"
 )
 
 // listingInstance is an instance whose guest lists what a test gives:
@@ -27,10 +24,10 @@ type runningProcess struct{ done chan struct{} }
 func (p runningProcess) Pid() int                         { return 1 }
 func (p runningProcess) Signal(syscall.Signal) error      { return nil }
 func (p runningProcess) SignalGroup(syscall.Signal) error { return nil }
-func (p runningProcess) Resize(client.PtySize) error      { return nil }
-func (p runningProcess) Wait() (client.ExitStatus, error) {
+func (p runningProcess) Resize(PtySize) error             { return nil }
+func (p runningProcess) Wait() (ExitStatus, error) {
 	<-p.done
-	return client.ExitStatus{Code: 0}, nil
+	return ExitStatus{Code: 0}, nil
 }
 
 // TestSyncHostileList: a sandbox's list of detached processes is the
@@ -40,7 +37,7 @@ func TestSyncHostileList(t *testing.T) {
 	done := make(chan struct{})
 	defer close(done)
 	running := runningProcess{done}
-	exited := &client.ExitStatus{Code: 3}
+	exited := &ExitStatus{Code: 3}
 	tests := []struct {
 		name string
 		ds   []DetachedExec
@@ -48,18 +45,18 @@ func TestSyncHostileList(t *testing.T) {
 	}{
 		{"a flood", func() []DetachedExec {
 			var ds []DetachedExec
-			for i := range 10 * agentpb.MaxDetached {
+			for i := range 10 * MaxDetached {
 				ds = append(ds, DetachedExec{ID: fmt.Sprintf("ex-%d", i), Exit: exited})
 			}
 			return ds
 		}(), keepExited},
 		{"a flood of running ones", func() []DetachedExec {
 			var ds []DetachedExec
-			for i := range 3 * agentpb.MaxDetached {
+			for i := range 3 * MaxDetached {
 				ds = append(ds, DetachedExec{ID: fmt.Sprintf("ex-%d", i), Process: running})
 			}
 			return ds
-		}(), agentpb.MaxDetached},
+		}(), MaxDetached},
 		{"IDs kilnd never gives", []DetachedExec{
 			{ID: "../etc", Exit: exited}, {ID: "", Exit: exited}, {ID: "sb-1", Exit: exited},
 			{ID: "ex-ok", Exit: exited},

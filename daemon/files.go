@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/client"
 )
 
 // maxPath is the longest path a file call takes (Linux's PATH_MAX).
@@ -43,40 +42,9 @@ func checkPath(field, p string) error {
 	return nil
 }
 
-// stMode converts an fs.FileMode back to a Unix st_mode.
-func stMode(m fs.FileMode) uint32 {
-	st := uint32(m.Perm())
-	switch {
-	case m&fs.ModeDir != 0:
-		st |= 0o040000
-	case m&fs.ModeSymlink != 0:
-		st |= 0o120000
-	case m&fs.ModeSocket != 0:
-		st |= 0o140000
-	case m&fs.ModeNamedPipe != 0:
-		st |= 0o010000
-	case m&fs.ModeCharDevice != 0:
-		st |= 0o020000
-	case m&fs.ModeDevice != 0:
-		st |= 0o060000
-	case m&fs.ModeIrregular == 0:
-		st |= 0o100000
-	}
-	if m&fs.ModeSetuid != 0 {
-		st |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		st |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		st |= 0o1000
-	}
-	return st
-}
-
-func fileInfo(fi client.FileInfo) *kilnpb.FileInfo {
+func fileInfo(fi FileInfo) *kilnpb.FileInfo {
 	return &kilnpb.FileInfo{
-		Path: fi.Path, Name: fi.Name, Size: fi.Size, Mode: stMode(fi.Mode),
+		Path: fi.Path, Name: fi.Name, Size: fi.Size, Mode: kilnpb.StMode(fi.Mode),
 		MtimeUnixNanos: fi.ModTime.UnixNano(), IsDir: fi.IsDir, Symlink: fi.Symlink,
 		Uid: fi.UID, Gid: fi.GID, Owner: fi.Owner, Group: fi.Group,
 	}
@@ -315,7 +283,7 @@ func (s *Server) WatchDir(req *kilnpb.WatchDirRequest, stream kilnpb.Kiln_WatchD
 	defer cancel()
 	stop := context.AfterFunc(bctx, cancel) // the sandbox ended
 	defer stop()
-	err = inst.Watch(ctx, req.GetPath(), req.GetRecursive(), func(ev client.WatchEvent) error {
+	err = inst.Watch(ctx, req.GetPath(), req.GetRecursive(), func(ev WatchEvent) error {
 		out := &kilnpb.WatchEvent{Started: ev.Started, Op: kilnpb.WatchEvent_Op(ev.Op), Name: ev.Name}
 		if ev.HasEntry {
 			out.Entry = fileInfo(ev.Entry)

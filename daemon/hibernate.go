@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
 )
 
 // Hibernation: a sandbox's whole state written to the state folder
@@ -111,7 +110,7 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	// them to disk once the VM is stopped (its tap is free then).
 	for _, id := range s.heldCheckpoints(b.id) {
 		f, err := old.Frozen(ctx, id)
-		if errors.Is(err, sandbox.ErrNotHeld) {
+		if errors.Is(err, ErrNotHeld) {
 			s.forgetCheckpoint(id)
 			continue
 		}

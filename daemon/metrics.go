@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // The server's Prometheus metrics, in a registry of its own (no global
@@ -191,8 +190,7 @@ const (
 // failureReason is the class of op's failure err: one of a few reasons,
 // never free text (a label's values must stay few).
 func failureReason(op string, err error) string {
-	var pe *vmmproc.ProcessError
-	if errors.As(err, &pe) {
+	if errors.Is(err, ErrMachineExited) {
 		return reasonVMMExited
 	}
 	st := status.Convert(err)

@@ -10,9 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/hostnet"
-	"github.com/kilnvm/kiln/virtio"
 )
 
 // Network is the host side of the sandboxes' networks, which the server
@@ -264,7 +262,7 @@ func hostSpec(n *netRecord) HostSpec {
 	if n == nil {
 		return HostSpec{}
 	}
-	return HostSpec{Net: &virtio.NetSpec{Tap: n.Info.Tap, Netns: n.Info.Netns, MAC: n.Info.MAC}}
+	return HostSpec{Net: &NetSpec{Tap: n.Info.Tap, Netns: n.Info.Netns, MAC: n.Info.MAC}}
 }
 
 // configureNet gives inst's guest n's settings (nil: none to give).
@@ -272,7 +270,7 @@ func configureNet(ctx context.Context, inst Instance, n *netRecord) error {
 	if n == nil {
 		return nil
 	}
-	cfg := client.NetworkConfig{MAC: n.Info.MAC, Addresses: []netip.Prefix{n.Info.Address},
+	cfg := NetworkConfig{MAC: n.Info.MAC, Addresses: []netip.Prefix{n.Info.Address},
 		Gateway: n.Info.Gateway, MTU: n.Info.MTU}
 	if n.Info.Gateway.IsValid() {
 		cfg.Nameservers = []netip.Addr{n.Info.Gateway}

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/limits"
 )
 
 // Limits of the request fields.
@@ -326,13 +326,13 @@ func (s *Server) resources(res *kilnpb.Resources) (cpus, mem uint32, err error) 
 	if int(cpus) > s.cfg.HostCPUs {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus %d: the host has %d CPUs", cpus, s.cfg.HostCPUs)
 	}
-	if err := sandbox.CheckCPUs(int(cpus)); err != nil {
+	if err := limits.CheckCPUs(int(cpus)); err != nil {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.cpus: %v", err)
 	}
 	if uint64(mem) > s.cfg.HostMemoryMiB {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib %d is more than the host has (%d MiB)", mem, s.cfg.HostMemoryMiB)
 	}
-	if err := sandbox.CheckMemory(int(mem)); err != nil {
+	if err := limits.CheckMemory(int(mem)); err != nil {
 		return 0, 0, status.Errorf(codes.InvalidArgument, "resources.memory_mib: %v", err)
 	}
 	return cpus, mem, nil

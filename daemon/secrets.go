@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/sandbox"
 )
 
 // Secrets (CreateSandboxRequest.secrets, CreateTemplateRequest.secrets)
@@ -326,7 +325,7 @@ func keepSecrets(ctx context.Context, inst Instance, secs []secret) error {
 // it keeps none.
 func keptSecrets(ctx context.Context, inst Instance) ([]secret, error) {
 	b, err := inst.Kept(ctx, secretsKey)
-	if errors.Is(err, sandbox.ErrNotKept) {
+	if errors.Is(err, ErrNotKept) {
 		return nil, nil
 	}
 	if err != nil {

@@ -19,8 +19,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/snapshot"
 )
 
 // Limits of a template's request.
@@ -263,7 +261,7 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		// The output is masked before the tail is cut: the error quotes
 		// no secret.
 		masked := newMasker(&out, secretValues(t.secrets))
-		opts := client.ExecOptions{Argv: r.Setup, Stdout: masked, Stderr: masked, Env: secretEnv(plainEnv(nil, t.secrets), t.secrets)}
+		opts := ExecOptions{Argv: r.Setup, Stdout: masked, Stderr: masked, Env: secretEnv(plainEnv(nil, t.secrets), t.secrets)}
 		p, err := inst.Start(ctx, opts)
 		if err != nil {
 			return callErr("template "+r.ID+": start the setup", err)
@@ -300,8 +298,10 @@ func (s *Server) buildTemplate(t *template, egress EgressPolicy) (err error) {
 		// The snapshot's pages, written by the builder (charged to its
 		// cgroup, gone with it), charged to kilnd before a sandbox maps
 		// them.
-		if _, err := chargePageCache(ctx, filepath.Join(r.Dir, snapshot.MemoryFile), true); err != nil {
-			s.log.Warn("template's memory not read into kilnd's page cache: the sandbox that maps a page first is charged for it", "template", r.ID, "err", err)
+		for _, f := range s.checkpointFiles(r.Dir) {
+			if _, err := chargePageCache(ctx, f, true); err != nil {
+				s.log.Warn("template's memory not read into kilnd's page cache: the sandbox that maps a page first is charged for it", "template", r.ID, "err", err)
+			}
 		}
 	}
 	return nil
@@ -502,7 +502,7 @@ func (s *Server) loadTemplates() {
 		t := &template{rec: *r, ready: make(chan struct{})}
 		close(t.ready)
 		s.templates[r.ID] = t
-		s.chargeFiles(false, filepath.Join(r.Dir, snapshot.MemoryFile))
+		s.chargeFiles(false, s.checkpointFiles(r.Dir)...)
 		if r.RequestID != "" {
 			s.templateReqs[r.RequestID] = t
 		}
@@ -633,6 +633,15 @@ func chargePageCache(ctx context.Context, path string, drop bool) (int64, error)
 		}
 	}
 	return read, nil
+}
+
+// checkpointFiles are the files of the checkpoint in folder dir that its
+// restores map (SharedFiles), none when the backend does not say.
+func (s *Server) checkpointFiles(dir string) []string {
+	if sf, ok := s.backend.(SharedFiles); ok {
+		return sf.CheckpointFiles(dir)
+	}
+	return nil
 }
 
 // chargeFiles runs chargePageCache over paths in the background (with

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnvm/kiln/internal/ratelog"
 	"github.com/kilnvm/kiln/kvm"
+	"github.com/kilnvm/kiln/limits"
 	"github.com/kilnvm/kiln/memory"
 	"github.com/kilnvm/kiln/seccomp"
 	"github.com/kilnvm/kiln/virtio"
@@ -23,11 +24,12 @@ import (
 	"github.com/kilnvm/kiln/vmm/serial"
 )
 
-// Limits on a VM's shape.
+// Limits on a VM's shape: the maxima are package limits' (a sandbox's
+// too); the floor is a bare VM's, below a sandbox's.
 const (
-	MaxCPUs      = 254
+	MaxCPUs      = limits.MaxCPUs
 	MinMemoryMiB = 16
-	MaxMemoryMiB = 1 << 20 // 1 TiB
+	MaxMemoryMiB = limits.MaxMemoryMiB // 1 TiB
 )
 
 // DefaultCmdline is the kernel command line when Config.Cmdline is empty.

@@ -24,6 +24,7 @@ import (
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/daemon/vmmbackend"
 	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/internal/kvmtest"
 	"github.com/kilnvm/kiln/sandbox"
@@ -298,9 +299,13 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	srv, err := daemon.New(daemon.Config{StateDir: state, Runtime: rt, Images: images,
-		ProcessCommand: []string{self, "vmm"}, BootTimeout: 8 * time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	be, err := vmmbackend.New(vmmbackend.Options{StateDir: state, Runtime: rt, Images: images,
+		Command: []string{self, "vmm"}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := daemon.New(daemon.Config{StateDir: state, Backend: be, BootTimeout: 8 * time.Minute, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/daemon/vmmbackend"
 	"github.com/kilnvm/kiln/hostnet"
 	"github.com/kilnvm/kiln/jail"
 	"github.com/kilnvm/kiln/sandbox"
@@ -78,11 +79,9 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 			return nil, fmt.Errorf("the images folder: %w (use --images)", err)
 		}
 	}
+	bopts := vmmbackend.Options{StateDir: cfg.stateDir, Runtime: rt, Images: images, Command: vmmCmd, Logger: log}
 	dcfg := daemon.Config{
 		StateDir:        cfg.stateDir,
-		Runtime:         rt,
-		Images:          images,
-		ProcessCommand:  vmmCmd,
 		MaxSandboxes:    cfg.maxSandboxes,
 		MaxMemoryMiB:    cfg.maxMemoryMiB,
 		DefaultLifetime: cfg.defaultLifetime,
@@ -105,8 +104,13 @@ func newDaemon(cfg config, log *slog.Logger) (service, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--jail: %w (use --jail-ids)", err)
 		}
-		dcfg.Jail = &sandbox.JailOptions{IDs: ids}
+		bopts.Jail = &sandbox.JailOptions{IDs: ids}
 		log.Info("VMM processes are jailed", "ids", fmt.Sprintf("%d-%d", jail.FirstID, jail.FirstID+jail.IDCount-1), "locks", ids.Dir())
+	}
+	// The daemon runs its sandboxes in VMM processes: the backend below
+	// its seam.
+	if dcfg.Backend, err = vmmbackend.New(bopts); err != nil {
+		return nil, err
 	}
 	if cfg.cgroupRoot != cgroupNone {
 		cg, err := cgroup.OpenOptions(cgroup.Options{Root: cfg.cgroupRoot, Logger: log})

@@ -3,7 +3,7 @@
 // folder (its root, where the file calls go, through os.Root), a host
 // process standing for its VMM process (sleep, which a test may kill -9),
 // and its execs are host processes (os/exec). A detached exec
-// (client.ExecOptions.DetachID) is recorded in the sandbox folder, so
+// (daemon.ExecOptions.DetachID) is recorded in the sandbox folder, so
 // that a later server's Attach finds it. Nothing is isolated: it is for
 // tests only, never for kilnd itself.
 package daemontest
@@ -35,11 +35,11 @@ import (
 
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/agent"
-	"github.com/kilnvm/kiln/guest/client"
-	"github.com/kilnvm/kiln/sandbox"
-	"github.com/kilnvm/kiln/virtio"
 	"github.com/kilnvm/kiln/vmmproc"
 )
+
+// errHoldExists: a hold under that ID exists already (as a VMM process's).
+var errHoldExists = errors.New("a hold under that ID exists already")
 
 // RootEnv names the environment variable through which an exec learns
 // its sandbox's root folder on the host (the double runs commands on the
@@ -159,8 +159,8 @@ type meta struct {
 	// checkpoint of a sandbox with one restores only with one, as package
 	// sandbox's do. Network is what the guest's card was last configured
 	// with (a checkpoint keeps it, as a guest's memory does).
-	Net     *virtio.NetSpec       `json:"net,omitempty"`
-	Network *client.NetworkConfig `json:"network,omitempty"`
+	Net     *daemon.NetSpec       `json:"net,omitempty"`
+	Network *daemon.NetworkConfig `json:"network,omitempty"`
 	// CPUs and MemoryMiB are the machine's (CreateSpec's, or its
 	// checkpoint's when the spec gives none), which Info reports.
 	CPUs      int `json:"cpus,omitempty"`
@@ -490,7 +490,7 @@ func (in *Instance) Kept(ctx context.Context, key string) ([]byte, error) {
 	defer b.mu.Unlock()
 	v, ok := b.kept[in.dir][key]
 	if !ok {
-		return nil, fmt.Errorf("daemontest: kept %q: %w", key, sandbox.ErrNotKept)
+		return nil, fmt.Errorf("daemontest: kept %q: %w", key, daemon.ErrNotKept)
 	}
 	return bytes.Clone(v), nil
 }
@@ -512,7 +512,7 @@ func (b *Backend) forgetKept(dir string) {
 // Start runs argv on the host, in the root (cwd mapped into it), in a
 // process group of its own; ctx's end, the timeout or the sandbox's end
 // kill the group.
-func (in *Instance) Start(ctx context.Context, opts client.ExecOptions) (daemon.Process, error) {
+func (in *Instance) Start(ctx context.Context, opts daemon.ExecOptions) (daemon.Process, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	select {
@@ -679,7 +679,7 @@ func (in *Instance) Detached(ctx context.Context) ([]daemon.DetachedExec, error)
 			if alive(rec.Pid) {
 				in.procs[fp] = struct{}{}
 			} else {
-				d.Exit = &client.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}
+				d.Exit = &daemon.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}
 			}
 		}
 		out = append(out, d)
@@ -737,18 +737,18 @@ func (p *foreignProc) SignalGroup(sig syscall.Signal) error {
 
 func (p *foreignProc) kill() { p.SignalGroup(syscall.SIGKILL) }
 
-func (p *foreignProc) Wait() (client.ExitStatus, error) {
+func (p *foreignProc) Wait() (daemon.ExitStatus, error) {
 	for alive(p.pid) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	return client.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}, nil
+	return daemon.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}, nil
 }
 
 // proc is an exec of the double.
 type proc struct {
 	cmd      *exec.Cmd
 	done     chan struct{}
-	status   client.ExitStatus
+	status   daemon.ExitStatus
 	err      error
 	timedOut bool
 	mu       sync.Mutex
@@ -782,7 +782,7 @@ func (p *proc) wait(ctx context.Context, timeout time.Duration, forget func()) {
 		p.term.wait()
 	}
 	forget()
-	st := client.ExitStatus{}
+	st := daemon.ExitStatus{}
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -824,7 +824,7 @@ func (p *proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(si
 
 func (p *proc) SignalGroup(sig syscall.Signal) error { return syscall.Kill(-p.cmd.Process.Pid, sig) }
 
-func (p *proc) Wait() (client.ExitStatus, error) {
+func (p *proc) Wait() (daemon.ExitStatus, error) {
 	<-p.done
 	return p.status, p.err
 }
@@ -856,13 +856,13 @@ func fileErr(op, p string, err error) error {
 	return status.Errorf(code, "daemontest: %s %s: %v", op, p, err)
 }
 
-func (in *Instance) info(p string, fi fs.FileInfo) client.FileInfo {
+func (in *Instance) info(p string, fi fs.FileInfo) daemon.FileInfo {
 	return in.infoNamed(p, fi, agent.NewAccountNames("/"))
 }
 
 // infoNamed describes p, its owner and group named by names (the host's).
-func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *agent.AccountNames) client.FileInfo {
-	out := client.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
+func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *agent.AccountNames) daemon.FileInfo {
+	out := daemon.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		out.UID, out.GID = st.Uid, st.Gid
 		out.Owner, out.Group = names.User(st.Uid), names.Group(st.Gid)
@@ -875,20 +875,20 @@ func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *agent.AccountName
 
 // WriteFile writes the file whole or not at all (a temporary file renamed
 // into place).
-func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode, makeParents bool, ownerName string) (client.FileInfo, error) {
+func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode, makeParents bool, ownerName string) (daemon.FileInfo, error) {
 	u, err := owner(ownerName)
 	if err != nil {
-		return client.FileInfo{}, err
+		return daemon.FileInfo{}, err
 	}
 	if makeParents {
 		if err := in.mkdirs(rel(path.Dir(p)), 0o755, u); err != nil {
-			return client.FileInfo{}, fileErr("write", p, err)
+			return daemon.FileInfo{}, fileErr("write", p, err)
 		}
 	}
 	tmp := rel(path.Dir(p)) + "/.kiln-write-" + randHex()
 	f, err := in.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode.Perm())
 	if err != nil {
-		return client.FileInfo{}, fileErr("write", p, err)
+		return daemon.FileInfo{}, fileErr("write", p, err)
 	}
 	_, err = io.Copy(f, r)
 	if cerr := f.Close(); err == nil {
@@ -905,7 +905,7 @@ func (in *Instance) WriteFile(ctx context.Context, p string, r io.Reader, mode f
 	}
 	if err != nil {
 		in.root.Remove(tmp)
-		return client.FileInfo{}, fileErr("write", p, err)
+		return daemon.FileInfo{}, fileErr("write", p, err)
 	}
 	return in.Stat(ctx, p, false)
 }
@@ -923,14 +923,14 @@ func (in *Instance) ReadFile(ctx context.Context, p string, w io.Writer) (int64,
 	return n, nil
 }
 
-func (in *Instance) Stat(ctx context.Context, p string, noFollow bool) (client.FileInfo, error) {
+func (in *Instance) Stat(ctx context.Context, p string, noFollow bool) (daemon.FileInfo, error) {
 	stat := in.root.Stat
 	if noFollow {
 		stat = in.root.Lstat
 	}
 	fi, err := stat(rel(p))
 	if err != nil {
-		return client.FileInfo{}, fileErr("stat", p, err)
+		return daemon.FileInfo{}, fileErr("stat", p, err)
 	}
 	return in.info(p, fi), nil
 }
@@ -988,7 +988,7 @@ func (in *Instance) Refresh(ctx context.Context, hostname string) error {
 
 // ConfigureNetwork records cfg as the guest's network; the sandbox must
 // have a card, and cfg its MAC.
-func (in *Instance) ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error {
+func (in *Instance) ConfigureNetwork(ctx context.Context, cfg daemon.NetworkConfig) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	switch {
@@ -1010,7 +1010,7 @@ func (in *Instance) ConfigureNetwork(ctx context.Context, cfg client.NetworkConf
 
 // Network returns the sandbox's network card and what its guest was last
 // configured with (nil when never: a restore keeps its checkpoint's).
-func (in *Instance) Network() (*virtio.NetSpec, *client.NetworkConfig) {
+func (in *Instance) Network() (*daemon.NetSpec, *daemon.NetworkConfig) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.meta.Net, in.meta.Network
@@ -1039,7 +1039,7 @@ func (in *Instance) signal(sig syscall.Signal) error {
 // the root's files counted as used, as a guest's tmpfs upper layer is,
 // and the root as its disk: DiskUsed the size of its files, DiskTotal
 // the host file system's size under it.
-func (in *Instance) Info(ctx context.Context) (client.Info, error) {
+func (in *Instance) Info(ctx context.Context) (daemon.GuestInfo, error) {
 	in.mu.Lock()
 	m, closed := in.meta, in.closed
 	in.mu.Unlock()
@@ -1049,7 +1049,7 @@ func (in *Instance) Info(ctx context.Context) (client.Info, error) {
 	default:
 	}
 	if closed {
-		return client.Info{}, status.Error(codes.Unavailable, "daemontest: info: the sandbox has stopped")
+		return daemon.GuestInfo{}, status.Error(codes.Unavailable, "daemontest: info: the sandbox has stopped")
 	}
 	var used uint64
 	err := filepath.WalkDir(in.Root(), func(p string, d fs.DirEntry, err error) error {
@@ -1062,11 +1062,11 @@ func (in *Instance) Info(ctx context.Context) (client.Info, error) {
 		return nil
 	})
 	if err != nil {
-		return client.Info{}, fmt.Errorf("daemontest: info: %w", err)
+		return daemon.GuestInfo{}, fmt.Errorf("daemontest: info: %w", err)
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(in.Root(), &st); err != nil {
-		return client.Info{}, fmt.Errorf("daemontest: info: %w", err)
+		return daemon.GuestInfo{}, fmt.Errorf("daemontest: info: %w", err)
 	}
 	mem := uint64(m.MemoryMiB) << 20
 	if mem == 0 {
@@ -1076,7 +1076,7 @@ func (in *Instance) Info(ctx context.Context) (client.Info, error) {
 	if used < mem {
 		avail = mem - used
 	}
-	return client.Info{Hostname: m.Hostname, MemTotal: mem, MemAvailable: avail, NumCPU: max(m.CPUs, 1),
+	return daemon.GuestInfo{Hostname: m.Hostname, MemTotal: mem, MemAvailable: avail, NumCPU: max(m.CPUs, 1),
 		DiskTotal: st.Blocks * uint64(st.Bsize), DiskUsed: used}, nil
 }
 
@@ -1115,7 +1115,7 @@ func (in *Instance) Hold(ctx context.Context, id string) error {
 		return err
 	}
 	if _, err := os.Stat(p); err == nil {
-		return fmt.Errorf("daemontest: hold %q: %w", id, sandbox.ErrHoldExists)
+		return fmt.Errorf("daemontest: hold %q: %w", id, errHoldExists)
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("daemontest: hold: %w", err)
@@ -1176,7 +1176,7 @@ func (in *Instance) Frozen(ctx context.Context, id string) (daemon.Frozen, error
 		return nil, err
 	}
 	if _, err := os.Stat(p); err != nil {
-		return nil, fmt.Errorf("daemontest: hold %q: %w", id, sandbox.ErrNotHeld)
+		return nil, fmt.Errorf("daemontest: hold %q: %w", id, daemon.ErrNotHeld)
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(in.dir), ".frozen-")
 	if err != nil {
@@ -1200,7 +1200,7 @@ func (in *Instance) Adopt(ctx context.Context, f daemon.Frozen) error {
 		return err
 	}
 	if _, err := os.Stat(p); err == nil {
-		return fmt.Errorf("daemontest: adopt %q: %w", df.id, sandbox.ErrHoldExists)
+		return fmt.Errorf("daemontest: adopt %q: %w", df.id, errHoldExists)
 	}
 	df.mu.Lock()
 	defer df.mu.Unlock()

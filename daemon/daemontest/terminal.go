@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/agent"
 	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
@@ -63,7 +64,7 @@ type hostTerm struct {
 
 // onPty gives cmd a new terminal of size, its stdin, stdout, stderr and
 // controlling terminal; start runs the copies once cmd has started.
-func onPty(cmd *exec.Cmd, size *client.PtySize) (*hostTerm, *os.File, error) {
+func onPty(cmd *exec.Cmd, size *daemon.PtySize) (*hostTerm, *os.File, error) {
 	if size.Rows < 1 || size.Cols < 1 || size.Rows > agentpb.MaxPtyDimension || size.Cols > agentpb.MaxPtyDimension {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "daemontest: pty %dx%d", size.Rows, size.Cols)
 	}
@@ -107,7 +108,7 @@ func (t *hostTerm) wait() {
 }
 
 // Resize sets the size of the exec's terminal.
-func (p *proc) Resize(size client.PtySize) error {
+func (p *proc) Resize(size daemon.PtySize) error {
 	if p.term == nil {
 		return status.Error(codes.FailedPrecondition, "daemontest: the exec has no terminal")
 	}
@@ -115,7 +116,7 @@ func (p *proc) Resize(size client.PtySize) error {
 }
 
 // Resize of a process an earlier server started: out of reach.
-func (p *foreignProc) Resize(client.PtySize) error {
+func (p *foreignProc) Resize(daemon.PtySize) error {
 	return status.Error(codes.FailedPrecondition, "daemontest: the exec's terminal is out of reach")
 }
 
@@ -153,13 +154,13 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // AttachDetached implements daemon.Instance: the output a detached exec
 // this process started writes from now on, then its exit. One an
 // earlier process started gives only its exit.
-func (in *Instance) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (client.ExitStatus, error) {
+func (in *Instance) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (daemon.ExitStatus, error) {
 	recPath, err := in.detachedPath(id)
 	if err != nil {
-		return client.ExitStatus{}, err
+		return daemon.ExitStatus{}, err
 	}
 	if _, err := os.Stat(recPath); err != nil {
-		return client.ExitStatus{}, status.Errorf(codes.NotFound, "daemontest: no detached exec %q", id)
+		return daemon.ExitStatus{}, status.Errorf(codes.NotFound, "daemontest: no detached exec %q", id)
 	}
 	p := in.b.detachedProc(recPath)
 	if p == nil {
@@ -170,16 +171,16 @@ func (in *Instance) AttachDetached(ctx context.Context, id string, stdout, stder
 			err = json.Unmarshal(b, &rec)
 		}
 		if err != nil {
-			return client.ExitStatus{}, fmt.Errorf("daemontest: detached exec %q: %w", id, err)
+			return daemon.ExitStatus{}, fmt.Errorf("daemontest: detached exec %q: %w", id, err)
 		}
 		for alive(rec.Pid) {
 			select {
 			case <-ctx.Done():
-				return client.ExitStatus{}, status.FromContextError(ctx.Err()).Err()
+				return daemon.ExitStatus{}, status.FromContextError(ctx.Err()).Err()
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
-		return client.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}, nil
+		return daemon.ExitStatus{Code: -1, Signal: int(syscall.SIGKILL)}, nil
 	}
 	if stdout == nil {
 		stdout = io.Discard
@@ -203,7 +204,7 @@ func (in *Instance) AttachDetached(ctx context.Context, id string, stdout, stder
 	case <-p.done:
 		return p.status, p.err
 	case <-ctx.Done():
-		return client.ExitStatus{}, status.FromContextError(ctx.Err()).Err()
+		return daemon.ExitStatus{}, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
@@ -254,9 +255,9 @@ func (in *Instance) mkdirs(r string, perm fs.FileMode, u *agent.User) error {
 
 // List implements daemon.Files: each folder's entries sorted by name,
 // followed by its subfolders' down to depth levels.
-func (in *Instance) List(ctx context.Context, p string, depth int) ([]client.FileInfo, error) {
+func (in *Instance) List(ctx context.Context, p string, depth int) ([]daemon.FileInfo, error) {
 	depth = max(depth, 1)
-	var out []client.FileInfo
+	var out []daemon.FileInfo
 	names := agent.NewAccountNames("/")
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
@@ -298,19 +299,19 @@ func (in *Instance) List(ctx context.Context, p string, depth int) ([]client.Fil
 }
 
 // Move implements daemon.Files.
-func (in *Instance) Move(ctx context.Context, src, dst string) (client.FileInfo, error) {
+func (in *Instance) Move(ctx context.Context, src, dst string) (daemon.FileInfo, error) {
 	if err := in.root.Rename(rel(src), rel(dst)); err != nil {
 		if errors.Is(err, syscall.EXDEV) {
-			return client.FileInfo{}, status.Errorf(codes.FailedPrecondition, "daemontest: move %s to %s: different file systems", src, dst)
+			return daemon.FileInfo{}, status.Errorf(codes.FailedPrecondition, "daemontest: move %s to %s: different file systems", src, dst)
 		}
-		return client.FileInfo{}, fileErr("move "+src+" to", dst, err)
+		return daemon.FileInfo{}, fileErr("move "+src+" to", dst, err)
 	}
 	return in.Stat(ctx, dst, true)
 }
 
 // Watch implements daemon.Files with the agent's own watcher, on the
 // root's folder.
-func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func(client.WatchEvent) error) error {
+func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func(daemon.WatchEvent) error) error {
 	fi, err := in.root.Stat(rel(p))
 	if err != nil {
 		return fileErr("watch", p, err)
@@ -324,6 +325,7 @@ func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func
 			r, _ := filepath.Rel(in.Root(), e.GetPath())
 			e.Path = "/" + filepath.ToSlash(r)
 		}
-		return fn(client.WatchEventOf(ev))
+		ce := client.WatchEventOf(ev)
+		return fn(daemon.WatchEvent{Started: ce.Started, Op: daemon.WatchOp(ce.Op), Name: ce.Name, Entry: daemon.FileInfo(ce.Entry), HasEntry: ce.HasEntry})
 	})
 }

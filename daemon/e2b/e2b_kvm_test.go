@@ -12,6 +12,7 @@ import (
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/daemon/e2b"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/daemon/vmmbackend"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/image/imagetest"
 	"github.com/kilnvm/kiln/internal/kvmtest"
@@ -20,7 +21,7 @@ import (
 )
 
 // TestMain lets the test binary serve as a VMM process (the real
-// backend's ProcessCommand in TestKVME2B).
+// backend's Command in TestKVME2B).
 func TestMain(m *testing.M) {
 	if os.Getenv(vmmproc.SocketEnv) != "" {
 		os.Exit(vmmproc.Main(context.Background(), nil))
@@ -82,9 +83,13 @@ func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
 			tb.Logf("kilnd's log (its end):\n%s", b)
 		}
 	})
-	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(state, "k"), Runtime: rt, Images: images,
-		ProcessCommand: []string{os.Args[0], "-test.run=^$"}, BootTimeout: 8 * time.Minute, MemoryOvercommit: 2,
-		Logger: logger})
+	be, err := vmmbackend.New(vmmbackend.Options{StateDir: filepath.Join(state, "k"), Runtime: rt, Images: images,
+		Command: []string{os.Args[0], "-test.run=^$"}, Logger: logger})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ds, err := daemon.New(daemon.Config{StateDir: filepath.Join(state, "k"), Backend: be,
+		BootTimeout: 8 * time.Minute, MemoryOvercommit: 2, Logger: logger})
 	if err != nil {
 		tb.Fatal(err)
 	}

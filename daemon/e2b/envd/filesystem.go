@@ -21,7 +21,6 @@ import (
 	filesystempb "github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/filesystem"
 	"github.com/kilnvm/kiln/daemon/e2b/envd/envdpb/filesystem/filesystempbconnect"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
-	"github.com/kilnvm/kiln/guest/client"
 )
 
 // filesystemService is filesystem.Filesystem over kiln.v1 file calls.
@@ -31,7 +30,7 @@ var _ filesystempbconnect.FilesystemHandler = (*filesystemService)(nil)
 
 // entryInfo is a kiln.v1 FileInfo as envd's EntryInfo.
 func entryInfo(fi *kilnpb.FileInfo) *filesystempb.EntryInfo {
-	m := client.FileModeOf(fi.GetMode())
+	m := kilnpb.FileMode(fi.GetMode())
 	e := &filesystempb.EntryInfo{
 		Name: fi.GetName(), Type: filesystempb.FileType_FILE_TYPE_FILE, Path: fi.GetPath(), Size: fi.GetSize(),
 		Mode: fi.GetMode() & 0o7777, Permissions: m.String(), Owner: fi.GetOwner(), Group: fi.GetGroup(),

@@ -1,4 +1,4 @@
-package daemon
+package vmmbackend
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func TestEnsureImage(t *testing.T) {
 	}
 	reg := imagetest.NewRegistry(t)
 	ref := reg.Push(t, "app:v1", img)
-	b := &SandboxBackend{Images: t.TempDir()}
+	b := &Backend{Images: t.TempDir()}
 	ctx := context.Background()
 	reg.Reset()
 	errs := make(chan error, 4)

@@ -1,4 +1,11 @@
-package daemon
+// Package vmmbackend is kilnd's daemon.Backend: each sandbox runs in a VMM
+// process of its own through package sandbox (Start with
+// Options.Process, Restore from a checkpoint, Attach to take a running
+// one over, Save and Fork). It is the one package of the daemon's that
+// knows the layers below the seam (sandbox, vmmproc, snapshot, image and
+// the guest's client); it converts their types to the daemon's plain
+// ones. cmd/kilnd makes one (New) and passes it in daemon.Config.
+package vmmbackend
 
 import (
 	"bytes"
@@ -18,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/sandbox"
@@ -27,10 +35,9 @@ import (
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
-// SandboxBackend runs each sandbox in a VMM process of its own through
-// package sandbox: Start with Options.Process, Restore from a checkpoint,
-// Attach to take a running one over, Save and Fork.
-type SandboxBackend struct {
+// Backend runs each sandbox in a VMM process of its own through package
+// sandbox.
+type Backend struct {
 	// Runtime is the kernel and agent initramfs every sandbox boots.
 	Runtime sandbox.Runtime
 	// Images is the images folder of image-rooted sandboxes. An image
@@ -54,27 +61,27 @@ type SandboxBackend struct {
 	pulls singleflight.Group // one pull per reference at a time
 }
 
-func (b *SandboxBackend) log() *slog.Logger {
+func (b *Backend) log() *slog.Logger {
 	if b.Logger == nil {
 		return slog.Default()
 	}
 	return b.Logger
 }
 
-func (b *SandboxBackend) snapshotCache() *snapshot.Cache {
+func (b *Backend) snapshotCache() *snapshot.Cache {
 	b.snapshotsOnce.Do(func() { b.snapshots = snapshot.NewCache(0) })
 	return b.snapshots
 }
 
-func (b *SandboxBackend) imageRoots() *image.Roots {
+func (b *Backend) imageRoots() *image.Roots {
 	b.once.Do(func() { b.roots = image.NewRoots(image.Options{Logger: b.Logger}) })
 	return b.roots
 }
 
 // Create implements Backend.
-func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance, error) {
+func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.Instance, error) {
 	if len(b.Process.Command) == 0 {
-		return nil, errors.New("daemon: no VMM process command (Config.ProcessCommand)")
+		return nil, errors.New("daemon: no VMM process command (Backend.Process.Command)")
 	}
 	proc := b.Process
 	log := sandboxLog(b.log(), spec.Dir)
@@ -88,12 +95,12 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			return nil, fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", spec.Frozen)
 		}
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: netSpec(spec.Host.Net),
 			Images: b.Images, ImageRoots: b.imageRoots(), SnapshotKey: b.SnapshotKey,
 		})
 	case spec.Checkpoint != "":
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
-			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: spec.Host.Net,
+			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: netSpec(spec.Host.Net),
 			Images: b.Images, ImageRoots: b.imageRoots(),
 			SnapshotKey: b.SnapshotKey, SnapshotCache: b.snapshotCache(),
 		})
@@ -102,7 +109,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 			return nil, err
 		}
 		opts := sandbox.Options{
-			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: spec.Host.Net,
+			Runtime: b.Runtime, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, Hostname: spec.Hostname, Net: netSpec(spec.Host.Net),
 			Dir: spec.Dir, Process: &proc, Logger: log,
 			Image: spec.Image, Images: b.Images, ImageRoots: b.imageRoots(), WritableMiB: spec.WritableMiB,
 			Init: spec.Init, SnapshotKey: b.SnapshotKey,
@@ -112,7 +119,7 @@ func (b *SandboxBackend) Create(ctx context.Context, spec CreateSpec) (Instance,
 		return nil, errors.New("daemon: a sandbox needs an image or a checkpoint")
 	}
 	if err != nil {
-		return nil, err
+		return nil, markErr(err)
 	}
 	return newSandboxInstance(s, b), nil
 }
@@ -129,7 +136,7 @@ func sandboxLog(log *slog.Logger, dir string) *slog.Logger {
 // layers, indexed). Concurrent creates of one missing image pull it once.
 // Its errors are gRPC statuses: NotFound for a name no registry knows,
 // InvalidArgument for a bad reference or image, Unavailable otherwise.
-func (b *SandboxBackend) ensureImage(ctx context.Context, ref string) error {
+func (b *Backend) ensureImage(ctx context.Context, ref string) error {
 	dir := b.Images
 	if dir == "" { // where sandbox.Start looks, too
 		var err error
@@ -167,7 +174,7 @@ func (b *SandboxBackend) ensureImage(ctx context.Context, ref string) error {
 
 // Attach implements Backend. A paused sandbox is resumed for the agent to
 // answer, then paused again.
-func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (Instance, error) {
+func (b *Backend) Attach(ctx context.Context, dir string, paused bool) (daemon.Instance, error) {
 	if paused {
 		if err := vmmCall(ctx, dir, b.log(), (*vmmproc.Process).Resume); err != nil {
 			return nil, err
@@ -176,7 +183,7 @@ func (b *SandboxBackend) Attach(ctx context.Context, dir string, paused bool) (I
 	s, err := sandbox.Attach(ctx, dir, sandbox.AttachOptions{Process: b.Process, ImageRoots: b.imageRoots(), Logger: sandboxLog(b.log(), dir)})
 	if err != nil {
 		stopVMM(ctx, dir, b.log())
-		return nil, err
+		return nil, markErr(err)
 	}
 	in := newSandboxInstance(s, b)
 	in.paused = paused
@@ -197,7 +204,7 @@ func vmmCall(ctx context.Context, dir string, log *slog.Logger, call func(*vmmpr
 	}
 	defer p.Close(context.Background()) // attached: closes the connection only
 	if err := call(p, ctx); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return markErr(fmt.Errorf("daemon: %w", err))
 	}
 	return nil
 }
@@ -225,7 +232,7 @@ func stopVMM(ctx context.Context, dir string, log *slog.Logger) {
 // sandboxInstance is a sandbox of package sandbox, in a VMM process.
 type sandboxInstance struct {
 	s       *sandbox.Sandbox
-	b       *SandboxBackend
+	b       *Backend
 	pid     int
 	closing sync.Once
 	// ctx ends when the instance is closed or detached: the waits for
@@ -237,7 +244,7 @@ type sandboxInstance struct {
 	paused bool // Close resumes it first, for the agent to power it off
 }
 
-func newSandboxInstance(s *sandbox.Sandbox, b *SandboxBackend) *sandboxInstance {
+func newSandboxInstance(s *sandbox.Sandbox, b *Backend) *sandboxInstance {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &sandboxInstance{s: s, b: b, pid: s.PID(), ctx: ctx, cancel: cancel}
 }
@@ -260,25 +267,28 @@ func (in *sandboxInstance) PoweredOff() bool {
 	return err == nil && exit.Reason == vmm.ReasonPowerOff
 }
 
-func (in *sandboxInstance) Start(ctx context.Context, opts client.ExecOptions) (Process, error) {
-	p, err := in.s.Client().Start(ctx, opts)
-	if err != nil || opts.DetachID == "" {
-		return p, err
+func (in *sandboxInstance) Start(ctx context.Context, opts daemon.ExecOptions) (daemon.Process, error) {
+	p, err := in.s.Client().Start(ctx, execOptions(opts))
+	if err != nil {
+		return nil, err
+	}
+	if opts.DetachID == "" {
+		return process{p}, nil
 	}
 	return &detachedProcess{in: in, id: opts.DetachID, pid: p.Pid(), stream: p}, nil
 }
 
-func (in *sandboxInstance) Detached(ctx context.Context) ([]DetachedExec, error) {
+func (in *sandboxInstance) Detached(ctx context.Context) ([]daemon.DetachedExec, error) {
 	ds, err := in.s.Client().ListDetached(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]DetachedExec, len(ds))
+	out := make([]daemon.DetachedExec, len(ds))
 	for i, d := range ds {
-		out[i] = DetachedExec{ID: d.ID, Pid: d.Pid, Argv: d.Argv, Started: d.Started,
+		out[i] = daemon.DetachedExec{ID: d.ID, Pid: d.Pid, Argv: d.Argv, Started: d.Started,
 			Process: &detachedProcess{in: in, id: d.ID, pid: d.Pid}}
 		if d.Exited {
-			st := d.Status
+			st := exitStatus(d.Status)
 			out[i].Exit = &st
 		}
 	}
@@ -289,8 +299,9 @@ func (in *sandboxInstance) ForgetDetached(ctx context.Context, id string) error 
 	return in.s.Client().ForgetDetached(ctx, id)
 }
 
-func (in *sandboxInstance) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (client.ExitStatus, error) {
-	return in.s.Client().AttachDetached(ctx, id, stdout, stderr)
+func (in *sandboxInstance) AttachDetached(ctx context.Context, id string, stdout, stderr io.Writer) (daemon.ExitStatus, error) {
+	st, err := in.s.Client().AttachDetached(ctx, id, stdout, stderr)
+	return exitStatus(st), err
 }
 
 // detachedProcess is a detached process of a sandboxInstance: signalled
@@ -331,19 +342,19 @@ func (p *detachedProcess) signal(sig syscall.Signal, group bool) error {
 // Resize resizes the terminal through the process's Exec call, which
 // carries its terminal's input: once that is gone (a server started
 // since) there is no way to it.
-func (p *detachedProcess) Resize(size client.PtySize) error {
+func (p *detachedProcess) Resize(size daemon.PtySize) error {
 	if p.stream == nil {
 		return status.Errorf(codes.FailedPrecondition, "detached process %s: its terminal is reachable only from the server that started it", p.id)
 	}
-	return p.stream.Resize(size)
+	return p.stream.Resize(client.PtySize(size))
 }
 
-func (p *detachedProcess) Wait() (client.ExitStatus, error) {
+func (p *detachedProcess) Wait() (daemon.ExitStatus, error) {
 	var err error
 	if p.stream != nil {
 		var st client.ExitStatus
 		if st, err = p.stream.Wait(); err == nil {
-			return st, nil
+			return exitStatus(st), nil
 		}
 	}
 	// The call broke (or there is none): ask the agent, riding out
@@ -351,24 +362,24 @@ func (p *detachedProcess) Wait() (client.ExitStatus, error) {
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		d, werr := p.in.s.Client().WaitDetached(p.in.ctx, p.id)
 		if werr == nil {
-			return d.Status, nil
+			return exitStatus(d.Status), nil
 		}
 		if err == nil {
 			err = werr
 		}
 		if p.in.ctx.Err() != nil || status.Code(werr) != codes.Unavailable {
-			return client.ExitStatus{}, err
+			return daemon.ExitStatus{}, err
 		}
 		select {
 		case <-p.in.ctx.Done():
 		case <-p.in.s.Done():
-			return client.ExitStatus{}, err
+			return daemon.ExitStatus{}, err
 		case <-time.After(delay):
 		}
 	}
 }
 
-func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (client.FileInfo, error) {
+func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode, makeParents bool, owner string) (daemon.FileInfo, error) {
 	var opts []client.WriteOption
 	if makeParents {
 		opts = append(opts, client.MakeParents())
@@ -376,22 +387,30 @@ func (in *sandboxInstance) WriteFile(ctx context.Context, path string, r io.Read
 	if owner != "" {
 		opts = append(opts, client.WriteOwner(owner))
 	}
-	return in.s.Client().WriteFileInfo(ctx, path, r, mode, opts...)
+	return fileInfo(in.s.Client().WriteFileInfo(ctx, path, r, mode, opts...))
 }
 
 func (in *sandboxInstance) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
 	return in.s.Client().ReadFile(ctx, path, w)
 }
 
-func (in *sandboxInstance) Stat(ctx context.Context, path string, noFollow bool) (client.FileInfo, error) {
+func (in *sandboxInstance) Stat(ctx context.Context, path string, noFollow bool) (daemon.FileInfo, error) {
 	if noFollow {
-		return in.s.Client().Lstat(ctx, path)
+		return fileInfo(in.s.Client().Lstat(ctx, path))
 	}
-	return in.s.Client().Stat(ctx, path)
+	return fileInfo(in.s.Client().Stat(ctx, path))
 }
 
-func (in *sandboxInstance) List(ctx context.Context, path string, depth int) ([]client.FileInfo, error) {
-	return in.s.Client().ListDepth(ctx, path, depth)
+func (in *sandboxInstance) List(ctx context.Context, path string, depth int) ([]daemon.FileInfo, error) {
+	fis, err := in.s.Client().ListDepth(ctx, path, depth)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]daemon.FileInfo, len(fis))
+	for i, fi := range fis {
+		out[i] = plainFileInfo(fi)
+	}
+	return out, nil
 }
 
 func (in *sandboxInstance) Mkdir(ctx context.Context, path string, mode fs.FileMode, parents bool, owner string) error {
@@ -402,12 +421,12 @@ func (in *sandboxInstance) Mkdir(ctx context.Context, path string, mode fs.FileM
 	return in.s.Client().Mkdir(ctx, path, mode, parents, opts...)
 }
 
-func (in *sandboxInstance) Move(ctx context.Context, source, destination string) (client.FileInfo, error) {
-	return in.s.Client().Move(ctx, source, destination)
+func (in *sandboxInstance) Move(ctx context.Context, source, destination string) (daemon.FileInfo, error) {
+	return fileInfo(in.s.Client().Move(ctx, source, destination))
 }
 
-func (in *sandboxInstance) Watch(ctx context.Context, path string, recursive bool, fn func(client.WatchEvent) error) error {
-	return in.s.Client().Watch(ctx, path, recursive, fn)
+func (in *sandboxInstance) Watch(ctx context.Context, path string, recursive bool, fn func(daemon.WatchEvent) error) error {
+	return in.s.Client().Watch(ctx, path, recursive, func(ev client.WatchEvent) error { return fn(watchEvent(ev)) })
 }
 
 func (in *sandboxInstance) Remove(ctx context.Context, path string, recursive bool) error {
@@ -436,12 +455,12 @@ func (in *sandboxInstance) setPaused(p bool) {
 	in.mu.Unlock()
 }
 
-func (in *sandboxInstance) ConfigureNetwork(ctx context.Context, cfg client.NetworkConfig) error {
-	return in.s.ConfigureNetwork(ctx, cfg)
+func (in *sandboxInstance) ConfigureNetwork(ctx context.Context, cfg daemon.NetworkConfig) error {
+	return markErr(in.s.ConfigureNetwork(ctx, client.NetworkConfig(cfg)))
 }
 
 func (in *sandboxInstance) Refresh(ctx context.Context, hostname string) error {
-	return in.s.Refresh(ctx, hostname)
+	return markErr(in.s.Refresh(ctx, hostname))
 }
 
 // sandboxFrozen is package sandbox's in-memory checkpoint.
@@ -450,55 +469,66 @@ type sandboxFrozen struct{ f *sandbox.Frozen }
 func (f *sandboxFrozen) ID() string   { return f.f.ID() }
 func (f *sandboxFrozen) Close() error { return f.f.Close() }
 
-func (in *sandboxInstance) Hold(ctx context.Context, id string) error { return in.s.Hold(ctx, id) }
-func (in *sandboxInstance) Release(ctx context.Context, id string) error {
-	return in.s.Release(ctx, id)
+func (in *sandboxInstance) Hold(ctx context.Context, id string) error {
+	return markErr(in.s.Hold(ctx, id))
 }
-func (in *sandboxInstance) Held(ctx context.Context) ([]string, error) { return in.s.Held(ctx) }
 
-func (in *sandboxInstance) Frozen(ctx context.Context, id string) (Frozen, error) {
+func (in *sandboxInstance) Release(ctx context.Context, id string) error {
+	return markErr(in.s.Release(ctx, id))
+}
+
+func (in *sandboxInstance) Held(ctx context.Context) ([]string, error) {
+	ids, err := in.s.Held(ctx)
+	return ids, markErr(err)
+}
+
+func (in *sandboxInstance) Frozen(ctx context.Context, id string) (daemon.Frozen, error) {
 	f, err := in.s.Frozen(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, markErr(err)
 	}
 	return &sandboxFrozen{f}, nil
 }
 
-func (in *sandboxInstance) Adopt(ctx context.Context, f Frozen) error {
+func (in *sandboxInstance) Adopt(ctx context.Context, f daemon.Frozen) error {
 	sf, ok := f.(*sandboxFrozen)
 	if !ok {
 		return fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", f)
 	}
-	return in.s.Adopt(ctx, sf.f)
+	return markErr(in.s.Adopt(ctx, sf.f))
 }
 
 func (in *sandboxInstance) Keep(ctx context.Context, key string, value []byte) error {
-	return in.s.Keep(ctx, key, value)
+	return markErr(in.s.Keep(ctx, key, value))
 }
 
 func (in *sandboxInstance) Kept(ctx context.Context, key string) ([]byte, error) {
-	return in.s.Kept(ctx, key)
+	v, err := in.s.Kept(ctx, key)
+	return v, markErr(err)
 }
 
-func (in *sandboxInstance) Save(ctx context.Context, dir string) error { return in.s.Save(ctx, dir) }
-
-func (in *sandboxInstance) Info(ctx context.Context) (client.Info, error) {
-	return in.s.Client().Info(ctx)
+func (in *sandboxInstance) Save(ctx context.Context, dir string) error {
+	return markErr(in.s.Save(ctx, dir))
 }
 
-func (in *sandboxInstance) Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error) {
+func (in *sandboxInstance) Info(ctx context.Context) (daemon.GuestInfo, error) {
+	info, err := in.s.Client().Info(ctx)
+	return daemon.GuestInfo(info), err
+}
+
+func (in *sandboxInstance) Fork(ctx context.Context, hosts []daemon.HostSpec) ([]daemon.Instance, error) {
 	var opts sandbox.ForkOptions
 	if len(hosts) > 0 && hosts[0].Net != nil {
-		opts.Net = func(i int) *virtio.NetSpec { return hosts[i].Net }
+		opts.Net = func(i int) *virtio.NetSpec { return netSpec(hosts[i].Net) }
 	}
 	if len(hosts) > 0 && hosts[0].Cgroup != "" {
 		opts.Cgroup = func(i int) string { return hosts[i].Cgroup }
 	}
 	kids, err := in.s.Fork(ctx, len(hosts), opts)
 	if err != nil {
-		return nil, err
+		return nil, markErr(err)
 	}
-	out := make([]Instance, len(kids))
+	out := make([]daemon.Instance, len(kids))
 	for i, k := range kids {
 		out[i] = newSandboxInstance(k, in.b)
 	}
