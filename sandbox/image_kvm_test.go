@@ -173,8 +173,9 @@ func sha(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// TestKVMImage runs sandboxes whose root is an OCI image served lazily over
-// virtio-9p from an in-process registry: a Debian minbase image made with
+// TestKVMImage runs sandboxes whose root is an OCI image served lazily as
+// EROFS over virtio-blk (the default root) from an in-process registry,
+// its guest devices listed; a Debian minbase image made with
 // debootstrap (python3, git) runs both; opening it and running true costs
 // at most 2% of its bytes; the image config applies; overlay semantics
 // hold; a corrupt chunk is EIO for that file and nothing is stored; a
