@@ -1,6 +1,10 @@
 package erofs
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/kilnvm/kiln/stmode"
+)
 
 // The on-disk format, as Linux's fs/erofs/erofs_fs.h has it (the parts
 // that Linux 6.1 reads without any feature_incompat bit). All integers are
@@ -55,14 +59,14 @@ const (
 
 // Mode bits (S_IF*), as i_mode holds them.
 const (
-	sIFMT   = 0o170000
-	sIFSOCK = 0o140000
-	sIFLNK  = 0o120000
-	sIFREG  = 0o100000
-	sIFBLK  = 0o060000
-	sIFDIR  = 0o040000
-	sIFCHR  = 0o020000
-	sIFIFO  = 0o010000
+	sIFMT   = stmode.IFMT
+	sIFSOCK = stmode.IFSOCK
+	sIFLNK  = stmode.IFLNK
+	sIFREG  = stmode.IFREG
+	sIFBLK  = stmode.IFBLK
+	sIFDIR  = stmode.IFDIR
+	sIFCHR  = stmode.IFCHR
+	sIFIFO  = stmode.IFIFO
 	// modeBits are the bits i_mode keeps beside the type: permissions,
 	// setuid, setgid and sticky.
 	modeBits = 0o7777

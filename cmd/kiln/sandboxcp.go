@@ -21,14 +21,15 @@ import (
 
 	kilnclient "github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
+	"github.com/kilnvm/kiln/stmode"
 )
 
 // st_mode's file type bits, as FileInfo.Mode carries them.
 const (
-	sIFMT  = 0o170000
-	sIFDIR = 0o040000
-	sIFREG = 0o100000
-	sIFLNK = 0o120000
+	sIFMT  = stmode.IFMT
+	sIFDIR = stmode.IFDIR
+	sIFREG = stmode.IFREG
+	sIFLNK = stmode.IFLNK
 )
 
 // remotePath splits ID:PATH; ok is false for a local path.

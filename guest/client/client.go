@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/stmode"
 )
 
 // Option configures Dial, New and WaitReady.
@@ -436,53 +437,15 @@ func fileInfoOf(p *agentpb.FileInfo) FileInfo {
 	}
 }
 
-// Unix st_mode bits (fixed by POSIX and Linux; spelled out so that the
-// package builds on any host).
+// The st_mode bits the conversions here use.
 const (
-	sIFMT   = 0o170000
-	sIFSOCK = 0o140000
-	sIFLNK  = 0o120000
-	sIFREG  = 0o100000
-	sIFBLK  = 0o060000
-	sIFDIR  = 0o040000
-	sIFCHR  = 0o020000
-	sIFIFO  = 0o010000
-	sISUID  = 0o4000
-	sISGID  = 0o2000
-	sISVTX  = 0o1000
+	sISUID = stmode.ISUID
+	sISGID = stmode.ISGID
+	sISVTX = stmode.ISVTX
 )
 
 // FileModeOf converts a Unix st_mode to an fs.FileMode.
-func FileModeOf(st uint32) fs.FileMode {
-	m := fs.FileMode(st & 0o777)
-	switch st & sIFMT {
-	case sIFDIR:
-		m |= fs.ModeDir
-	case sIFLNK:
-		m |= fs.ModeSymlink
-	case sIFSOCK:
-		m |= fs.ModeSocket
-	case sIFBLK:
-		m |= fs.ModeDevice
-	case sIFCHR:
-		m |= fs.ModeDevice | fs.ModeCharDevice
-	case sIFIFO:
-		m |= fs.ModeNamedPipe
-	case sIFREG:
-	default:
-		m |= fs.ModeIrregular
-	}
-	if st&sISUID != 0 {
-		m |= fs.ModeSetuid
-	}
-	if st&sISGID != 0 {
-		m |= fs.ModeSetgid
-	}
-	if st&sISVTX != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
-}
+func FileModeOf(st uint32) fs.FileMode { return stmode.FileMode(st) }
 
 // unixPerm converts an fs.FileMode's permission bits to Unix ones (07777).
 // The Unix setuid, setgid and sticky bits (04000, 02000, 01000) are taken
