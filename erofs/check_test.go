@@ -17,6 +17,8 @@ import (
 
 	goerofs "github.com/erofs/go-erofs"
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/stmode"
 )
 
 // want is what the image must show at one path, from the source tree.
@@ -106,35 +108,6 @@ func materialize(t testing.TB, im *Image) []byte {
 	return out
 }
 
-// goFileMode turns a Unix mode into Go's.
-func goFileMode(mode uint32) fs.FileMode {
-	m := fs.FileMode(mode & 0o777)
-	switch mode & syscall.S_IFMT {
-	case syscall.S_IFDIR:
-		m |= fs.ModeDir
-	case syscall.S_IFLNK:
-		m |= fs.ModeSymlink
-	case syscall.S_IFCHR:
-		m |= fs.ModeDevice | fs.ModeCharDevice
-	case syscall.S_IFBLK:
-		m |= fs.ModeDevice
-	case syscall.S_IFIFO:
-		m |= fs.ModeNamedPipe
-	case syscall.S_IFSOCK:
-		m |= fs.ModeSocket
-	}
-	if mode&syscall.S_ISUID != 0 {
-		m |= fs.ModeSetuid
-	}
-	if mode&syscall.S_ISGID != 0 {
-		m |= fs.ModeSetgid
-	}
-	if mode&syscall.S_ISVTX != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
-}
-
 // decodeDev is Linux's new_decode_dev.
 func decodeDev(d uint32) uint64 {
 	major := (d & 0xfff00) >> 8
@@ -182,7 +155,7 @@ func goErofsDiff(m *memFS, im *Image, wants map[string]*want) error {
 		if !ok {
 			return fmt.Errorf("%s: Sys() is %T", p, fi.Sys())
 		}
-		if got, want := st.Mode, goFileMode(w.mode); got != want {
+		if got, want := st.Mode, stmode.FileMode(w.mode); got != want {
 			return fmt.Errorf("%s: mode %v, want %v", p, got, want)
 		}
 		if fi.Mode().Type() != st.Mode.Type() || (p != "." && d.Type() != st.Mode.Type()) {

@@ -144,29 +144,7 @@ func compareExtracted(wants map[string]*want, root string) error {
 		if got := time.Unix(st.Mtim.Unix()); !got.Equal(w.mtime) {
 			return fmt.Errorf("%q: mtime %v, want %v", rel, got, w.mtime)
 		}
-		switch w.mode & syscall.S_IFMT {
-		case syscall.S_IFLNK:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if target != w.target {
-				return fmt.Errorf("%q: target %q, want %q", rel, target, w.target)
-			}
-		case syscall.S_IFREG:
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(data, w.node.content()) {
-				return fmt.Errorf("%q: contents differ (%d bytes, want %d)", rel, len(data), w.size)
-			}
-		case syscall.S_IFCHR, syscall.S_IFBLK:
-			if st.Rdev != w.rdev {
-				return fmt.Errorf("%q: rdev %#x, want %#x", rel, st.Rdev, w.rdev)
-			}
-		}
-		return nil
+		return compareContent(rel, p, st.Rdev, w)
 	})
 	if err != nil {
 		return err
@@ -179,6 +157,35 @@ func compareExtracted(wants map[string]*want, root string) error {
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("not extracted: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// compareContent checks what the file at p (rel in the tree) holds
+// against w: a symlink's target, a regular file's bytes, a device's
+// number (rdev, from its stat).
+func compareContent(rel, p string, rdev uint64, w *want) error {
+	switch w.mode & syscall.S_IFMT {
+	case syscall.S_IFLNK:
+		target, err := os.Readlink(p)
+		if err != nil {
+			return err
+		}
+		if target != w.target {
+			return fmt.Errorf("%q: target %q, want %q", rel, target, w.target)
+		}
+	case syscall.S_IFREG:
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(data, w.node.content()) {
+			return fmt.Errorf("%q: contents differ (%d bytes, want %d)", rel, len(data), w.size)
+		}
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+		if rdev != w.rdev {
+			return fmt.Errorf("%q: rdev %#x, want %#x", rel, rdev, w.rdev)
+		}
 	}
 	return nil
 }

@@ -174,28 +174,10 @@ func compareMounted(wants map[string]*want, root string) error {
 		if !maps.Equal(got, wantX) {
 			return fmt.Errorf("%q: xattrs %q, want %q", rel, got, w.xattrs)
 		}
-		switch w.mode & syscall.S_IFMT {
-		case syscall.S_IFLNK:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if target != w.target {
-				return fmt.Errorf("%q: target %q, want %q", rel, target, w.target)
-			}
-		case syscall.S_IFREG:
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(data, w.node.content()) {
-				return fmt.Errorf("%q: contents differ (%d bytes, want %d)", rel, len(data), w.size)
-			}
-		case syscall.S_IFCHR, syscall.S_IFBLK:
-			if st.Rdev != w.rdev {
-				return fmt.Errorf("%q: rdev %#x, want %#x", rel, st.Rdev, w.rdev)
-			}
-		case syscall.S_IFDIR:
+		if err := compareContent(rel, p, st.Rdev, w); err != nil {
+			return err
+		}
+		if w.mode&syscall.S_IFMT == syscall.S_IFDIR {
 			// Every name found by lookup (the kernel's binary search),
 			// not only by readdir.
 			ents, err := os.ReadDir(p)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kilnvm/kiln/erofs"
 	"github.com/kilnvm/kiln/rofs"
+	"github.com/kilnvm/kiln/stmode"
 )
 
 // Options tune Compare.
@@ -161,7 +162,7 @@ func Compare(ctx context.Context, im *erofs.Image, src rofs.FS, opts Options) (S
 			return fmt.Errorf("%s: go-erofs's Sys() is %T", p, fi.Sys())
 		}
 		typ := w.attr.Mode & syscall.S_IFMT
-		if got, want := s.Mode, fileMode(w.attr.Mode); got != want {
+		if got, want := s.Mode, stmode.FileMode(w.attr.Mode); got != want {
 			return fmt.Errorf("%s: mode %v, want %v", p, got, want)
 		}
 		if p != "." && d.Type() != s.Mode.Type() {
@@ -286,35 +287,6 @@ func representable(name string) bool {
 		}
 	}
 	return false
-}
-
-// fileMode is an st_mode as io/fs writes it.
-func fileMode(m uint32) fs.FileMode {
-	mode := fs.FileMode(m & 0o777)
-	switch m & syscall.S_IFMT {
-	case syscall.S_IFDIR:
-		mode |= fs.ModeDir
-	case syscall.S_IFLNK:
-		mode |= fs.ModeSymlink
-	case syscall.S_IFCHR:
-		mode |= fs.ModeDevice | fs.ModeCharDevice
-	case syscall.S_IFBLK:
-		mode |= fs.ModeDevice
-	case syscall.S_IFIFO:
-		mode |= fs.ModeNamedPipe
-	case syscall.S_IFSOCK:
-		mode |= fs.ModeSocket
-	}
-	if m&syscall.S_ISUID != 0 {
-		mode |= fs.ModeSetuid
-	}
-	if m&syscall.S_ISGID != 0 {
-		mode |= fs.ModeSetgid
-	}
-	if m&syscall.S_ISVTX != 0 {
-		mode |= fs.ModeSticky
-	}
-	return mode
 }
 
 // decodeDev turns EROFS's new_encode_dev form into unix.Mkdev's.
