@@ -54,6 +54,14 @@ const (
 	ModeCold      = "9p cold"
 	ModeWarm      = "9p warm"
 	ModeExt4      = "ext4" // the same tree as a read-only ext4 virtio-blk disk
+
+	// The modes that split an image root's cost between its file system
+	// and its overlay: an EROFS root whose workloads run chrooted into
+	// the overlay's lower layer (the EROFS mount itself, no overlay), and
+	// an ext4 disk whose workloads run chrooted into a tmpfs overlay over
+	// it (as an image root's overlay is over EROFS).
+	ModeEROFSLower  = "erofs lower"
+	ModeExt4Overlay = "ext4 overlay"
 )
 
 // DefaultImageModes are the modes RunImage times by default, in the order
@@ -61,16 +69,41 @@ const (
 var DefaultImageModes = []string{ModeEROFSCold, ModeEROFSWarm, ModeWarm, ModeExt4}
 
 // AllImageModes are the modes there are.
-var AllImageModes = []string{ModeEROFSCold, ModeEROFSWarm, ModeCold, ModeWarm, ModeExt4}
+var AllImageModes = []string{ModeEROFSCold, ModeEROFSWarm, ModeCold, ModeWarm, ModeExt4, ModeEROFSLower, ModeExt4Overlay}
 
 // modeTransport is the image transport of an image-root mode
 // (virtio.TransportEROFS or Transport9P), "" for ext4.
 func modeTransport(mode string) string {
 	t, _, _ := strings.Cut(mode, " ")
-	if mode == ModeExt4 {
+	if modeExt4(mode) {
 		return ""
 	}
 	return t
+}
+
+// modeExt4 reports whether mode boots the ext4 disk of the tree.
+func modeExt4(mode string) bool { return mode == ModeExt4 || mode == ModeExt4Overlay }
+
+// chrootSetup is, for the modes that run their workloads in another root
+// than the guest's own, the guest's commands that make that root (ROOT);
+// the workload then runs chrooted there.
+var chrootSetup = map[string]string{
+	// The image root's lower layer, bound read-only at /run/kiln/image.
+	ModeEROFSLower: `ROOT=/run/kiln/image; mount -t proc proc $ROOT/proc && mount --bind /dev $ROOT/dev && mount -t tmpfs tmpfs $ROOT/tmp`,
+	// A tmpfs overlay over the read-only ext4 root, as pid1 makes over EROFS.
+	ModeExt4Overlay: `ROOT=/mnt/root; mount -t tmpfs -o mode=0755 tmpfs /mnt && mkdir /mnt/upper /mnt/work /mnt/root && ` +
+		`mount -t overlay overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work $ROOT && ` +
+		`mount -t proc proc $ROOT/proc && mount --bind /dev $ROOT/dev && mount -t tmpfs tmpfs $ROOT/tmp`,
+}
+
+// inRoot wraps script so that it runs in mode's root (chrootSetup), or
+// returns it as it is for a mode that runs in the guest's own.
+func inRoot(mode, script string) []string {
+	setup, ok := chrootSetup[mode]
+	if !ok {
+		return []string{"sh", "-c", script}
+	}
+	return []string{"sh", "-c", setup + ` && exec chroot $ROOT sh -c "$1"`, "sh", script}
 }
 
 // modeCold reports whether mode starts from a fresh images folder.
@@ -349,7 +382,7 @@ func (rep ImageReport) Print(w io.Writer) {
 			slices.Sort(fetched)
 			f := fetched[len(fetched)/2]
 			bytesCol := "-"
-			if mode != ModeExt4 {
+			if !modeExt4(mode) {
 				bytesCol = fmt.Sprintf("%s (%.3f%%)", humanBytes(f), 100*float64(f)/float64(max(runs[0].ImageSize, 1)))
 			}
 			fmt.Fprintf(w, "%-12s %-8s %-10s %-22s %-22s %-22s %-22s %s\n", img, humanBytes(runs[0].ImageSize), mode, pull,
@@ -644,7 +677,7 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 		}
 		for i := 1; i <= runs; i++ {
 			for _, mode := range spec.Modes {
-				if mode == ModeExt4 && spec.Ext4[img] == "" {
+				if modeExt4(mode) && spec.Ext4[img] == "" {
 					continue
 				}
 				var kinds []string
@@ -736,7 +769,7 @@ func (b *imageBench) start(ctx context.Context, img, mode, flags string, r *Firs
 	ref := b.reg.Refs[img]
 	b.reg.Reset()
 	begin := time.Now()
-	if mode == ModeExt4 {
+	if modeExt4(mode) {
 		opts.Disk, opts.DiskReadOnly = b.spec.Ext4[img], true
 	} else {
 		dir := b.warm[img]
@@ -819,7 +852,7 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, k
 		r.Total.Round(time.Millisecond), r.Requests, humanBytes(r.Fetched), humanBytes(r.ImageSize))
 	var ws []WorkloadResult
 	for _, kind := range kinds {
-		w, err := b.workload(ctx, sb, kind, label)
+		w, err := b.workload(ctx, sb, kind, mode, label)
 		if err != nil {
 			return fail(err)
 		}
@@ -830,7 +863,7 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, k
 }
 
 // workload runs one workload in sb and parses its timings.
-func (b *imageBench) workload(ctx context.Context, sb *sandbox.Sandbox, kind, label string) (WorkloadResult, error) {
+func (b *imageBench) workload(ctx context.Context, sb *sandbox.Sandbox, kind, mode, label string) (WorkloadResult, error) {
 	b.reg.Reset()
 	script := showRootMounts + WorkloadScript(b.spec.ReadFile)
 	if kind == WorkloadRepo {
@@ -839,7 +872,7 @@ func (b *imageBench) workload(ctx context.Context, sb *sandbox.Sandbox, kind, la
 	var out, errOut bytes.Buffer
 	ectx, cancel := context.WithTimeout(ctx, 40*time.Minute)
 	defer cancel()
-	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: []string{"sh", "-c", script},
+	es, err := sb.Client().Exec(ectx, client.ExecOptions{Argv: inRoot(mode, script),
 		Stdout: &out, Stderr: &errOut, Timeout: 40 * time.Minute})
 	if err != nil || !es.Success() {
 		return WorkloadResult{}, fmt.Errorf("%s workload: %v %v: %s %s", kind, es, err, lastBytes(out.String(), 400), lastBytes(errOut.String(), 400))

@@ -364,10 +364,21 @@ func TestParseRepoWorkload(t *testing.T) {
 func TestImageModes(t *testing.T) {
 	for _, tc := range []struct {
 		mode, transport string
-		cold            bool
+		cold, chroot    bool
 	}{
-		{ModeEROFSCold, "erofs", true}, {ModeEROFSWarm, "erofs", false}, {ModeCold, "9p", true}, {ModeWarm, "9p", false}, {ModeExt4, "", false},
+		{ModeEROFSCold, "erofs", true, false}, {ModeEROFSWarm, "erofs", false, false}, {ModeCold, "9p", true, false},
+		{ModeWarm, "9p", false, false}, {ModeExt4, "", false, false},
+		{ModeEROFSLower, "erofs", false, true}, {ModeExt4Overlay, "", false, true},
 	} {
+		script := `step x 'echo "a b" $HOME'`
+		argv := inRoot(tc.mode, script)
+		if !tc.chroot && !slices.Equal(argv, []string{"sh", "-c", script}) {
+			t.Errorf("inRoot(%q) = %q, want the script as it is", tc.mode, argv)
+		}
+		// The script travels as the chroot's $1, unquoted by nothing.
+		if tc.chroot && (len(argv) != 5 || argv[4] != script || !strings.HasSuffix(argv[2], `exec chroot $ROOT sh -c "$1"`)) {
+			t.Errorf("inRoot(%q) = %q, want a setup that chroots into $ROOT and runs $1", tc.mode, argv)
+		}
 		if got := modeTransport(tc.mode); got != tc.transport {
 			t.Errorf("modeTransport(%q) = %q, want %q", tc.mode, got, tc.transport)
 		}
