@@ -22,6 +22,28 @@ import (
 // maxRunBytes caps one request for adjacent missing chunks.
 const maxRunBytes = 8 << 20
 
+// Readahead over a lazy layer's blob. A miss that starts where the
+// layer's last fetch ended (or a little past it) is a walk through the
+// tree in the layer's order, as git status, grep -r or a first import
+// make: it fetches the missing chunks after it too, in the same request,
+// the window doubling from minReadahead to maxReadahead compressed bytes
+// while the walk goes on. A miss anywhere else fetches what it needs
+// only, so a sandbox that reads a few files fetches a few files.
+const (
+	minReadahead = 128 << 10
+	maxReadahead = 4 << 20
+	// maxReadaheadChunks bounds the chunks one miss reads ahead, well
+	// under MaxChunkRequest (a jailed process asks its parent for them).
+	maxReadaheadChunks = 256
+)
+
+// readahead is a layer's readahead state.
+type readahead struct {
+	mu     sync.Mutex
+	next   int64 // where in the blob the last fetch ended; 0: none yet
+	window int64 // compressed bytes the last sequential miss read ahead
+}
+
 // ChunkReader reads a layer's chunks: from the store, which checked them
 // when they were put; on a miss (a lazy layer), from the registry, checked
 // against their ChunkDigest and then stored. It satisfies image/tree's
@@ -36,6 +58,8 @@ type ChunkReader struct {
 
 	bmu  sync.Mutex
 	blob rangeReader // made on the first miss
+
+	ra readahead
 }
 
 // flight is one chunk being fetched in this process.
@@ -70,7 +94,7 @@ func (c *ChunkReader) ReadChunk(ctx context.Context, ce *estargz.TOCEntry, p []b
 			// Fetched, then gone: another process's GC in between.
 			return 0, c.eio(ch, fmt.Errorf("chunk removed from the store right after it was fetched"))
 		}
-		if err := c.fetch(ctx, []*chunk{ch}); err != nil {
+		if err := c.fetch(ctx, []*chunk{ch}, true); err != nil {
 			return 0, err
 		}
 	}
@@ -104,8 +128,9 @@ func (c *ChunkReader) readStored(ch *chunk, p []byte, off int64) (int, error) {
 
 // Fetch makes chunks ces available: consecutive chunks of one file, in
 // file order. Missing ones are fetched, adjacent ones in one request of up
-// to 8 MiB, and checked against their ChunkDigest. A chunk this process is
-// fetching already is waited for, not fetched twice.
+// to 8 MiB, and checked against their ChunkDigest; a miss that continues
+// a walk through the blob reads ahead (maxReadahead). A chunk this process
+// is fetching already is waited for, not fetched twice.
 func (c *ChunkReader) Fetch(ctx context.Context, ces []*estargz.TOCEntry) error {
 	chs := make([]*chunk, 0, len(ces))
 	for _, ce := range ces {
@@ -115,10 +140,13 @@ func (c *ChunkReader) Fetch(ctx context.Context, ces []*estargz.TOCEntry) error 
 		}
 		chs = append(chs, ch)
 	}
-	return c.fetch(ctx, chs)
+	return c.fetch(ctx, chs, true)
 }
 
-func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk) error {
+// fetch makes chs available, fetching the missing ones; with ahead, a
+// miss that continues a walk through the blob fetches the chunks after
+// it too (readahead), without waiting for them.
+func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk, ahead bool) error {
 	var missing []*chunk
 	seen := map[digest.Digest]bool{}
 	for _, ch := range chs {
@@ -134,18 +162,28 @@ func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk) error {
 	if c.layer.Chunks != ChunksRegistry {
 		return c.eio(missing[0], fmt.Errorf("chunk missing from the store; the layer was indexed and cannot be refetched: pull or import %s again", c.img))
 	}
-	// Claim the chunks no one in this process is fetching.
+	var extra []*chunk
+	if ahead {
+		extra = c.readAhead(missing[0], missing[len(missing)-1], seen)
+	}
+	// Claim the chunks no one in this process is fetching; wait for the
+	// ones asked for, not for those read ahead.
 	var mine []*chunk
 	var waits []*flight
 	c.im.fmu.Lock()
-	for _, ch := range missing {
+	for i, ch := range append(missing, extra...) {
+		wanted := i < len(missing)
 		if f := c.im.inflight[ch.digest]; f != nil {
-			waits = append(waits, f)
+			if wanted {
+				waits = append(waits, f)
+			}
 			continue
 		}
 		f := &flight{done: make(chan struct{})}
 		c.im.inflight[ch.digest] = f
-		waits = append(waits, f)
+		if wanted {
+			waits = append(waits, f)
+		}
 		mine = append(mine, ch)
 	}
 	c.im.fmu.Unlock()
@@ -170,6 +208,45 @@ func (c *ChunkReader) fetch(ctx context.Context, chs []*chunk) error {
 		}
 	}
 	return nil
+}
+
+// readAhead returns the chunks to fetch after a miss of first to last (in
+// blob order): none unless the miss starts where the layer's last fetch
+// ended or within a window past it; then the missing chunks that follow
+// last in the blob, adjacent to it and to each other, up to the window
+// (doubled each time, minReadahead to maxReadahead bytes) and
+// maxReadaheadChunks. It stops at a chunk stored already or in seen.
+func (c *ChunkReader) readAhead(first, last *chunk, seen map[digest.Digest]bool) []*chunk {
+	c.ra.mu.Lock()
+	defer c.ra.mu.Unlock()
+	off, next := first.ent.Offset, c.ra.next
+	sequential := next > 0 && off >= next && off-next <= max(c.ra.window, minReadahead)
+	c.ra.next = last.end // where this fetch ends, without readahead
+	if !sequential {
+		c.ra.window = 0
+		return nil
+	}
+	c.ra.window = min(max(2*c.ra.window, minReadahead), maxReadahead)
+	blob := c.ix.inBlob
+	if last.pos >= len(blob) || blob[last.pos] != last {
+		return nil // not this layer's chunk (a copy of the TOC entry)
+	}
+	var out []*chunk
+	end := last.end
+	for i := last.pos + 1; i < len(blob) && len(out) < maxReadaheadChunks; i++ {
+		ch := blob[i]
+		if ch.ent.Offset != end && ch.ent.Offset != blob[i-1].ent.Offset {
+			break // a gap in the blob: not one request
+		}
+		if ch.end-last.end > c.ra.window || seen[ch.digest] || c.im.st.Has(ch.digest) {
+			break
+		}
+		seen[ch.digest] = true
+		out = append(out, ch)
+		end = max(end, ch.end)
+	}
+	c.ra.next = end
+	return out
 }
 
 // runs groups chunks into requests: a run is chunks whose gzip members
@@ -394,5 +471,6 @@ func (r *Root) FetchChunks(ctx context.Context, req ChunkRequest) error {
 		}
 		chs = append(chs, ch)
 	}
-	return cr.fetch(ctx, chs)
+	// The requester read ahead already, as far as it meant to.
+	return cr.fetch(ctx, chs, false)
 }

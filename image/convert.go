@@ -290,7 +290,7 @@ func (im *Images) convertLayer(ctx context.Context, work string, i int, lr Layer
 	// Chunks are cut where the source's were, so they are stored already;
 	// any that are not are taken from the new blob, checked.
 	cr := &ChunkReader{im: im, img: "convert", layer: Layer{Digest: rec.Digest, Size: n, Chunks: ChunksRegistry}, ix: ix, blob: fr}
-	if err := cr.fetch(ctx, ix.chunks); err != nil {
+	if err := cr.fetch(ctx, ix.chunks, false); err != nil {
 		return nil, Layer{}, err
 	}
 	return l, rec, nil

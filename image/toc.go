@@ -2,10 +2,12 @@ package image
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -39,6 +41,9 @@ type chunk struct {
 	// the next greater Offset of a data entry, or the TOC's offset for
 	// the last one. Only lazy layers use it.
 	end int64
+	// pos is the chunk's place in its layer's blob order
+	// (tocIndex.inBlob); lazy layers only.
+	pos int
 }
 
 // chunkKey identifies a data entry within its layer.
@@ -47,6 +52,7 @@ type chunkKey struct{ off, inner int64 }
 // tocIndex maps a parsed TOC's data entries to their chunks.
 type tocIndex struct {
 	chunks []*chunk // in TOC order
+	inBlob []*chunk // a lazy layer's, by blob offset (and inner offset)
 	byEnt  map[*estargz.TOCEntry]*chunk
 	byKey  map[chunkKey]*chunk
 }
@@ -201,6 +207,13 @@ func parseTOC(data []byte, limit int64) (*estargz.JTOC, *tocIndex, error) {
 	}
 	if limit > 0 {
 		setEnds(ix.chunks, limit)
+		ix.inBlob = slices.Clone(ix.chunks)
+		slices.SortStableFunc(ix.inBlob, func(a, b *chunk) int {
+			return cmp.Or(cmp.Compare(a.ent.Offset, b.ent.Offset), cmp.Compare(a.ent.InnerOffset, b.ent.InnerOffset))
+		})
+		for i, c := range ix.inBlob {
+			c.pos = i
+		}
 	}
 	return &toc, ix, nil
 }
