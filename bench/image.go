@@ -131,10 +131,12 @@ type ImageSpec struct {
 	// empty: none.
 	Workload string
 	ReadFile string
-	// Repo is the image whose first sandbox of each mode also runs
-	// RepoScript in its repository RepoDir (git status twice, find twice,
-	// grep -r, python imports twice); empty: none.
+	// Repo is the image whose first RepoRuns sandboxes of each mode (1 if
+	// 0; at most Runs) also run RepoScript in its repository RepoDir (git
+	// status twice, find twice, grep -r, python imports twice); empty:
+	// none. The report gives each step's median over the runs.
 	Repo, RepoDir string
+	RepoRuns      int
 	// MemSandboxes, when above 1, is how many sandboxes of Repo (or
 	// Workload) each of the warm modes and ext4 holds at once, each having
 	// run the same reads (MemScript), to measure the memory each extra
@@ -207,6 +209,12 @@ func (s ImageSpec) Normalize() (ImageSpec, error) {
 		if v == "" || strings.ContainsAny(v, " \t\n\"") {
 			return s, fmt.Errorf("bench: image: mount option variant %q: want one word of comma-separated options", v)
 		}
+	}
+	if s.RepoRuns == 0 {
+		s.RepoRuns = 1
+	}
+	if s.RepoRuns < 0 || s.RepoRuns > s.Runs {
+		return s, fmt.Errorf("bench: image: the repository workload in %d runs: want 1 to the %d runs", s.RepoRuns, s.Runs)
 	}
 	return s, nil
 }
@@ -331,6 +339,45 @@ func (s Summary) String() string {
 	return fmt.Sprintf("%s s [%s–%s]", r(s.Median), r(s.Min), r(s.Max))
 }
 
+// repoMedians groups the repository workloads that ran by root, in the
+// order the roots first ran: each root's median of each step and of the
+// bytes fetched, and how many runs it had.
+func repoMedians(repo []WorkloadResult) ([]string, map[string]*WorkloadResult, map[string]int) {
+	var roots []string
+	by := map[string][]WorkloadResult{}
+	for _, wl := range repo {
+		if wl.Err != "" {
+			continue
+		}
+		if by[wl.Root] == nil {
+			roots = append(roots, wl.Root)
+		}
+		by[wl.Root] = append(by[wl.Root], wl)
+	}
+	med, runs := map[string]*WorkloadResult{}, map[string]int{}
+	for _, root := range roots {
+		wls := by[root]
+		m := wls[0]
+		m.Steps = map[string]time.Duration{}
+		for _, s := range RepoSteps {
+			m.Steps[s] = Summarize(mapDurations(wls, func(wl WorkloadResult) time.Duration { return wl.Steps[s] })).Median
+		}
+		fetched := mapDurations(wls, func(wl WorkloadResult) time.Duration { return time.Duration(wl.Fetched) })
+		m.Fetched = int64(Summarize(fetched).Median)
+		med[root], runs[root] = &m, len(wls)
+	}
+	return roots, med, runs
+}
+
+// mapDurations maps workloads to one of their durations.
+func mapDurations(wls []WorkloadResult, f func(WorkloadResult) time.Duration) []time.Duration {
+	ds := make([]time.Duration, len(wls))
+	for i, wl := range wls {
+		ds[i] = f(wl)
+	}
+	return ds
+}
+
 // Select returns the runs of img in mode.
 func (rep ImageReport) Select(img, mode string) []FirstExecRun {
 	var out []FirstExecRun
@@ -413,24 +460,22 @@ func (rep ImageReport) Print(w io.Writer) {
 		}
 	}
 	if len(repo) > 0 {
-		var ext4 *WorkloadResult
-		for i := range repo {
-			if repo[i].Root == ModeExt4 && repo[i].Err == "" {
-				ext4 = &repo[i]
-			}
-		}
-		fmt.Fprintf(w, "\nrepository workload in %s:%s (guest-timed, seconds; in parentheses: / ext4's):\n", rep.Spec.Repo, rep.Spec.RepoDir)
+		roots, med, runs := repoMedians(repo)
+		ext4 := med[ModeExt4]
+		fmt.Fprintf(w, "\nrepository workload in %s:%s (guest-timed, seconds, the median of each root's runs; in parentheses: / ext4's):\n", rep.Spec.Repo, rep.Spec.RepoDir)
 		fmt.Fprintf(w, "%-12s", "root")
 		for _, s := range RepoSteps {
 			fmt.Fprintf(w, " %16s", s)
 		}
-		fmt.Fprintf(w, " %7s %s\n", "files", "registry bytes")
+		fmt.Fprintf(w, " %5s %7s %s\n", "runs", "files", "registry bytes")
 		for _, wl := range repo {
 			if wl.Err != "" {
 				fmt.Fprintf(w, "%-12s failed: %s\n", wl.Root, wl.Err)
-				continue
 			}
-			fmt.Fprintf(w, "%-12s", wl.Root)
+		}
+		for _, root := range roots {
+			wl := med[root]
+			fmt.Fprintf(w, "%-12s", root)
 			for _, s := range RepoSteps {
 				col := sec(wl.Steps[s])
 				if ext4 != nil && ext4.Steps[s] > 0 {
@@ -438,7 +483,7 @@ func (rep ImageReport) Print(w io.Writer) {
 				}
 				fmt.Fprintf(w, " %16s", col)
 			}
-			fmt.Fprintf(w, " %7d %s\n", wl.Files, humanBytes(wl.Fetched))
+			fmt.Fprintf(w, " %5d %7d %s\n", runs[root], wl.Files, humanBytes(wl.Fetched))
 		}
 	}
 	if len(rep.Layouts) > 0 {
@@ -684,7 +729,7 @@ func RunImage(ctx context.Context, spec ImageSpec, progress io.Writer) (rep Imag
 				if i == 1 && img == spec.Workload {
 					kinds = append(kinds, WorkloadRead)
 				}
-				if i == 1 && img == spec.Repo {
+				if i <= max(spec.RepoRuns, 1) && img == spec.Repo {
 					kinds = append(kinds, WorkloadRepo)
 				}
 				r, ws, err := b.firstExec(ctx, img, mode, i, kinds, "")

@@ -274,6 +274,35 @@ func TestImageReportPrint(t *testing.T) {
 	}
 }
 
+// The repository table gives each root's median over its runs, and the
+// ratio of medians to ext4's.
+func TestImageReportRepoMedians(t *testing.T) {
+	repo := func(root string, secs ...float64) WorkloadResult {
+		w := WorkloadResult{Kind: WorkloadRepo, Root: root, Files: 11505, Steps: map[string]time.Duration{}}
+		for i, s := range RepoSteps {
+			w.Steps[s] = time.Duration(secs[i%len(secs)] * float64(time.Second))
+		}
+		return w
+	}
+	rep := ImageReport{
+		Spec: ImageSpec{Repo: "go-repo", RepoDir: "/src/go"},
+		Workloads: []WorkloadResult{
+			repo(ModeEROFSWarm, 3), repo(ModeExt4, 2), repo(ModeEROFSWarm, 30), repo(ModeExt4, 2.5),
+			repo(ModeEROFSWarm, 4), repo(ModeExt4, 1), {Kind: WorkloadRepo, Root: ModeExt4, Err: "boot failed"},
+		},
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	s := strings.Join(strings.Fields(out.String()), " ")
+	// erofs warm: 3, 30, 4 -> 4; ext4: 2, 2.5, 1 -> 2; the failed run is
+	// listed, not counted.
+	for _, want := range []string{"erofs warm 4.00 (2.00) 4.00 (2.00)", "ext4 2.00 (1.00) 2.00 (1.00)", "ext4 failed: boot failed", "(2.00) 3 11505 0 B"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the report lacks %q:\n%s", want, s)
+		}
+	}
+}
+
 func TestQEMU9pArgs(t *testing.T) {
 	got := strings.Join(QEMU9pArgs("/srv/tree", "kilnroot"), " ")
 	want := "-fsdev local,id=kilnroot,path=/srv/tree,security_model=none,readonly=on -device virtio-9p-device,fsdev=kilnroot,mount_tag=kilnroot"

@@ -26,13 +26,14 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := flag.NewFlagSet("kiln bench image", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kiln bench image [-n RUNS] [--images A,B,...] [--modes M,...] [--workload IMAGE] [--repo IMAGE] [--mem-sandboxes N] [--rootflags OPTS]... [--mem MiB] [--json FILE]")
+		fmt.Fprintln(stderr, "usage: kiln bench image [-n RUNS] [--images A,B,...] [--modes M,...] [--workload IMAGE] [--repo IMAGE] [--repo-runs N] [--mem-sandboxes N] [--rootflags OPTS]... [--mem MiB] [--json FILE]")
 		fs.PrintDefaults()
 	}
 	n := fs.Int("n", bench.DefaultImageRuns, "runs per image and mode")
 	modes := fs.String("modes", strings.Join(bench.DefaultImageModes, ","), "roots tried, comma-separated, of: "+strings.Join(bench.AllImageModes, ", "))
 	repo := fs.String("repo", bench.DefaultRepoImage, "image whose first sandbox of each mode runs the repository workload (git status, find, grep -r, python imports); empty: none")
 	repoDir := fs.String("repo-dir", bench.DefaultRepoDir, "the repository's folder in --repo")
+	repoRuns := fs.Int("repo-runs", 1, "runs (of -n) whose sandbox of each mode runs the repository workload; the report gives medians")
 	memSandboxes := fs.Int("mem-sandboxes", 0, "sandboxes of --repo held at once per warm mode for the memory figure (0: none)")
 	images := fs.String("images", strings.Join(bench.DefaultImageNames, ","), "images of the layout timed to their first exec, comma-separated")
 	workload := fs.String("workload", bench.DefaultWorkloadImage, "image whose first sandbox of each mode runs the workloads (find, python3, dd); empty: none")
@@ -115,7 +116,7 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	spec, err := bench.ImageSpec{
 		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Modes: modeList, Workload: *workload, ReadFile: *readFile,
-		Repo: *repo, RepoDir: *repoDir, MemSandboxes: *memSandboxes,
+		Repo: *repo, RepoDir: *repoDir, RepoRuns: *repoRuns, MemSandboxes: *memSandboxes,
 		Variants: variants, MemoryMiB: *mem, BootTimeout: *bootTimeout, Scratch: *scratch,
 		QEMU: qpath, QEMUTree: *qemuTree, QEMUCopy: *qemuCopy,
 	}.Normalize()
