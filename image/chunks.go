@@ -22,6 +22,10 @@ import (
 // maxRunBytes caps one request for adjacent missing chunks.
 const maxRunBytes = 8 << 20
 
+// maxBatchBytes caps the inflated chunks of a run held in memory before
+// they are stored (with one flush of the store for each batch).
+const maxBatchBytes = 16 << 20
+
 // Readahead over a lazy layer's blob. A miss that starts where the
 // layer's last fetch ended (or a little past it) is a walk through the
 // tree in the layer's order, as git status, grep -r or a first import
@@ -350,34 +354,60 @@ func (c *ChunkReader) fetchRun(ctx context.Context, run []*chunk) {
 		fail(c.eio(run[0], err))
 		return
 	}
-	for i, ch := range run {
-		errs[i] = c.storeChunk(ctx, ch, data[ch.ent.Offset-start:ch.end-start])
+	// Inflated chunks are stored in batches (one flush each), at most
+	// maxBatchBytes of them held at once.
+	var batch []store.Blob
+	var idx []int
+	held := int64(0)
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		perr, err := c.im.st.PutMany(ctx, batch)
+		for k, i := range idx {
+			switch {
+			case err != nil:
+				errs[i] = c.eio(run[i], err)
+			case perr[k] != nil:
+				c.im.warnBadChunk(c.layer.Digest, run[i].digest, perr[k])
+				errs[i] = c.eio(run[i], perr[k])
+			}
+		}
+		batch, idx, held = batch[:0], idx[:0], 0
 	}
+	for i, ch := range run {
+		buf, err := c.inflate(ch, data[ch.ent.Offset-start:ch.end-start])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if held+int64(len(buf)) > maxBatchBytes {
+			flush()
+		}
+		batch, idx, held = append(batch, store.Blob{Digest: ch.digest, Data: buf}), append(idx, i), held+int64(len(buf))
+	}
+	flush()
 	c.im.opts.Logger.Debug("image: fetched chunks", "layer", c.layer.Digest.Encoded()[:12],
 		"chunks", len(run), "bytes", end-start, "took", time.Since(t0))
 }
 
-// storeChunk inflates one chunk out of its gzip member and stores it; the
-// store checks it against its digest and stores nothing on a mismatch.
-func (c *ChunkReader) storeChunk(ctx context.Context, ch *chunk, member []byte) error {
+// inflate returns one chunk's bytes out of its gzip member, unchecked
+// (the store checks them against the chunk's digest).
+func (c *ChunkReader) inflate(ch *chunk, member []byte) ([]byte, error) {
 	zr, err := gzip.NewReader(bytes.NewReader(member))
 	if err != nil {
-		return c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
+		return nil, c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
 	}
 	zr.Multistream(false)
 	if _, err := io.CopyN(io.Discard, zr, ch.ent.InnerOffset); err != nil {
-		return c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
+		return nil, c.eio(ch, fmt.Errorf("chunk's gzip member: %v", err))
 	}
 	buf := make([]byte, ch.size)
 	if _, err := io.ReadFull(zr, buf); err != nil {
 		// A corrupt member may fail to inflate before its digest is known.
-		return c.eio(ch, &store.DigestError{Want: ch.digest, WantSize: ch.size, GotSize: -1})
+		return nil, c.eio(ch, &store.DigestError{Want: ch.digest, WantSize: ch.size, GotSize: -1})
 	}
-	if _, err := c.im.st.PutSized(ctx, ch.digest, ch.size, bytes.NewReader(buf)); err != nil {
-		c.im.warnBadChunk(c.layer.Digest, ch.digest, err)
-		return c.eio(ch, err)
-	}
-	return nil
+	return buf, nil
 }
 
 // remote returns the layer's blob fetcher, made on first use.
