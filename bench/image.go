@@ -312,6 +312,10 @@ type MemResult struct {
 	// GuestCached is each guest's own page cache (Cached in its
 	// /proc/meminfo, bytes) after MemScript.
 	GuestCached []int64
+	// VMM is each sandbox's VMM process's own PSS (its PSS less its
+	// guest RAM's): the image root's tree, layout and device in an image
+	// root's.
+	VMM []uint64
 }
 
 // Summary is the median, minimum and maximum of some durations.
@@ -494,11 +498,12 @@ func (rep ImageReport) Print(w io.Writer) {
 		}
 	}
 	if len(rep.Memory) > 0 {
-		fmt.Fprintf(w, "\nmemory of sandboxes of one image held at once (guest RAM PSS, MiB; guest page cache, MiB):\n")
+		fmt.Fprintf(w, "\nmemory of sandboxes of one image held at once (guest RAM PSS, MiB; guest page cache, MiB; VMM process's own PSS, MiB):\n")
 		for _, m := range rep.Memory {
-			fmt.Fprintf(w, "%-12s %-10s PSS %s; page cache %s\n", m.Image, m.Mode,
+			fmt.Fprintf(w, "%-12s %-10s PSS %s; page cache %s; VMM %s\n", m.Image, m.Mode,
 				strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / "),
-				strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / "))
+				strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / "),
+				strings.Join(mapStrings(m.VMM, func(v uint64) string { return fmt.Sprintf("%.1f", MiB(v)) }), " / "))
 		}
 	}
 }
@@ -1007,15 +1012,16 @@ func (b *imageBench) memory(ctx context.Context, img, dir, mode string, n int) (
 		m.GuestCached = append(m.GuestCached, kb<<10)
 	}
 	for i, sb := range sbs {
-		u, err := GuestUsage(sb)
+		sm, err := sandboxMem(sb)
 		if err != nil {
 			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %w", img, mode, i+1, err)
 		}
-		m.Guest = append(m.Guest, u)
+		m.Guest, m.VMM = append(m.Guest, sm.Guest), append(m.VMM, sm.VMMPSS())
 	}
-	fmt.Fprintf(b.progress, "%s %s: %d sandboxes held; guest RAM PSS %s; guest page cache %s\n", img, mode, n,
+	fmt.Fprintf(b.progress, "%s %s: %d sandboxes held; guest RAM PSS %s; guest page cache %s; VMM PSS %s\n", img, mode, n,
 		strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / ")+" MiB",
-		strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / ")+" MiB")
+		strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / ")+" MiB",
+		strings.Join(mapStrings(m.VMM, func(v uint64) string { return fmt.Sprintf("%.1f", MiB(v)) }), " / ")+" MiB")
 	return m, nil
 }
 

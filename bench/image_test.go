@@ -259,11 +259,13 @@ func TestImageReportPrint(t *testing.T) {
 			{Image: "debian-read", Mode: ModeWarm, Run: 1, Start: 20 * time.Second, Exec: time.Second, Total: 21 * time.Second, ImageSize: 378 << 20},
 		},
 		Workloads: []WorkloadResult{w, {Root: ModeWarm + " cache=fscache", Err: "mount refused"}},
+		Memory: []MemResult{{Image: "go-repo", Mode: ModeEROFSWarm, Guest: []MemUsage{{Pss: 380 << 20}}, GuestCached: []int64{200 << 20}, VMM: []uint64{30 << 20}}},
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
 	s := out.String()
-	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused", "debian-read  378.0 MiB 9p warm"} {
+	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused", "debian-read  378.0 MiB 9p warm",
+		"go-repo      erofs warm PSS 380.0; page cache 200.0; VMM 30.0"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the report lacks %q:\n%s", want, s)
 		}
