@@ -133,6 +133,16 @@ type Images struct {
 	wmu        sync.Mutex // rate-limits warnings a registry can trigger
 	lastWarn   time.Time
 	suppressed int
+
+	pmu  sync.Mutex
+	pins map[digest.Digest]*imagePin // by manifest digest
+}
+
+// imagePin is an image some holders (open roots) keep from GC in this
+// process: GC keeps what the image needs while it has a holder.
+type imagePin struct {
+	img     *Image
+	holders map[string]bool
 }
 
 // Layer is one layer of an image, as its manifest describes it, and where
@@ -246,6 +256,7 @@ func Open(dir string, opts Options) (*Images, error) {
 		fsem:     make(chan struct{}, maxConcurrentFetches),
 		inflight: map[digest.Digest]*flight{},
 		clients:  map[string]*http.Client{},
+		pins:     map[digest.Digest]*imagePin{},
 	}, nil
 }
 

@@ -115,39 +115,64 @@ func (im *Images) needs(img *Image) (must, cache []digest.Digest, err error) {
 }
 
 // Pin keeps what img needs to run (see needs; lazily fetched chunks too)
-// from GC in this process until Unpin with the same holder (a sandbox ID).
-// Other processes' GCs do not see pins: they keep a running sandbox's image
-// through Options.Keep, or because the image stays named.
+// from GC in this process until Unpin with the same holder (a sandbox ID,
+// an open root). The pin is the image's, not one per chunk: GC reads what
+// a pinned image needs when it runs. Other processes' GCs do not see pins:
+// they keep a running sandbox's image through Options.Keep, or because
+// the image stays named.
 func (im *Images) Pin(img *Image, holder string) error {
-	must, cache, err := im.needs(img)
-	if err != nil {
-		return err
+	if img == nil || img.Manifest == "" {
+		return errors.New("image: pin of no image")
 	}
-	for _, d := range append(must, cache...) {
-		if err := im.st.Pin(d, holder); err != nil {
-			return err
-		}
+	im.pmu.Lock()
+	defer im.pmu.Unlock()
+	p := im.pins[img.Manifest]
+	if p == nil {
+		p = &imagePin{img: img, holders: map[string]bool{}}
+		im.pins[img.Manifest] = p
 	}
+	p.holders[holder] = true
 	return nil
 }
 
-// Unpin drops holder's pins on img.
+// Unpin drops holder's pin on img.
 func (im *Images) Unpin(img *Image, holder string) {
-	must, cache, err := im.needs(img)
-	if err != nil {
-		im.opts.Logger.Warn("image: unpin", "image", img.Name, "err", err)
-		return
+	im.pmu.Lock()
+	defer im.pmu.Unlock()
+	if p := im.pins[img.Manifest]; p != nil {
+		delete(p.holders, holder)
+		if len(p.holders) == 0 {
+			delete(im.pins, img.Manifest)
+		}
 	}
-	for _, d := range append(must, cache...) {
-		im.st.Unpin(d, holder)
+}
+
+// pinned returns the blobs the pinned images need.
+func (im *Images) pinned() (map[digest.Digest]bool, error) {
+	im.pmu.Lock()
+	imgs := make([]*Image, 0, len(im.pins))
+	for _, p := range im.pins {
+		imgs = append(imgs, p.img)
 	}
+	im.pmu.Unlock()
+	keep := map[digest.Digest]bool{}
+	for _, img := range imgs {
+		must, cache, err := im.needs(img)
+		if err != nil {
+			return nil, fmt.Errorf("image %s, pinned: %w", img.Name, err)
+		}
+		for _, d := range append(must, cache...) {
+			keep[d] = true
+		}
+	}
+	return keep, nil
 }
 
 // GC removes what no named image needs, then holds lazily fetched chunks
 // under the store's cap (Options.Store.MaxBytes), least recently used
 // first. It keeps every blob a named image's record names, every chunk of
 // its indexed layers (they cannot be fetched again), what Options.Keep
-// keeps, what this process pinned, and what was used within
+// keeps, what images this process pinned need, and what was used within
 // Options.GCGrace. A TOC that cannot be read stops GC with an error
 // rather than let it drop chunks it would have named. It holds the index
 // lock, so no image is named meanwhile.
@@ -176,7 +201,11 @@ func (im *Images) GC(ctx context.Context) (store.GCResult, error) {
 			cache[d] = true
 		}
 	}
-	keep := func(d digest.Digest) bool { return im.opts.Keep != nil && im.opts.Keep(d) }
+	pinned, err := im.pinned()
+	if err != nil {
+		return store.GCResult{}, fmt.Errorf("image: gc: %w", err)
+	}
+	keep := func(d digest.Digest) bool { return pinned[d] || (im.opts.Keep != nil && im.opts.Keep(d)) }
 	cutoff := time.Now().Add(-im.opts.GCGrace)
 	res, err := im.st.GCTo(ctx, 0, func(d digest.Digest) bool {
 		if must[d] || cache[d] || keep(d) {

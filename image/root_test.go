@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,5 +90,68 @@ func TestRoots(t *testing.T) {
 	}
 	if _, _, err := rs.Open(ctx, im.Dir(), digest.Digest("sha256:"+strings.Repeat("0", 64))); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Open of an unknown image: %v, want ErrNotFound", err)
+	}
+}
+
+// An open root pins its image in this process: a GC after the image's name
+// is removed keeps its TOCs and the chunks read so far; once the root is
+// closed, GC takes them.
+func TestOpenRootPinsImage(t *testing.T) {
+	img, _, err := imagetest.EstargzImage(imagetest.Tar(imagetest.BaseFiles()...),
+		imagetest.Tar(imagetest.File{Name: "srv/", Type: tar.TypeDir}, imagetest.File{Name: "srv/a.txt", Body: []byte("pinned bytes")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := imagetest.NewRegistry(t)
+	ref := reg.Push(t, "pin:v1", img)
+	im := openImages(t)
+	ctx := context.Background()
+	rec, err := im.Pull(ctx, ref, PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := im.OpenRoot(ctx, rec.Manifest.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino, err := root.Tree.Resolve("/srv/a.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := root.Tree.ReadAt(ctx, ino, buf, 0); string(buf[:n]) != "pinned bytes" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	if _, err := im.Remove(rec.Name); err != nil {
+		t.Fatal(err)
+	}
+	blobs := func() int {
+		t.Helper()
+		n := 0
+		err := filepath.WalkDir(filepath.Join(im.Dir(), "store", "blobs"), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				n++
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := blobs()
+	res, err := im.GC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Removed) != 0 || blobs() != before {
+		t.Errorf("GC of a pinned image removed %d blobs (%d of %d left)", len(res.Removed), blobs(), before)
+	}
+	if n, err := root.Tree.ReadAt(ctx, ino, buf, 0); string(buf[:n]) != "pinned bytes" {
+		t.Fatalf("read after GC %q, %v", buf[:n], err)
+	}
+	root.Close()
+	if res, err = im.GC(ctx); err != nil || len(res.Removed) == 0 {
+		t.Errorf("GC after the root closed removed %d blobs, %v", len(res.Removed), err)
 	}
 }
