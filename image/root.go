@@ -78,6 +78,13 @@ func (im *Images) OpenRoot(ctx context.Context, name string) (*Root, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: %s: %w", img.Name, err)
 	}
+	// The tree holds what it needs of the TOCs: let the rest go (half of
+	// the entries are directories, links and the like; each data entry
+	// keeps only what reads and fetches use). Nothing else holds them.
+	for i := range layers {
+		layers[i].TOC = nil
+		layers[i].Chunks.ix.slim()
+	}
 	holder := fmt.Sprintf("root-%p", t)
 	if err := im.Pin(img, holder); err != nil {
 		return nil, fmt.Errorf("image: %s: %w", img.Name, err)

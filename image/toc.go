@@ -57,6 +57,20 @@ type tocIndex struct {
 	byKey  map[chunkKey]*chunk
 }
 
+// slim drops what no read or fetch of the index's chunks uses from their
+// TOC entries (owner names, times, link targets, xattrs, the whole file's
+// digest), once a tree has taken its own copy: a root keeps its index's
+// entries for as long as it runs. What identifies a chunk (Offset,
+// InnerOffset, ChunkOffset, ChunkSize, ChunkDigest, Name, Size) stays.
+func (ix *tocIndex) slim() {
+	for _, c := range ix.chunks {
+		e := c.ent
+		e.ChunkDigest = string(c.digest) // a file of one chunk may have given only Digest
+		e.Uname, e.Gname, e.ModTime3339, e.LinkName, e.Digest = "", "", "", "", ""
+		e.Xattrs = nil
+	}
+}
+
 // lookup finds the chunk of a data entry: by pointer (an entry of the JTOC
 // that Layers returned), else by its Offset and InnerOffset (a copy).
 func (ix *tocIndex) lookup(ce *estargz.TOCEntry) (*chunk, error) {
