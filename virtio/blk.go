@@ -258,10 +258,11 @@ func configureBlock(cfg BlockConfig, size int64) (*Block, error) {
 	return b, nil
 }
 
-// maxSourceRead bounds the bytes one read from a BlockSource asks for: a
-// larger request reads in pieces (the worker's scratch buffer is this big
-// at most).
-const maxSourceRead = 1 << 20
+// maxSourceRead bounds the bytes one read from a BlockSource asks for
+// when a request's buffers are several: a larger request reads in pieces
+// (the worker's scratch buffer is this big at most, so a disk's workers
+// keep 1 MiB at most between requests).
+const maxSourceRead = 128 << 10
 
 // NewBlockFromSource makes a read-only disk whose bytes are src's. key
 // says what src serves (an image's digest and layout): the device's
@@ -538,8 +539,10 @@ func (b *Block) process(ctx context.Context, c *Chain, iov [][]byte, scratch []b
 // the writable buffers. It returns the status and how many bytes of data it
 // wrote to those buffers. Data moves with one preadv or pwritev per request
 // (a guest's request is many page-sized buffers), straight between the
-// image and guest memory; a source-backed disk reads into scratch (grown
-// as needed and returned for the next request) and copies out.
+// image and guest memory; a source-backed disk reads straight into the
+// request's buffer when one holds all its data, else into scratch (grown
+// as needed, up to maxSourceRead, and returned for the next request) and
+// copies out.
 func (b *Block) execute(ctx context.Context, c *Chain, dataIn int, iov [][]byte, scratch []byte) (byte, int, [][]byte, []byte) {
 	var hdr [blockHeaderSize]byte
 	if blkGather(hdr[:], c.Readable) < blockHeaderSize {
@@ -551,10 +554,19 @@ func (b *Block) execute(ctx context.Context, c *Chain, dataIn int, iov [][]byte,
 		if !b.inRange(sector, uint64(dataIn)) {
 			return BlockStatusIOErr, 0, iov, scratch
 		}
+		off := int64(sector * BlockSectorSize)
+		if len(c.Writable) > 0 && len(c.Writable[0]) >= dataIn {
+			// One buffer holds the data (a page, or pages the guest's
+			// memory has contiguous): read straight into guest memory.
+			if _, err := b.src.ReadAt(ctx, c.Writable[0][:dataIn], off); err != nil {
+				b.log.Debug("read failed", "sector", sector, "bytes", dataIn, "err", err)
+				return BlockStatusIOErr, 0, iov, scratch
+			}
+			return BlockStatusOK, dataIn, iov, scratch
+		}
 		if want := min(dataIn, maxSourceRead); cap(scratch) < want {
 			scratch = make([]byte, want)
 		}
-		off := int64(sector * BlockSectorSize)
 		for done := 0; done < dataIn; {
 			buf := scratch[:min(dataIn-done, cap(scratch))]
 			if _, err := b.src.ReadAt(ctx, buf, off+int64(done)); err != nil {

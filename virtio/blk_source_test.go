@@ -87,10 +87,15 @@ func TestBlockSource(t *testing.T) {
 	if dev.Capacity() != size/BlockSectorSize {
 		t.Errorf("capacity %d sectors, want %d", dev.Capacity(), size/BlockSectorSize)
 	}
+	oneBuffer := false
 	run := func(typ uint32, sector uint64, dataIn int, payload []byte) (byte, []byte, uint32) {
 		c := &Chain{Readable: [][]byte{append(blkHeader(typ, sector), payload...)}}
-		// The data in page-sized buffers and an odd one, then the status.
-		for left := dataIn; left > 0; {
+		// The data in page-sized buffers and an odd one (or in one
+		// buffer), then the status.
+		if oneBuffer && dataIn > 0 {
+			c.Writable = append(c.Writable, make([]byte, dataIn))
+		}
+		for left := dataIn; left > 0 && !oneBuffer; {
 			n := min(left, 4096)
 			if left == dataIn && n > 512 {
 				n = 512
@@ -110,13 +115,19 @@ func TestBlockSource(t *testing.T) {
 		name   string
 		sector uint64
 		n      int
+		one    bool // the data in one buffer: read straight into it
 	}{
-		{"one sector", 0, 512},
-		{"a page", 8, 4096},
-		{"more than one source read", 16, maxSourceRead + 3*4096},
-		{"the last sector", size/BlockSectorSize - 1, 512},
+		{"one sector", 0, 512, false},
+		{"a page", 8, 4096, false},
+		{"more than one source read", 16, maxSourceRead + 3*4096, false},
+		{"the last sector", size/BlockSectorSize - 1, 512, false},
+		{"a page in one buffer", 8, 4096, true},
+		{"over a source read in one buffer", 16, maxSourceRead + 3*4096, true},
+		{"the last sector in one buffer", size/BlockSectorSize - 1, 512, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			oneBuffer = tc.one
+			defer func() { oneBuffer = false }()
 			st, data, used := run(BlockTypeIn, tc.sector, tc.n, nil)
 			if st != BlockStatusOK || used != uint32(tc.n+1) {
 				t.Fatalf("status %d, used %d; want OK, %d", st, used, tc.n+1)
@@ -132,6 +143,14 @@ func TestBlockSource(t *testing.T) {
 	if st, _, _ := run(BlockTypeIn, (3<<20)/BlockSectorSize, 4096, nil); st != BlockStatusIOErr {
 		t.Errorf("read of a bad chunk: status %d, want IOERR", st)
 	}
+	oneBuffer = true
+	if st, _, used := run(BlockTypeIn, (3<<20)/BlockSectorSize, 4096, nil); st != BlockStatusIOErr || used != 1 {
+		t.Errorf("read of a bad chunk into one buffer: status %d, %d bytes used; want IOERR, 1", st, used)
+	}
+	if st, _, _ := run(BlockTypeIn, size/BlockSectorSize, 512, nil); st != BlockStatusIOErr {
+		t.Errorf("read past the end into one buffer: status %d, want IOERR", st)
+	}
+	oneBuffer = false
 	if st, _, _ := run(BlockTypeOut, 0, 0, make([]byte, 512)); st != BlockStatusIOErr {
 		t.Errorf("write: status %d, want IOERR", st)
 	}
