@@ -28,9 +28,10 @@ func vmmSyscalls() []string {
 		{"read", "write", "readv", "writev", "close", "fcntl", "dup", "dup2", "dup3", "poll", "ppoll", "pselect6", "select"},
 		// Disks (blk), snapshots (Save: files in a folder, sparse memory,
 		// fsync, rename; Load: openat2 beneath the folder) and the image
-		// store's chunk files (9p roots).
+		// store's chunk files (image roots; an unjailed VMM process stores
+		// the chunks it fetches, a run of them with one syncfs).
 		{"openat", "openat2", "pread64", "pwrite64", "preadv", "pwritev", "lseek", "fstat", "newfstatat", "statx", "fstatfs", "statfs",
-			"fsync", "fdatasync", "fallocate", "ftruncate", "flock", "getdents64", "mkdirat", "renameat", "renameat2",
+			"fsync", "fdatasync", "syncfs", "fallocate", "ftruncate", "flock", "getdents64", "mkdirat", "renameat", "renameat2",
 			"unlinkat", "linkat", "fchmod", "fchmodat", "readlinkat", "faccessat", "faccessat2", "getcwd",
 			"copy_file_range", "sendfile", "splice", "sync_file_range", "utimensat"},
 		// Freeze, Hold, Keep: guest memory and frozen bases on memfds,
