@@ -33,8 +33,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/daemon"
-	"github.com/kilnvm/kiln/guest/agent"
 	"github.com/kilnvm/kiln/vmmproc"
 )
 
@@ -857,11 +857,11 @@ func fileErr(op, p string, err error) error {
 }
 
 func (in *Instance) info(p string, fi fs.FileInfo) daemon.FileInfo {
-	return in.infoNamed(p, fi, agent.NewAccountNames("/"))
+	return in.infoNamed(p, fi, accounts.NewNames("/"))
 }
 
 // infoNamed describes p, its owner and group named by names (the host's).
-func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *agent.AccountNames) daemon.FileInfo {
+func (in *Instance) infoNamed(p string, fi fs.FileInfo, names *accounts.Names) daemon.FileInfo {
 	out := daemon.FileInfo{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		out.UID, out.GID = st.Uid, st.Gid

@@ -20,10 +20,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/daemon"
-	"github.com/kilnvm/kiln/guest/agent"
-	"github.com/kilnvm/kiln/guest/agentpb"
-	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/dirwatch"
 )
 
 // This file holds what the double does as the agent's ptys, users,
@@ -34,7 +33,7 @@ import (
 // asUser makes cmd run as the host's user name, with HOME, USER and
 // LOGNAME where env lacks them; it returns the environment.
 func asUser(cmd *exec.Cmd, name string, env []string) ([]string, error) {
-	u, err := agent.LookupUser("/", name)
+	u, err := lookupUser(name)
 	if err != nil {
 		return nil, err
 	}
@@ -65,9 +64,6 @@ type hostTerm struct {
 // onPty gives cmd a new terminal of size, its stdin, stdout, stderr and
 // controlling terminal; start runs the copies once cmd has started.
 func onPty(cmd *exec.Cmd, size *daemon.PtySize) (*hostTerm, *os.File, error) {
-	if size.Rows < 1 || size.Cols < 1 || size.Rows > agentpb.MaxPtyDimension || size.Cols > agentpb.MaxPtyDimension {
-		return nil, nil, status.Errorf(codes.InvalidArgument, "daemontest: pty %dx%d", size.Rows, size.Cols)
-	}
 	ptmx, tty, err := pty.Open()
 	if err != nil {
 		return nil, nil, status.Errorf(codes.ResourceExhausted, "daemontest: pty: %v", err)
@@ -209,11 +205,11 @@ func (in *Instance) AttachDetached(ctx context.Context, id string, stdout, stder
 }
 
 // owner resolves a file call's owner on the host (nil for none).
-func owner(name string) (*agent.User, error) {
+func owner(name string) (*accounts.User, error) {
 	if name == "" {
 		return nil, nil
 	}
-	u, err := agent.LookupUser("/", name)
+	u, err := lookupUser(name)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +218,7 @@ func owner(name string) (*agent.User, error) {
 
 // mkdirs creates the root's folder r and its missing parents with perm,
 // owned by u when set.
-func (in *Instance) mkdirs(r string, perm fs.FileMode, u *agent.User) error {
+func (in *Instance) mkdirs(r string, perm fs.FileMode, u *accounts.User) error {
 	var missing []string
 	for p := r; p != "."; p = path.Dir(p) {
 		fi, err := in.root.Stat(p)
@@ -258,7 +254,7 @@ func (in *Instance) mkdirs(r string, perm fs.FileMode, u *agent.User) error {
 func (in *Instance) List(ctx context.Context, p string, depth int) ([]daemon.FileInfo, error) {
 	depth = max(depth, 1)
 	var out []daemon.FileInfo
-	names := agent.NewAccountNames("/")
+	names := accounts.NewNames("/")
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
 		f, err := in.root.Open(rel(dir))
@@ -280,9 +276,6 @@ func (in *Instance) List(ctx context.Context, p string, depth int) ([]daemon.Fil
 				continue // removed meanwhile
 			}
 			ep := path.Join(dir, e.Name())
-			if len(out) >= agentpb.MaxListEntries {
-				return status.Errorf(codes.ResourceExhausted, "daemontest: list %s: more than %d entries", p, agentpb.MaxListEntries)
-			}
 			out = append(out, in.infoNamed(ep, fi, names))
 			if e.IsDir() && level < depth {
 				if err := walk(ep, level+1); err != nil {
@@ -309,8 +302,7 @@ func (in *Instance) Move(ctx context.Context, src, dst string) (daemon.FileInfo,
 	return in.Stat(ctx, dst, true)
 }
 
-// Watch implements daemon.Files with the agent's own watcher, on the
-// root's folder.
+// Watch implements daemon.Files with dirwatch, on the root's folder.
 func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func(daemon.WatchEvent) error) error {
 	fi, err := in.root.Stat(rel(p))
 	if err != nil {
@@ -320,12 +312,44 @@ func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func
 		return status.Errorf(codes.InvalidArgument, "daemontest: watch %s: not a directory", p)
 	}
 	host := filepath.Join(in.Root(), filepath.FromSlash(rel(p)))
-	return agent.WatchDir(ctx, host, recursive, func(ev *agentpb.WatchEvent) error {
-		if e := ev.GetEntry(); e != nil {
-			r, _ := filepath.Rel(in.Root(), e.GetPath())
-			e.Path = "/" + filepath.ToSlash(r)
+	var fnErr error
+	names := accounts.NewNames("/")
+	err = dirwatch.Watch(ctx, host, recursive, maxWatchDirs, func(ev dirwatch.Event) error {
+		out := daemon.WatchEvent{Started: ev.Started, Op: watchOps[ev.Op], Name: ev.Name}
+		if ev.Info != nil {
+			out.Entry, out.HasEntry = in.infoNamed(path.Join(p, ev.Name), ev.Info, names), true
 		}
-		ce := client.WatchEventOf(ev)
-		return fn(daemon.WatchEvent{Started: ce.Started, Op: daemon.WatchOp(ce.Op), Name: ce.Name, Entry: daemon.FileInfo(ce.Entry), HasEntry: ce.HasEntry})
+		fnErr = fn(out)
+		return fnErr
 	})
+	switch {
+	case err == nil || err == fnErr:
+		return err
+	case errors.Is(err, dirwatch.ErrOverflow), errors.Is(err, dirwatch.ErrTooManyDirs):
+		return status.Errorf(codes.ResourceExhausted, "daemontest: %v", err)
+	}
+	return fileErr("watch", p, err)
+}
+
+// maxWatchDirs bounds a recursive watch's directories, as the agent's
+// (agentpb.MaxWatchDirs).
+const maxWatchDirs = 8192
+
+// watchOps are dirwatch's operations as the seam's.
+var watchOps = [...]daemon.WatchOp{
+	dirwatch.Create: daemon.WatchCreate,
+	dirwatch.Write:  daemon.WatchWrite,
+	dirwatch.Remove: daemon.WatchRemove,
+	dirwatch.Rename: daemon.WatchRename,
+	dirwatch.Chmod:  daemon.WatchChmod,
+}
+
+// lookupUser resolves a user of the host's account files; an unknown one
+// is InvalidArgument, as the agent's.
+func lookupUser(name string) (accounts.User, error) {
+	u, err := accounts.Lookup("/", name)
+	if err != nil {
+		return u, status.Errorf(codes.InvalidArgument, "daemontest: %v", err)
+	}
+	return u, nil
 }
