@@ -32,7 +32,7 @@ type env struct {
 	t     *testing.T
 	state string
 	be    *daemontest.Backend
-	clock *daemontest.Clock
+	clock *fakeClock
 	cfg   daemon.Config
 	srv   *daemon.Server
 	gs    *grpc.Server
@@ -41,7 +41,7 @@ type env struct {
 
 func newEnv(t *testing.T, mod func(*daemon.Config)) *env {
 	t.Helper()
-	e := &env{t: t, state: t.TempDir(), be: &daemontest.Backend{}, clock: daemontest.NewClock(time.Unix(1_800_000_000, 0))}
+	e := &env{t: t, state: t.TempDir(), be: &daemontest.Backend{}, clock: newFakeClock(time.Unix(1_800_000_000, 0))}
 	// kilnd leaves sandboxes running when it stops: their stand-in VMM
 	// processes, of every backend this test used (e.be may be replaced),
 	// go with the test.
