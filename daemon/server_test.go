@@ -437,7 +437,7 @@ func TestHostLimits(t *testing.T) {
 
 func TestCreateFailure(t *testing.T) {
 	e := newEnv(t, nil)
-	e.be.Images = map[string]string{"busybox": t.TempDir()}
+	e.be.Images = []string{"busybox"}
 	_, err := e.c.CreateSandbox(ctxT(t), &kilnpb.CreateSandboxRequest{RequestId: "r", Source: &kilnpb.CreateSandboxRequest_Image{Image: "nosuch"}})
 	wantCode(t, err, codes.NotFound, "nosuch")
 	list, _ := e.c.ListSandboxes(ctxT(t), &kilnpb.ListSandboxesRequest{States: []kilnpb.SandboxState{kilnpb.SandboxState_SANDBOX_STATE_FAILED}})
