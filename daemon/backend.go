@@ -94,7 +94,8 @@ type Instance interface {
 	// memory, never on a disk, until set again or the sandbox ends (an
 	// empty value drops key), so that it outlives a restart of the
 	// server: a later Attach's Kept reads it back. Kept of a key not
-	// kept is ErrNotKept. Keys and sizes are bounded as vmmproc.Keep's.
+	// kept is ErrNotKept. Keys and sizes are bounded as vmmproc.Keep's
+	// (MaxKeepValue).
 	// The server keeps the sandbox's secrets so.
 	Keep(ctx context.Context, key string, value []byte) error
 	Kept(ctx context.Context, key string) ([]byte, error)
@@ -193,6 +194,11 @@ type Frozen interface {
 // sandbox's list (Instance.Detached): as many as a guest's agent keeps
 // (agentpb.MaxDetached, which vmmbackend's tests hold it to).
 const MaxDetached = 1024
+
+// MaxKeepValue is the largest value an Instance keeps (Instance.Keep): a
+// VMM process's bound (vmmproc.MaxKeepValue, which vmmbackend's tests
+// hold it to).
+const MaxKeepValue = 2 << 20
 
 // DetachedExec is a detached process an instance keeps (Instance.Detached).
 type DetachedExec struct {

@@ -3,7 +3,7 @@ package daemon
 import "time"
 
 // Clock is the server's time: the real one (nil Config.Clock), or a fake
-// that a lifecycle test moves by hand (daemontest.Clock).
+// that a lifecycle test moves by hand.
 type Clock interface {
 	Now() time.Time
 	// AfterFunc calls f in its own goroutine once d has passed.

@@ -32,7 +32,7 @@ type env struct {
 	t     *testing.T
 	state string
 	be    *daemontest.Backend
-	clock *daemontest.Clock
+	clock *fakeClock
 	cfg   daemon.Config
 	srv   *daemon.Server
 	gs    *grpc.Server
@@ -41,7 +41,7 @@ type env struct {
 
 func newEnv(t *testing.T, mod func(*daemon.Config)) *env {
 	t.Helper()
-	e := &env{t: t, state: t.TempDir(), be: &daemontest.Backend{}, clock: daemontest.NewClock(time.Unix(1_800_000_000, 0))}
+	e := &env{t: t, state: t.TempDir(), be: &daemontest.Backend{}, clock: newFakeClock(time.Unix(1_800_000_000, 0))}
 	// kilnd leaves sandboxes running when it stops: their stand-in VMM
 	// processes, of every backend this test used (e.be may be replaced),
 	// go with the test.
@@ -437,7 +437,7 @@ func TestHostLimits(t *testing.T) {
 
 func TestCreateFailure(t *testing.T) {
 	e := newEnv(t, nil)
-	e.be.Images = map[string]string{"busybox": t.TempDir()}
+	e.be.Images = []string{"busybox"}
 	_, err := e.c.CreateSandbox(ctxT(t), &kilnpb.CreateSandboxRequest{RequestId: "r", Source: &kilnpb.CreateSandboxRequest_Image{Image: "nosuch"}})
 	wantCode(t, err, codes.NotFound, "nosuch")
 	list, _ := e.c.ListSandboxes(ctxT(t), &kilnpb.ListSandboxesRequest{States: []kilnpb.SandboxState{kilnpb.SandboxState_SANDBOX_STATE_FAILED}})

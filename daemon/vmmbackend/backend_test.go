@@ -16,6 +16,7 @@ import (
 	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 	"github.com/kilnvm/kiln/sandbox"
+	"github.com/kilnvm/kiln/vmmproc"
 )
 
 // The real backend without KVM: its failures are errors that say what is
@@ -85,11 +86,15 @@ func TestReap(t *testing.T) {
 	}
 }
 
-// The daemon's plain types say what the guest's do: its bound on detached
-// processes is the agent's, its watch operations are the client's.
+// The daemon's plain types say what the guest's and the VMM process's
+// do: its bound on detached processes is the agent's, on a kept value the
+// VMM process's, its watch operations are the client's.
 func TestPlainTypes(t *testing.T) {
 	if daemon.MaxDetached != agentpb.MaxDetached {
 		t.Errorf("daemon.MaxDetached %d, the agent keeps %d", daemon.MaxDetached, agentpb.MaxDetached)
+	}
+	if daemon.MaxKeepValue != vmmproc.MaxKeepValue {
+		t.Errorf("daemon.MaxKeepValue %d, a VMM process keeps %d", daemon.MaxKeepValue, vmmproc.MaxKeepValue)
 	}
 	for _, op := range []client.WatchOp{client.WatchCreate, client.WatchWrite, client.WatchRemove, client.WatchRename, client.WatchChmod} {
 		if got := watchOp(op); int(got) != int(op) {

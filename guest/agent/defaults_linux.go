@@ -1,15 +1,14 @@
 package agent
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/accounts"
 )
 
 // ExecDefaults are what an Exec gets for the fields it leaves unset: an OCI
@@ -79,14 +78,10 @@ type passwdEntry struct {
 	home     string
 }
 
-// maxAccountFile bounds what is read of /etc/passwd and /etc/group: the
-// files are the image's, so anything may be in them.
-const maxAccountFile = 16 << 20
-
 // lookupPasswd finds a user by name, or by uid when byID.
 func lookupPasswd(path, key string, byID bool) (*passwdEntry, error) {
 	var found *passwdEntry
-	err := scanColonFile(path, func(f []string) bool {
+	err := accounts.ScanFile(path, func(f []string) bool {
 		if len(f) < 7 {
 			return false
 		}
@@ -108,7 +103,7 @@ func lookupPasswd(path, key string, byID bool) (*passwdEntry, error) {
 func lookupGroup(path, name string) (uint32, bool, error) {
 	var gid uint32
 	var ok bool
-	err := scanColonFile(path, func(f []string) bool {
+	err := accounts.ScanFile(path, func(f []string) bool {
 		if len(f) < 3 || f[0] != name {
 			return false
 		}
@@ -120,40 +115,6 @@ func lookupGroup(path, name string) (uint32, bool, error) {
 		return true
 	})
 	return gid, ok, err
-}
-
-// scanColonFile calls fn with the colon-separated fields of each line of
-// path until fn returns true. A missing file has no lines.
-func scanColonFile(path string, fn func([]string) bool) error {
-	return scanColonLines(path, func(line string) bool { return fn(strings.Split(line, ":")) })
-}
-
-// scanColonLines calls fn with each line of path that is neither empty
-// nor a comment, until fn returns true. A missing file has no lines; at
-// most maxAccountFile bytes are read, and lines past 1 MiB end the scan.
-func scanColonLines(path string, fn func(string) bool) error {
-	data, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if len(data) > maxAccountFile {
-		data = data[:maxAccountFile]
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if fn(line) {
-			return nil
-		}
-	}
-	return nil
 }
 
 // resolvedUser is who an Exec runs as and the home directory to give it.

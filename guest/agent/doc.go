@@ -33,9 +33,9 @@
 // (the terminal its controlling one; setsid and TIOCSCTTY), whose size a
 // resize request sets (TIOCSWINSZ, so the kernel sends SIGWINCH). An Exec
 // with a user runs as that user of the guest's /etc/passwd, with the
-// groups /etc/group lists it in; file calls may give what they create to a
-// user too, and describe owners by name. Watch watches a directory tree
-// with inotify ([WatchDir], which kilnd's test double uses on the host).
+// groups /etc/group lists it in (package accounts reads them); file calls
+// may give what they create to a user too, and describe owners by name.
+// Watch watches a directory tree with inotify (package dirwatch).
 //
 // All state belongs to a [Server] (or to its Reaper): there are no globals,
 // and several Servers may run in one process (as tests do).

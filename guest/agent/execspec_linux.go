@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -93,7 +94,7 @@ func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot strin
 	if err := validateEnv(env); err != nil {
 		return nil, err
 	}
-	var named *guestUser
+	var named *accounts.User
 	if name := start.GetUser(); name != "" {
 		if start.Uid != nil || start.Gid != nil {
 			return nil, invalidf("exec: user %s and uid/gid both given: name one or the other", quoteShort(name))
@@ -111,7 +112,7 @@ func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot strin
 	}
 	var user *resolvedUser
 	if named != nil {
-		user = &resolvedUser{uid: named.uid, gid: named.gid, home: named.home}
+		user = &resolvedUser{uid: named.UID, gid: named.GID, home: named.Home}
 	} else if d != nil && d.User != "" && start.Uid == nil {
 		u, err := resolveUser(root, d.User)
 		if err != nil {
@@ -136,13 +137,13 @@ func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot strin
 	case len(env) == 0:
 		env = DefaultEnv()
 		if named != nil {
-			env = mergeEnv(env, []string{"HOME=" + named.home})
+			env = mergeEnv(env, []string{"HOME=" + named.Home})
 		}
 	}
 	if named != nil {
 		// The user's own variables, where the environment has none.
 		var add []string
-		for _, kv := range []string{"HOME=" + named.home, "USER=" + named.name, "LOGNAME=" + named.name} {
+		for _, kv := range []string{"HOME=" + named.Home, "USER=" + named.Name, "LOGNAME=" + named.Name} {
 			name, _, _ := strings.Cut(kv, "=")
 			if _, ok := envValue(env, name); !ok {
 				add = append(add, kv)
@@ -192,7 +193,7 @@ func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot strin
 		chroot:   chroot,
 	}
 	if named != nil {
-		spec.groups = append([]uint32{}, named.groups...)
+		spec.groups = append([]uint32{}, named.Groups...)
 	}
 	if user != nil {
 		uid, gid := user.uid, user.gid

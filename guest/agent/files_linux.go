@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -67,7 +68,7 @@ func checkPerm(perm, def uint32) (uint32, error) {
 
 // fileInfo describes path (whose lstat or stat is fi), its owner and
 // group named by names.
-func fileInfo(path string, fi fs.FileInfo, names *AccountNames) *agentpb.FileInfo {
+func fileInfo(path string, fi fs.FileInfo, names *accounts.Names) *agentpb.FileInfo {
 	out := &agentpb.FileInfo{
 		Path:           path,
 		Name:           fi.Name(),
@@ -156,7 +157,7 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 		}
 	}
 	if owner != nil {
-		if err := f.Chown(int(owner.uid), int(owner.gid)); err != nil {
+		if err := f.Chown(int(owner.UID), int(owner.GID)); err != nil {
 			return fsStatus("writing", path, err)
 		}
 	}
@@ -178,7 +179,7 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 	if err != nil {
 		return fsStatus("writing", path, err)
 	}
-	return stream.SendAndClose(fileInfo(path, fi, NewAccountNames("/")))
+	return stream.SendAndClose(fileInfo(path, fi, accounts.NewNames("/")))
 }
 
 // ReadFile streams a file.
@@ -235,7 +236,7 @@ func (s *Server) Stat(_ context.Context, req *agentpb.StatRequest) (*agentpb.Fil
 	if err != nil {
 		return nil, fsStatus("stat", path, err)
 	}
-	return fileInfo(path, fi, NewAccountNames("/")), nil
+	return fileInfo(path, fi, accounts.NewNames("/")), nil
 }
 
 // List describes a directory's entries, sorted by name, and with a depth
@@ -246,7 +247,7 @@ func (s *Server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.L
 		return nil, err
 	}
 	depth := max(req.GetDepth(), 1)
-	names := NewAccountNames("/")
+	names := accounts.NewNames("/")
 	resp := &agentpb.ListResponse{}
 	var walk func(dir string, level uint32) error
 	walk = func(dir string, level uint32) error {
@@ -319,7 +320,7 @@ func (s *Server) Mkdir(_ context.Context, req *agentpb.MkdirRequest) (*agentpb.M
 }
 
 // fileOwner resolves the user a file call names (nil for none).
-func fileOwner(op, user string) (*guestUser, error) {
+func fileOwner(op, user string) (*accounts.User, error) {
 	if user == "" {
 		return nil, nil
 	}
@@ -332,12 +333,12 @@ func fileOwner(op, user string) (*guestUser, error) {
 
 // makeDir creates the directory path with perm (not masked by the
 // umask), owned by owner when set.
-func makeDir(path string, perm fs.FileMode, owner *guestUser) error {
+func makeDir(path string, perm fs.FileMode, owner *accounts.User) error {
 	if err := os.Mkdir(path, perm); err != nil {
 		return err
 	}
 	if owner != nil {
-		if err := os.Lchown(path, int(owner.uid), int(owner.gid)); err != nil {
+		if err := os.Lchown(path, int(owner.UID), int(owner.GID)); err != nil {
 			return err
 		}
 	}
@@ -348,7 +349,7 @@ func makeDir(path string, perm fs.FileMode, owner *guestUser) error {
 
 // makeDirs creates path and its missing parents (each with perm, owned
 // by owner when set); an existing directory is not an error.
-func makeDirs(path string, perm fs.FileMode, owner *guestUser) error {
+func makeDirs(path string, perm fs.FileMode, owner *accounts.User) error {
 	if owner == nil {
 		return os.MkdirAll(path, perm)
 	}
@@ -400,7 +401,7 @@ func (s *Server) Move(_ context.Context, req *agentpb.MoveRequest) (*agentpb.Fil
 	if err != nil {
 		return nil, fsStatus("moving "+src+" to", dst, err)
 	}
-	return fileInfo(dst, fi, NewAccountNames("/")), nil
+	return fileInfo(dst, fi, accounts.NewNames("/")), nil
 }
 
 // Remove removes a file, an empty directory, or with recursive a tree.

@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnvm/kiln/accounts"
 )
 
 // The trampoline contract. The agent starts every Exec process as
@@ -81,8 +83,8 @@ func parseGroupsArg(s string) ([]int, error) {
 		return []int{}, nil
 	}
 	parts := strings.Split(s, ",")
-	if len(parts) > maxGroups {
-		return nil, fmt.Errorf("%d groups, at most %d", len(parts), maxGroups)
+	if len(parts) > accounts.MaxGroups {
+		return nil, fmt.Errorf("%d groups, at most %d", len(parts), accounts.MaxGroups)
 	}
 	out := make([]int, len(parts))
 	for i, p := range parts {

@@ -2,260 +2,58 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/accounts"
+	"github.com/kilnvm/kiln/dirwatch"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
-// watchMask is what a watched directory reports.
-const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
-	unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
-
-// inotifyEvent is one event of an inotify read.
-type inotifyEvent struct {
-	wd     int32
-	mask   uint32
-	cookie uint32
-	name   string
+// watchOps are dirwatch's operations as the agent's API names them.
+var watchOps = [...]agentpb.WatchEvent_Op{
+	dirwatch.Create: agentpb.WatchEvent_OP_CREATE,
+	dirwatch.Write:  agentpb.WatchEvent_OP_WRITE,
+	dirwatch.Remove: agentpb.WatchEvent_OP_REMOVE,
+	dirwatch.Rename: agentpb.WatchEvent_OP_RENAME,
+	dirwatch.Chmod:  agentpb.WatchEvent_OP_CHMOD,
 }
 
-// parseInotify parses what a read of an inotify descriptor returned:
-// struct inotify_event records, each with its NUL-padded name.
-func parseInotify(buf []byte) ([]inotifyEvent, error) {
-	var out []inotifyEvent
-	for len(buf) > 0 {
-		if len(buf) < unix.SizeofInotifyEvent {
-			return out, fmt.Errorf("inotify: %d bytes left, less than an event", len(buf))
+// watchDir watches the directory dir (absolute) with dirwatch, up to
+// agentpb.MaxWatchDirs directories, and sends its events as the API's:
+// each entry described as the file calls do (owner and group named from
+// the guest's account files). It ends as dirwatch.Watch does, its
+// failures gRPC statuses (RESOURCE_EXHAUSTED when the kernel's queue
+// overflowed or there are too many directories); send's errors end it
+// as they are.
+func watchDir(ctx context.Context, dir string, recursive bool, send func(*agentpb.WatchEvent) error) error {
+	names := accounts.NewNames("/")
+	var sendErr error
+	err := dirwatch.Watch(ctx, dir, recursive, agentpb.MaxWatchDirs, func(ev dirwatch.Event) error {
+		out := &agentpb.WatchEvent{Started: ev.Started, Op: watchOps[ev.Op], Name: ev.Name}
+		if ev.Info != nil {
+			out.Entry = fileInfo(filepath.Join(dir, ev.Name), ev.Info, names)
 		}
-		n := binary.NativeEndian.Uint32(buf[12:16])
-		if uint64(n) > uint64(len(buf)-unix.SizeofInotifyEvent) {
-			return out, fmt.Errorf("inotify: a name of %d bytes with %d left", n, len(buf)-unix.SizeofInotifyEvent)
-		}
-		name := buf[unix.SizeofInotifyEvent : unix.SizeofInotifyEvent+int(n)]
-		if i := strings.IndexByte(string(name), 0); i >= 0 {
-			name = name[:i]
-		}
-		out = append(out, inotifyEvent{
-			wd:     int32(binary.NativeEndian.Uint32(buf[0:4])),
-			mask:   binary.NativeEndian.Uint32(buf[4:8]),
-			cookie: binary.NativeEndian.Uint32(buf[8:12]),
-			name:   string(name),
-		})
-		buf = buf[unix.SizeofInotifyEvent+int(n):]
-	}
-	return out, nil
-}
-
-// WatchEventFunc receives a watch's events; an error from it ends the
-// watch with that error.
-type WatchEventFunc func(*agentpb.WatchEvent) error
-
-// WatchDir watches the directory dir (absolute) until ctx ends (then it
-// returns nil), dir goes away (nil), or the kernel's queue overflows
-// (RESOURCE_EXHAUSTED): fn gets a started event once the watch is in
-// place, then one event per change, named relative to dir, with the
-// entry's description (owner and group named from the account files
-// under names' root) where it exists. recursive watches the
-// subdirectories too, those created later included, up to
-// agentpb.MaxWatchDirs; symlinks are not followed. Its errors are gRPC
-// statuses. kilnd's test double watches host folders with it too.
-func WatchDir(ctx context.Context, dir string, recursive bool, fn WatchEventFunc) error {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return fsStatus("watching", dir, err)
-	}
-	f := os.NewFile(uintptr(fd), "inotify") // non-blocking: in the poller
-	defer f.Close()
-	stop := context.AfterFunc(ctx, func() { f.Close() })
-	defer stop()
-	w := &watcher{f: f, root: dir, recursive: recursive, dirs: map[int32]string{}, wds: map[string]int32{}, names: NewAccountNames("/")}
-	if err := w.add(""); err != nil {
-		return err
-	}
-	if recursive {
-		if err := w.addTree(""); err != nil {
-			return err
-		}
-	}
-	if err := fn(&agentpb.WatchEvent{Started: true}); err != nil {
-		return err
-	}
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := f.Read(buf)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, os.ErrClosed) {
-				return nil
-			}
-			return status.Errorf(codes.Internal, "watching %s: reading events: %v", dir, err)
-		}
-		evs, perr := parseInotify(buf[:n])
-		for _, ev := range evs {
-			done, err := w.handle(ev, fn)
-			if err != nil || done {
-				return err
-			}
-		}
-		if perr != nil {
-			return status.Errorf(codes.Internal, "watching %s: %v", dir, perr)
-		}
-	}
-}
-
-// watcher is one WatchDir's state: the watched directories by watch
-// descriptor and by path relative to the root ("" for the root).
-type watcher struct {
-	f         *os.File
-	root      string
-	recursive bool
-	dirs      map[int32]string
-	wds       map[string]int32
-	names     *AccountNames
-}
-
-// add watches the directory rel.
-func (w *watcher) add(rel string) error {
-	if _, ok := w.wds[rel]; ok {
-		return nil
-	}
-	if len(w.dirs) >= agentpb.MaxWatchDirs {
-		return status.Errorf(codes.ResourceExhausted, "watching %s: more than %d directories below it", w.root, agentpb.MaxWatchDirs)
-	}
-	rc, err := w.f.SyscallConn()
-	if err != nil {
-		return status.Errorf(codes.Internal, "watching %s: %v", w.root, err)
-	}
-	full := filepath.Join(w.root, rel)
-	mask := uint32(watchMask)
-	if rel == "" {
-		mask &^= unix.IN_DONT_FOLLOW // the root may be named by a symlink
-	}
-	var wd int
-	var aerr error
-	if err := rc.Control(func(fd uintptr) { wd, aerr = unix.InotifyAddWatch(int(fd), full, mask) }); err != nil {
-		return status.Errorf(codes.Canceled, "watching %s: %v", w.root, err)
-	}
-	if aerr != nil {
-		if rel != "" && (errors.Is(aerr, syscall.ENOENT) || errors.Is(aerr, syscall.ENOTDIR)) {
-			return nil // gone meanwhile, or not a directory after all
-		}
-		return fsStatus("watching", full, aerr)
-	}
-	w.dirs[int32(wd)] = rel
-	w.wds[rel] = int32(wd)
-	return nil
-}
-
-// addTree watches the directories below rel (not rel itself).
-func (w *watcher) addTree(rel string) error {
-	top := filepath.Join(w.root, rel)
-	return filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p != top && errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			if p == top && errors.Is(err, fs.ErrNotExist) {
-				return filepath.SkipDir
-			}
-			return fsStatus("watching", p, err)
-		}
-		if p == top || !d.IsDir() {
-			return nil
-		}
-		r, _ := filepath.Rel(w.root, p)
-		return w.add(r)
+		sendErr = send(out)
+		return sendErr
 	})
-}
-
-// forget drops the watches of rel and the directories below it (moved
-// away: their paths would be wrong).
-func (w *watcher) forget(rel string) {
-	rc, err := w.f.SyscallConn()
-	if err != nil {
-		return
-	}
-	for p, wd := range w.wds {
-		if p == rel || strings.HasPrefix(p, rel+"/") {
-			rc.Control(func(fd uintptr) { unix.InotifyRmWatch(int(fd), uint32(wd)) })
-			delete(w.wds, p)
-			delete(w.dirs, wd)
-		}
-	}
-}
-
-// handle turns one inotify event into a WatchEvent for fn; done says the
-// watch is over (the root went away).
-func (w *watcher) handle(ev inotifyEvent, fn WatchEventFunc) (done bool, _ error) {
-	if ev.mask&unix.IN_Q_OVERFLOW != 0 {
-		return true, status.Errorf(codes.ResourceExhausted, "watching %s: the kernel's event queue overflowed (changes were lost); watch again", w.root)
-	}
-	dir, ok := w.dirs[ev.wd]
-	if !ok {
-		return false, nil // a watch dropped since
-	}
-	if ev.mask&(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_IGNORED) != 0 {
-		if dir == "" {
-			return true, nil // the watched directory went away
-		}
-		if ev.mask&unix.IN_IGNORED != 0 {
-			delete(w.dirs, ev.wd)
-			if w.wds[dir] == ev.wd {
-				delete(w.wds, dir)
-			}
-		}
-		return false, nil // its parent reports it
-	}
-	if ev.name == "" || strings.ContainsRune(ev.name, '/') {
-		return false, nil
-	}
-	rel := filepath.Join(dir, ev.name)
-	isDir := ev.mask&unix.IN_ISDIR != 0
-	out := &agentpb.WatchEvent{Name: rel}
+	var pe *fs.PathError
 	switch {
-	case ev.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
-		out.Op = agentpb.WatchEvent_OP_CREATE
-	case ev.mask&unix.IN_MODIFY != 0:
-		out.Op = agentpb.WatchEvent_OP_WRITE
-	case ev.mask&unix.IN_DELETE != 0:
-		out.Op = agentpb.WatchEvent_OP_REMOVE
-	case ev.mask&unix.IN_MOVED_FROM != 0:
-		out.Op = agentpb.WatchEvent_OP_RENAME
-	case ev.mask&unix.IN_ATTRIB != 0:
-		out.Op = agentpb.WatchEvent_OP_CHMOD
-	default:
-		return false, nil
+	case err == nil || err == sendErr:
+		return err
+	case errors.Is(err, dirwatch.ErrOverflow):
+		return status.Errorf(codes.ResourceExhausted, "watching %s: the kernel's event queue overflowed (changes were lost); watch again", dir)
+	case errors.Is(err, dirwatch.ErrTooManyDirs):
+		return status.Errorf(codes.ResourceExhausted, "watching %s: more than %d directories below it", dir, agentpb.MaxWatchDirs)
+	case errors.As(err, &pe):
+		return fsStatus("watching", pe.Path, pe.Err)
 	}
-	full := filepath.Join(w.root, rel)
-	switch out.Op {
-	case agentpb.WatchEvent_OP_REMOVE, agentpb.WatchEvent_OP_RENAME:
-		if isDir && w.recursive {
-			w.forget(rel)
-		}
-	default:
-		if fi, err := os.Lstat(full); err == nil {
-			out.Entry = fileInfo(full, fi, w.names)
-		}
-	}
-	if out.Op == agentpb.WatchEvent_OP_CREATE && isDir && w.recursive {
-		if err := w.add(rel); err != nil {
-			return true, err
-		}
-		if err := w.addTree(rel); err != nil {
-			return true, err
-		}
-	}
-	return false, fn(out)
+	return status.Error(codes.Internal, err.Error())
 }
 
 // Watch streams the changes below a directory; see agentpb.AgentServer.
@@ -271,5 +69,5 @@ func (s *Server) Watch(req *agentpb.WatchRequest, stream agentpb.Agent_WatchServ
 	if !fi.IsDir() {
 		return status.Errorf(codes.InvalidArgument, "watching %s: not a directory", path)
 	}
-	return WatchDir(stream.Context(), path, req.GetRecursive(), stream.Send)
+	return watchDir(stream.Context(), path, req.GetRecursive(), stream.Send)
 }

@@ -1,4 +1,4 @@
-package daemontest
+package daemon_test
 
 import (
 	"sync"
@@ -7,26 +7,28 @@ import (
 	"github.com/kilnvm/kiln/daemon"
 )
 
-// Clock is a daemon.Clock that moves only when Advance moves it, so that
-// lifecycle tests run in milliseconds.
-type Clock struct {
+// fakeClock is a daemon.Clock that moves only when Advance moves it, so
+// that lifecycle tests run in milliseconds.
+type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
-	timers map[*timer]struct{}
+	timers map[*fakeTimer]struct{}
 }
 
-var _ daemon.Clock = (*Clock)(nil)
+var _ daemon.Clock = (*fakeClock)(nil)
 
-// NewClock returns a clock at t.
-func NewClock(t time.Time) *Clock { return &Clock{now: t, timers: map[*timer]struct{}{}} }
+// newFakeClock returns a clock at t.
+func newFakeClock(t time.Time) *fakeClock {
+	return &fakeClock{now: t, timers: map[*fakeTimer]struct{}{}}
+}
 
-type timer struct {
-	c    *Clock
+type fakeTimer struct {
+	c    *fakeClock
 	when time.Time
 	f    func()
 }
 
-func (t *timer) Stop() bool {
+func (t *fakeTimer) Stop() bool {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
 	_, ok := t.c.timers[t]
@@ -35,7 +37,7 @@ func (t *timer) Stop() bool {
 }
 
 // Now returns the clock's time.
-func (c *Clock) Now() time.Time {
+func (c *fakeClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
@@ -43,19 +45,19 @@ func (c *Clock) Now() time.Time {
 
 // AfterFunc calls f in a goroutine of its own once Advance has moved the
 // clock d on.
-func (c *Clock) AfterFunc(d time.Duration, f func()) daemon.Timer {
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) daemon.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := &timer{c: c, when: c.now.Add(d), f: f}
+	t := &fakeTimer{c: c, when: c.now.Add(d), f: f}
 	c.timers[t] = struct{}{}
 	return t
 }
 
 // Advance moves the clock d on and starts the calls now due.
-func (c *Clock) Advance(d time.Duration) {
+func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
-	var due []*timer
+	var due []*fakeTimer
 	for t := range c.timers {
 		if !t.when.After(c.now) {
 			due = append(due, t)
@@ -69,7 +71,7 @@ func (c *Clock) Advance(d time.Duration) {
 }
 
 // Pending returns how many calls wait.
-func (c *Clock) Pending() int {
+func (c *fakeClock) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.timers)
