@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -251,6 +252,64 @@ func TestList(t *testing.T) {
 		} else {
 			r.errBody(t)
 		}
+	}
+}
+
+// pyQuote is Python's urllib.parse.quote: every byte but letters, digits,
+// "_.-~" and '/' as %XX.
+func pyQuote(s string) string {
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("_.-~/", c) >= 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// TestListMetadataEncodings: a metadata filter as each SDK encodes it
+// matches values with characters that need escaping. The npm SDK
+// form-encodes the pairs (URLSearchParams); the Python SDK quotes each key
+// and value first (quote, then urlencode), and says so with its lang
+// header.
+func TestListMetadataEncodings(t *testing.T) {
+	e := newEnv(t, nil)
+	odd := "a b&c=d/é%2F+x"
+	want := e.create(keyA, map[string]any{"metadata": map[string]string{"odd": odd, "mail": "me@kiln.test"}}).SandboxID
+	e.create(keyA, map[string]any{"metadata": map[string]string{"odd": "other", "mail": "me@kiln.test"}})
+	list := func(filter string, hdr ...string) reply {
+		t.Helper()
+		return e.do("GET", "/v2/sandboxes?"+url.Values{"metadata": {filter}}.Encode(), keyA, nil, hdr...)
+	}
+	ids := func(r reply) string {
+		t.Helper()
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		var l []struct{ SandboxID string }
+		r.json(t, &l)
+		var out []string
+		for _, s := range l {
+			out = append(out, s.SandboxID)
+		}
+		return strings.Join(out, ",")
+	}
+	npm := url.Values{"odd": {odd}, "mail": {"me@kiln.test"}}.Encode()
+	py := url.Values{pyQuote("odd"): {pyQuote(odd)}, pyQuote("mail"): {pyQuote("me@kiln.test")}}.Encode()
+	if got := ids(list(npm, "lang", "js")); got != want {
+		t.Errorf("the npm SDK's filter: %q, want %q", got, want)
+	}
+	if got := ids(list(py, "lang", "python")); got != want {
+		t.Errorf("the Python SDK's filter: %q, want %q", got, want)
+	}
+	// The same bytes from another client are values with a '%' in them.
+	if got := ids(list(py)); got != "" {
+		t.Errorf("the Python SDK's filter without its lang header: %q, want none", got)
+	}
+	if r := list("k=%25zz", "lang", "python"); r.status != 400 {
+		t.Errorf("a bad escape from the Python SDK: %d %s, want 400", r.status, r.body)
 	}
 }
 
