@@ -442,6 +442,13 @@ func TestSnapshots(t *testing.T) {
 	} else if r2 := e.do("GET", "/snapshots?limit=1&nextToken="+next, keyA, nil); !strings.Contains(string(r2.body), snap2.SnapshotID) {
 		t.Errorf("page 2: %s", r2.body)
 	}
+	// The SDKs' name filter: a snapshot's name or ID.
+	for q, want := range map[string]string{"first": snap.SnapshotID, snap.SnapshotID: snap.SnapshotID, snap2.SnapshotID: snap2.SnapshotID} {
+		e.do("GET", "/snapshots?name="+url.QueryEscape(q), keyA, nil).json(t, &l)
+		if len(l) != 1 || l[0].SnapshotID != want {
+			t.Errorf("list name=%s: %v, want %s", q, l, want)
+		}
+	}
 	e.do("GET", "/snapshots", keyB, nil).json(t, &l)
 	if len(l) != 0 {
 		t.Errorf("beta lists alpha's snapshots: %v", l)
