@@ -20,6 +20,13 @@ DEB_PACKAGES := qemu-system-x86 busybox-static cpio acpica-tools e2fsprogs erofs
 # it. Debian 12 has no package of it; go install builds it into bin/.
 CRICTL_VERSION := v1.37.0
 
+# E2B's Python SDK for its suite (daemon/e2b/pysdktest): the version
+# pysdk_test.go wants, the venv it runs pytest with, and the script that
+# makes it (../shared/fixtures/e2b-python: Debian's python3 and pytest).
+E2B_PY_VERSION := 2.34.0
+E2B_PY_VENV := daemon/e2b/pysdktest/.venv
+E2B_PY_SETUP := ../shared/fixtures/e2b-python/setup.sh
+
 KILN := bin/kiln
 VMM := bin/kiln-vmm
 AGENT := bin/kiln-agent
@@ -63,6 +70,15 @@ deps:
 	@node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); process.exit(a>=22||(a===20&&(b>18||(b===18&&c>=1)))?0:1)' || { \
 	  echo "deps: node $$(node --version) is too old for the e2b SDK (it needs 20.18.1 or newer, as its package.json says; Debian 12's nodejs is 18): install a newer Node.js"; exit 1; }
 	cd daemon/e2b/sdktest && npm ci --no-audit --no-fund
+	@# E2B's Python SDK, pinned, in a venv for daemon/e2b/pysdktest: made
+	@# by the shared fixture's setup.sh (Debian's packages and the SDK's
+	@# pure-Python releases: PyPI is out of reach), again when the venv
+	@# holds another version.
+	@$(E2B_PY_VENV)/bin/python -c 'import sys, pytest, importlib.metadata as m; sys.exit(m.version("e2b") != "$(E2B_PY_VERSION)")' 2>/dev/null || { \
+	  [ -x $(E2B_PY_SETUP) ] || { echo "deps: no $(E2B_PY_SETUP) (the shared fixtures): it makes the venv of E2B's Python SDK"; exit 1; }; \
+	  echo "deps: E2B's Python SDK $(E2B_PY_VERSION) into $(E2B_PY_VENV)"; \
+	  rm -rf $(E2B_PY_VENV) && $(SUDO) $(E2B_PY_SETUP) $(E2B_PY_VENV) && \
+	  { [ -z "$(SUDO)" ] || $(SUDO) chown -R $$(id -u):$$(id -g) $(E2B_PY_VENV); }; }
 	@[ -x bin/crictl ] && bin/crictl --version 2>/dev/null | grep -q "$(CRICTL_VERSION)" || { \
 	  echo "deps: go install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)"; \
 	  GOBIN=$$(pwd)/bin CGO_ENABLED=0 $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); }

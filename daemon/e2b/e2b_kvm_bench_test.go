@@ -38,7 +38,7 @@ func BenchmarkKVME2BCreateRun(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	kc, url := kvmE2B(b, ctx)
+	kc, url, _ := kvmE2B(b, ctx)
 	for b.Loop() {
 		// kiln.v1 first, then the SDK, each logged as soon as it is in.
 		grpcP50, grpcP95 := benchGRPC(b, ctx, kc)

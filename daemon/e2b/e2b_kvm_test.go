@@ -29,24 +29,28 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestKVME2B runs every file of the SDK's suite (KILN_E2B_MODE=kvm)
-// against the E2B server over a daemon.Server with real sandboxes: a
-// template named base from the Debian test image (the SDK runs commands
-// with /bin/bash), sandboxes restored from it.
+// TestKVME2B runs every file of the npm SDK's suite, then the Python
+// SDK's, (KILN_E2B_MODE=kvm) against the E2B server over a daemon.Server
+// with real sandboxes: a template named base from the Debian test image
+// (the SDKs run commands with /bin/bash), sandboxes restored from it. One
+// kilnd serves both; each suite is a subtest, so that both run when one
+// fails.
 func TestKVME2B(t *testing.T) {
 	kvmtest.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	_, url := kvmE2B(t, ctx)
-	runSDK(t, ctx, url, keyA, keyB, "kvm")
+	_, url, keys := kvmE2B(t, ctx)
+	t.Run("npm", func(t *testing.T) { runSDK(t, ctx, url, keys.alpha, keys.beta, "kvm") })
+	t.Run("python", func(t *testing.T) { runPySDK(t, ctx, url, keys.alpha, keys.beta, "kvm") })
 }
 
 // kvmE2B starts a daemon.Server with the real sandbox backend, a template
 // named base from the Debian test image, and the E2B server over it on a
-// loopback listener (keyA's tenant alpha, keyB's beta); it returns the
-// daemon's client and the E2B server's URL. kilnd's and the E2B server's
-// log is shown when the test fails.
-func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
+// loopback listener, with writeSuiteKeys's keys (keyA's and keyB's
+// tenants alpha and beta, and a key of each in E2B's format); it returns
+// the daemon's client, the E2B server's URL and the suites' keys. kilnd's
+// and the E2B server's log is shown when the test fails.
+func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string, suiteKeys) {
 	tb.Helper()
 	_, refs := imagetest.ServeLayout(tb, kvmtest.TestImages(tb), "kiln/test")
 	images := tb.TempDir()
@@ -101,9 +105,8 @@ func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
 		tb.Fatalf("template base: %v", err)
 	}
 	tb.Logf("template %s (base) in %v", tp.Id, time.Since(start).Round(time.Millisecond))
-	keys := filepath.Join(tb.TempDir(), "keys")
-	writeFile(tb, keys, keyA+" alpha\n"+keyB+" beta\n", 0o600)
-	k, err := e2b.LoadKeys(keys, nil, e2b.Quota{})
+	keys := writeSuiteKeys(tb, filepath.Join(tb.TempDir(), "keys"))
+	k, err := e2b.LoadKeys(keys.file, nil, e2b.Quota{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -113,5 +116,5 @@ func kvmE2B(tb testing.TB, ctx context.Context) (kilnpb.KilnClient, string) {
 	}
 	hs := httptest.NewServer(srv.Handler())
 	tb.Cleanup(hs.Close)
-	return kc, hs.URL
+	return kc, hs.URL, keys
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -462,6 +463,28 @@ const maxEnvVars = 64
 // maxList is the most sandboxes a page lists.
 const maxList = 100
 
+// pythonSDK says r comes from E2B's Python SDK, by the lang header
+// both SDKs send ("python"; the npm SDK's is "js").
+func pythonSDK(r *http.Request) bool { return r.Header.Get("lang") == "python" }
+
+// unescapePair undoes the encoding E2B's Python SDK gives each metadata
+// key and value of a list's filter before it form-encodes the pairs
+// (quote, then urlencode: one encoding more than the npm SDK's). E2B's
+// API decodes a filter's pairs once more than a query string, which is
+// right for the Python SDK only; this does it for the Python SDK, so
+// that a value with a space, '@', '&' or '%' matches from both SDKs.
+func unescapePair(k, v string) (string, string, error) {
+	uk, err := url.QueryUnescape(k)
+	if err != nil {
+		return "", "", fmt.Errorf("key %q: %v", k, err)
+	}
+	uv, err := url.QueryUnescape(v)
+	if err != nil {
+		return "", "", fmt.Errorf("value %q: %v", v, err)
+	}
+	return uk, uv, nil
+}
+
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, tenant string) error {
 	q := r.URL.Query()
 	labels := map[string]string{}
@@ -470,8 +493,15 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, tenant st
 		if err != nil {
 			return errorf(http.StatusBadRequest, "metadata %q: want URL-encoded key=value pairs: %v", m, err)
 		}
+		py := pythonSDK(r)
 		for k, vs := range mq {
-			labels[k] = vs[len(vs)-1]
+			v := vs[len(vs)-1]
+			if py {
+				if k, v, err = unescapePair(k, v); err != nil {
+					return errorf(http.StatusBadRequest, "metadata %q: %v", m, err)
+				}
+			}
+			labels[k] = v
 		}
 		if err := checkMetadata("metadata", labels); err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/daemon/e2b"
+	"github.com/kilnvm/kiln/daemon/e2b/apikey"
 )
 
 // sdkDir is the SDK test suite's folder (make deps runs npm ci there).
@@ -63,14 +64,41 @@ func runSDK(t *testing.T, ctx context.Context, url, key, otherKey, mode string) 
 	}
 }
 
-// TestE2BSDK runs the unmodified E2B SDK's suite against the E2B server
-// over a daemon.Server with the test double backend and a template named
-// base, with its keys in a keys file.
-func TestE2BSDK(t *testing.T) {
-	keys := filepath.Join(t.TempDir(), "keys")
-	writeFile(t, keys, "# the suite's tenants\n"+keyA+" alpha\n"+keyB+" beta\n", 0o600)
+// suiteKeys are the SDK suites' API keys: the keys file, a key of tenant
+// alpha (the suites' own) and one of beta (KILN_E2B_OTHER_KEY).
+type suiteKeys struct {
+	file        string
+	alpha, beta string
+}
+
+// writeSuiteKeys writes the SDK suites' keys file at path: keyA's and
+// keyB's lines (the other tests' keys, which the benchmark uses too), then
+// a key of alpha and one of beta appended as kiln e2b key new makes them
+// (apikey.New, apikey.Append). Those are the suites' keys: E2B's format,
+// which the Python SDK checks before it sends a key, and the npm SDK takes
+// too.
+func writeSuiteKeys(tb testing.TB, path string) suiteKeys {
+	tb.Helper()
+	writeFile(tb, path, "# the suites' tenants\n"+keyA+" alpha\n"+keyB+" beta\n", 0o600)
+	k := suiteKeys{file: path, alpha: apikey.New(), beta: apikey.New()}
+	if err := apikey.Append(path, k.alpha, "alpha"); err != nil {
+		tb.Fatal(err)
+	}
+	if err := apikey.Append(path, k.beta, "beta"); err != nil {
+		tb.Fatal(err)
+	}
+	return k
+}
+
+// sdkDouble starts what the SDK suites drive in the unit suite: the E2B
+// server over a daemon.Server with the test double backend and a template
+// named base, with writeSuiteKeys's keys file, on a fresh loopback
+// listener. It returns the server's URL and the keys.
+func sdkDouble(t *testing.T) (string, suiteKeys) {
+	t.Helper()
+	keys := writeSuiteKeys(t, filepath.Join(t.TempDir(), "keys"))
 	e := newEnv(t, func(c *e2b.Config) {
-		k, err := e2b.LoadKeys(keys, nil, e2b.Quota{})
+		k, err := e2b.LoadKeys(keys.file, nil, e2b.Quota{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,8 +107,15 @@ func TestE2BSDK(t *testing.T) {
 	// The SDK's timeouts are seconds of real time: a fresh listener on
 	// 127.0.0.1:0 (newEnv's httptest one is too).
 	hs := httptest.NewServer(e.srv.Handler())
-	defer hs.Close()
+	t.Cleanup(hs.Close)
+	return hs.URL, keys
+}
+
+// TestE2BSDK runs the unmodified E2B SDK's suite against the E2B server
+// over a daemon.Server with the test double backend (sdkDouble).
+func TestE2BSDK(t *testing.T) {
+	url, keys := sdkDouble(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	runSDK(t, ctx, hs.URL, keyA, keyB, "double")
+	runSDK(t, ctx, url, keys.alpha, keys.beta, "double")
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -254,6 +255,64 @@ func TestList(t *testing.T) {
 	}
 }
 
+// pyQuote is Python's urllib.parse.quote: every byte but letters, digits,
+// "_.-~" and '/' as %XX.
+func pyQuote(s string) string {
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("_.-~/", c) >= 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// TestListMetadataEncodings: a metadata filter as each SDK encodes it
+// matches values with characters that need escaping. The npm SDK
+// form-encodes the pairs (URLSearchParams); the Python SDK quotes each key
+// and value first (quote, then urlencode), and says so with its lang
+// header.
+func TestListMetadataEncodings(t *testing.T) {
+	e := newEnv(t, nil)
+	odd := "a b&c=d/é%2F+x"
+	want := e.create(keyA, map[string]any{"metadata": map[string]string{"odd": odd, "mail": "me@kiln.test"}}).SandboxID
+	e.create(keyA, map[string]any{"metadata": map[string]string{"odd": "other", "mail": "me@kiln.test"}})
+	list := func(filter string, hdr ...string) reply {
+		t.Helper()
+		return e.do("GET", "/v2/sandboxes?"+url.Values{"metadata": {filter}}.Encode(), keyA, nil, hdr...)
+	}
+	ids := func(r reply) string {
+		t.Helper()
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		var l []struct{ SandboxID string }
+		r.json(t, &l)
+		var out []string
+		for _, s := range l {
+			out = append(out, s.SandboxID)
+		}
+		return strings.Join(out, ",")
+	}
+	npm := url.Values{"odd": {odd}, "mail": {"me@kiln.test"}}.Encode()
+	py := url.Values{pyQuote("odd"): {pyQuote(odd)}, pyQuote("mail"): {pyQuote("me@kiln.test")}}.Encode()
+	if got := ids(list(npm, "lang", "js")); got != want {
+		t.Errorf("the npm SDK's filter: %q, want %q", got, want)
+	}
+	if got := ids(list(py, "lang", "python")); got != want {
+		t.Errorf("the Python SDK's filter: %q, want %q", got, want)
+	}
+	// The same bytes from another client are values with a '%' in them.
+	if got := ids(list(py)); got != "" {
+		t.Errorf("the Python SDK's filter without its lang header: %q, want none", got)
+	}
+	if r := list("k=%25zz", "lang", "python"); r.status != 400 {
+		t.Errorf("a bad escape from the Python SDK: %d %s, want 400", r.status, r.body)
+	}
+}
+
 // TestPauseConnect: pause, a second pause (409, the SDK's false), the
 // paused state in get and list, connect (201 resumed, then 200).
 func TestPauseConnect(t *testing.T) {
@@ -382,6 +441,13 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("a page of 1 of 2 has no x-next-token")
 	} else if r2 := e.do("GET", "/snapshots?limit=1&nextToken="+next, keyA, nil); !strings.Contains(string(r2.body), snap2.SnapshotID) {
 		t.Errorf("page 2: %s", r2.body)
+	}
+	// The SDKs' name filter: a snapshot's name or ID.
+	for q, want := range map[string]string{"first": snap.SnapshotID, snap.SnapshotID: snap.SnapshotID, snap2.SnapshotID: snap2.SnapshotID} {
+		e.do("GET", "/snapshots?name="+url.QueryEscape(q), keyA, nil).json(t, &l)
+		if len(l) != 1 || l[0].SnapshotID != want {
+			t.Errorf("list name=%s: %v, want %s", q, l, want)
+		}
 	}
 	e.do("GET", "/snapshots", keyB, nil).json(t, &l)
 	if len(l) != 0 {

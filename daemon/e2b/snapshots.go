@@ -207,7 +207,8 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, tenant st
 		if v := q.Get("sandboxID"); v != "" && sn.SandboxID != v {
 			continue
 		}
-		if v := q.Get("name"); v != "" && sn.Name != v {
+		// The SDKs' name filter is a snapshot's name or its ID.
+		if v := q.Get("name"); v != "" && sn.Name != v && sn.ID != v {
 			continue
 		}
 		if len(out) == limit {

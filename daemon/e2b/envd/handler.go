@@ -236,6 +236,27 @@ func invalid(format string, args ...any) error {
 	return connect.NewError(connect.CodeInvalidArgument, errorf(format, args...))
 }
 
+// timeoutHeader is a Connect call's deadline in milliseconds (the
+// protocol's; connect-go has checked it: 1 to 10 digits). envd takes a
+// Start's as the started process's lifetime: the SDKs' commands.run
+// timeout (60 s unless given, background commands too; 0 sends none).
+const timeoutHeader = "Connect-Timeout-Ms"
+
+// processTimeoutMs is the lifetime in milliseconds a Start's header asks
+// for its process, as envd reads it (a process that outlives it is
+// killed); 0 when none.
+func processTimeoutMs(hdr http.Header) (int64, error) {
+	v := hdr.Get(timeoutHeader)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s %q: want milliseconds", timeoutHeader, v)
+	}
+	return n, nil
+}
+
 // keepaliveHeader is how often (seconds) a client wants a keepalive
 // event on a stream; it is held to 1..300, 50 when absent or unreadable.
 const keepaliveHeader = "Keepalive-Ping-Interval"

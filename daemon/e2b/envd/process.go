@@ -220,7 +220,8 @@ func (h *Handler) follow(ctx context.Context, send streamSender, p *proc, s *sub
 var defaultPTY = &kilnpb.PtySize{Rows: 24, Cols: 80}
 
 // Start runs a process as a background exec, so that it outlives the
-// call, and follows it.
+// call (a client that goes leaves it running), and follows it; it is
+// killed when the call's Connect-Timeout-Ms passes, as envd's are.
 func (s *processService) Start(ctx context.Context, req *connect.Request[processpb.StartRequest], stream *connect.ServerStream[processpb.StartResponse]) error {
 	h, id := s.h, sandboxOf(ctx)
 	user, err := requestUser(req.Header())
@@ -231,8 +232,14 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	if cfg.GetCmd() == "" {
 		return invalid("start: process.cmd is empty")
 	}
+	// The call's deadline is the process's lifetime, as envd's: the SDK's
+	// timeout ends the command, not only the stream that follows it.
+	timeoutMs, err := processTimeoutMs(req.Header())
+	if err != nil {
+		return invalid("start: %v", err)
+	}
 	st := &kilnpb.ExecStart{SandboxId: id, Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: envList(cfg.GetEnvs()),
-		Background: true, User: user, HasStdin: req.Msg.GetStdin()}
+		Background: true, User: user, HasStdin: req.Msg.GetStdin(), TimeoutMs: timeoutMs}
 	home := h.home(ctx, id, user)
 	if cfg.Cwd != nil {
 		if st.Cwd, err = resolvePath(cfg.GetCwd(), home); err != nil {

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -322,6 +323,84 @@ func TestKeepaliveInterval(t *testing.T) {
 		}
 		if got := keepaliveInterval(h); got != tc.want {
 			t.Errorf("%q: %v, want %v", tc.hdr, got, tc.want)
+		}
+	}
+}
+
+// TestStartTimeout: a Start's Connect-Timeout-Ms is its process's
+// lifetime, as envd's (the SDKs' commands.run timeout, 60 s by default,
+// ends the command, background ones too), and a Start without one leaves
+// its process to run on after the call.
+func TestStartTimeout(t *testing.T) {
+	e := newEnv(t)
+	id := e.sandbox()
+	c := e.process(id, []connect.ClientOption{connect.WithProtoJSON()})
+	listed := func(pid uint32) bool {
+		list, err := c.List(ctxT(t), connect.NewRequest(&processpb.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range list.Msg.GetProcesses() {
+			if p.GetPid() == pid {
+				return true
+			}
+		}
+		return false
+	}
+	start := func(ctx context.Context) (uint32, *connect.ServerStreamForClient[processpb.StartResponse]) {
+		s, err := c.Start(ctx, startReq("exec sleep 60"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.Receive() || s.Msg().GetEvent().GetStart() == nil {
+			t.Fatalf("first event %v (%v): want start", s.Msg(), s.Err())
+		}
+		return s.Msg().GetEvent().GetStart().GetPid(), s
+	}
+
+	// The client's deadline is sent as Connect-Timeout-Ms.
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	pid, s := start(ctx)
+	r := drain(s, func() *processpb.ProcessEvent { return s.Msg().GetEvent() })
+	s.Close()
+	if connect.CodeOf(r.err) != connect.CodeDeadlineExceeded && r.end == nil {
+		t.Fatalf("the stream past its deadline: %+v", r)
+	}
+	for end := time.Now().Add(10 * time.Second); listed(pid); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("process %d still runs 10 s past its call's 1.5 s timeout", pid)
+		}
+	}
+
+	// No deadline: the process outlives the call.
+	ctx, cancel = context.WithCancel(context.Background())
+	pid, s = start(ctx)
+	cancel()
+	s.Close()
+	time.Sleep(2 * time.Second)
+	if !listed(pid) {
+		t.Fatalf("process %d, started without a timeout, is gone when its call is", pid)
+	}
+	sel := &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}
+	if _, err := c.SendSignal(ctxT(t), connect.NewRequest(&processpb.SendSignalRequest{Process: sel, Signal: processpb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestProcessTimeoutMs(t *testing.T) {
+	for _, tc := range []struct {
+		hdr  string
+		want int64
+		bad  bool
+	}{{"", 0, false}, {"0", 0, false}, {"60000", 60000, false}, {"x", 0, true}, {"-1", 0, true}} {
+		h := http.Header{}
+		if tc.hdr != "" {
+			h.Set(timeoutHeader, tc.hdr)
+		}
+		got, err := processTimeoutMs(h)
+		if got != tc.want || (err != nil) != tc.bad {
+			t.Errorf("%q: %d, %v; want %d (error %v)", tc.hdr, got, err, tc.want, tc.bad)
 		}
 	}
 }

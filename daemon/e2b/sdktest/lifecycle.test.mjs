@@ -83,7 +83,8 @@ test('pause then connect: files (and in kvm a background process) survive', asyn
     await sbx.files.write('/tmp/kept.txt', 'still here')
     let bg
     if (kvm) {
-      bg = await sbx.commands.run('while :; do date +%s%N >> /tmp/ticks; sleep 0.2; done', { background: true })
+      // timeoutMs 0: envd ends a command at its timeout (60 s unless given), background ones too.
+      bg = await sbx.commands.run('while :; do date +%s%N >> /tmp/ticks; sleep 0.2; done', { background: true, timeoutMs: 0 })
       // Started is not yet ticking (bash -l reads its profile first).
       await until('the background process ticking', 30_000, () => sbx.files.exists('/tmp/ticks'))
     }
