@@ -259,7 +259,7 @@ func TestImageReportPrint(t *testing.T) {
 			{Image: "debian-read", Mode: ModeWarm, Run: 1, Start: 20 * time.Second, Exec: time.Second, Total: 21 * time.Second, ImageSize: 378 << 20},
 		},
 		Workloads: []WorkloadResult{w, {Root: ModeWarm + " cache=fscache", Err: "mount refused"}},
-		Memory: []MemResult{{Image: "go-repo", Mode: ModeEROFSWarm, Guest: []MemUsage{{Pss: 380 << 20}}, GuestCached: []int64{200 << 20}, VMM: []uint64{30 << 20}}},
+		Memory:    []MemResult{{Image: "go-repo", Mode: ModeEROFSWarm, Guest: []MemUsage{{Pss: 380 << 20}}, GuestCached: []int64{200 << 20}, VMM: []uint64{30 << 20}}},
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
