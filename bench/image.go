@@ -140,8 +140,11 @@ type ImageSpec struct {
 	// MemSandboxes, when above 1, is how many sandboxes of Repo (or
 	// Workload) each of the warm modes and ext4 holds at once, each having
 	// run the same reads (MemScript), to measure the memory each extra
-	// sandbox of one image costs.
+	// sandbox of one image costs. With VMM (a kiln-vmm binary) they run in
+	// VMM processes of their own, whose own PSS is measured too; without,
+	// in this process, and only their guests' memory is.
 	MemSandboxes int
+	VMM          string
 	// Variants are kiln.rootflags values (9p mount options appended to
 	// the defaults, so later ones win) each tried in one more
 	// warm-store sandbox of Workload.
@@ -314,7 +317,8 @@ type MemResult struct {
 	GuestCached []int64
 	// VMM is each sandbox's VMM process's own PSS (its PSS less its
 	// guest RAM's): the image root's tree, layout and device in an image
-	// root's.
+	// root's. Empty when the sandboxes ran in this process (no
+	// ImageSpec.VMM).
 	VMM []uint64
 }
 
@@ -503,7 +507,7 @@ func (rep ImageReport) Print(w io.Writer) {
 			fmt.Fprintf(w, "%-12s %-10s PSS %s; page cache %s; VMM %s\n", m.Image, m.Mode,
 				strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / "),
 				strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / "),
-				strings.Join(mapStrings(m.VMM, func(v uint64) string { return fmt.Sprintf("%.1f", MiB(v)) }), " / "))
+				vmmPSS(m.VMM))
 		}
 	}
 }
@@ -808,11 +812,11 @@ type imageBench struct {
 }
 
 // start boots one sandbox of img in mode (flags: kiln.rootflags for a 9p
-// root) and times it to its first exec of true. The caller closes the
-// sandbox.
-func (b *imageBench) start(ctx context.Context, img, mode, flags string, r *FirstExecRun) (*sandbox.Sandbox, error) {
+// root) and times it to its first exec of true, in a VMM process of its
+// own (proc) or in this one (nil). The caller closes the sandbox.
+func (b *imageBench) start(ctx context.Context, img, mode, flags string, r *FirstExecRun, proc *sandbox.ProcessOptions) (*sandbox.Sandbox, error) {
 	opts := sandbox.Options{Runtime: b.spec.Runtime, MemoryMiB: b.spec.MemoryMiB, BootTimeout: b.spec.BootTimeout,
-		Hostname: "bench", Console: io.Discard}
+		Hostname: "bench", Console: io.Discard, Process: proc}
 	if flags != "" {
 		opts.Cmdline = "kiln.rootflags=" + flags
 	}
@@ -888,7 +892,7 @@ func (b *imageBench) firstExec(ctx context.Context, img, mode string, run int, k
 	fail := func(err error) (FirstExecRun, []WorkloadResult, error) {
 		return r, nil, fmt.Errorf("bench: image %s, %s, run %d: %w", img, mode, run, err)
 	}
-	sb, err := b.start(ctx, img, mode, flags, &r)
+	sb, err := b.start(ctx, img, mode, flags, &r, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -990,7 +994,11 @@ func (b *imageBench) memory(ctx context.Context, img, dir, mode string, n int) (
 	}()
 	for i := range n {
 		var r FirstExecRun
-		sb, err := b.start(ctx, img, mode, "", &r)
+		var proc *sandbox.ProcessOptions
+		if b.spec.VMM != "" {
+			proc = &sandbox.ProcessOptions{Command: []string{b.spec.VMM}}
+		}
+		sb, err := b.start(ctx, img, mode, "", &r, proc)
 		if err != nil {
 			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %w", img, mode, i+1, err)
 		}
@@ -1016,13 +1024,25 @@ func (b *imageBench) memory(ctx context.Context, img, dir, mode string, n int) (
 		if err != nil {
 			return m, fmt.Errorf("bench: image %s, %s, memory sandbox %d: %w", img, mode, i+1, err)
 		}
-		m.Guest, m.VMM = append(m.Guest, sm.Guest), append(m.VMM, sm.VMMPSS())
+		m.Guest = append(m.Guest, sm.Guest)
+		if sb.PID() != os.Getpid() { // a VMM process of its own
+			m.VMM = append(m.VMM, sm.VMMPSS())
+		}
 	}
 	fmt.Fprintf(b.progress, "%s %s: %d sandboxes held; guest RAM PSS %s; guest page cache %s; VMM PSS %s\n", img, mode, n,
 		strings.Join(mapStrings(m.Guest, func(u MemUsage) string { return fmt.Sprintf("%.1f", MiB(u.Pss)) }), " / ")+" MiB",
 		strings.Join(mapStrings(m.GuestCached, func(c int64) string { return fmt.Sprintf("%.1f", float64(c)/(1<<20)) }), " / ")+" MiB",
-		strings.Join(mapStrings(m.VMM, func(v uint64) string { return fmt.Sprintf("%.1f", MiB(v)) }), " / ")+" MiB")
+		vmmPSS(m.VMM))
 	return m, nil
+}
+
+// vmmPSS formats VMM processes' own PSS in MiB, "-" for none (the
+// sandboxes ran in this process).
+func vmmPSS(vs []uint64) string {
+	if len(vs) == 0 {
+		return "- (in this process)"
+	}
+	return strings.Join(mapStrings(vs, func(v uint64) string { return fmt.Sprintf("%.1f", MiB(v)) }), " / ") + " MiB"
 }
 
 // mapStrings is f of each of xs.

@@ -265,7 +265,7 @@ func TestImageReportPrint(t *testing.T) {
 	rep.Print(&out)
 	s := out.String()
 	for _, want := range []string{"13.00 s [12.00–14.00]", "1.0 MiB (10.000%)", "9p cold", "ext4", "209.7", "2097.2", "cache=fscache", "failed: mount refused", "debian-read  378.0 MiB 9p warm",
-		"go-repo      erofs warm PSS 380.0; page cache 200.0; VMM 30.0"} {
+		"go-repo      erofs warm PSS 380.0; page cache 200.0; VMM 30.0 MiB"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the report lacks %q:\n%s", want, s)
 		}

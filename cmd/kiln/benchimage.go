@@ -34,7 +34,7 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	repo := fs.String("repo", bench.DefaultRepoImage, "image whose first sandbox of each mode runs the repository workload (git status, find, grep -r, python imports); empty: none")
 	repoDir := fs.String("repo-dir", bench.DefaultRepoDir, "the repository's folder in --repo")
 	repoRuns := fs.Int("repo-runs", 1, "runs (of -n) whose sandbox of each mode runs the repository workload; the report gives medians")
-	memSandboxes := fs.Int("mem-sandboxes", 0, "sandboxes of --repo held at once per warm mode for the memory figure (0: none)")
+	memSandboxes := fs.Int("mem-sandboxes", 0, "sandboxes of --repo held at once per warm mode for the memory figure, each in a VMM process (kiln-vmm) of its own (0: none)")
 	images := fs.String("images", strings.Join(bench.DefaultImageNames, ","), "images of the layout timed to their first exec, comma-separated")
 	workload := fs.String("workload", bench.DefaultWorkloadImage, "image whose first sandbox of each mode runs the workloads (find, python3, dd); empty: none")
 	readFile := fs.String("read-file", bench.DefaultReadFile, "the workload image's file read sequentially")
@@ -114,9 +114,18 @@ func cmdBenchImage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "kiln bench image: %v\n", err)
 		return exitUsage
 	}
+	// The memory figure's sandboxes run in VMM processes, as kilnd's and
+	// kiln run's do, so that each process's own memory is measured.
+	var vmm string
+	if *memSandboxes > 0 {
+		if vmm, err = sandbox.FindVMM(); err != nil {
+			fmt.Fprintf(stderr, "kiln bench image: the memory figure: %v\n", err)
+			return exitUsage
+		}
+	}
 	spec, err := bench.ImageSpec{
 		Runtime: rt, Layout: *layoutDir, Ext4: ext4, Images: names, Runs: *n, Modes: modeList, Workload: *workload, ReadFile: *readFile,
-		Repo: *repo, RepoDir: *repoDir, RepoRuns: *repoRuns, MemSandboxes: *memSandboxes,
+		Repo: *repo, RepoDir: *repoDir, RepoRuns: *repoRuns, MemSandboxes: *memSandboxes, VMM: vmm,
 		Variants: variants, MemoryMiB: *mem, BootTimeout: *bootTimeout, Scratch: *scratch,
 		QEMU: qpath, QEMUTree: *qemuTree, QEMUCopy: *qemuCopy,
 	}.Normalize()
