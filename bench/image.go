@@ -368,22 +368,13 @@ func repoMedians(repo []WorkloadResult) ([]string, map[string]*WorkloadResult, m
 		m := wls[0]
 		m.Steps = map[string]time.Duration{}
 		for _, s := range RepoSteps {
-			m.Steps[s] = Summarize(mapDurations(wls, func(wl WorkloadResult) time.Duration { return wl.Steps[s] })).Median
+			m.Steps[s] = Summarize(durations(wls, func(wl WorkloadResult) time.Duration { return wl.Steps[s] })).Median
 		}
-		fetched := mapDurations(wls, func(wl WorkloadResult) time.Duration { return time.Duration(wl.Fetched) })
+		fetched := durations(wls, func(wl WorkloadResult) time.Duration { return time.Duration(wl.Fetched) })
 		m.Fetched = int64(Summarize(fetched).Median)
 		med[root], runs[root] = &m, len(wls)
 	}
 	return roots, med, runs
-}
-
-// mapDurations maps workloads to one of their durations.
-func mapDurations(wls []WorkloadResult, f func(WorkloadResult) time.Duration) []time.Duration {
-	ds := make([]time.Duration, len(wls))
-	for i, wl := range wls {
-		ds[i] = f(wl)
-	}
-	return ds
 }
 
 // Select returns the runs of img in mode.
@@ -397,11 +388,11 @@ func (rep ImageReport) Select(img, mode string) []FirstExecRun {
 	return out
 }
 
-// durations maps runs to one of their durations.
-func durations(runs []FirstExecRun, f func(FirstExecRun) time.Duration) []time.Duration {
-	ds := make([]time.Duration, len(runs))
-	for i, r := range runs {
-		ds[i] = f(r)
+// durations maps runs (or workloads) to one of their durations.
+func durations[T any](xs []T, f func(T) time.Duration) []time.Duration {
+	ds := make([]time.Duration, len(xs))
+	for i, x := range xs {
+		ds[i] = f(x)
 	}
 	return ds
 }
