@@ -705,6 +705,15 @@ func FuzzParseTOC(f *testing.F) {
 			if got, err := ix.lookup(c.ent); err != nil || got != c {
 				t.Fatalf("lookup: %v", err)
 			}
+			// Readahead walks the blob order: every chunk in it, at its pos.
+			if limit > 0 && (c.pos >= len(ix.inBlob) || ix.inBlob[c.pos] != c) {
+				t.Fatalf("chunk at %d is not at its place %d in blob order", c.ent.Offset, c.pos)
+			}
+		}
+		for i := 1; i < len(ix.inBlob); i++ {
+			if ix.inBlob[i].ent.Offset < ix.inBlob[i-1].ent.Offset {
+				t.Fatalf("blob order: offset %d after %d", ix.inBlob[i].ent.Offset, ix.inBlob[i-1].ent.Offset)
+			}
 		}
 		for _, e := range toc.Entries {
 			if strings.HasPrefix(e.Name, "/") || strings.Contains("/"+e.Name+"/", "/../") {
