@@ -199,6 +199,9 @@ type SandboxMem struct {
 	Guest MemUsage
 	// ProcessPSS and ProcessRSS are the VMM process's smaps_rollup.
 	ProcessPSS, ProcessRSS uint64
+	// VMM is the VMM process's PSS beside the guest's RAM by kind, and
+	// its Go runtime's own account.
+	VMM VMMMemory
 }
 
 // VMMPSS is what the VMM process costs beyond its guest RAM: its PSS less
@@ -468,6 +471,15 @@ func sandboxMem(sb *sandbox.Sandbox) (SandboxMem, error) {
 		return m, fmt.Errorf("bench: VMM process %d: smaps_rollup: %w", sb.PID(), err)
 	}
 	m.ProcessPSS, m.ProcessRSS = roll.Pss, roll.Rss
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pid, ranges, err := sb.GuestMemory(ctx)
+	if err != nil {
+		return m, fmt.Errorf("bench: %w", err)
+	}
+	if m.VMM, err = vmmMemory(ctx, sb, pid, ranges); err != nil {
+		return m, err
+	}
 	return m, nil
 }
 
@@ -780,6 +792,9 @@ func (r DensityReport) Print(w io.Writer) {
 		fmt.Fprintf(w, "; after the last step: guest PSS %.1f MiB, VMM PSS %.1f MiB", MiB(l.Template.Guest.Pss), MiB(l.Template.VMMPSS()))
 	}
 	fmt.Fprintln(w)
+	if l := r.Last(); l != nil && len(l.Sandboxes) > 0 {
+		printVMMMemory(w, l.Count, l.Sandboxes)
+	}
 	if r.Stopped != "" {
 		fmt.Fprintf(w, "stopped before %d: %s\n", r.Spec.Target(), r.Stopped)
 	}

@@ -561,3 +561,18 @@ func (s *Sandbox) GuestMemory(ctx context.Context) (int, []vmmproc.MemoryRange, 
 	}
 	return 0, nil, errors.New("sandbox: no VM")
 }
+
+// Describe describes the sandbox's VMM process: its VM's devices, state
+// and guest memory, and the process's own Go runtime memory. A sandbox
+// whose VM runs in this process has no VMM process to describe.
+func (s *Sandbox) Describe(ctx context.Context) (vmmproc.Description, error) {
+	m, ok := s.m.(*processVM)
+	if !ok {
+		return vmmproc.Description{}, errors.New("sandbox: the VM runs in this process, not a VMM process of its own")
+	}
+	d, err := m.p.Describe(ctx)
+	if err != nil {
+		return d, fmt.Errorf("sandbox: %w", err)
+	}
+	return d, nil
+}

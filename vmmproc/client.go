@@ -130,7 +130,7 @@ func Start(ctx context.Context, cfg StartConfig) (_ *Process, err error) {
 	}
 	defer logf.Close() // the child has its own descriptor
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
-	cmd.Env = append(append(os.Environ(), cfg.Env...), SocketEnv+"="+sock)
+	cmd.Env = withGODEBUG(append(append(os.Environ(), cfg.Env...), SocketEnv+"="+sock))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a terminal's ^C reaches the parent, which
 	// stops its sandboxes in order.
@@ -457,6 +457,20 @@ type Description struct {
 	Diagnosis string
 	// GuestMemory is where the guest's RAM lies in the process.
 	GuestMemory []MemoryRange
+	// Runtime is the VMM process's own Go runtime memory by class.
+	Runtime RuntimeMemory
+}
+
+// RuntimeMemory is a VMM process's Go runtime memory by class, in bytes
+// (runtime/metrics' /memory/classes): heap objects (live and not yet
+// swept), heap unused (reserved for objects, holding none), heap free
+// (free pages still resident) and released (returned to the OS),
+// goroutine and OS thread stacks, the runtime's metadata, other, and the
+// total it mapped; and its goroutines and threads.
+type RuntimeMemory struct {
+	HeapObjects, HeapUnused, HeapFree, HeapReleased uint64
+	Stacks, OSStacks, Metadata, Other, Total        uint64
+	Goroutines, Threads                             uint64
 }
 
 // MemoryRange is a range of a process's address space.
@@ -472,6 +486,13 @@ func (p *Process) Describe(ctx context.Context) (Description, error) {
 		return Description{}, p.rpcErr("describe", err)
 	}
 	d := Description{State: resp.State, Diagnosis: resp.Diagnosis}
+	if r := resp.Runtime; r != nil {
+		d.Runtime = RuntimeMemory{
+			HeapObjects: r.HeapObjects, HeapUnused: r.HeapUnused, HeapFree: r.HeapFree, HeapReleased: r.HeapReleased,
+			Stacks: r.Stacks, OSStacks: r.OsStacks, Metadata: r.Metadata, Other: r.Other, Total: r.Total,
+			Goroutines: r.Goroutines, Threads: r.Threads,
+		}
+	}
 	for _, r := range resp.GuestMemory {
 		d.GuestMemory = append(d.GuestMemory, MemoryRange{Addr: uintptr(r.HostAddr), Size: r.Size})
 	}
@@ -626,4 +647,31 @@ func ServeMain(ctx context.Context, sock string, openFS virtio.FSOpener) int {
 		return 1
 	}
 	return 0
+}
+
+// vmmGODEBUG are the Go runtime settings a VMM process starts with, ahead
+// of any GODEBUG its parent has (which so can override them).
+//
+// disablethp=1: where the host gives anonymous memory transparent huge
+// pages always (Debian's default), a VMM process's few MiB of Go heap sit
+// in 2 MiB pages that are mostly empty, in every sandbox (go.dev/issue/64332;
+// docs/bench.md, density). It is a run-time setting only (no //go:debug
+// line takes it). Guest RAM is no Go heap: it keeps the huge pages
+// package memory advises.
+const vmmGODEBUG = "disablethp=1"
+
+// withGODEBUG returns env with vmmGODEBUG ahead of its GODEBUG's settings
+// (the last GODEBUG entry is the one a process gets).
+func withGODEBUG(env []string) []string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], "GODEBUG="); ok {
+			if v == "" {
+				env[i] = "GODEBUG=" + vmmGODEBUG
+			} else {
+				env[i] = "GODEBUG=" + vmmGODEBUG + "," + v
+			}
+			return env
+		}
+	}
+	return append(env, "GODEBUG="+vmmGODEBUG)
 }

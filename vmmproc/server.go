@@ -259,11 +259,13 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		return nil, status.Error(codes.AlreadyExists, "the VMM process has a VM already")
 	}
 	vm, err := s.build(req)
-	if err == nil && s.holdProcs {
-		// Once, before the seccomp filter: the process runs this one VM.
+	if err == nil {
+		// Once, before the seccomp filter: the process runs this one VM,
+		// and each P costs its memory (caches, a GC worker), on a host
+		// of many CPUs as on one of few.
 		procs := vmm.ProcsFor(vm.CPUs())
 		runtime.GOMAXPROCS(procs)
-		s.log.Debug("vCPUs hold their Ps", "vcpus", vm.CPUs(), "gomaxprocs", procs)
+		s.log.Debug("GOMAXPROCS for one VM", "vcpus", vm.CPUs(), "gomaxprocs", procs, "hold_procs", s.holdProcs)
 	}
 	if err == nil && s.jail != nil {
 		if err = s.enterJail(req, vm); err != nil {
@@ -296,6 +298,13 @@ func (s *server) Create(ctx context.Context, req *vmmpb.CreateRequest) (*vmmpb.C
 		close(stopped)
 		s.log.Info("vm stopped", "exit", exit.String(), "err", err)
 	}()
+	// What building the VM allocated is garbage now (a boot's kernel and
+	// initrd read into the heap: about 90 MiB in L1; a restore's decoded
+	// state), but an idle VMM may not collect it for minutes, nor give
+	// back the pages it freed: it would stay resident in every idle
+	// sandbox. Collected and returned beside the running VM, off the
+	// caller's wait.
+	go debug.FreeOSMemory()
 	return &vmmpb.CreateResponse{}, nil
 }
 
@@ -358,11 +367,6 @@ func (s *server) build(req *vmmpb.CreateRequest) (*vmm.VM, error) {
 		if err != nil {
 			return nil, statusFor(err)
 		}
-		// The kernel and initrd, read into the heap to be loaded, are
-		// garbage now (an uncompressed vmlinux and the agent's initrd:
-		// about 90 MiB, measured in L1): an idle VMM may never collect
-		// them, and they stay resident, charged to the sandbox's cgroup.
-		debug.FreeOSMemory()
 		return vm, nil
 	case *vmmpb.CreateRequest_SnapshotDir:
 		// This process holds no host key: the caller checked the
@@ -530,7 +534,7 @@ func (s *server) Describe(context.Context, *vmmpb.DescribeRequest) (*vmmpb.Descr
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode devices: %v", err)
 	}
-	resp := &vmmpb.DescribeResponse{DevicesJson: b, State: vm.State().String(), Diagnosis: vm.Diagnose()}
+	resp := &vmmpb.DescribeResponse{DevicesJson: b, State: vm.State().String(), Diagnosis: vm.Diagnose(), Runtime: runtimeMemory()}
 	if mem := vm.Memory(); mem != nil {
 		for i, r := range mem.Regions() {
 			resp.GuestMemory = append(resp.GuestMemory, &vmmpb.MemoryRange{HostAddr: uint64(mem.HostAddr(i)), Size: r.Size})

@@ -885,7 +885,11 @@ type DescribeResponse struct {
 	Diagnosis   string `protobuf:"bytes,3,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
 	// guest_memory is where the VM's RAM is mapped in the VMM process, for
 	// a parent that measures it (/proc/PID/smaps).
-	GuestMemory   []*MemoryRange `protobuf:"bytes,4,rep,name=guest_memory,json=guestMemory,proto3" json:"guest_memory,omitempty"`
+	GuestMemory []*MemoryRange `protobuf:"bytes,4,rep,name=guest_memory,json=guestMemory,proto3" json:"guest_memory,omitempty"`
+	// runtime is the VMM process's own Go runtime memory (runtime/metrics'
+	// /memory/classes), so that a parent can account for what the process
+	// holds beside the guest's RAM.
+	Runtime       *RuntimeMemory `protobuf:"bytes,5,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,6 +952,147 @@ func (x *DescribeResponse) GetGuestMemory() []*MemoryRange {
 	return nil
 }
 
+func (x *DescribeResponse) GetRuntime() *RuntimeMemory {
+	if x != nil {
+		return x.Runtime
+	}
+	return nil
+}
+
+// RuntimeMemory is the Go runtime's memory of a VMM process by class, in
+// bytes (runtime/metrics' /memory/classes/...).
+type RuntimeMemory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// heap_objects: live objects and dead ones not yet swept.
+	HeapObjects uint64 `protobuf:"varint,1,opt,name=heap_objects,json=heapObjects,proto3" json:"heap_objects,omitempty"`
+	// heap_unused: heap memory reserved for objects, not holding any.
+	HeapUnused uint64 `protobuf:"varint,2,opt,name=heap_unused,json=heapUnused,proto3" json:"heap_unused,omitempty"`
+	// heap_free: free heap pages not yet returned to the OS.
+	HeapFree uint64 `protobuf:"varint,3,opt,name=heap_free,json=heapFree,proto3" json:"heap_free,omitempty"`
+	// heap_released: free heap pages returned to the OS (not resident).
+	HeapReleased uint64 `protobuf:"varint,4,opt,name=heap_released,json=heapReleased,proto3" json:"heap_released,omitempty"`
+	// stacks: goroutine stacks; os_stacks: stacks the OS gave threads.
+	Stacks   uint64 `protobuf:"varint,5,opt,name=stacks,proto3" json:"stacks,omitempty"`
+	OsStacks uint64 `protobuf:"varint,6,opt,name=os_stacks,json=osStacks,proto3" json:"os_stacks,omitempty"`
+	// metadata: the runtime's own structures (spans, GC bitmaps, ...).
+	Metadata uint64 `protobuf:"varint,7,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// other: profiling buckets and everything else the runtime mapped.
+	Other uint64 `protobuf:"varint,8,opt,name=other,proto3" json:"other,omitempty"`
+	// total: all the memory the runtime mapped (resident or not).
+	Total         uint64 `protobuf:"varint,9,opt,name=total,proto3" json:"total,omitempty"`
+	Goroutines    uint64 `protobuf:"varint,10,opt,name=goroutines,proto3" json:"goroutines,omitempty"`
+	Threads       uint64 `protobuf:"varint,11,opt,name=threads,proto3" json:"threads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeMemory) Reset() {
+	*x = RuntimeMemory{}
+	mi := &file_vmm_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeMemory) ProtoMessage() {}
+
+func (x *RuntimeMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeMemory.ProtoReflect.Descriptor instead.
+func (*RuntimeMemory) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RuntimeMemory) GetHeapObjects() uint64 {
+	if x != nil {
+		return x.HeapObjects
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetHeapUnused() uint64 {
+	if x != nil {
+		return x.HeapUnused
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetHeapFree() uint64 {
+	if x != nil {
+		return x.HeapFree
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetHeapReleased() uint64 {
+	if x != nil {
+		return x.HeapReleased
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetStacks() uint64 {
+	if x != nil {
+		return x.Stacks
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetOsStacks() uint64 {
+	if x != nil {
+		return x.OsStacks
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetMetadata() uint64 {
+	if x != nil {
+		return x.Metadata
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetOther() uint64 {
+	if x != nil {
+		return x.Other
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetGoroutines() uint64 {
+	if x != nil {
+		return x.Goroutines
+	}
+	return 0
+}
+
+func (x *RuntimeMemory) GetThreads() uint64 {
+	if x != nil {
+		return x.Threads
+	}
+	return 0
+}
+
 type MemoryRange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	HostAddr      uint64                 `protobuf:"varint,1,opt,name=host_addr,json=hostAddr,proto3" json:"host_addr,omitempty"`
@@ -958,7 +1103,7 @@ type MemoryRange struct {
 
 func (x *MemoryRange) Reset() {
 	*x = MemoryRange{}
-	mi := &file_vmm_proto_msgTypes[19]
+	mi := &file_vmm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1115,7 @@ func (x *MemoryRange) String() string {
 func (*MemoryRange) ProtoMessage() {}
 
 func (x *MemoryRange) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[19]
+	mi := &file_vmm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1128,7 @@ func (x *MemoryRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryRange.ProtoReflect.Descriptor instead.
 func (*MemoryRange) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{19}
+	return file_vmm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MemoryRange) GetHostAddr() uint64 {
@@ -1008,7 +1153,7 @@ type ConsoleRequest struct {
 
 func (x *ConsoleRequest) Reset() {
 	*x = ConsoleRequest{}
-	mi := &file_vmm_proto_msgTypes[20]
+	mi := &file_vmm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1165,7 @@ func (x *ConsoleRequest) String() string {
 func (*ConsoleRequest) ProtoMessage() {}
 
 func (x *ConsoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[20]
+	mi := &file_vmm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1178,7 @@ func (x *ConsoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleRequest.ProtoReflect.Descriptor instead.
 func (*ConsoleRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{20}
+	return file_vmm_proto_rawDescGZIP(), []int{21}
 }
 
 type ConsoleChunk struct {
@@ -1045,7 +1190,7 @@ type ConsoleChunk struct {
 
 func (x *ConsoleChunk) Reset() {
 	*x = ConsoleChunk{}
-	mi := &file_vmm_proto_msgTypes[21]
+	mi := &file_vmm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1202,7 @@ func (x *ConsoleChunk) String() string {
 func (*ConsoleChunk) ProtoMessage() {}
 
 func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[21]
+	mi := &file_vmm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1215,7 @@ func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleChunk.ProtoReflect.Descriptor instead.
 func (*ConsoleChunk) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{21}
+	return file_vmm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ConsoleChunk) GetData() []byte {
@@ -1092,7 +1237,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_vmm_proto_msgTypes[22]
+	mi := &file_vmm_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1249,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[22]
+	mi := &file_vmm_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1262,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{22}
+	return file_vmm_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HoldRequest) GetId() string {
@@ -1142,7 +1287,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_vmm_proto_msgTypes[23]
+	mi := &file_vmm_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1299,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[23]
+	mi := &file_vmm_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1312,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{23}
+	return file_vmm_proto_rawDescGZIP(), []int{24}
 }
 
 type TakeHeldRequest struct {
@@ -1179,7 +1324,7 @@ type TakeHeldRequest struct {
 
 func (x *TakeHeldRequest) Reset() {
 	*x = TakeHeldRequest{}
-	mi := &file_vmm_proto_msgTypes[24]
+	mi := &file_vmm_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1336,7 @@ func (x *TakeHeldRequest) String() string {
 func (*TakeHeldRequest) ProtoMessage() {}
 
 func (x *TakeHeldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[24]
+	mi := &file_vmm_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1349,7 @@ func (x *TakeHeldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeHeldRequest.ProtoReflect.Descriptor instead.
 func (*TakeHeldRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{24}
+	return file_vmm_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TakeHeldRequest) GetId() string {
@@ -1228,7 +1373,7 @@ type TakeHeldResponse struct {
 
 func (x *TakeHeldResponse) Reset() {
 	*x = TakeHeldResponse{}
-	mi := &file_vmm_proto_msgTypes[25]
+	mi := &file_vmm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1385,7 @@ func (x *TakeHeldResponse) String() string {
 func (*TakeHeldResponse) ProtoMessage() {}
 
 func (x *TakeHeldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[25]
+	mi := &file_vmm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1398,7 @@ func (x *TakeHeldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeHeldResponse.ProtoReflect.Descriptor instead.
 func (*TakeHeldResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{25}
+	return file_vmm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TakeHeldResponse) GetStateJson() []byte {
@@ -1291,7 +1436,7 @@ type GiveHeldRequest struct {
 
 func (x *GiveHeldRequest) Reset() {
 	*x = GiveHeldRequest{}
-	mi := &file_vmm_proto_msgTypes[26]
+	mi := &file_vmm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1448,7 @@ func (x *GiveHeldRequest) String() string {
 func (*GiveHeldRequest) ProtoMessage() {}
 
 func (x *GiveHeldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[26]
+	mi := &file_vmm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1461,7 @@ func (x *GiveHeldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GiveHeldRequest.ProtoReflect.Descriptor instead.
 func (*GiveHeldRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{26}
+	return file_vmm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GiveHeldRequest) GetId() string {
@@ -1355,7 +1500,7 @@ type GiveHeldResponse struct {
 
 func (x *GiveHeldResponse) Reset() {
 	*x = GiveHeldResponse{}
-	mi := &file_vmm_proto_msgTypes[27]
+	mi := &file_vmm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1512,7 @@ func (x *GiveHeldResponse) String() string {
 func (*GiveHeldResponse) ProtoMessage() {}
 
 func (x *GiveHeldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[27]
+	mi := &file_vmm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1525,7 @@ func (x *GiveHeldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GiveHeldResponse.ProtoReflect.Descriptor instead.
 func (*GiveHeldResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{27}
+	return file_vmm_proto_rawDescGZIP(), []int{28}
 }
 
 type ReleaseRequest struct {
@@ -1392,7 +1537,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_vmm_proto_msgTypes[28]
+	mi := &file_vmm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1549,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[28]
+	mi := &file_vmm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1562,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{28}
+	return file_vmm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReleaseRequest) GetId() string {
@@ -1435,7 +1580,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_vmm_proto_msgTypes[29]
+	mi := &file_vmm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1592,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[29]
+	mi := &file_vmm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1605,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{29}
+	return file_vmm_proto_rawDescGZIP(), []int{30}
 }
 
 type ListHeldRequest struct {
@@ -1471,7 +1616,7 @@ type ListHeldRequest struct {
 
 func (x *ListHeldRequest) Reset() {
 	*x = ListHeldRequest{}
-	mi := &file_vmm_proto_msgTypes[30]
+	mi := &file_vmm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1628,7 @@ func (x *ListHeldRequest) String() string {
 func (*ListHeldRequest) ProtoMessage() {}
 
 func (x *ListHeldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[30]
+	mi := &file_vmm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1641,7 @@ func (x *ListHeldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHeldRequest.ProtoReflect.Descriptor instead.
 func (*ListHeldRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{30}
+	return file_vmm_proto_rawDescGZIP(), []int{31}
 }
 
 type ListHeldResponse struct {
@@ -1508,7 +1653,7 @@ type ListHeldResponse struct {
 
 func (x *ListHeldResponse) Reset() {
 	*x = ListHeldResponse{}
-	mi := &file_vmm_proto_msgTypes[31]
+	mi := &file_vmm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1665,7 @@ func (x *ListHeldResponse) String() string {
 func (*ListHeldResponse) ProtoMessage() {}
 
 func (x *ListHeldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[31]
+	mi := &file_vmm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1678,7 @@ func (x *ListHeldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHeldResponse.ProtoReflect.Descriptor instead.
 func (*ListHeldResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{31}
+	return file_vmm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListHeldResponse) GetIds() []string {
@@ -1553,7 +1698,7 @@ type KeepRequest struct {
 
 func (x *KeepRequest) Reset() {
 	*x = KeepRequest{}
-	mi := &file_vmm_proto_msgTypes[32]
+	mi := &file_vmm_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1710,7 @@ func (x *KeepRequest) String() string {
 func (*KeepRequest) ProtoMessage() {}
 
 func (x *KeepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[32]
+	mi := &file_vmm_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1723,7 @@ func (x *KeepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepRequest.ProtoReflect.Descriptor instead.
 func (*KeepRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{32}
+	return file_vmm_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KeepRequest) GetKey() string {
@@ -1603,7 +1748,7 @@ type KeepResponse struct {
 
 func (x *KeepResponse) Reset() {
 	*x = KeepResponse{}
-	mi := &file_vmm_proto_msgTypes[33]
+	mi := &file_vmm_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1760,7 @@ func (x *KeepResponse) String() string {
 func (*KeepResponse) ProtoMessage() {}
 
 func (x *KeepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[33]
+	mi := &file_vmm_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1773,7 @@ func (x *KeepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepResponse.ProtoReflect.Descriptor instead.
 func (*KeepResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{33}
+	return file_vmm_proto_rawDescGZIP(), []int{34}
 }
 
 type KeptRequest struct {
@@ -1640,7 +1785,7 @@ type KeptRequest struct {
 
 func (x *KeptRequest) Reset() {
 	*x = KeptRequest{}
-	mi := &file_vmm_proto_msgTypes[34]
+	mi := &file_vmm_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1797,7 @@ func (x *KeptRequest) String() string {
 func (*KeptRequest) ProtoMessage() {}
 
 func (x *KeptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[34]
+	mi := &file_vmm_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1810,7 @@ func (x *KeptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeptRequest.ProtoReflect.Descriptor instead.
 func (*KeptRequest) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{34}
+	return file_vmm_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *KeptRequest) GetKey() string {
@@ -1684,7 +1829,7 @@ type KeptResponse struct {
 
 func (x *KeptResponse) Reset() {
 	*x = KeptResponse{}
-	mi := &file_vmm_proto_msgTypes[35]
+	mi := &file_vmm_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1841,7 @@ func (x *KeptResponse) String() string {
 func (*KeptResponse) ProtoMessage() {}
 
 func (x *KeptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vmm_proto_msgTypes[35]
+	mi := &file_vmm_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1854,7 @@ func (x *KeptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeptResponse.ProtoReflect.Descriptor instead.
 func (*KeptResponse) Descriptor() ([]byte, []int) {
-	return file_vmm_proto_rawDescGZIP(), []int{35}
+	return file_vmm_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeptResponse) GetValue() []byte {
@@ -1767,12 +1912,29 @@ const file_vmm_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"\r\n" +
 	"\vStopRequest\"\x0e\n" +
 	"\fStopResponse\"\x11\n" +
-	"\x0fDescribeRequest\"\xa6\x01\n" +
+	"\x0fDescribeRequest\"\xdc\x01\n" +
 	"\x10DescribeResponse\x12!\n" +
 	"\fdevices_json\x18\x01 \x01(\fR\vdevicesJson\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1c\n" +
 	"\tdiagnosis\x18\x03 \x01(\tR\tdiagnosis\x12;\n" +
-	"\fguest_memory\x18\x04 \x03(\v2\x18.kiln.vmm.v1.MemoryRangeR\vguestMemory\">\n" +
+	"\fguest_memory\x18\x04 \x03(\v2\x18.kiln.vmm.v1.MemoryRangeR\vguestMemory\x124\n" +
+	"\aruntime\x18\x05 \x01(\v2\x1a.kiln.vmm.v1.RuntimeMemoryR\aruntime\"\xcc\x02\n" +
+	"\rRuntimeMemory\x12!\n" +
+	"\fheap_objects\x18\x01 \x01(\x04R\vheapObjects\x12\x1f\n" +
+	"\vheap_unused\x18\x02 \x01(\x04R\n" +
+	"heapUnused\x12\x1b\n" +
+	"\theap_free\x18\x03 \x01(\x04R\bheapFree\x12#\n" +
+	"\rheap_released\x18\x04 \x01(\x04R\fheapReleased\x12\x16\n" +
+	"\x06stacks\x18\x05 \x01(\x04R\x06stacks\x12\x1b\n" +
+	"\tos_stacks\x18\x06 \x01(\x04R\bosStacks\x12\x1a\n" +
+	"\bmetadata\x18\a \x01(\x04R\bmetadata\x12\x14\n" +
+	"\x05other\x18\b \x01(\x04R\x05other\x12\x14\n" +
+	"\x05total\x18\t \x01(\x04R\x05total\x12\x1e\n" +
+	"\n" +
+	"goroutines\x18\n" +
+	" \x01(\x04R\n" +
+	"goroutines\x12\x18\n" +
+	"\athreads\x18\v \x01(\x04R\athreads\">\n" +
 	"\vMemoryRange\x12\x1b\n" +
 	"\thost_addr\x18\x01 \x01(\x04R\bhostAddr\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"\x10\n" +
@@ -1851,7 +2013,7 @@ func file_vmm_proto_rawDescGZIP() []byte {
 	return file_vmm_proto_rawDescData
 }
 
-var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_vmm_proto_goTypes = []any{
 	(*HelloRequest)(nil),     // 0: kiln.vmm.v1.HelloRequest
 	(*HelloResponse)(nil),    // 1: kiln.vmm.v1.HelloResponse
@@ -1872,74 +2034,76 @@ var file_vmm_proto_goTypes = []any{
 	(*StopResponse)(nil),     // 16: kiln.vmm.v1.StopResponse
 	(*DescribeRequest)(nil),  // 17: kiln.vmm.v1.DescribeRequest
 	(*DescribeResponse)(nil), // 18: kiln.vmm.v1.DescribeResponse
-	(*MemoryRange)(nil),      // 19: kiln.vmm.v1.MemoryRange
-	(*ConsoleRequest)(nil),   // 20: kiln.vmm.v1.ConsoleRequest
-	(*ConsoleChunk)(nil),     // 21: kiln.vmm.v1.ConsoleChunk
-	(*HoldRequest)(nil),      // 22: kiln.vmm.v1.HoldRequest
-	(*HoldResponse)(nil),     // 23: kiln.vmm.v1.HoldResponse
-	(*TakeHeldRequest)(nil),  // 24: kiln.vmm.v1.TakeHeldRequest
-	(*TakeHeldResponse)(nil), // 25: kiln.vmm.v1.TakeHeldResponse
-	(*GiveHeldRequest)(nil),  // 26: kiln.vmm.v1.GiveHeldRequest
-	(*GiveHeldResponse)(nil), // 27: kiln.vmm.v1.GiveHeldResponse
-	(*ReleaseRequest)(nil),   // 28: kiln.vmm.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),  // 29: kiln.vmm.v1.ReleaseResponse
-	(*ListHeldRequest)(nil),  // 30: kiln.vmm.v1.ListHeldRequest
-	(*ListHeldResponse)(nil), // 31: kiln.vmm.v1.ListHeldResponse
-	(*KeepRequest)(nil),      // 32: kiln.vmm.v1.KeepRequest
-	(*KeepResponse)(nil),     // 33: kiln.vmm.v1.KeepResponse
-	(*KeptRequest)(nil),      // 34: kiln.vmm.v1.KeptRequest
-	(*KeptResponse)(nil),     // 35: kiln.vmm.v1.KeptResponse
-	nil,                      // 36: kiln.vmm.v1.SaveRequest.LabelsEntry
-	nil,                      // 37: kiln.vmm.v1.HoldRequest.LabelsEntry
-	nil,                      // 38: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	nil,                      // 39: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	(*RuntimeMemory)(nil),    // 19: kiln.vmm.v1.RuntimeMemory
+	(*MemoryRange)(nil),      // 20: kiln.vmm.v1.MemoryRange
+	(*ConsoleRequest)(nil),   // 21: kiln.vmm.v1.ConsoleRequest
+	(*ConsoleChunk)(nil),     // 22: kiln.vmm.v1.ConsoleChunk
+	(*HoldRequest)(nil),      // 23: kiln.vmm.v1.HoldRequest
+	(*HoldResponse)(nil),     // 24: kiln.vmm.v1.HoldResponse
+	(*TakeHeldRequest)(nil),  // 25: kiln.vmm.v1.TakeHeldRequest
+	(*TakeHeldResponse)(nil), // 26: kiln.vmm.v1.TakeHeldResponse
+	(*GiveHeldRequest)(nil),  // 27: kiln.vmm.v1.GiveHeldRequest
+	(*GiveHeldResponse)(nil), // 28: kiln.vmm.v1.GiveHeldResponse
+	(*ReleaseRequest)(nil),   // 29: kiln.vmm.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),  // 30: kiln.vmm.v1.ReleaseResponse
+	(*ListHeldRequest)(nil),  // 31: kiln.vmm.v1.ListHeldRequest
+	(*ListHeldResponse)(nil), // 32: kiln.vmm.v1.ListHeldResponse
+	(*KeepRequest)(nil),      // 33: kiln.vmm.v1.KeepRequest
+	(*KeepResponse)(nil),     // 34: kiln.vmm.v1.KeepResponse
+	(*KeptRequest)(nil),      // 35: kiln.vmm.v1.KeptRequest
+	(*KeptResponse)(nil),     // 36: kiln.vmm.v1.KeptResponse
+	nil,                      // 37: kiln.vmm.v1.SaveRequest.LabelsEntry
+	nil,                      // 38: kiln.vmm.v1.HoldRequest.LabelsEntry
+	nil,                      // 39: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	nil,                      // 40: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 }
 var file_vmm_proto_depIdxs = []int32{
 	3,  // 0: kiln.vmm.v1.CreateRequest.fork:type_name -> kiln.vmm.v1.ForkSource
-	36, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
-	19, // 2: kiln.vmm.v1.DescribeResponse.guest_memory:type_name -> kiln.vmm.v1.MemoryRange
-	37, // 3: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
-	38, // 4: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	39, // 5: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
-	0,  // 6: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
-	2,  // 7: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
-	5,  // 8: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
-	7,  // 9: kiln.vmm.v1.VMM.Resume:input_type -> kiln.vmm.v1.ResumeRequest
-	9,  // 10: kiln.vmm.v1.VMM.Save:input_type -> kiln.vmm.v1.SaveRequest
-	11, // 11: kiln.vmm.v1.VMM.Freeze:input_type -> kiln.vmm.v1.FreezeRequest
-	13, // 12: kiln.vmm.v1.VMM.Wait:input_type -> kiln.vmm.v1.WaitRequest
-	15, // 13: kiln.vmm.v1.VMM.Stop:input_type -> kiln.vmm.v1.StopRequest
-	17, // 14: kiln.vmm.v1.VMM.Describe:input_type -> kiln.vmm.v1.DescribeRequest
-	20, // 15: kiln.vmm.v1.VMM.Console:input_type -> kiln.vmm.v1.ConsoleRequest
-	22, // 16: kiln.vmm.v1.VMM.Hold:input_type -> kiln.vmm.v1.HoldRequest
-	24, // 17: kiln.vmm.v1.VMM.TakeHeld:input_type -> kiln.vmm.v1.TakeHeldRequest
-	26, // 18: kiln.vmm.v1.VMM.GiveHeld:input_type -> kiln.vmm.v1.GiveHeldRequest
-	28, // 19: kiln.vmm.v1.VMM.Release:input_type -> kiln.vmm.v1.ReleaseRequest
-	30, // 20: kiln.vmm.v1.VMM.ListHeld:input_type -> kiln.vmm.v1.ListHeldRequest
-	32, // 21: kiln.vmm.v1.VMM.Keep:input_type -> kiln.vmm.v1.KeepRequest
-	34, // 22: kiln.vmm.v1.VMM.Kept:input_type -> kiln.vmm.v1.KeptRequest
-	1,  // 23: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
-	4,  // 24: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
-	6,  // 25: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
-	8,  // 26: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
-	10, // 27: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
-	12, // 28: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
-	14, // 29: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
-	16, // 30: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
-	18, // 31: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
-	21, // 32: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
-	23, // 33: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
-	25, // 34: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
-	27, // 35: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
-	29, // 36: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
-	31, // 37: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
-	33, // 38: kiln.vmm.v1.VMM.Keep:output_type -> kiln.vmm.v1.KeepResponse
-	35, // 39: kiln.vmm.v1.VMM.Kept:output_type -> kiln.vmm.v1.KeptResponse
-	23, // [23:40] is the sub-list for method output_type
-	6,  // [6:23] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	37, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
+	20, // 2: kiln.vmm.v1.DescribeResponse.guest_memory:type_name -> kiln.vmm.v1.MemoryRange
+	19, // 3: kiln.vmm.v1.DescribeResponse.runtime:type_name -> kiln.vmm.v1.RuntimeMemory
+	38, // 4: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
+	39, // 5: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	40, // 6: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	0,  // 7: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
+	2,  // 8: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
+	5,  // 9: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
+	7,  // 10: kiln.vmm.v1.VMM.Resume:input_type -> kiln.vmm.v1.ResumeRequest
+	9,  // 11: kiln.vmm.v1.VMM.Save:input_type -> kiln.vmm.v1.SaveRequest
+	11, // 12: kiln.vmm.v1.VMM.Freeze:input_type -> kiln.vmm.v1.FreezeRequest
+	13, // 13: kiln.vmm.v1.VMM.Wait:input_type -> kiln.vmm.v1.WaitRequest
+	15, // 14: kiln.vmm.v1.VMM.Stop:input_type -> kiln.vmm.v1.StopRequest
+	17, // 15: kiln.vmm.v1.VMM.Describe:input_type -> kiln.vmm.v1.DescribeRequest
+	21, // 16: kiln.vmm.v1.VMM.Console:input_type -> kiln.vmm.v1.ConsoleRequest
+	23, // 17: kiln.vmm.v1.VMM.Hold:input_type -> kiln.vmm.v1.HoldRequest
+	25, // 18: kiln.vmm.v1.VMM.TakeHeld:input_type -> kiln.vmm.v1.TakeHeldRequest
+	27, // 19: kiln.vmm.v1.VMM.GiveHeld:input_type -> kiln.vmm.v1.GiveHeldRequest
+	29, // 20: kiln.vmm.v1.VMM.Release:input_type -> kiln.vmm.v1.ReleaseRequest
+	31, // 21: kiln.vmm.v1.VMM.ListHeld:input_type -> kiln.vmm.v1.ListHeldRequest
+	33, // 22: kiln.vmm.v1.VMM.Keep:input_type -> kiln.vmm.v1.KeepRequest
+	35, // 23: kiln.vmm.v1.VMM.Kept:input_type -> kiln.vmm.v1.KeptRequest
+	1,  // 24: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
+	4,  // 25: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
+	6,  // 26: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
+	8,  // 27: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
+	10, // 28: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
+	12, // 29: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
+	14, // 30: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
+	16, // 31: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
+	18, // 32: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
+	22, // 33: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
+	24, // 34: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
+	26, // 35: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
+	28, // 36: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
+	30, // 37: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
+	32, // 38: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
+	34, // 39: kiln.vmm.v1.VMM.Keep:output_type -> kiln.vmm.v1.KeepResponse
+	36, // 40: kiln.vmm.v1.VMM.Kept:output_type -> kiln.vmm.v1.KeptResponse
+	24, // [24:41] is the sub-list for method output_type
+	7,  // [7:24] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_vmm_proto_init() }
@@ -1958,7 +2122,7 @@ func file_vmm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmm_proto_rawDesc), len(file_vmm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
