@@ -98,10 +98,13 @@ func TestKVMHoldProcs(t *testing.T) {
 }
 
 func TestProcsFor(t *testing.T) {
-	base := runtime.GOMAXPROCS(0)
-	for _, cpus := range []int{1, 2, 8} {
-		if got := ProcsFor(cpus); got != base+cpus {
-			t.Errorf("ProcsFor(%d) = %d with GOMAXPROCS %d, want %d", cpus, got, base, base+cpus)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, c := range []struct{ base, cpus, want int }{
+		{1, 1, 2}, {1, 8, 9}, {2, 1, 3}, {16, 1, 1 + DeviceProcs}, {64, 8, 8 + DeviceProcs},
+	} {
+		runtime.GOMAXPROCS(c.base)
+		if got := ProcsFor(c.cpus); got != c.want {
+			t.Errorf("ProcsFor(%d) = %d with GOMAXPROCS %d, want %d", c.cpus, got, c.base, c.want)
 		}
 	}
 }

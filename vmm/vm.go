@@ -104,11 +104,17 @@ type Config struct {
 	VCPUSeccomp seccomp.Mode
 }
 
+// DeviceProcs is the most Ps (GOMAXPROCS) a process that runs one VM
+// keeps for its devices and its API beside its vCPUs' (ProcsFor). Device
+// I/O waits in system calls, which hold no P; a P more costs memory in
+// every VMM process (its caches, a GC worker and its stack).
+const DeviceProcs = 2
+
 // ProcsFor returns the GOMAXPROCS for a process that runs one VM of cpus
-// vCPUs with HoldProcs: the runtime's own figure (the host's CPUs or the
-// cgroup's CPU limit) for the devices and the API, plus one P per vCPU,
-// which mostly waits in the guest's halt.
-func ProcsFor(cpus int) int { return runtime.GOMAXPROCS(0) + cpus }
+// vCPUs: the runtime's own figure (the host's CPUs or the cgroup's CPU
+// limit), at most DeviceProcs, for the devices and the API, plus one P
+// per vCPU, which with HoldProcs mostly waits in the guest's halt.
+func ProcsFor(cpus int) int { return min(runtime.GOMAXPROCS(0), DeviceProcs) + cpus }
 
 // Validate checks the parts of the config that need no files.
 func (c *Config) Validate() error {
