@@ -61,7 +61,9 @@ const (
 	blockNotifyBatch = 32
 	// blockWorkers is how many requests of one queue run at once, so that
 	// the guest's readahead and its parallel requests overlap on the host
-	// instead of waiting for each other.
+	// instead of waiting for each other. Workers start as requests come
+	// and end when none waits: an idle disk keeps no goroutine but its
+	// dispatcher.
 	blockWorkers = 8
 )
 
@@ -133,6 +135,10 @@ type Block struct {
 	kicks  []chan struct{} // per queue, buffered(1): a pending QueueNotify; nil for a queue not served
 	cancel context.CancelFunc
 	dones  []chan struct{} // closed when each serving goroutine exits
+
+	// scratch keeps the source reads' buffers (*[]byte) of workers that
+	// ended, for the next ones; the runtime drops them when they idle.
+	scratch sync.Pool
 }
 
 var _ Device = (*Block)(nil)
@@ -422,27 +428,25 @@ func (b *Block) Reset() {
 // interrupt decision.
 type blkActivation struct {
 	q           *Queue
-	pending     chan *Chain
 	cancel      context.CancelFunc
 	inFlight    atomic.Int32
 	sinceNotify atomic.Int32
 	wg          sync.WaitGroup
+
+	mu      sync.Mutex
+	waiting []*Chain // popped, not yet taken by a worker
+	workers int      // running, at most blockWorkers
 }
 
-// serve runs an activation: one dispatcher (this goroutine) and
+// serve runs an activation: one dispatcher (this goroutine) and up to
 // blockWorkers workers, until ctx ends or the driver breaks the queue (the
 // transport hears of that through the queue and sets NEEDS_RESET). done is
 // closed once every goroutine of the activation has returned.
 func (b *Block) serve(ctx context.Context, q *Queue, kick <-chan struct{}, done chan<- struct{}) {
 	ctx, cancel := context.WithCancel(ctx)
-	a := &blkActivation{q: q, pending: make(chan *Chain, BlockQueueSize), cancel: cancel}
-	for range blockWorkers {
-		a.wg.Add(1)
-		go b.work(ctx, a)
-	}
+	a := &blkActivation{q: q, cancel: cancel}
 	defer func() {
 		cancel()
-		close(a.pending)
 		a.wg.Wait()
 		close(done)
 	}()
@@ -475,13 +479,42 @@ func (b *Block) dispatch(ctx context.Context, a *blkActivation) error {
 			return nil
 		}
 		a.inFlight.Add(1)
-		select {
-		case a.pending <- c: // never blocks: the queue holds at most BlockQueueSize chains
-		case <-ctx.Done():
-			return nil
+		a.mu.Lock()
+		a.waiting = append(a.waiting, c)
+		start := a.workers < blockWorkers
+		if start {
+			a.workers++
+			a.wg.Add(1)
+		}
+		a.mu.Unlock()
+		if start {
+			go b.work(ctx, a)
 		}
 	}
 	return nil
+}
+
+// take hands a worker the oldest chain waiting, or ends the worker
+// (ok false) when none waits.
+func (a *blkActivation) take() (c *Chain, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.waiting) == 0 {
+		a.workers--
+		a.waiting = nil // let the backing array go with the burst
+		return nil, false
+	}
+	c = a.waiting[0]
+	a.waiting[0] = nil
+	a.waiting = a.waiting[1:]
+	return c, true
+}
+
+// idle says whether no chain waits for a worker.
+func (a *blkActivation) idle() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.waiting) == 0
 }
 
 // work executes the requests dispatch hands it, pushes each to the used
@@ -494,7 +527,19 @@ func (b *Block) work(ctx context.Context, a *blkActivation) {
 	defer a.wg.Done()
 	var iov [][]byte
 	var scratch []byte // a source-backed disk's reads
-	for c := range a.pending {
+	if p, ok := b.scratch.Get().(*[]byte); ok {
+		scratch = *p
+	}
+	defer func() {
+		if scratch != nil {
+			b.scratch.Put(&scratch)
+		}
+	}()
+	for {
+		c, ok := a.take()
+		if !ok {
+			return
+		}
 		if ctx.Err() != nil {
 			continue
 		}
@@ -509,7 +554,7 @@ func (b *Block) work(ctx context.Context, a *blkActivation) {
 			a.cancel()
 			continue
 		}
-		if n := a.sinceNotify.Add(1); left == 0 || len(a.pending) == 0 || n >= blockNotifyBatch {
+		if n := a.sinceNotify.Add(1); left == 0 || a.idle() || n >= blockNotifyBatch {
 			a.sinceNotify.Store(0)
 			a.q.Notify()
 		}

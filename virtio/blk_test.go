@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -969,4 +970,39 @@ func TestBlockMultiQueue(t *testing.T) {
 	dev.QueueNotify(2)  // not ready: ignored
 	dev.QueueNotify(7)  // no such queue: ignored
 	dev.QueueNotify(-1) // likewise
+}
+
+// TestBlockIdleWorkers checks that a disk's workers end once no request
+// waits: an idle disk keeps its dispatcher only, and a later request
+// starts a worker again.
+func TestBlockIdleWorkers(t *testing.T) {
+	p := blkImage(t, "disk.img", blkTestSectors*BlockSectorSize)
+	dev := newTestBlock(t, BlockConfig{Path: p})
+	d := newBlkDriver(t, dev)
+	workers := func() int {
+		var b strings.Builder
+		pprof.Lookup("goroutine").WriteTo(&b, 1)
+		return strings.Count(b.String(), "virtio.(*Block).work")
+	}
+	settle := func() int {
+		deadline := time.Now().Add(10 * time.Second)
+		for workers() > 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return workers()
+	}
+	for round := range 2 {
+		for s := range 4 {
+			d.add(blkOut(blkHeader(BlockTypeIn, uint64(s))), blkIn(512), blkIn(1))
+		}
+		dev.QueueNotify(0)
+		for range 4 {
+			if _, n := d.wait(); n != 513 {
+				t.Fatalf("round %d: a read completed with %d bytes, want 513", round, n)
+			}
+		}
+		if n := settle(); n != 0 {
+			t.Fatalf("round %d: %d workers left on an idle disk", round, n)
+		}
+	}
 }
