@@ -16,7 +16,6 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,7 +44,6 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 )
 
@@ -1009,64 +1007,6 @@ func (s *Service) checkpointable(r *taskAPI.CheckpointTaskRequest) (*container, 
 		return nil, fmt.Errorf("checkpoint %s: path %q is not absolute: %w", r.ID, r.Path, errdefs.ErrInvalidArgument)
 	}
 	return c, nil
-}
-
-// checkpointDir is the snapshot's folder in a checkpoint's path.
-const checkpointDir = "kiln-snapshot"
-
-// checkpointMetaFile, beside checkpointDir, says what a task restored
-// from the checkpoint takes over.
-const checkpointMetaFile = "kiln-shim.json"
-
-// checkpointMeta is checkpointMetaFile's content.
-type checkpointMeta struct {
-	// Init is the detached ID of the init process that ran when the
-	// checkpoint was taken ("": none ran; the restored task runs its
-	// spec's process anew).
-	Init string `json:"init,omitempty"`
-}
-
-// initDetachID is the agent's detached ID of container id's init.
-func initDetachID(id string) string { return "init:" + id }
-
-func writeCheckpointMeta(dir string, m checkpointMeta) error {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, checkpointMetaFile), b, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", checkpointMetaFile, err)
-	}
-	return nil
-}
-
-// readCheckpointMeta reads a checkpoint's checkpointMetaFile (none: a
-// checkpoint whose task ran nothing), which must be small and name a
-// valid detached ID: a checkpoint is not trusted.
-func readCheckpointMeta(dir string) (checkpointMeta, error) {
-	var m checkpointMeta
-	f, err := os.Open(filepath.Join(dir, checkpointMetaFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err != nil {
-		return m, fmt.Errorf("checkpoint: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 4097))
-	if err != nil {
-		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
-	}
-	if len(b) > 4096 {
-		return m, fmt.Errorf("checkpoint %s: more than 4096 bytes", checkpointMetaFile)
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
-	}
-	if m.Init != "" && !agentpb.ValidDetachedID(m.Init) {
-		return m, fmt.Errorf("checkpoint %s: init %q is not a detached process ID", checkpointMetaFile, m.Init)
-	}
-	return m, nil
 }
 
 // ResizePty resizes a process's terminal.
