@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -230,6 +232,84 @@ func writeJSON[T proto.Message](w io.Writer, msgs []T) error {
 	b.WriteString("]\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// A command that calls kilnd has one shape, which these helpers give it
+// so that the command states only what is its own:
+//
+//   - cobra checks its positional arguments (args), and its PreRunE reads
+//     the rest of the command line, so that a bad one is a usage error
+//     (exit 2) before kilnd is dialed;
+//   - its RunE is call (or callEach, over IDs): kilnd is dialed and the
+//     command makes its call;
+//   - the answer is printed: an ID on a line (printID), a listing as a
+//     table or with --json (printList), or nothing. A failed call is
+//     printed as one line, "kiln: " first, and kiln exits 1 (main).
+//
+// exec and run (sandboxexec.go) have exit codes of their own and dial
+// for themselves.
+
+// call is the RunE of a command that calls kilnd: it dials kilnd and
+// runs do, with the command's context and arguments.
+func (a *cli) call(do func(ctx context.Context, c *kilnclient.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := a.client()
+		if err != nil {
+			return err
+		}
+		return do(cmd.Context(), c, args)
+	}
+}
+
+// callEach is call for a command over IDs (rm, pause, ...): do runs for
+// each in turn; a failure is printed and the rest still run, and the
+// command exits 1 after them.
+func (a *cli) callEach(do func(ctx context.Context, c *kilnclient.Client, id string) error) func(*cobra.Command, []string) error {
+	return a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+		failed := false
+		for _, id := range ids {
+			if err := do(ctx, c, id); err != nil {
+				a.printErr(err)
+				failed = true
+			}
+		}
+		if failed {
+			return exitError{exitFailed}
+		}
+		return nil
+	})
+}
+
+// printID prints the ID of what a call made (a sandbox, a checkpoint, a
+// template) on a line of its own, or returns the call's error.
+func (a *cli) printID(made interface{ GetId() string }, err error) error {
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout, made.GetId())
+	return nil
+}
+
+// printList prints a listing to w: with --json (asJSON) one JSON array
+// (writeJSON); else a table aligned in columns, header over a row of
+// each item, both tab-separated.
+func printList[T proto.Message](w io.Writer, asJSON bool, items []T, header string, row func(x T, now time.Time) string) error {
+	if asJSON {
+		return writeJSON(w, items)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	now := time.Now()
+	for _, x := range items {
+		fmt.Fprintln(tw, row(x, now))
+	}
+	return tw.Flush()
+}
+
+// byCreated sorts items oldest first, and returns them.
+func byCreated[T interface{ GetCreatedUnixMs() int64 }](items []T) []T {
+	sort.Slice(items, func(i, j int) bool { return items[i].GetCreatedUnixMs() < items[j].GetCreatedUnixMs() })
+	return items
 }
 
 // completeSandboxes offers the live sandboxes' IDs for the first argument.

@@ -6,12 +6,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -46,19 +46,20 @@ func (a *cli) createCmd() *cobra.Command {
 		env, labels                            []string
 		egress                                 egressFlags
 		secrets                                secretFlags
+		req                                    *kilnpb.CreateSandboxRequest
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image REF | --template T | --checkpoint C) [flags]",
 		Short: "start a sandbox and print its ID",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
 				return err
 			}
-			req := &kilnpb.CreateSandboxRequest{Init: initFlag,
+			req = &kilnpb.CreateSandboxRequest{Init: initFlag,
 				Resources:     &kilnpb.Resources{Cpus: cpus, MemoryMib: mem, DiskMib: disk},
 				Env:           env,
-				LifetimeMs:    lifetime.Milliseconds(),
+				LifetimeMs:    lifetimeMs(lifetime),
 				IdleTimeoutMs: idle.Milliseconds(),
 				RequestId:     requestID,
 			}
@@ -75,9 +76,6 @@ func (a *cli) createCmd() *cobra.Command {
 			if n != 1 {
 				return usagef("sandbox create: give exactly one of --image, --template and --checkpoint")
 			}
-			if lifetime < 0 {
-				req.LifetimeMs = -1
-			}
 			if idle < 0 {
 				return usagef("sandbox create: --idle-timeout %v is negative (0 means none)", idle)
 			}
@@ -88,23 +86,12 @@ func (a *cli) createCmd() *cobra.Command {
 			if req.Labels, err = keyValues("--label", labels); err != nil {
 				return err
 			}
-			if req.Egress, err = egress.policy(); err != nil {
-				return err
-			}
-			if req.Secrets, err = secrets.secrets(); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.CreateSandbox(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, sb.GetId())
-			return nil
+			req.Egress, req.Secrets, err = guestPolicy(&egress, &secrets)
+			return err
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			return a.printID(c.CreateSandbox(ctx, req))
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&image, "image", "", "image `REF` to boot (pulled when missing)")
@@ -123,6 +110,29 @@ func (a *cli) createCmd() *cobra.Command {
 	secrets.register(f)
 	cmd.RegisterFlagCompletionFunc("template", a.completeTemplates)
 	return cmd
+}
+
+// lifetimeMs is a --timeout as kiln.v1 takes it: 0 the daemon's default,
+// -1 (any negative) none.
+func lifetimeMs(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+// guestPolicy is what --egress, --allow, --deny, --secret and
+// --secret-file give a sandbox (create) or a template's setup.
+func guestPolicy(egress *egressFlags, secrets *secretFlags) (*kilnpb.EgressPolicy, []*kilnpb.Secret, error) {
+	p, err := egress.policy()
+	if err != nil {
+		return nil, nil, err
+	}
+	secs, err := secrets.secrets()
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, secs, nil
 }
 
 // states maps --state names to the API's.
@@ -150,14 +160,14 @@ func (a *cli) lsCmd() *cobra.Command {
 		asJSON, all bool
 		labels      []string
 		stateNames  []string
+		opts        kilnclient.ListOptions
 	)
 	cmd := &cobra.Command{
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "list sandboxes (the live ones unless --all or --state)",
 		Args:    args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := kilnclient.ListOptions{}
+		PreRunE: func(*cobra.Command, []string) error {
 			var err error
 			if opts.Labels, err = keyValues("--label", labels); err != nil {
 				return err
@@ -175,28 +185,19 @@ func (a *cli) lsCmd() *cobra.Command {
 					opts.States = append(opts.States, s)
 				}
 			}
-			c, err := a.client()
+			return nil
+		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			sbs, err := c.ListSandboxes(ctx, opts)
 			if err != nil {
 				return err
 			}
-			sbs, err := c.ListSandboxes(cmd.Context(), opts)
-			if err != nil {
-				return err
-			}
-			sort.Slice(sbs, func(i, j int) bool { return sbs[i].GetCreatedUnixMs() < sbs[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, sbs)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tFROM\tCPUS\tMEM\tAGE\tLABELS")
-			now := time.Now()
-			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", sb.GetId(), stateName(sb.GetState()), source(sb),
+			return printList(a.stdout, asJSON, byCreated(sbs), "ID\tSTATE\tFROM\tCPUS\tMEM\tAGE\tLABELS", func(sb *kilnpb.Sandbox, now time.Time) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s\t%s", sb.GetId(), stateName(sb.GetState()), source(sb),
 					sb.GetResources().GetCpus(), sb.GetResources().GetMemoryMib(),
 					age(now, sb.GetCreatedUnixMs()), joinLabels(sb.GetLabels()))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of sandboxes (the API's field names)")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "ended sandboxes too")
@@ -249,12 +250,8 @@ func (a *cli) inspectCmd() *cobra.Command {
 		Short:             "print one sandbox as JSON",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.GetSandbox(cmd.Context(), ids[0])
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			sb, err := c.GetSandbox(ctx, ids[0])
 			if err != nil {
 				return err
 			}
@@ -270,7 +267,7 @@ func (a *cli) inspectCmd() *cobra.Command {
 			b.WriteByte('\n')
 			_, err = a.stdout.Write(b.Bytes())
 			return err
-		},
+		}),
 	}
 }
 
@@ -281,22 +278,12 @@ func (a *cli) psCmd() *cobra.Command {
 		Short:             "list a sandbox's execs, background ones included",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			execs, err := c.ListExecs(ctx, ids[0])
 			if err != nil {
 				return err
 			}
-			execs, err := c.ListExecs(cmd.Context(), ids[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(a.stdout, execs)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "EXEC\tPID\tBACKGROUND\tAGE\tSTATUS\tCOMMAND")
-			now := time.Now()
-			for _, e := range execs {
+			return printList(a.stdout, asJSON, execs, "EXEC\tPID\tBACKGROUND\tAGE\tSTATUS\tCOMMAND", func(e *kilnpb.ExecInfo, now time.Time) string {
 				st := "running"
 				switch x := e.GetExit(); {
 				case x == nil:
@@ -305,11 +292,10 @@ func (a *cli) psCmd() *cobra.Command {
 				default:
 					st = fmt.Sprintf("exited %d", x.GetExitCode())
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\t%s\n", e.GetExecId(), e.GetPid(), e.GetBackground(),
+				return fmt.Sprintf("%s\t%d\t%v\t%s\t%s\t%s", e.GetExecId(), e.GetPid(), e.GetBackground(),
 					age(now, e.GetStartedUnixMs()), st, strings.Join(e.GetArgv(), " "))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of execs")
 	return cmd
@@ -322,16 +308,15 @@ func (a *cli) killCmd() *cobra.Command {
 		Short:             "send a signal (default SIGKILL) to an exec's process",
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		PreRunE: func(*cobra.Command, []string) error {
 			if sig < 0 || sig > 64 {
 				return usagef("sandbox kill: --signal %d: want 1 to 64", sig)
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			return c.KillExec(cmd.Context(), argv[0], argv[1], syscall.Signal(sig))
+			return nil
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
+			return c.KillExec(ctx, argv[0], argv[1], syscall.Signal(sig))
+		}),
 	}
 	cmd.Flags().IntVarP(&sig, "signal", "s", 0, "signal `N` (0: SIGKILL)")
 	return cmd
@@ -349,32 +334,18 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 		Short:             short,
 		Args:              args(cobra.MinimumNArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
+		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
+			var err error
+			switch {
+			case hibernate:
+				_, err = c.HibernateSandbox(ctx, id)
+			case pause:
+				_, err = c.PauseSandbox(ctx, id)
+			default:
+				_, err = c.ResumeSandbox(ctx, id)
 			}
-			failed := false
-			for _, id := range ids {
-				var err error
-				switch {
-				case hibernate:
-					_, err = c.HibernateSandbox(cmd.Context(), id)
-				case pause:
-					_, err = c.PauseSandbox(cmd.Context(), id)
-				default:
-					_, err = c.ResumeSandbox(cmd.Context(), id)
-				}
-				if err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
+			return err
+		}),
 	}
 	if pause {
 		cmd.Flags().BoolVar(&hibernate, "hibernate", false, "write each sandbox's state to kilnd's disk and stop its VM, freeing its memory (resume restores it)")
@@ -387,12 +358,8 @@ func (a *cli) eventsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "events [ID...]",
 		Short: "print sandboxes' state changes as they happen (all sandboxes unless IDs are given)",
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := c.WatchEvents(cmd.Context(), ids...)
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			w, err := c.WatchEvents(ctx, ids...)
 			if err != nil {
 				return err
 			}
@@ -423,7 +390,7 @@ func (a *cli) eventsCmd() *cobra.Command {
 				fmt.Fprintln(a.stdout, line)
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON object on a line of its own")
 	return cmd
@@ -436,18 +403,9 @@ func (a *cli) checkpointCmd() *cobra.Command {
 		Short:             "checkpoint a sandbox and print the checkpoint's ID",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ck, err := c.Checkpoint(cmd.Context(), ids[0], opts)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, ck.GetId())
-			return nil
-		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			return a.printID(c.Checkpoint(ctx, ids[0], opts))
+		}),
 	}
 	cmd.Flags().BoolVar(&opts.Persist, "persist", false, "write it to the daemon's state folder (by default it is held in memory by the sandbox's VMM process: it survives a restart of the daemon, not the sandbox)")
 	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep it when the sandbox is destroyed (implies --persist)")
@@ -461,31 +419,19 @@ func (a *cli) checkpointsCmd() *cobra.Command {
 		Short:             "list a sandbox's checkpoint tree",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			cks, err := c.ListCheckpoints(ctx, ids[0])
 			if err != nil {
 				return err
 			}
-			cks, err := c.ListCheckpoints(cmd.Context(), ids[0])
-			if err != nil {
-				return err
-			}
-			sort.Slice(cks, func(i, j int) bool { return cks[i].GetCreatedUnixMs() < cks[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, cks)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPARENT\tAGE\tPERSISTED\tKEEP")
-			now := time.Now()
-			for _, ck := range cks {
+			return printList(a.stdout, asJSON, byCreated(cks), "ID\tPARENT\tAGE\tPERSISTED\tKEEP", func(ck *kilnpb.CheckpointInfo, now time.Time) string {
 				parent := ck.GetParentId()
 				if parent == "" {
 					parent = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", ck.GetId(), parent, age(now, ck.GetCreatedUnixMs()), ck.GetPersisted(), ck.GetKeep())
-			}
-			return tw.Flush()
-		},
+				return fmt.Sprintf("%s\t%s\t%s\t%v\t%v", ck.GetId(), parent, age(now, ck.GetCreatedUnixMs()), ck.GetPersisted(), ck.GetKeep())
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
@@ -497,14 +443,10 @@ func (a *cli) rollbackCmd() *cobra.Command {
 		Short:             "return a sandbox to one of its checkpoints, in place",
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			_, err = c.Rollback(cmd.Context(), argv[0], argv[1])
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
+			_, err := c.Rollback(ctx, argv[0], argv[1])
 			return err
-		},
+		}),
 	}
 }
 
@@ -514,31 +456,25 @@ func (a *cli) forkCmd() *cobra.Command {
 		labels         []string
 		lifetime, idle time.Duration
 		requestID      string
+		req            *kilnpb.ForkRequest
 	)
 	cmd := &cobra.Command{
 		Use:               "fork ID|CKPT -n N",
 		Short:             "start N children of a sandbox or a checkpoint; print their IDs as they are ready",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		PreRunE: func(*cobra.Command, []string) error {
 			if n == 0 {
 				return usagef("sandbox fork: -n %d: fork at least one child", n)
 			}
-			req := &kilnpb.ForkRequest{Count: n, LifetimeMs: lifetime.Milliseconds(), IdleTimeoutMs: idle.Milliseconds(), RequestId: requestID}
-			if lifetime < 0 {
-				req.LifetimeMs = -1
-			}
+			req = &kilnpb.ForkRequest{Count: n, LifetimeMs: lifetimeMs(lifetime), IdleTimeoutMs: idle.Milliseconds(), RequestId: requestID}
 			var err error
-			if req.Labels, err = keyValues("--label", labels); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
+			req.Labels, err = keyValues("--label", labels)
+			return err
+		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
 			// IDs are opaque: a sandbox ID is one GetSandbox knows.
-			_, err = c.GetSandbox(ctx, argv[0])
+			_, err := c.GetSandbox(ctx, argv[0])
 			switch status.Code(err) {
 			case codes.OK:
 				req.Source = &kilnpb.ForkRequest_SandboxId{SandboxId: argv[0]}
@@ -548,13 +484,12 @@ func (a *cli) forkCmd() *cobra.Command {
 				return err
 			}
 			for sb, err := range c.Fork(ctx, req) {
-				if err != nil {
+				if err := a.printID(sb, err); err != nil {
 					return err
 				}
-				fmt.Fprintln(a.stdout, sb.GetId())
 			}
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.Uint32VarP(&n, "count", "n", 1, "how many children")
@@ -572,22 +507,8 @@ func (a *cli) rmCmd() *cobra.Command {
 		Short:             "destroy sandboxes",
 		Args:              args(cobra.MinimumNArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, id := range ids {
-				if err := c.DestroySandbox(cmd.Context(), id); err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
+		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
+			return c.DestroySandbox(ctx, id)
+		}),
 	}
 }

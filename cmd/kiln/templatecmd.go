@@ -3,13 +3,13 @@ package main
 // kiln template: templates made, listed and deleted through kilnd.
 
 import (
+	"context"
 	"fmt"
-	"sort"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	kilnclient "github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
@@ -24,19 +24,20 @@ func (a *cli) templateCmd() *cobra.Command {
 		cpus, mem, pool         uint32
 		egress                  egressFlags
 		secrets                 secretFlags
+		req                     *kilnpb.CreateTemplateRequest
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --image REF [--setup 'SHELL COMMAND' | -- CMD [ARG...]]",
 		Short: "boot an image, run its setup, keep the snapshot; print the template's ID",
 		Args:  args(cobra.MinimumNArgs(1)),
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		PreRunE: func(cmd *cobra.Command, argv []string) error {
 			if image == "" {
 				return usagef("template create: --image is required")
 			}
 			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
 				return err
 			}
-			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID, Init: initFlag,
+			req = &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID, Init: initFlag,
 				Resources: &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}}
 			switch {
 			case setup != "" && len(argv) > 1:
@@ -50,23 +51,12 @@ func (a *cli) templateCmd() *cobra.Command {
 				req.Setup = argv[1:]
 			}
 			var err error
-			if req.Egress, err = egress.policy(); err != nil {
-				return err
-			}
-			if req.Secrets, err = secrets.secrets(); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			t, err := c.CreateTemplate(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, t.GetId())
-			return nil
+			req.Egress, req.Secrets, err = guestPolicy(&egress, &secrets)
+			return err
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			return a.printID(c.CreateTemplate(ctx, req))
+		}),
 	}
 	f := create.Flags()
 	f.StringVar(&image, "image", "", "image `REF` to boot")
@@ -85,29 +75,17 @@ func (a *cli) templateCmd() *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "list templates",
 		Args:    args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			ts, err := c.ListTemplates(ctx)
 			if err != nil {
 				return err
 			}
-			ts, err := c.ListTemplates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			sort.Slice(ts, func(i, j int) bool { return ts[i].GetCreatedUnixMs() < ts[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, ts)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tCPUS\tMEM\tPOOL\tSANDBOXES\tAGE")
-			now := time.Now()
-			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%s\n", t.GetId(), t.GetName(), t.GetImage(),
+			return printList(a.stdout, asJSON, byCreated(ts), "ID\tNAME\tIMAGE\tCPUS\tMEM\tPOOL\tSANDBOXES\tAGE", func(t *kilnpb.Template, now time.Time) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%s", t.GetId(), t.GetName(), t.GetImage(),
 					t.GetResources().GetCpus(), t.GetResources().GetMemoryMib(), t.GetPoolReady(), t.GetPoolSize(),
 					t.GetSandboxes(), age(now, t.GetCreatedUnixMs()))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of templates (the API's field names)")
 
@@ -117,23 +95,9 @@ func (a *cli) templateCmd() *cobra.Command {
 		Short:             "delete templates (refused while sandboxes use one, unless --wait)",
 		Args:              args(cobra.MinimumNArgs(1)),
 		ValidArgsFunction: a.completeTemplates,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, id := range ids {
-				if err := c.DeleteTemplate(cmd.Context(), id, wait); err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
+		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
+			return c.DeleteTemplate(ctx, id, wait)
+		}),
 	}
 	rm.Flags().BoolVar(&wait, "wait", false, "wait until the sandboxes made from it are gone")
 	cmd.AddCommand(create, ls, rm)
