@@ -41,35 +41,42 @@ func (e *execFlags) add(cmd *cobra.Command) {
 }
 
 func (a *cli) execCmd() *cobra.Command {
-	var ef execFlags
-	cmd := &cobra.Command{
-		Use:               "exec ID [-i] [-t] [--timeout TIMEOUT] -- CMD [ARG...]",
-		Short:             "run a command in a sandbox; kiln exits with its exit code",
-		Long:              "Run a command in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
-		Args:              args(cobra.MinimumNArgs(2)),
-		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			if d := cmd.ArgsLenAtDash(); d > 1 {
-				return usagef("sandbox exec: want ID -- CMD [ARG...], got %d arguments before --", d)
-			}
-			return a.exec(cmd.Context(), argv[0], argv[1:], ef)
-		},
-	}
-	ef.add(cmd)
-	return cmd
+	return a.execCommand(&cobra.Command{
+		Use:   "exec ID [-i] [-t] [--timeout TIMEOUT] -- CMD [ARG...]",
+		Short: "run a command in a sandbox; kiln exits with its exit code",
+		Long:  "Run a command in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
+		Args:  args(cobra.MinimumNArgs(2)),
+	}, func(cmd *cobra.Command, argv []string) ([]string, error) {
+		if d := cmd.ArgsLenAtDash(); d > 1 {
+			return nil, usagef("sandbox exec: want ID -- CMD [ARG...], got %d arguments before --", d)
+		}
+		return argv[1:], nil
+	})
 }
 
 func (a *cli) runCmd() *cobra.Command {
+	return a.execCommand(&cobra.Command{
+		Use:   "run ID 'SHELL COMMAND'",
+		Short: "run a shell command (sh -c) in a sandbox; kiln exits with its exit code",
+		Long:  "Run a shell command (sh -c) in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
+		Args:  args(cobra.ExactArgs(2)),
+	}, func(_ *cobra.Command, argv []string) ([]string, error) {
+		return []string{"/bin/sh", "-c", argv[1]}, nil
+	})
+}
+
+// execCommand makes cmd exec or run: it runs in the sandbox argv[0]
+// names what command makes of the command line (a.exec), with the exec
+// flags.
+func (a *cli) execCommand(cmd *cobra.Command, command func(cmd *cobra.Command, argv []string) ([]string, error)) *cobra.Command {
 	var ef execFlags
-	cmd := &cobra.Command{
-		Use:               "run ID 'SHELL COMMAND'",
-		Short:             "run a shell command (sh -c) in a sandbox; kiln exits with its exit code",
-		Long:              "Run a shell command (sh -c) in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
-		Args:              args(cobra.ExactArgs(2)),
-		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.exec(cmd.Context(), argv[0], []string{"/bin/sh", "-c", argv[1]}, ef)
-		},
+	cmd.ValidArgsFunction = a.completeSandboxes
+	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
+		run, err := command(cmd, argv)
+		if err != nil {
+			return err
+		}
+		return a.exec(cmd.Context(), argv[0], run, ef)
 	}
 	ef.add(cmd)
 	return cmd
