@@ -16,7 +16,6 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,7 +44,6 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kilnvm/kiln/guest/agentpb"
 	"github.com/kilnvm/kiln/guest/client"
 )
 
@@ -159,12 +157,9 @@ type container struct {
 	trees   []string
 	init    *process
 	execs   map[string]*process
-	paused  bool
-	// checkpointing: a Checkpoint is saving its VM (without s.mu).
-	checkpointing bool
-	// creating: its Create is booting the VM (without s.mu); every
-	// other call is refused until it returns.
-	creating bool
+	// life is its state (creating, ready, paused, checkpointing,
+	// deleted), changed only through its gate (containerstate.go).
+	life ctrLife
 }
 
 // process is a container's init or an exec.
@@ -197,8 +192,8 @@ func (s *Service) get(id string) (*container, error) {
 	if c == nil {
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
 	}
-	if c.creating {
-		return nil, fmt.Errorf("container %q is still being created: %w", id, errdefs.ErrFailedPrecondition)
+	if err := c.life.check(useOp); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -244,6 +239,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		defer func() {
 			if err != nil {
 				s.mu.Lock()
+				c.life.done(createOp, err)
 				delete(s.containers, r.ID)
 				s.mu.Unlock()
 				if c.mounted {
@@ -300,7 +296,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		c.vm = c.pod.vm
 	}
 	defer s.mu.Unlock()
-	c.creating = false
+	c.life.done(createOp, nil)
 	s.send(runtime.TaskCreateEventTopic, &eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
 		IO:         &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
@@ -310,7 +306,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 }
 
 // prepare checks a Create, mounts the rootfs of an application
-// container and holds its ID (creating); it returns what to boot (nil for
+// container and holds its ID (born creating); it returns what to boot (nil for
 // a pod's sandbox container, which runs no VM). s.mu held.
 func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSpec, err error) {
 	if _, ok := s.containers[r.ID]; ok {
@@ -333,7 +329,7 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 	if err := io.check(); err != nil {
 		return nil, nil, fmt.Errorf("create %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 	}
-	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}, creating: true}
+	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{}, life: newCtrLife(r.ID)}
 	c.init = &process{cid: r.ID, stdio: io, status: task.Status_CREATED, done: make(chan struct{})}
 	if isPodSandbox(spec) {
 		s.containers[r.ID] = c
@@ -366,8 +362,11 @@ func (s *Service) prepare(r *taskAPI.CreateTaskRequest) (_ *container, _ *BootSp
 			return nil, nil, fmt.Errorf("create %s: restoring a checkpoint into a pod whose VM runs already: %w", r.ID, errdefs.ErrNotImplemented)
 		}
 		for _, o := range s.containers {
-			if o.pod == s.pod && o.checkpointing {
-				return nil, nil, fmt.Errorf("create %s: the pod's VM is being checkpointed (container %s): %w", r.ID, o.id, errdefs.ErrFailedPrecondition)
+			if o.pod != s.pod {
+				continue
+			}
+			if err := o.life.check(joinOp); err != nil {
+				return nil, nil, fmt.Errorf("create %s: joining the pod's VM: %w", r.ID, err)
 			}
 		}
 		if err := checkRootName(r.ID); err != nil {
@@ -601,9 +600,11 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		s.mu.Unlock()
 		return nil, fmt.Errorf("delete %s: it is running: %w", describe(c, p), errdefs.ErrFailedPrecondition)
 	}
-	if r.ExecID == "" && c.checkpointing {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("delete %s: a checkpoint of it is being taken: %w", c.id, errdefs.ErrFailedPrecondition)
+	if r.ExecID == "" {
+		if _, err := c.life.begin(deleteOp); err != nil {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("delete %s: %w", c.id, err)
+		}
 	}
 	if p.status == task.Status_CREATED {
 		s.exited(c, p, 0)
@@ -617,6 +618,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		s.mu.Unlock()
 		return resp, nil
 	}
+	c.life.done(deleteOp, nil)
 	delete(s.containers, c.id)
 	s.mu.Unlock()
 	for _, e := range c.execs {
@@ -801,8 +803,9 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 	case p.gp == nil: // created, never started; or a pod's sandbox
 		s.exited(c, p, 128+r.Signal)
 		return &ptypes.Empty{}, nil
-	case c.paused:
-		return nil, fmt.Errorf("kill %s: the container is paused: %w", describe(c, p), errdefs.ErrFailedPrecondition)
+	}
+	if err := c.life.check(signalOp); err != nil {
+		return nil, fmt.Errorf("kill %s: %w", describe(c, p), err)
 	}
 	if r.All {
 		err = p.gp.SignalGroup(sig)
@@ -846,7 +849,7 @@ func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 		return nil, err
 	}
 	st := p.status
-	if c.paused && st == task.Status_RUNNING {
+	if c.life.paused() && st == task.Status_RUNNING {
 		st = task.Status_PAUSED
 	}
 	var exited *timestamppb.Timestamp
@@ -910,24 +913,31 @@ func (s *Service) pauseResume(ctx context.Context, id string, pause bool) (*ptyp
 	if c.vm == nil {
 		return nil, fmt.Errorf("container %s: a pod's sandbox container has no VM to pause: %w", id, errdefs.ErrNotImplemented)
 	}
-	if c.checkpointing {
-		return nil, fmt.Errorf("container %s: a checkpoint of it is being taken: %w", id, errdefs.ErrFailedPrecondition)
+	op, to := resumeOp, ctrReady
+	if pause {
+		op, to = pauseOp, ctrPaused
 	}
-	if c.paused == pause {
+	from, err := c.life.begin(op)
+	if err != nil {
+		return nil, err
+	}
+	if from == to {
+		c.life.done(op, nil) // nothing to do
 		return &ptypes.Empty{}, nil
 	}
 	if o := s.sharing(c); o != "" && pause {
-		return nil, fmt.Errorf("pause %s: its VM also runs container %s of the pod, which would stop too: %w", id, o, errdefs.ErrFailedPrecondition)
+		err = fmt.Errorf("pause %s: its VM also runs container %s of the pod, which would stop too: %w", id, o, errdefs.ErrFailedPrecondition)
+		c.life.done(op, err)
+		return nil, err
 	}
 	if pause {
 		err = c.vm.Pause(ctx)
 	} else {
 		err = c.vm.Resume(ctx)
 	}
-	if err != nil {
+	if c.life.done(op, err); err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
 	}
-	c.paused = pause
 	if pause {
 		s.send(runtime.TaskPausedEventTopic, &eventstypes.TaskPaused{ContainerID: id})
 	} else {
@@ -951,16 +961,20 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	// The save runs without the service's lock (the pod's other calls
 	// answer meanwhile); Pause, Resume, Delete, another Checkpoint and a
-	// container joining the VM are refused until it ends.
-	c.checkpointing = true
-	paused, running := c.paused, c.init.status == task.Status_RUNNING
+	// container joining the VM are refused until it ends (ctrMoves).
+	from, err := c.life.begin(checkpointOp)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("checkpoint %s: %w", r.ID, err)
+	}
+	running := c.init.status == task.Status_RUNNING
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		c.checkpointing = false
+		c.life.done(checkpointOp, err)
 		s.mu.Unlock()
 	}()
-	if paused {
+	if from == ctrPaused {
 		if err := c.vm.Resume(ctx); err != nil {
 			return nil, fmt.Errorf("checkpoint %s: resuming it to quiesce the guest: %w", r.ID, err)
 		}
@@ -993,9 +1007,6 @@ func (s *Service) checkpointable(r *taskAPI.CheckpointTaskRequest) (*container, 
 	if err != nil {
 		return nil, err
 	}
-	if c.checkpointing {
-		return nil, fmt.Errorf("checkpoint %s: a checkpoint of it is being taken: %w", r.ID, errdefs.ErrFailedPrecondition)
-	}
 	if c.vm == nil {
 		return nil, fmt.Errorf("checkpoint %s: a pod's sandbox container has no VM: %w", r.ID, errdefs.ErrNotImplemented)
 	}
@@ -1009,64 +1020,6 @@ func (s *Service) checkpointable(r *taskAPI.CheckpointTaskRequest) (*container, 
 		return nil, fmt.Errorf("checkpoint %s: path %q is not absolute: %w", r.ID, r.Path, errdefs.ErrInvalidArgument)
 	}
 	return c, nil
-}
-
-// checkpointDir is the snapshot's folder in a checkpoint's path.
-const checkpointDir = "kiln-snapshot"
-
-// checkpointMetaFile, beside checkpointDir, says what a task restored
-// from the checkpoint takes over.
-const checkpointMetaFile = "kiln-shim.json"
-
-// checkpointMeta is checkpointMetaFile's content.
-type checkpointMeta struct {
-	// Init is the detached ID of the init process that ran when the
-	// checkpoint was taken ("": none ran; the restored task runs its
-	// spec's process anew).
-	Init string `json:"init,omitempty"`
-}
-
-// initDetachID is the agent's detached ID of container id's init.
-func initDetachID(id string) string { return "init:" + id }
-
-func writeCheckpointMeta(dir string, m checkpointMeta) error {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, checkpointMetaFile), b, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", checkpointMetaFile, err)
-	}
-	return nil
-}
-
-// readCheckpointMeta reads a checkpoint's checkpointMetaFile (none: a
-// checkpoint whose task ran nothing), which must be small and name a
-// valid detached ID: a checkpoint is not trusted.
-func readCheckpointMeta(dir string) (checkpointMeta, error) {
-	var m checkpointMeta
-	f, err := os.Open(filepath.Join(dir, checkpointMetaFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err != nil {
-		return m, fmt.Errorf("checkpoint: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 4097))
-	if err != nil {
-		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
-	}
-	if len(b) > 4096 {
-		return m, fmt.Errorf("checkpoint %s: more than 4096 bytes", checkpointMetaFile)
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("checkpoint %s: %w", checkpointMetaFile, err)
-	}
-	if m.Init != "" && !agentpb.ValidDetachedID(m.Init) {
-		return m, fmt.Errorf("checkpoint %s: init %q is not a detached process ID", checkpointMetaFile, m.Init)
-	}
-	return m, nil
 }
 
 // ResizePty resizes a process's terminal.

@@ -843,7 +843,7 @@ func TestServiceCheckpointUnlocked(t *testing.T) {
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		s.mu.Lock()
-		saving := s.containers["c"].checkpointing
+		saving := s.containers["c"].life.state == ctrCheckpointing
 		s.mu.Unlock()
 		if saving {
 			break

@@ -1,225 +1,28 @@
 package main
 
-// kiln sandbox, kiln template and kiln completion: the CLI of kilnd,
-// through package daemon/client. These command trees are cobra's (with
-// shell completion); the daemon-less commands (run, fork, boot, ...) keep
-// their flag parsing and are listed in the tree so that completion names
-// them.
+// kiln sandbox: the commands over kilnd's sandboxes (exec and run are in
+// sandboxexec.go, cp in sandboxcp.go, mv in sandboxtty.go, policy in
+// sandboxnet.go, update in sandboxupdate.go).
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/signal"
 	"sort"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	kilnclient "github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 	"github.com/kilnvm/kiln/sandbox"
 )
-
-// cobraCommands are the first arguments main hands to the cobra tree
-// (__complete and __completeNoDesc are what completion scripts call).
-var cobraCommands = map[string]bool{
-	"sandbox": true, "template": true, "completion": true,
-	"doctor":                  true,
-	cobra.ShellCompRequestCmd: true, cobra.ShellCompNoDescRequestCmd: true,
-}
-
-// Exit codes of the daemon commands (exec and run exit with the
-// command's own code, else 125, 126 or 127 as kiln run does).
-const exitFailed = 1
-
-// exitError ends a command with an exit code; its message, if any, has
-// been printed.
-type exitError struct{ code int }
-
-func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
-
-// usageError is a bad command line (exit 2).
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
-
-// cli is one invocation's state: where kilnd is and the connection, made
-// on first use.
-type cli struct {
-	ctx            context.Context
-	stdin          io.Reader
-	stdout, stderr io.Writer
-	host           string
-	tokenFile      string
-	c              *kilnclient.Client
-	// notify, when set, stands in for signal.Notify while a foreground
-	// exec forwards kiln's signals; stop stands in for signal.Stop.
-	notify func(ch chan<- os.Signal, sigs ...os.Signal) (stop func())
-	// interruptWindow is how soon a second signal ends the exec call
-	// rather than being forwarded; 0: defaultInterruptWindow.
-	interruptWindow time.Duration
-}
-
-func (a *cli) client() (*kilnclient.Client, error) {
-	if a.c != nil {
-		return a.c, nil
-	}
-	host := a.host
-	if host == "" {
-		host = os.Getenv("KILN_HOST")
-	}
-	if host == "" {
-		host = kilnclient.DefaultHost
-	}
-	var opts []kilnclient.Option
-	switch {
-	case a.tokenFile != "":
-		b, err := os.ReadFile(a.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("--token-file: %w", err)
-		}
-		line, _, _ := strings.Cut(string(b), "\n")
-		opts = append(opts, kilnclient.WithToken(strings.TrimSpace(line)))
-	case os.Getenv("KILN_TOKEN") != "":
-		opts = append(opts, kilnclient.WithToken(os.Getenv("KILN_TOKEN")))
-	}
-	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
-	defer cancel()
-	c, err := kilnclient.Dial(ctx, host, opts...)
-	if err != nil {
-		return nil, err
-	}
-	a.c = c
-	return c, nil
-}
-
-// cmdCobra runs the cobra tree on args and returns the exit code.
-func cmdCobra(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	a := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
-	return a.main(args)
-}
-
-// main runs the cobra tree on args and returns the exit code.
-func (a *cli) main(args []string) int {
-	ctx := a.ctx
-	defer func() {
-		if a.c != nil {
-			a.c.Close()
-		}
-	}()
-	root := a.root()
-	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
-	var ee exitError
-	var ue usageError
-	switch {
-	case err == nil:
-		return exitOK
-	case errors.As(err, &ee):
-		return ee.code
-	case errors.As(err, &ue):
-		a.printErr(err)
-		return exitUsage
-	}
-	a.printErr(err)
-	return exitFailed
-}
-
-// printErr prints err on stderr as one line, "kiln: " first once.
-func (a *cli) printErr(err error) {
-	msg := err.Error()
-	if !strings.HasPrefix(msg, "kiln: ") {
-		msg = "kiln: " + msg
-	}
-	fmt.Fprintln(a.stderr, msg)
-}
-
-func (a *cli) root() *cobra.Command {
-	root := &cobra.Command{
-		Use:           "kiln",
-		Short:         "Linux microVM sandboxes on KVM",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.SetIn(a.stdin)
-	root.SetOut(a.stdout)
-	root.SetErr(a.stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.PersistentFlags().StringVar(&a.host, "host", "", "kilnd address: unix:PATH, unix:///PATH or tcp://HOST:PORT (default $KILN_HOST, else "+kilnclient.DefaultHost+")")
-	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", "", "`FILE` holding the bearer token a TCP host needs (default $KILN_TOKEN, the token itself)")
-	root.AddCommand(a.sandboxCmd(), a.templateCmd())
-	root.AddCommand(a.doctorCmd())
-	// The daemon-less commands, so that completion lists them; main runs
-	// them before the cobra tree sees them.
-	for _, c := range []struct{ name, short string }{
-		{"boot", "boot a kernel and stream its serial console"},
-		{"run", "run a command in a new sandbox, without kilnd"},
-		{"fork", "restore N clones of a snapshot and run a command in each"},
-		{"image", "OCI images: pull, import, ls, rm, inspect, convert, gc"},
-		{"bench", "Kiln beside QEMU microvm"},
-	} {
-		root.AddCommand(&cobra.Command{
-			Use: c.name, Short: c.short, DisableFlagParsing: true,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if code := run(append([]string{c.name}, args...), a.stdin, a.stdout, a.stderr); code != 0 {
-					return exitError{code}
-				}
-				return nil
-			},
-		})
-	}
-	return root
-}
-
-// args wraps a cobra positional-argument check as a usage error.
-func args(check cobra.PositionalArgs) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := check(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
-		}
-		return nil
-	}
-}
-
-// keyValues parses repeated K=V flags.
-func keyValues(flag string, kvs []string) (map[string]string, error) {
-	if len(kvs) == 0 {
-		return nil, nil
-	}
-	m := make(map[string]string, len(kvs))
-	for _, kv := range kvs {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, usagef("%s %q: want KEY=VALUE", flag, kv)
-		}
-		m[k] = v
-	}
-	return m, nil
-}
-
-func checkEnv(env []string) error {
-	for _, kv := range env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return usagef("-e %q: want KEY=VALUE", kv)
-		}
-	}
-	return nil
-}
 
 func (a *cli) sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -243,19 +46,20 @@ func (a *cli) createCmd() *cobra.Command {
 		env, labels                            []string
 		egress                                 egressFlags
 		secrets                                secretFlags
+		req                                    *kilnpb.CreateSandboxRequest
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image REF | --template T | --checkpoint C) [flags]",
 		Short: "start a sandbox and print its ID",
 		Args:  args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
 				return err
 			}
-			req := &kilnpb.CreateSandboxRequest{Init: initFlag,
+			req = &kilnpb.CreateSandboxRequest{Init: initFlag,
 				Resources:     &kilnpb.Resources{Cpus: cpus, MemoryMib: mem, DiskMib: disk},
 				Env:           env,
-				LifetimeMs:    lifetime.Milliseconds(),
+				LifetimeMs:    lifetimeMs(lifetime),
 				IdleTimeoutMs: idle.Milliseconds(),
 				RequestId:     requestID,
 			}
@@ -272,9 +76,6 @@ func (a *cli) createCmd() *cobra.Command {
 			if n != 1 {
 				return usagef("sandbox create: give exactly one of --image, --template and --checkpoint")
 			}
-			if lifetime < 0 {
-				req.LifetimeMs = -1
-			}
 			if idle < 0 {
 				return usagef("sandbox create: --idle-timeout %v is negative (0 means none)", idle)
 			}
@@ -285,23 +86,12 @@ func (a *cli) createCmd() *cobra.Command {
 			if req.Labels, err = keyValues("--label", labels); err != nil {
 				return err
 			}
-			if req.Egress, err = egress.policy(); err != nil {
-				return err
-			}
-			if req.Secrets, err = secrets.secrets(); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.CreateSandbox(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, sb.GetId())
-			return nil
+			req.Egress, req.Secrets, err = guestPolicy(&egress, &secrets)
+			return err
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			return a.printID(c.CreateSandbox(ctx, req))
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&image, "image", "", "image `REF` to boot (pulled when missing)")
@@ -320,6 +110,29 @@ func (a *cli) createCmd() *cobra.Command {
 	secrets.register(f)
 	cmd.RegisterFlagCompletionFunc("template", a.completeTemplates)
 	return cmd
+}
+
+// lifetimeMs is a --timeout as kiln.v1 takes it: 0 the daemon's default,
+// -1 (any negative) none.
+func lifetimeMs(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+// guestPolicy is what --egress, --allow, --deny, --secret and
+// --secret-file give a sandbox (create) or a template's setup.
+func guestPolicy(egress *egressFlags, secrets *secretFlags) (*kilnpb.EgressPolicy, []*kilnpb.Secret, error) {
+	p, err := egress.policy()
+	if err != nil {
+		return nil, nil, err
+	}
+	secs, err := secrets.secrets()
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, secs, nil
 }
 
 // states maps --state names to the API's.
@@ -347,14 +160,14 @@ func (a *cli) lsCmd() *cobra.Command {
 		asJSON, all bool
 		labels      []string
 		stateNames  []string
+		opts        kilnclient.ListOptions
 	)
 	cmd := &cobra.Command{
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "list sandboxes (the live ones unless --all or --state)",
 		Args:    args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := kilnclient.ListOptions{}
+		PreRunE: func(*cobra.Command, []string) error {
 			var err error
 			if opts.Labels, err = keyValues("--label", labels); err != nil {
 				return err
@@ -372,28 +185,19 @@ func (a *cli) lsCmd() *cobra.Command {
 					opts.States = append(opts.States, s)
 				}
 			}
-			c, err := a.client()
+			return nil
+		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			sbs, err := c.ListSandboxes(ctx, opts)
 			if err != nil {
 				return err
 			}
-			sbs, err := c.ListSandboxes(cmd.Context(), opts)
-			if err != nil {
-				return err
-			}
-			sort.Slice(sbs, func(i, j int) bool { return sbs[i].GetCreatedUnixMs() < sbs[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, sbs)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tFROM\tCPUS\tMEM\tAGE\tLABELS")
-			now := time.Now()
-			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", sb.GetId(), stateName(sb.GetState()), source(sb),
+			return printList(a.stdout, asJSON, byCreated(sbs), "ID\tSTATE\tFROM\tCPUS\tMEM\tAGE\tLABELS", func(sb *kilnpb.Sandbox, now time.Time) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s\t%s", sb.GetId(), stateName(sb.GetState()), source(sb),
 					sb.GetResources().GetCpus(), sb.GetResources().GetMemoryMib(),
 					age(now, sb.GetCreatedUnixMs()), joinLabels(sb.GetLabels()))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of sandboxes (the API's field names)")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "ended sandboxes too")
@@ -440,39 +244,14 @@ func joinLabels(m map[string]string) string {
 	return strings.Join(kv, ",")
 }
 
-// writeJSON prints msgs as one JSON array, each in protojson with the
-// proto file's field names.
-func writeJSON[T proto.Message](w io.Writer, msgs []T) error {
-	opts := protojson.MarshalOptions{UseProtoNames: true}
-	var b strings.Builder
-	b.WriteString("[")
-	for i, m := range msgs {
-		if i > 0 {
-			b.WriteString(",")
-		}
-		j, err := opts.Marshal(m)
-		if err != nil {
-			return fmt.Errorf("encoding JSON: %w", err)
-		}
-		b.Write(j)
-	}
-	b.WriteString("]\n")
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
 func (a *cli) inspectCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:               "inspect ID",
 		Short:             "print one sandbox as JSON",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.GetSandbox(cmd.Context(), ids[0])
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			sb, err := c.GetSandbox(ctx, ids[0])
 			if err != nil {
 				return err
 			}
@@ -488,280 +267,8 @@ func (a *cli) inspectCmd() *cobra.Command {
 			b.WriteByte('\n')
 			_, err = a.stdout.Write(b.Bytes())
 			return err
-		},
+		}),
 	}
-}
-
-// execFlags are exec's and run's.
-type execFlags struct {
-	interactive bool
-	timeout     time.Duration
-	env         []string
-	cwd         string
-	background  bool
-	tty         bool
-	user        string
-}
-
-func (e *execFlags) add(cmd *cobra.Command) {
-	f := cmd.Flags()
-	f.BoolVarP(&e.interactive, "interactive", "i", false, "pass kiln's stdin to the command")
-	f.BoolVarP(&e.tty, "tty", "t", false, "run the command on a terminal of this terminal's size (kiln's own in raw mode until it ends; implies -i)")
-	f.StringVarP(&e.user, "user", "u", "", "run as this `USER` of the sandbox's /etc/passwd")
-	f.DurationVar(&e.timeout, "timeout", 0, "kill the command after this long (0: never)")
-	f.StringArrayVarP(&e.env, "env", "e", nil, "`K=V` for the command's environment (repeatable)")
-	f.StringVarP(&e.cwd, "workdir", "w", "", "working `DIR` in the sandbox")
-	f.BoolVarP(&e.background, "detach", "d", false, "leave the command running in the background and print its exec ID")
-}
-
-func (a *cli) execCmd() *cobra.Command {
-	var ef execFlags
-	cmd := &cobra.Command{
-		Use:               "exec ID [-i] [-t] [--timeout TIMEOUT] -- CMD [ARG...]",
-		Short:             "run a command in a sandbox; kiln exits with its exit code",
-		Long:              "Run a command in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
-		Args:              args(cobra.MinimumNArgs(2)),
-		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			if d := cmd.ArgsLenAtDash(); d > 1 {
-				return usagef("sandbox exec: want ID -- CMD [ARG...], got %d arguments before --", d)
-			}
-			return a.exec(cmd.Context(), argv[0], argv[1:], ef)
-		},
-	}
-	ef.add(cmd)
-	return cmd
-}
-
-func (a *cli) runCmd() *cobra.Command {
-	var ef execFlags
-	cmd := &cobra.Command{
-		Use:               "run ID 'SHELL COMMAND'",
-		Short:             "run a shell command (sh -c) in a sandbox; kiln exits with its exit code",
-		Long:              "Run a shell command (sh -c) in a sandbox; kiln exits with its exit code (128+N after signal N).\n\n" + signalsHelp,
-		Args:              args(cobra.ExactArgs(2)),
-		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.exec(cmd.Context(), argv[0], []string{"/bin/sh", "-c", argv[1]}, ef)
-		},
-	}
-	ef.add(cmd)
-	return cmd
-}
-
-// exec runs argv in a sandbox and ends kiln with its exit code: 128+N
-// after signal N; 125 when kiln or kilnd failed, 126 when the command
-// could not be started, 127 when it was not found. While a foreground
-// command runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to its
-// process group; a second within the interrupt window (2 s) ends the call
-// and the command, and kiln exits 128+N.
-func (a *cli) exec(ctx context.Context, id string, argv []string, ef execFlags) error {
-	if err := checkEnv(ef.env); err != nil {
-		return err
-	}
-	if ef.timeout < 0 {
-		return usagef("--timeout %v is negative", ef.timeout)
-	}
-	c, err := a.client()
-	if err != nil {
-		a.printErr(err)
-		return exitError{exitRunFailed}
-	}
-	opts := kilnclient.ExecOptions{Argv: argv, Env: ef.env, Cwd: ef.cwd, Timeout: ef.timeout,
-		Stdout: a.stdout, Stderr: a.stderr, Background: ef.background, User: ef.user}
-	if ef.interactive {
-		opts.Stdin = a.stdin
-	}
-	if ef.tty {
-		if ef.background {
-			return usagef("--tty and --detach: a detached command has no terminal here to show")
-		}
-		restore, err := a.onTerminal(&opts)
-		if err != nil {
-			return err
-		}
-		defer restore()
-	}
-	var res *kilnclient.ExecResult
-	if ef.background {
-		// Its call ends once it has started: nothing to forward.
-		res, err = c.Exec(ctx, id, opts)
-		if err != nil && ctx.Err() != nil {
-			fmt.Fprintf(a.stderr, "kiln: interrupted while starting %s in the background\n", argv[0])
-			return exitError{128 + int(syscall.SIGINT)}
-		}
-	} else {
-		var fwd *forwarder
-		ctx, fwd = a.forwardSignals(ctx)
-		opts.Signals = fwd.out
-		res, err = c.Exec(ctx, id, opts)
-		if sig, ended := fwd.stop(); ended && err != nil {
-			// A second signal (or the end of kiln's context) ended the
-			// call, and with it the command, before its exit came back.
-			// Exit as a shell does after that signal.
-			fmt.Fprintf(a.stderr, "kiln: interrupted; %s was killed\n", argv[0])
-			return exitError{128 + int(sig)}
-		}
-	}
-	if err != nil {
-		a.printErr(err)
-		return exitError{a.execFailure(err, id)}
-	}
-	if ef.background {
-		fmt.Fprintln(a.stdout, res.ExecID)
-		return nil
-	}
-	if res.TimedOut {
-		fmt.Fprintf(a.stderr, "kiln: %s killed after --timeout %v\n", argv[0], ef.timeout)
-	}
-	if res.OOMKilled {
-		fmt.Fprintf(a.stderr, "kiln: %s was killed: the sandbox ran out of memory\n", argv[0])
-	}
-	code := res.ExitCode
-	if res.Signal != 0 {
-		code = 128 + res.Signal
-	}
-	if code != 0 {
-		return exitError{code}
-	}
-	return nil
-}
-
-// signalsHelp is exec's and run's word on signals.
-const signalsHelp = `While the command runs in the foreground, SIGINT (Ctrl-C), SIGTERM, SIGHUP
-and SIGQUIT sent to kiln are forwarded to its process group, so that its own
-handling runs; a second signal within 2 s of one forwarded ends kiln instead,
-killing the command. With -d nothing is forwarded.`
-
-// defaultInterruptWindow is how soon after a forwarded signal a second
-// one ends kiln sandbox exec instead of being forwarded too.
-const defaultInterruptWindow = 2 * time.Second
-
-// forwarder passes the signals kiln gets (SIGINT, SIGTERM, SIGHUP,
-// SIGQUIT) to a foreground exec's process group while the exec runs, so
-// that the command's own handling (cleanup, its exit code) happens. A
-// second signal within the interrupt window of a forwarded one ends the
-// call instead, which kills the command, as does the end of kiln's
-// context for a reason other than a signal.
-type forwarder struct {
-	out    chan syscall.Signal
-	cancel context.CancelFunc
-	quit   chan struct{}
-	done   chan struct{}
-	unhook func()
-	// Set by run before done is closed.
-	ended bool
-	sig   syscall.Signal
-}
-
-// forwardSignals starts forwarding; Exec runs under the context it
-// returns, and fwd.stop must be called once Exec has returned.
-func (a *cli) forwardSignals(ctx context.Context) (context.Context, *forwarder) {
-	notify := a.notify
-	if notify == nil {
-		notify = func(ch chan<- os.Signal, sigs ...os.Signal) func() {
-			signal.Notify(ch, sigs...)
-			return func() { signal.Stop(ch) }
-		}
-	}
-	window := a.interruptWindow
-	if window <= 0 {
-		window = defaultInterruptWindow
-	}
-	// main's signal.NotifyContext ends ctx at the first SIGINT or SIGTERM:
-	// the call runs apart from it, and run decides what that end means.
-	execCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	in := make(chan os.Signal, 8)
-	f := &forwarder{out: make(chan syscall.Signal, 8), cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
-	f.unhook = notify(in, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	go f.run(ctx, in, window)
-	return execCtx, f
-}
-
-func (f *forwarder) run(ctx context.Context, in <-chan os.Signal, window time.Duration) {
-	defer close(f.done)
-	var last time.Time // when the last signal was forwarded
-	intTerm := false   // a SIGINT or SIGTERM came, which ends ctx too
-	// handle forwards s, or ends the call if it came too soon after the
-	// last; it reports whether run is over.
-	handle := func(s os.Signal) bool {
-		sig, ok := s.(syscall.Signal)
-		if !ok {
-			return false
-		}
-		intTerm = intTerm || sig == syscall.SIGINT || sig == syscall.SIGTERM
-		if !last.IsZero() && time.Since(last) < window {
-			f.ended, f.sig = true, sig
-			f.cancel()
-			return true
-		}
-		last = time.Now()
-		select {
-		case f.out <- sig:
-		case <-f.quit:
-			return true
-		}
-		return false
-	}
-	ctxDone := ctx.Done()
-	for {
-		select {
-		case <-f.quit:
-			return
-		case s := <-in:
-			if handle(s) {
-				return
-			}
-		case <-ctxDone:
-			ctxDone = nil
-			if intTerm {
-				continue // main's NotifyContext saw that signal too
-			}
-			// The signal that ended ctx reaches in too, at about the same
-			// moment: give it a little time to show which end this is.
-			t := time.NewTimer(50 * time.Millisecond)
-			select {
-			case s := <-in:
-				t.Stop()
-				if handle(s) {
-					return
-				}
-			case <-t.C:
-				f.ended, f.sig = true, syscall.SIGINT
-				f.cancel()
-				return
-			case <-f.quit:
-				t.Stop()
-				return
-			}
-		}
-	}
-}
-
-// stop ends forwarding and says whether (and by which signal) forwarder
-// ended the call rather than the command.
-func (f *forwarder) stop() (syscall.Signal, bool) {
-	f.unhook()
-	close(f.quit)
-	<-f.done
-	f.cancel()
-	return f.sig, f.ended
-}
-
-// execFailure is the exit code of an exec that failed before an exit
-// status: NotFound is the command's unless the sandbox is what is
-// missing.
-func (a *cli) execFailure(err error, id string) int {
-	switch status.Code(err) {
-	case codes.NotFound:
-		if _, gerr := a.c.GetSandbox(a.ctx, id); status.Code(gerr) == codes.NotFound {
-			return exitRunFailed
-		}
-		return exitNotFound
-	case codes.InvalidArgument, codes.PermissionDenied:
-		return exitCannotInvoke // a bad working directory, not executable
-	}
-	return exitRunFailed
 }
 
 func (a *cli) psCmd() *cobra.Command {
@@ -771,22 +278,12 @@ func (a *cli) psCmd() *cobra.Command {
 		Short:             "list a sandbox's execs, background ones included",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			execs, err := c.ListExecs(ctx, ids[0])
 			if err != nil {
 				return err
 			}
-			execs, err := c.ListExecs(cmd.Context(), ids[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(a.stdout, execs)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "EXEC\tPID\tBACKGROUND\tAGE\tSTATUS\tCOMMAND")
-			now := time.Now()
-			for _, e := range execs {
+			return printList(a.stdout, asJSON, execs, "EXEC\tPID\tBACKGROUND\tAGE\tSTATUS\tCOMMAND", func(e *kilnpb.ExecInfo, now time.Time) string {
 				st := "running"
 				switch x := e.GetExit(); {
 				case x == nil:
@@ -795,11 +292,10 @@ func (a *cli) psCmd() *cobra.Command {
 				default:
 					st = fmt.Sprintf("exited %d", x.GetExitCode())
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\t%s\n", e.GetExecId(), e.GetPid(), e.GetBackground(),
+				return fmt.Sprintf("%s\t%d\t%v\t%s\t%s\t%s", e.GetExecId(), e.GetPid(), e.GetBackground(),
 					age(now, e.GetStartedUnixMs()), st, strings.Join(e.GetArgv(), " "))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of execs")
 	return cmd
@@ -812,16 +308,15 @@ func (a *cli) killCmd() *cobra.Command {
 		Short:             "send a signal (default SIGKILL) to an exec's process",
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		PreRunE: func(*cobra.Command, []string) error {
 			if sig < 0 || sig > 64 {
 				return usagef("sandbox kill: --signal %d: want 1 to 64", sig)
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			return c.KillExec(cmd.Context(), argv[0], argv[1], syscall.Signal(sig))
+			return nil
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
+			return c.KillExec(ctx, argv[0], argv[1], syscall.Signal(sig))
+		}),
 	}
 	cmd.Flags().IntVarP(&sig, "signal", "s", 0, "signal `N` (0: SIGKILL)")
 	return cmd
@@ -839,32 +334,18 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 		Short:             short,
 		Args:              args(cobra.MinimumNArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
+		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
+			var err error
+			switch {
+			case hibernate:
+				_, err = c.HibernateSandbox(ctx, id)
+			case pause:
+				_, err = c.PauseSandbox(ctx, id)
+			default:
+				_, err = c.ResumeSandbox(ctx, id)
 			}
-			failed := false
-			for _, id := range ids {
-				var err error
-				switch {
-				case hibernate:
-					_, err = c.HibernateSandbox(cmd.Context(), id)
-				case pause:
-					_, err = c.PauseSandbox(cmd.Context(), id)
-				default:
-					_, err = c.ResumeSandbox(cmd.Context(), id)
-				}
-				if err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
+			return err
+		}),
 	}
 	if pause {
 		cmd.Flags().BoolVar(&hibernate, "hibernate", false, "write each sandbox's state to kilnd's disk and stop its VM, freeing its memory (resume restores it)")
@@ -877,12 +358,8 @@ func (a *cli) eventsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "events [ID...]",
 		Short: "print sandboxes' state changes as they happen (all sandboxes unless IDs are given)",
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := c.WatchEvents(cmd.Context(), ids...)
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			w, err := c.WatchEvents(ctx, ids...)
 			if err != nil {
 				return err
 			}
@@ -913,7 +390,7 @@ func (a *cli) eventsCmd() *cobra.Command {
 				fmt.Fprintln(a.stdout, line)
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON object on a line of its own")
 	return cmd
@@ -926,18 +403,9 @@ func (a *cli) checkpointCmd() *cobra.Command {
 		Short:             "checkpoint a sandbox and print the checkpoint's ID",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ck, err := c.Checkpoint(cmd.Context(), ids[0], opts)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, ck.GetId())
-			return nil
-		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			return a.printID(c.Checkpoint(ctx, ids[0], opts))
+		}),
 	}
 	cmd.Flags().BoolVar(&opts.Persist, "persist", false, "write it to the daemon's state folder (by default it is held in memory by the sandbox's VMM process: it survives a restart of the daemon, not the sandbox)")
 	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep it when the sandbox is destroyed (implies --persist)")
@@ -951,31 +419,19 @@ func (a *cli) checkpointsCmd() *cobra.Command {
 		Short:             "list a sandbox's checkpoint tree",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			cks, err := c.ListCheckpoints(ctx, ids[0])
 			if err != nil {
 				return err
 			}
-			cks, err := c.ListCheckpoints(cmd.Context(), ids[0])
-			if err != nil {
-				return err
-			}
-			sort.Slice(cks, func(i, j int) bool { return cks[i].GetCreatedUnixMs() < cks[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, cks)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPARENT\tAGE\tPERSISTED\tKEEP")
-			now := time.Now()
-			for _, ck := range cks {
+			return printList(a.stdout, asJSON, byCreated(cks), "ID\tPARENT\tAGE\tPERSISTED\tKEEP", func(ck *kilnpb.CheckpointInfo, now time.Time) string {
 				parent := ck.GetParentId()
 				if parent == "" {
 					parent = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\n", ck.GetId(), parent, age(now, ck.GetCreatedUnixMs()), ck.GetPersisted(), ck.GetKeep())
-			}
-			return tw.Flush()
-		},
+				return fmt.Sprintf("%s\t%s\t%s\t%v\t%v", ck.GetId(), parent, age(now, ck.GetCreatedUnixMs()), ck.GetPersisted(), ck.GetKeep())
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
@@ -987,14 +443,10 @@ func (a *cli) rollbackCmd() *cobra.Command {
 		Short:             "return a sandbox to one of its checkpoints, in place",
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			_, err = c.Rollback(cmd.Context(), argv[0], argv[1])
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
+			_, err := c.Rollback(ctx, argv[0], argv[1])
 			return err
-		},
+		}),
 	}
 }
 
@@ -1004,31 +456,25 @@ func (a *cli) forkCmd() *cobra.Command {
 		labels         []string
 		lifetime, idle time.Duration
 		requestID      string
+		req            *kilnpb.ForkRequest
 	)
 	cmd := &cobra.Command{
 		Use:               "fork ID|CKPT -n N",
 		Short:             "start N children of a sandbox or a checkpoint; print their IDs as they are ready",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
+		PreRunE: func(*cobra.Command, []string) error {
 			if n == 0 {
 				return usagef("sandbox fork: -n %d: fork at least one child", n)
 			}
-			req := &kilnpb.ForkRequest{Count: n, LifetimeMs: lifetime.Milliseconds(), IdleTimeoutMs: idle.Milliseconds(), RequestId: requestID}
-			if lifetime < 0 {
-				req.LifetimeMs = -1
-			}
+			req = &kilnpb.ForkRequest{Count: n, LifetimeMs: lifetimeMs(lifetime), IdleTimeoutMs: idle.Milliseconds(), RequestId: requestID}
 			var err error
-			if req.Labels, err = keyValues("--label", labels); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
+			req.Labels, err = keyValues("--label", labels)
+			return err
+		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
 			// IDs are opaque: a sandbox ID is one GetSandbox knows.
-			_, err = c.GetSandbox(ctx, argv[0])
+			_, err := c.GetSandbox(ctx, argv[0])
 			switch status.Code(err) {
 			case codes.OK:
 				req.Source = &kilnpb.ForkRequest_SandboxId{SandboxId: argv[0]}
@@ -1038,13 +484,12 @@ func (a *cli) forkCmd() *cobra.Command {
 				return err
 			}
 			for sb, err := range c.Fork(ctx, req) {
-				if err != nil {
+				if err := a.printID(sb, err); err != nil {
 					return err
 				}
-				fmt.Fprintln(a.stdout, sb.GetId())
 			}
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.Uint32VarP(&n, "count", "n", 1, "how many children")
@@ -1062,190 +507,8 @@ func (a *cli) rmCmd() *cobra.Command {
 		Short:             "destroy sandboxes",
 		Args:              args(cobra.MinimumNArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, id := range ids {
-				if err := c.DestroySandbox(cmd.Context(), id); err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
+		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
+			return c.DestroySandbox(ctx, id)
+		}),
 	}
-}
-
-func (a *cli) templateCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "template",
-		Short: "templates: an image booted once, set up, and kept as a snapshot to create sandboxes from",
-	}
-	var (
-		image, setup, requestID string
-		initFlag                string
-		cpus, mem, pool         uint32
-		egress                  egressFlags
-		secrets                 secretFlags
-	)
-	create := &cobra.Command{
-		Use:   "create NAME --image REF [--setup 'SHELL COMMAND' | -- CMD [ARG...]]",
-		Short: "boot an image, run its setup, keep the snapshot; print the template's ID",
-		Args:  args(cobra.MinimumNArgs(1)),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			if image == "" {
-				return usagef("template create: --image is required")
-			}
-			if err := refuseZero(cmd, "cpus", "mem"); err != nil {
-				return err
-			}
-			req := &kilnpb.CreateTemplateRequest{Name: argv[0], Image: image, PoolSize: pool, RequestId: requestID, Init: initFlag,
-				Resources: &kilnpb.Resources{Cpus: cpus, MemoryMib: mem}}
-			switch {
-			case setup != "" && len(argv) > 1:
-				return usagef("template create: give --setup or a command after --, not both")
-			case setup != "":
-				req.Setup = []string{"/bin/sh", "-c", setup}
-			case len(argv) > 1:
-				if cmd.ArgsLenAtDash() != 1 {
-					return usagef("template create: want NAME -- CMD [ARG...]")
-				}
-				req.Setup = argv[1:]
-			}
-			var err error
-			if req.Egress, err = egress.policy(); err != nil {
-				return err
-			}
-			if req.Secrets, err = secrets.secrets(); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			t, err := c.CreateTemplate(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(a.stdout, t.GetId())
-			return nil
-		},
-	}
-	f := create.Flags()
-	f.StringVar(&image, "image", "", "image `REF` to boot")
-	f.StringVar(&setup, "setup", "", "shell command run once before the snapshot")
-	f.StringVar(&initFlag, "init", "", "process 1 of the template's sandbox: agent (default) or systemd")
-	f.Uint32Var(&cpus, "cpus", 0, "vCPUs of its sandboxes")
-	f.Uint32Var(&mem, "mem", 0, "memory of its sandboxes in `MiB`")
-	f.Uint32Var(&pool, "pool", 0, "sandboxes kept restored and ready")
-	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same template")
-	egress.register(f) // the setup's
-	secrets.register(f)
-
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "list templates",
-		Args:    args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ts, err := c.ListTemplates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			sort.Slice(ts, func(i, j int) bool { return ts[i].GetCreatedUnixMs() < ts[j].GetCreatedUnixMs() })
-			if asJSON {
-				return writeJSON(a.stdout, ts)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tCPUS\tMEM\tPOOL\tSANDBOXES\tAGE")
-			now := time.Now()
-			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d/%d\t%d\t%s\n", t.GetId(), t.GetName(), t.GetImage(),
-					t.GetResources().GetCpus(), t.GetResources().GetMemoryMib(), t.GetPoolReady(), t.GetPoolSize(),
-					t.GetSandboxes(), age(now, t.GetCreatedUnixMs()))
-			}
-			return tw.Flush()
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of templates (the API's field names)")
-
-	var wait bool
-	rm := &cobra.Command{
-		Use:               "rm ID|NAME...",
-		Short:             "delete templates (refused while sandboxes use one, unless --wait)",
-		Args:              args(cobra.MinimumNArgs(1)),
-		ValidArgsFunction: a.completeTemplates,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, id := range ids {
-				if err := c.DeleteTemplate(cmd.Context(), id, wait); err != nil {
-					a.printErr(err)
-					failed = true
-				}
-			}
-			if failed {
-				return exitError{exitFailed}
-			}
-			return nil
-		},
-	}
-	rm.Flags().BoolVar(&wait, "wait", false, "wait until the sandboxes made from it are gone")
-	cmd.AddCommand(create, ls, rm)
-	return cmd
-}
-
-// completeSandboxes offers the live sandboxes' IDs for the first argument.
-func (a *cli) completeSandboxes(cmd *cobra.Command, argv []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
-	if len(argv) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	c, err := a.client()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	sbs, err := c.ListSandboxes(a.ctx, kilnclient.ListOptions{})
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []cobra.Completion
-	for _, sb := range sbs {
-		out = append(out, cobra.CompletionWithDesc(sb.GetId(), stateName(sb.GetState())+" "+source(sb)))
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
-}
-
-// completeTemplates offers the templates' names (or IDs, for unnamed ones).
-func (a *cli) completeTemplates(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
-	c, err := a.client()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	ts, err := c.ListTemplates(a.ctx)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []cobra.Completion
-	for _, t := range ts {
-		name := t.GetName()
-		if name == "" {
-			name = t.GetId()
-		}
-		out = append(out, cobra.CompletionWithDesc(name, t.GetImage()))
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
 }

@@ -56,24 +56,23 @@ into, a file there is replaced. Symlinks and special files inside a tree are
 skipped with a warning on stderr, never followed. A copy that fails partway
 says what it had copied.`,
 		Args: args(cobra.ExactArgs(2)),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			srcID, srcPath, srcRemote := remotePath(argv[0])
-			dstID, dstPath, dstRemote := remotePath(argv[1])
+		PreRunE: func(_ *cobra.Command, argv []string) error {
+			_, _, srcRemote := remotePath(argv[0])
+			_, _, dstRemote := remotePath(argv[1])
 			if srcRemote == dstRemote {
 				return usagef("sandbox cp: want exactly one side as ID:/PATH (an absolute path in the sandbox)")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			cp := &copier{a: a, c: c}
-			if dstRemote {
-				cp.id = dstID
-				return cp.upload(cmd.Context(), argv[0], dstPath, parents)
-			}
-			cp.id = srcID
-			return cp.download(cmd.Context(), srcPath, argv[1])
+			return nil
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, argv []string) error {
+			if dstID, dstPath, ok := remotePath(argv[1]); ok {
+				cp := &copier{a: a, c: c, id: dstID}
+				return cp.upload(ctx, argv[0], dstPath, parents)
+			}
+			srcID, srcPath, _ := remotePath(argv[0])
+			cp := &copier{a: a, c: c, id: srcID}
+			return cp.download(ctx, srcPath, argv[1])
+		}),
 	}
 	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "create missing directories in the sandbox")
 	return cmd

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	kilnclient "github.com/kilnvm/kiln/daemon/client"
 	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
@@ -168,28 +170,25 @@ func (s *secretFlags) secrets() ([]*kilnpb.Secret, error) {
 // policyCmd is `kiln sandbox policy ID`: UpdateNetworkPolicy.
 func (a *cli) policyCmd() *cobra.Command {
 	e := egressFlags{requiredMode: true}
+	var p *kilnpb.EgressPolicy
 	cmd := &cobra.Command{
 		Use:               "policy ID (--egress MODE | --allow X... | --deny X...)",
 		Short:             "replace a running sandbox's egress policy, at once",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			p, err := e.policy()
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.UpdateNetworkPolicy(cmd.Context(), ids[0], p)
+		PreRunE: func(*cobra.Command, []string) (err error) {
+			p, err = e.policy()
+			return err
+		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			sb, err := c.UpdateNetworkPolicy(ctx, ids[0], p)
 			if err != nil {
 				return err
 			}
 			n := sb.GetNetwork()
 			fmt.Fprintf(a.stdout, "%s %s %s\n", sb.GetId(), n.GetAddress(), egressString(n.GetEgress()))
 			return nil
-		},
+		}),
 	}
 	e.register(cmd.Flags())
 	return cmd

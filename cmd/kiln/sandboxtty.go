@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -75,6 +76,7 @@ func (a *cli) onTerminal(opts *kilnclient.ExecOptions) (restore func(), _ error)
 
 // mvCmd renames a file or directory inside a sandbox.
 func (a *cli) mvCmd() *cobra.Command {
+	var id, src, dst string
 	return &cobra.Command{
 		Use:   "mv ID:SRC [ID:]DST",
 		Short: "rename a file or directory inside a sandbox (rename(2): not across its file systems)",
@@ -83,12 +85,12 @@ DST is replaced; across the sandbox's file systems it fails (copy with cp, then
 rm instead). Both paths are absolute paths of the one sandbox.`,
 		Args:              args(cobra.ExactArgs(2)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, src, ok := remotePath(argv[0])
-			if !ok {
+		PreRunE: func(_ *cobra.Command, argv []string) error {
+			var ok bool
+			if id, src, ok = remotePath(argv[0]); !ok {
 				return usagef("sandbox mv: want ID:SRC, got %q", argv[0])
 			}
-			dst := argv[1]
+			dst = argv[1]
 			if dstID, p, ok := remotePath(dst); ok {
 				if dstID != id {
 					return usagef("sandbox mv: %s and %s are in different sandboxes", argv[0], dst)
@@ -98,12 +100,11 @@ rm instead). Both paths are absolute paths of the one sandbox.`,
 			if !strings.HasPrefix(src, "/") || !strings.HasPrefix(dst, "/") {
 				return usagef("sandbox mv: want absolute paths, got %q and %q", src, dst)
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			_, err = c.Move(cmd.Context(), id, src, dst)
-			return err
+			return nil
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, _ []string) error {
+			_, err := c.Move(ctx, id, src, dst)
+			return err
+		}),
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,14 +16,14 @@ func (a *cli) updateCmd() *cobra.Command {
 		timeout, action string
 		labels          []string
 		clearLabels     bool
+		opts            kilnclient.UpdateOptions
 	)
 	cmd := &cobra.Command{
 		Use:               "update ID [--timeout DUR|never] [--timeout-action destroy|hibernate] [--label K=V...|--clear-labels]",
 		Short:             "change a sandbox's lifetime (from now), what its end does, or its labels",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			var opts kilnclient.UpdateOptions
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("timeout") {
 				d := time.Duration(-1)
 				if timeout != "never" {
@@ -59,13 +60,12 @@ func (a *cli) updateCmd() *cobra.Command {
 			if opts.Lifetime == nil && opts.TimeoutAction == nil && opts.Labels == nil {
 				return usagef("sandbox update: nothing to change: give --timeout, --timeout-action, --label or --clear-labels")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			_, err = c.UpdateSandbox(cmd.Context(), ids[0], opts)
-			return err
+			return nil
 		},
+		RunE: a.call(func(ctx context.Context, c *kilnclient.Client, ids []string) error {
+			_, err := c.UpdateSandbox(ctx, ids[0], opts)
+			return err
+		}),
 	}
 	cmd.Flags().StringVar(&timeout, "timeout", "", "end the sandbox `DUR` from now (never: no lifetime)")
 	cmd.Flags().StringVar(&action, "timeout-action", "", "what the lifetime's end does: `destroy` or hibernate")
