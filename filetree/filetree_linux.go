@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -76,8 +77,56 @@ type Event struct {
 	Entry *Info
 }
 
-// host is the path of the tree's path p (absolute, clean) on this machine.
-func (t Tree) host(p string) string { return filepath.Join(t.Root, p) }
+// host is the path on this machine of the tree's path p (absolute,
+// clean): p itself in a tree whose Root is "/". Under another Root, p's
+// symlinks resolve in the tree, as in a chroot, not on this machine: the
+// part of p that exists is resolved (its final symlink too when follow)
+// and what does not exist is joined to it.
+func (t Tree) host(p string, follow bool) string {
+	if t.Root == "/" {
+		return p
+	}
+	if !follow && p != "/" {
+		return filepath.Join(t.host(filepath.Dir(p), true), filepath.Base(p))
+	}
+	return t.resolve(p, "", 0)
+}
+
+// resolve is host for a Root other than "/": p's longest prefix that
+// exists, resolved in the tree (openat2's RESOLVE_IN_ROOT), joined to
+// the rest, a dangling symlink where they meet followed in the tree too;
+// past 40 symlinks, a path no call opens.
+func (t Tree) resolve(p, rest string, links int) string {
+	if links > 40 {
+		return t.Root + "/\x00too many symlinks" // no call opens it (EINVAL)
+	}
+	root, err := os.Open(t.Root)
+	if err != nil {
+		return filepath.Join(t.Root, p, rest) // the call fails as it would
+	}
+	defer root.Close()
+	for ; ; p, rest = filepath.Dir(p), filepath.Join(filepath.Base(p), rest) {
+		fd, err := unix.Openat2(int(root.Fd()), p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+		if err != nil && p == "/" {
+			return filepath.Join(t.Root, rest) // the call fails as it would
+		}
+		if err != nil {
+			continue // p is not there
+		}
+		real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		target, lerr := os.Readlink(real)
+		switch {
+		case err != nil:
+			return filepath.Join(t.Root, p, rest)
+		case lerr != nil:
+			return filepath.Join(real, rest)
+		case !filepath.IsAbs(target):
+			target = filepath.Join(filepath.Dir(p), target)
+		}
+		return t.resolve(filepath.Clean(target), rest, links+1)
+	}
+}
 
 // treePath is the tree's path of host, a path on this machine under Root.
 func (t Tree) treePath(host string) string {
@@ -135,7 +184,7 @@ func (t Tree) info(p string, fi fs.FileInfo, names *accounts.Names) Info {
 		out.Owner, out.Group = names.User(st.Uid), names.Group(st.Gid)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
-		if target, err := os.Readlink(t.host(p)); err == nil {
+		if target, err := os.Readlink(t.host(p, false)); err == nil {
 			out.Symlink = target
 		}
 	}
@@ -163,7 +212,7 @@ func (t Tree) Write(path string, perm uint32, makeParents bool, user string, r i
 	if err != nil {
 		return Info{}, err
 	}
-	dir := t.host(filepath.Dir(path))
+	dir := t.host(filepath.Dir(path), true)
 	if makeParents {
 		if err := makeDirs(dir, 0o755, owner); err != nil {
 			return Info{}, Status("creating the parent directories of", path, err)
@@ -215,11 +264,11 @@ func (t Tree) Write(path string, perm uint32, makeParents bool, user string, r i
 	if err := f.Close(); err != nil {
 		return Info{}, Status("writing", path, err)
 	}
-	if err := os.Rename(tmp, t.host(path)); err != nil {
+	if err := os.Rename(tmp, t.host(path, false)); err != nil {
 		return Info{}, Status("writing", path, err)
 	}
 	done = true
-	fi, err := os.Lstat(t.host(path))
+	fi, err := os.Lstat(t.host(path, false))
 	if err != nil {
 		return Info{}, Status("writing", path, err)
 	}
@@ -235,12 +284,12 @@ func (t Tree) Read(path string, w io.Writer) (int64, error) {
 	}
 	// Opening a FIFO would block until it has a writer, and reading a
 	// socket fails anyway.
-	if fi, err := os.Stat(t.host(path)); err != nil {
+	if fi, err := os.Stat(t.host(path, true)); err != nil {
 		return 0, Status("reading", path, err)
 	} else if fi.Mode()&(fs.ModeNamedPipe|fs.ModeSocket) != 0 {
 		return 0, status.Errorf(codes.InvalidArgument, "reading %s: not a regular file, directory or device (%v)", path, fi.Mode().Type())
 	}
-	f, err := os.Open(t.host(path))
+	f, err := os.Open(t.host(path, true))
 	if err != nil {
 		return 0, Status("reading", path, err)
 	}
@@ -279,7 +328,7 @@ func (t Tree) Stat(path string, noFollow bool) (Info, error) {
 	if noFollow {
 		stat = os.Lstat
 	}
-	fi, err := stat(t.host(path))
+	fi, err := stat(t.host(path, !noFollow))
 	if err != nil {
 		return Info{}, Status("stat", path, err)
 	}
@@ -303,7 +352,7 @@ func (t Tree) List(ctx context.Context, path string, depth uint32) ([]Info, erro
 		if err := ctx.Err(); err != nil {
 			return status.FromContextError(err).Err()
 		}
-		entries, err := os.ReadDir(t.host(dir))
+		entries, err := os.ReadDir(t.host(dir, true))
 		if err != nil {
 			if level > 1 && errors.Is(err, fs.ErrNotExist) {
 				return nil // removed meanwhile
@@ -353,7 +402,7 @@ func (t Tree) Mkdir(path string, perm uint32, parents bool, user string) error {
 	if err != nil {
 		return err
 	}
-	host := t.host(path)
+	host := t.host(path, parents)
 	if parents {
 		if fi, err := os.Stat(host); err == nil && fi.IsDir() {
 			return nil
@@ -444,13 +493,13 @@ func (t Tree) Move(src, dst string) (Info, error) {
 	if src == "/" || dst == "/" {
 		return Info{}, status.Error(codes.InvalidArgument, "move: refusing to move / or onto it")
 	}
-	if err := os.Rename(t.host(src), t.host(dst)); err != nil {
+	if err := os.Rename(t.host(src, false), t.host(dst, false)); err != nil {
 		if errors.Is(err, syscall.EXDEV) {
 			return Info{}, status.Errorf(codes.FailedPrecondition, "moving %s to %s: they are on different file systems (rename cannot cross them: copy, then remove)", src, dst)
 		}
 		return Info{}, Status("moving "+src+" to", dst, err)
 	}
-	fi, err := os.Lstat(t.host(dst))
+	fi, err := os.Lstat(t.host(dst, false))
 	if err != nil {
 		return Info{}, Status("moving "+src+" to", dst, err)
 	}
@@ -467,7 +516,7 @@ func (t Tree) Remove(path string, recursive bool) error {
 	if path == "/" {
 		return status.Error(codes.InvalidArgument, "remove: refusing to remove /")
 	}
-	host := t.host(path)
+	host := t.host(path, false)
 	if _, err := os.Lstat(host); err != nil {
 		return Status("removing", path, err)
 	}
@@ -493,7 +542,7 @@ func (t Tree) Watch(ctx context.Context, path string, recursive bool, fn func(Ev
 	if err != nil {
 		return err
 	}
-	fi, err := os.Stat(t.host(path))
+	fi, err := os.Stat(t.host(path, true))
 	if err != nil {
 		return Status("watching", path, err)
 	}
@@ -502,7 +551,7 @@ func (t Tree) Watch(ctx context.Context, path string, recursive bool, fn func(Ev
 	}
 	names := accounts.NewNames(t.Accounts)
 	var fnErr error
-	err = dirwatch.Watch(ctx, t.host(path), recursive, MaxWatchDirs, func(ev dirwatch.Event) error {
+	err = dirwatch.Watch(ctx, t.host(path, true), recursive, MaxWatchDirs, func(ev dirwatch.Event) error {
 		out := Event{Started: ev.Started, Op: ev.Op, Name: ev.Name}
 		if ev.Info != nil {
 			in := t.info(filepath.Join(path, ev.Name), ev.Info, names)

@@ -271,10 +271,52 @@ func TestTreePath(t *testing.T) {
 		if got := (Tree{Root: tt.root}).treePath(tt.host); got != tt.want {
 			t.Errorf("Tree{%q}.treePath(%q) = %q, want %q", tt.root, tt.host, got, tt.want)
 		}
-		if tt.root == "/" {
-			if got := (Tree{Root: tt.root}).host(tt.want); got != tt.host {
-				t.Errorf("Tree{%q}.host(%q) = %q", tt.root, tt.want, got)
-			}
+	}
+}
+
+// TestHost: a path of a tree under a folder resolves its symlinks in the
+// tree, as a guest's would, never on this machine; under "/", it is the
+// path itself.
+func TestHost(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "d/e"), 0o755)
+	for link, target := range map[string]string{
+		"host": "/etc", "up": "../../../d", "rel": "d/e", "dangling": "/missing", "loop": "/loop", "d/abs": "/d/e",
+	} {
+		os.Symlink(target, filepath.Join(root, link))
+	}
+	tr := Tree{Root: root}
+	for _, tt := range []struct {
+		path   string
+		follow bool
+		want   string // under root
+	}{
+		{"/", true, "/"},
+		{"/d/e", true, "/d/e"},
+		{"/host", false, "/host"},
+		{"/host", true, "/etc"},
+		{"/host/hostname", true, "/etc/hostname"},
+		{"/up", true, "/d"},
+		{"/up/x", false, "/d/x"},
+		{"/rel/f", true, "/d/e/f"},
+		{"/d/abs", true, "/d/e"},
+		{"/d/abs", false, "/d/abs"},
+		{"/dangling/x/y", true, "/missing/x/y"},
+		{"/new/a", true, "/new/a"},
+	} {
+		if got := tr.host(tt.path, tt.follow); got != filepath.Join(root, tt.want) {
+			t.Errorf("host(%q, follow %v) = %q, want %q under the root", tt.path, tt.follow, got, tt.want)
 		}
+	}
+	// Through the calls: no file of this machine's /etc is read, a loop
+	// reads nothing.
+	for _, p := range []string{"/host/hostname", "/dangling"} {
+		_, err := tr.Read(p, &bytes.Buffer{})
+		wantStatus(t, "read "+p, err, codes.NotFound, "reading "+p)
+	}
+	_, err := tr.Read("/loop/hostname", &bytes.Buffer{})
+	wantStatus(t, "read through a loop", err, codes.InvalidArgument, "reading /loop/hostname")
+	if got := (Tree{Root: "/"}).host("/etc/hostname", true); got != "/etc/hostname" {
+		t.Errorf("host under / = %q", got)
 	}
 }
