@@ -1,6 +1,7 @@
 // Package daemontest is a test double of daemon.Backend for the tests of
 // the daemon, of kilnd and of the daemon's client: a "sandbox" is a host
-// folder (its root, where the file calls go, through os.Root), a host
+// folder (its root, where the file calls go: package filetree's, the
+// guest agent's own, its symlinks resolved in the root), a host
 // process standing for its VMM process (sleep, which a test may kill -9),
 // and its execs are host processes (os/exec). What a VMM process keeps in
 // its memory (the values of Keep, the detached execs) this test process
@@ -220,11 +221,10 @@ func (b *Backend) Attach(ctx context.Context, dir string, paused bool) (daemon.I
 }
 
 func (b *Backend) newInstance(dir string, pid int, m meta) (*Instance, error) {
-	r, err := os.OpenRoot(filepath.Join(dir, rootDir))
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, rootDir)); err != nil {
 		return nil, err
 	}
-	in := &Instance{b: b, dir: dir, pid: pid, meta: m, root: r, done: make(chan struct{}), procs: map[*proc]bool{}}
+	in := &Instance{b: b, dir: dir, pid: pid, meta: m, done: make(chan struct{}), procs: map[*proc]bool{}}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.live == nil {
@@ -287,7 +287,6 @@ type Instance struct {
 	dir  string
 	pid  int
 	meta meta // under mu
-	root *os.Root
 
 	mu       sync.Mutex
 	done     chan struct{}
@@ -519,7 +518,6 @@ func (in *Instance) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("daemontest: close: %w", ctx.Err())
 	}
-	in.root.Close()
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("daemontest: close: %w", err)
 	}

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/daemon"
+	"github.com/kilnvm/kiln/filetree"
 )
 
 // rootEnv names the environment variable through which an exec learns
@@ -123,9 +123,9 @@ func (in *Instance) Start(ctx context.Context, opts daemon.ExecOptions) (daemon.
 // LOGNAME where its environment lacks them, and in the host's / when
 // noDir (the root is in the test's folders, which only root may enter).
 func asUser(cmd *exec.Cmd, name string, noDir bool) error {
-	u, err := accounts.Lookup("/", name)
+	u, err := filetree.LookupUser("/", name)
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "daemontest: %v", err)
+		return err
 	}
 	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	for _, kv := range []string{"HOME=" + u.Home, "USER=" + u.Name, "LOGNAME=" + u.Name} {

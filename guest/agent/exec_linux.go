@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/filetree"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -231,7 +232,7 @@ func (s *Server) startChild(spec *execSpec, p *process, attr *syscall.ProcAttr, 
 	errno, msg := parseTrampolineReport(report)
 	code := codes.Internal
 	if errno != 0 {
-		code = codeForErrno(errno)
+		code = filetree.Code(errno)
 	}
 	return status.Error(code, msg)
 }

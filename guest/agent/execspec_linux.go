@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/accounts"
+	"github.com/kilnvm/kiln/filetree"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -99,7 +100,7 @@ func newExecSpecIn(start *agentpb.ExecStart, d *ExecDefaults, root, chroot strin
 		if start.Uid != nil || start.Gid != nil {
 			return nil, invalidf("exec: user %s and uid/gid both given: name one or the other", quoteShort(name))
 		}
-		u, err := lookupUser(root, name)
+		u, err := filetree.LookupUser(root, name)
 		if err != nil {
 			return nil, status.Errorf(status.Code(err), "exec: %s", status.Convert(err).Message())
 		}
@@ -332,7 +333,7 @@ func execStatus(path string, err error) error {
 	if errno == 0 {
 		return status.Errorf(codes.Internal, "exec %s: %v", path, err)
 	}
-	return status.Errorf(codeForErrno(errno), "exec %s: %s", path, errno.Error())
+	return status.Errorf(filetree.Code(errno), "exec %s: %s", path, errno.Error())
 }
 
 // errText is err's errno text if it has one ("no such file or directory"),

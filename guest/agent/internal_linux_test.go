@@ -15,6 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kilnvm/kiln/filetree"
+	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
 func runReaper(t *testing.T, r *Reaper) {
@@ -240,27 +243,19 @@ func TestLookPath(t *testing.T) {
 	}
 }
 
-func TestFsStatus(t *testing.T) {
+// TestFileBounds: the file calls' bounds, package filetree's, are the ones
+// the API states.
+func TestFileBounds(t *testing.T) {
 	for _, tt := range []struct {
-		err  error
-		code codes.Code
-		msg  string
+		name      string
+		got, want int
 	}{
-		{&os.PathError{Op: "open", Path: "/tmp/.x.kiln-1", Err: syscall.ENOENT}, codes.NotFound, "writing /x: no such file or directory"},
-		{syscall.EEXIST, codes.AlreadyExists, "writing /x: file exists"},
-		{syscall.EACCES, codes.PermissionDenied, "writing /x: permission denied"},
-		{syscall.EPERM, codes.PermissionDenied, "writing /x: operation not permitted"},
-		{syscall.ENOSPC, codes.ResourceExhausted, "no space left on device writing /x: ENOSPC"},
-		{syscall.EFBIG, codes.ResourceExhausted, "file too large writing /x: EFBIG"},
-		{syscall.ENOTDIR, codes.InvalidArgument, "writing /x: not a directory"},
-		{syscall.EISDIR, codes.InvalidArgument, "writing /x: is a directory"},
-		{syscall.EINVAL, codes.InvalidArgument, "writing /x: invalid argument"},
-		{syscall.EIO, codes.Internal, "writing /x: input/output error"},
+		{"MaxListEntries", filetree.MaxListEntries, agentpb.MaxListEntries},
+		{"MaxWatchDirs", filetree.MaxWatchDirs, agentpb.MaxWatchDirs},
+		{"MaxUserNameBytes", filetree.MaxUserNameBytes, agentpb.MaxUserNameBytes},
 	} {
-		err := fsStatus("writing", "/x", tt.err)
-		st := status.Convert(err)
-		if st.Code() != tt.code || st.Message() != tt.msg {
-			t.Errorf("fsStatus(%v) = %v %q; want %v %q", tt.err, st.Code(), st.Message(), tt.code, tt.msg)
+		if tt.got != tt.want {
+			t.Errorf("filetree.%s = %d, agentpb's %d", tt.name, tt.got, tt.want)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/filetree"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -177,7 +178,7 @@ func (s *Server) netlinkHandle() (*netlink.Handle, error) {
 func netErr(step, iface string, err error) error {
 	code := codes.Internal
 	if errno := errnoOf(err); errno != 0 {
-		code = codeForErrno(errno)
+		code = filetree.Code(errno)
 	}
 	return status.Errorf(code, "configure network: %s %s: %v", step, iface, err)
 }
@@ -326,5 +327,5 @@ func resolvErr(path string, err error) error {
 	if errors.Is(err, syscall.EROFS) {
 		return status.Errorf(codes.FailedPrecondition, "configure network: write %s: the guest's root is read-only", path)
 	}
-	return fsStatus("configure network: writing", path, err)
+	return filetree.Status("configure network: writing", path, err)
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnvm/kiln/filetree"
 	"github.com/kilnvm/kiln/guest/agentpb"
 )
 
@@ -442,7 +443,7 @@ func (s *Server) SetHostname(_ context.Context, req *agentpb.SetHostnameRequest)
 // statusCodeOf maps err's errno to a code (Internal without one).
 func statusCodeOf(err error) codes.Code {
 	if errno := errnoOf(err); errno != 0 {
-		return codeForErrno(errno)
+		return filetree.Code(errno)
 	}
 	if errors.Is(err, context.Canceled) {
 		return codes.Canceled

@@ -1,10 +1,11 @@
-package agent
+package filetree
 
 import (
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -45,19 +46,44 @@ func TestLookupUser(t *testing.T) {
 		{name: "a:b", code: codes.InvalidArgument},
 		{name: strings.Repeat("u", 300), code: codes.InvalidArgument},
 	} {
-		u, err := lookupUser(root, tt.name)
+		u, err := LookupUser(root, tt.name)
 		if tt.code != codes.OK {
 			if status.Code(err) != tt.code || (tt.name != "" && len(tt.name) < 100 && !strings.Contains(err.Error(), tt.name)) {
-				t.Errorf("lookupUser(%q): %v, want %v naming it", tt.name, err, tt.code)
+				t.Errorf("LookupUser(%q): %v, want %v naming it", tt.name, err, tt.code)
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("lookupUser(%q): %v", tt.name, err)
+			t.Errorf("LookupUser(%q): %v", tt.name, err)
 			continue
 		}
 		if u.UID != tt.uid || u.GID != tt.gid || u.Home != tt.home || !slices.Equal(u.Groups, tt.groups) {
-			t.Errorf("lookupUser(%q) = %+v", tt.name, u)
+			t.Errorf("LookupUser(%q) = %+v", tt.name, u)
+		}
+	}
+}
+
+func TestStatus(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		code codes.Code
+		msg  string
+	}{
+		{&os.PathError{Op: "open", Path: "/tmp/.x.kiln-1", Err: syscall.ENOENT}, codes.NotFound, "writing /x: no such file or directory"},
+		{syscall.EEXIST, codes.AlreadyExists, "writing /x: file exists"},
+		{syscall.EACCES, codes.PermissionDenied, "writing /x: permission denied"},
+		{syscall.EPERM, codes.PermissionDenied, "writing /x: operation not permitted"},
+		{syscall.ENOSPC, codes.ResourceExhausted, "no space left on device writing /x: ENOSPC"},
+		{syscall.EFBIG, codes.ResourceExhausted, "file too large writing /x: EFBIG"},
+		{syscall.ENOTDIR, codes.InvalidArgument, "writing /x: not a directory"},
+		{syscall.EISDIR, codes.InvalidArgument, "writing /x: is a directory"},
+		{syscall.EINVAL, codes.InvalidArgument, "writing /x: invalid argument"},
+		{syscall.EIO, codes.Internal, "writing /x: input/output error"},
+	} {
+		err := Status("writing", "/x", tt.err)
+		st := status.Convert(err)
+		if st.Code() != tt.code || st.Message() != tt.msg {
+			t.Errorf("Status(%v) = %v %q; want %v %q", tt.err, st.Code(), st.Message(), tt.code, tt.msg)
 		}
 	}
 }
