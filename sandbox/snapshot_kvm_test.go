@@ -119,6 +119,17 @@ sleep 1`)
 	}
 	t.Logf("saved in %v", time.Since(begin).Round(time.Millisecond))
 	saved := counter(t, sb.Client()) // the original runs on: at least this
+	// The same sandbox saved on a file system with fs-verity: restored
+	// below by mapping its memory file, not copying it.
+	var verityDirSaved string
+	if vd := verityDir(t); vd != "" {
+		verityDirSaved = filepath.Join(vd, "snap")
+		begin := time.Now()
+		if err := sb.Save(ctx, verityDirSaved); err != nil {
+			t.Fatalf("Save on fs-verity: %v", err)
+		}
+		t.Logf("saved on fs-verity (the memory file sealed) in %v", time.Since(begin).Round(time.Millisecond))
+	}
 
 	t.Run("fork refuses a shared writable disk", func(t *testing.T) {
 		o := forkNIC("x")
@@ -223,6 +234,23 @@ sleep 1`)
 			t.Fatalf("the counting loop did not go on after restore: %d then %d", first, second)
 		}
 	})
+
+	if verityDirSaved != "" {
+		t.Run("restore over an fs-verity memory file", func(t *testing.T) {
+			copied := filepath.Join(tmp, "verity-data.img")
+			if err := copyFile(data, copied); err != nil {
+				t.Fatal(err)
+			}
+			checkVerityRestore(t, ctx, verityDirSaved, RestoreOptions{Net: nic("v", nil), Disks: map[string]string{"data": copied}, Process: proc}, func(r *Sandbox) {
+				if got := sh(t, r.Client(), "cat /tmp/marker"); got != "before-save" {
+					t.Errorf("tmpfs file after the restore over fs-verity: %q", got)
+				}
+				if got := sh(t, r.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
+					t.Errorf("restored data disk starts %q", got)
+				}
+			})
+		})
+	}
 
 	// Eight clones of one snapshot in the library's own process, four in
 	// VMM processes (the same checks across the process boundary; eight

@@ -52,13 +52,16 @@ func vmmSyscalls() []string {
 
 // vmmIoctls are the ioctl requests a VMM process issues: every KVM ioctl
 // package kvm issues (system, VM and vCPU), the tap's (virtio-net: TUN's,
-// for a tap opened inside the process), and the terminal and FIO requests
-// read-only queries a library may issue on a descriptor (isatty, window
-// size, bytes readable: FIONREAD is TIOCINQ).
+// for a tap opened inside the process), fs-verity's enable and measure
+// (a snapshot's memory file, sealed at save and measured at restore), and
+// the terminal and FIO requests read-only queries a library may issue on
+// a descriptor (isatty, window size, bytes readable: FIONREAD is
+// TIOCINQ).
 func vmmIoctls() []uintptr {
 	reqs := kvm.IoctlRequests()
 	reqs = append(reqs,
 		unix.TUNSETIFF, unix.TUNSETVNETHDRSZ, unix.TUNGETIFF,
+		unix.FS_IOC_ENABLE_VERITY, unix.FS_IOC_MEASURE_VERITY,
 		unix.TCGETS, unix.TIOCGWINSZ, unix.TIOCINQ,
 	)
 	return reqs

@@ -37,7 +37,20 @@
 // disks a snapshot records are never opened: the caller names each one
 // (vmm.RestoreConfig.Devices), and the state's capacity checks it.
 //
-// The memory file is copied, as its digest is checked, into a memfd that
+// Where the memory file's file system has fs-verity (ext4 made or tuned
+// with the verity feature, btrfs, f2fs), Save seals the file with it and
+// the manifest records its fs-verity digest (package fsverity): from then
+// on the file cannot be written, and the kernel checks every page read
+// from it against that digest. A restore whose memory file measures so
+// maps the file itself copy-on-write, with no copy and no hash first: it
+// reads only what the guest touches, and a page that does not match fails
+// its read (the VM stops: KVM_RUN's EFAULT, or the VMM process's SIGBUS),
+// never reaching the guest. A memory file measured with another digest is
+// ErrChecksum; one without fs-verity (the snapshot was copied off) takes
+// the copy below. Sealing costs the save a read and a hash of the whole
+// file, holes included (NoVerity skips it).
+//
+// Otherwise the memory file is copied, as its digest is checked, into a memfd that
 // is then sealed against writes, shrinking and growing (memory.NewSealed),
 // and the VM maps that copy-on-write: the memory a restored VM runs on is
 // the memory that was checked, and a write to or a truncation of the file

@@ -53,8 +53,9 @@ type Verified struct {
 	Manifest *Manifest
 	// ManifestSHA256 pins the manifest checked (WithManifestDigest).
 	ManifestSHA256 [sha256.Size]byte
-	// Memory is the checked memory, a sealed memfd (WithSealedMemory);
-	// the caller closes it.
+	// Memory is the checked memory (WithSealedMemory): a sealed memfd,
+	// or the memory file itself where it has the fs-verity digest the
+	// manifest names; the caller closes it.
 	Memory *os.File
 }
 
@@ -120,7 +121,7 @@ func (c *config) open(ctx context.Context, dir string, cfg *vmm.RestoreConfig) (
 	}
 	var fd int
 	if given >= 0 {
-		if err := memory.CheckSealed(given, int64(m.MemorySize)); err != nil {
+		if err := checkGiven(given, m); err != nil {
 			closeGiven()
 			return nil, nil, fmt.Errorf("snapshot %s: %w", dir, err)
 		}
@@ -234,6 +235,9 @@ func (c *config) memory(ctx context.Context, d *os.File, m *Manifest) (int, erro
 		return -1, err
 	}
 	defer f.Close()
+	if fd, ok, err := verityMemory(f, m); ok || err != nil {
+		return fd, err
+	}
 	return sealedMemory(ctx, c.cache, f, int64(m.MemorySize), m.MemorySHA256)
 }
 
@@ -285,6 +289,11 @@ func Sign(ctx context.Context, dir string, opts ...Option) error {
 		return fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	got, err := digestMemory(ctx, f, int64(m.MemorySize), nil)
+	if err == nil && m.MemoryVerity != "" {
+		// Read through fs-verity, the bytes checked are the ones its
+		// digest names: the digest is then as good as the manifest's.
+		err = checkVerity(f, m)
+	}
 	f.Close()
 	if err != nil {
 		return fmt.Errorf("snapshot %s: memory file: %w", dir, err)

@@ -88,6 +88,12 @@ type Manifest struct {
 	// pages that are not all zeros, each as its offset (le64) and its
 	// bytes, then the file's size (le64).
 	MemorySHA256 string `json:"memory_sha256"`
+	// MemoryVerity, when set, is the memory file's fs-verity digest
+	// (hex; SHA-256, 4 KiB blocks, no salt): Save sealed the file with
+	// fs-verity where its file system has it, and a restore whose memory
+	// file measures so maps it as it is, the kernel checking each page
+	// as it is read, instead of copying and hashing it first.
+	MemoryVerity string `json:"memory_verity,omitempty"`
 }
 
 // Info reads and checks the manifest of the snapshot in dir. With a key
@@ -213,6 +219,9 @@ func (m *Manifest) validate() error {
 	}
 	if !isDigest(m.MemorySHA256) {
 		return errors.New("the memory file's checksum is not 64 lowercase hex digits")
+	}
+	if m.MemoryVerity != "" && !isDigest(m.MemoryVerity) {
+		return errors.New("the memory file's fs-verity digest is not 64 lowercase hex digits")
 	}
 	if len(m.MemoryLayout) == 0 {
 		return errors.New("no memory layout")

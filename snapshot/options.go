@@ -13,6 +13,7 @@ type Option func(*config)
 // config is what the options set.
 type config struct {
 	overwrite bool
+	noVerity  bool // NoVerity
 	labels    map[string]string
 	log       *slog.Logger
 	key       []byte
@@ -35,6 +36,11 @@ func newConfig(opts []Option) *config {
 // where the filesystem can exchange two directories, and otherwise moved
 // aside first.
 func Overwrite() Option { return func(c *config) { c.overwrite = true } }
+
+// NoVerity has Save leave the memory file without fs-verity where its
+// file system has it: the save does not read and hash the whole file
+// again, and every restore copies and checks it instead of mapping it.
+func NoVerity() Option { return func(c *config) { c.noVerity = true } }
 
 // WithLogger sets where Save logs; slog.Default() otherwise.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
@@ -78,6 +84,7 @@ func WithCache(c *Cache) Option { return func(cf *config) { cf.cache = c } }
 // WithSealedMemory gives Load the snapshot's memory as a sealed memory
 // image (memory.NewSealed; Verify's Memory, passed from the process that
 // checked it), instead of reading the memory file. Load checks the seals
-// and the size; the digest was checked when it was made. Load takes
-// ownership of fd.
+// and the size; the digest was checked when it was made. For a snapshot
+// whose manifest has an fs-verity digest, fd may instead be its memory
+// file, whose digest Load measures. Load takes ownership of fd.
 func WithSealedMemory(fd int) Option { return func(c *config) { c.memFD = fd } }

@@ -33,6 +33,9 @@ type saver struct {
 	config
 	now    func() time.Time
 	create func(path string) (file, error)
+	// open opens a file create made, read-only (to seal it with
+	// fs-verity, which needs no writer left).
+	open func(path string) (*os.File, error)
 }
 
 func newSaver(opts []Option) *saver {
@@ -41,6 +44,9 @@ func newSaver(opts []Option) *saver {
 		now:    time.Now,
 		create: func(path string) (file, error) {
 			return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		},
+		open: func(path string) (*os.File, error) {
+			return os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 		},
 	}
 	return s
@@ -80,7 +86,7 @@ func Save(ctx context.Context, vm *vmm.VM, dir string, opts ...Option) error {
 // written into d stays for the caller to remove.
 func SaveAt(ctx context.Context, vm *vmm.VM, d *os.File, opts ...Option) error {
 	s := newSaver(opts)
-	s.create = createAt(d)
+	s.create, s.open = createAt(d), openAt(d)
 	name := d.Name()
 	var werr error
 	err := vm.Checkpoint(ctx, func(st *vmm.State) error {
@@ -101,6 +107,19 @@ func createAt(d *os.File) func(path string) (file, error) {
 		fd, err := unix.Openat(int(d.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("create %s: %w", name, err)
+		}
+		return os.NewFile(uintptr(fd), name), nil
+	}
+}
+
+// openAt opens a file of the directory d by its base name, read-only and
+// never through a link.
+func openAt(d *os.File) func(path string) (*os.File, error) {
+	return func(path string) (*os.File, error) {
+		name := filepath.Base(path)
+		fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
 		}
 		return os.NewFile(uintptr(fd), name), nil
 	}
@@ -219,10 +238,12 @@ func (s *saver) writeFiles(ctx context.Context, dir, into string, st *vmm.State,
 	if err := s.writeFile(filepath.Join(into, StateFile), stateJSON); err != nil {
 		return written, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	written, memSum, err = s.writeMemory(ctx, filepath.Join(into, MemoryFile), mem)
+	memPath := filepath.Join(into, MemoryFile)
+	written, memSum, err = s.writeMemory(ctx, memPath, mem)
 	if err != nil {
 		return written, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
+	verity := s.sealVerity(memPath)
 	m := Manifest{
 		Format:       FormatVersion,
 		Created:      s.now().UTC(),
@@ -234,6 +255,7 @@ func (s *saver) writeFiles(ctx context.Context, dir, into string, st *vmm.State,
 		MemorySize:   mem.Size(),
 		MemoryLayout: st.Memory,
 		MemorySHA256: memSum,
+		MemoryVerity: verity,
 		Devices:      st.Specs(),
 		Labels:       s.labels,
 	}

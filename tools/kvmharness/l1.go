@@ -27,7 +27,8 @@ import (
 // (conntrack state, NAT masquerade, reject) with conntrack's netlink (its
 // policy updates cut connections), and overlay, bridge and tc's ingress,
 // u32 and mirred for containerd, its CNI bridge and the shim's pod
-// network (the containerd shim's tests). Dependencies (irqbypass, ccp,
+// network (the containerd shim's tests), and loop and ext4 for a file
+// system with fs-verity (the snapshot tests). Dependencies (irqbypass, ccp,
 // virtio_ring, netfs, fscache, nfnetlink, nf_conntrack, nf_nat...) follow;
 // soft ones do not: crc32c_generic comes before nf_tables, whose libcrc32c
 // asks the crypto API for crc32c (L1 has no modprobe to load it then).
@@ -36,7 +37,7 @@ func l1Modules() (required, optional []string) {
 		[]string{"tun", "veth", "vhost_net", "vhost_vsock",
 			"crc32c_generic", "nf_tables", "nft_ct", "nft_chain_nat", "nft_nat", "nft_masq",
 			"nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nf_conntrack_netlink",
-			"overlay", "bridge", "sch_ingress", "cls_u32", "act_mirred"}
+			"overlay", "bridge", "sch_ingress", "cls_u32", "act_mirred", "loop", "ext4"}
 }
 
 // l1Config describes one L1 VM.
