@@ -123,10 +123,14 @@ func checkVerityRestore(t *testing.T, ctx context.Context, dir string, opts Rest
 	}
 
 	// Crafted after the save: a copy with one byte flipped in its
-	// first data page, put in place of the memory file.
+	// first data page (both made from the saved file first), put in
+	// place of the memory file.
+	craftedPath := func(sealed bool) string { return filepath.Join(filepath.Dir(dir), fmt.Sprintf("crafted-%v", sealed)) }
 	for _, sealed := range []bool{true, false} {
-		crafted := filepath.Join(filepath.Dir(dir), fmt.Sprintf("crafted-%v", sealed))
-		copyFlipped(t, mem, crafted)
+		copyFlipped(t, mem, craftedPath(sealed))
+	}
+	for _, sealed := range []bool{true, false} {
+		crafted := craftedPath(sealed)
 		if sealed {
 			f := mustOpen(t, crafted)
 			if err := fsverity.Enable(f); err != nil {
