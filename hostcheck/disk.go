@@ -22,18 +22,10 @@ const (
 // its nearest existing parent's) has room.
 func CheckDisk(_ context.Context, h *Host) Result {
 	r := Result{Required: true}
-	dir := h.StateDir
-	for {
-		_, err := os.Stat(dir)
-		if err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if !errors.Is(err, fs.ErrNotExist) || parent == dir {
-			r.Status, r.Detail = Fail, err.Error()
-			return r
-		}
-		dir = parent
+	dir, err := existingParent(h.StateDir)
+	if err != nil {
+		r.Status, r.Detail = Fail, err.Error()
+		return r
 	}
 	var st unix.Statfs_t
 	if err := h.statfs(dir, &st); err != nil {
@@ -56,6 +48,22 @@ func CheckDisk(_ context.Context, h *Host) Result {
 		r.Hint = "sandboxes' disks, checkpoints and templates live there: free space or use a larger file system"
 	}
 	return r
+}
+
+// existingParent is dir, or its nearest parent that exists when dir does
+// not yet (kilnd makes its state folder).
+func existingParent(dir string) (string, error) {
+	for {
+		_, err := os.Stat(dir)
+		if err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if !errors.Is(err, fs.ErrNotExist) || parent == dir {
+			return "", err
+		}
+		dir = parent
+	}
 }
 
 func gib(n uint64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }

@@ -97,6 +97,9 @@ type Host struct {
 	// UnshareNet makes a network namespace and leaves it; nil: the real
 	// one (unshare on a thread of its own).
 	UnshareNet func() error
+	// ProbeVerity seals a new file in a folder with fs-verity (then
+	// removes it); nil: the real one.
+	ProbeVerity func(dir string) error
 }
 
 // Default is this host, with kilnd's defaults.
@@ -139,6 +142,7 @@ func Checks() []Check {
 		{"ip-forward", CheckIPForward},
 		{"guest-ram-hugepages", CheckHugePages},
 		{"disk", CheckDisk},
+		{"snapshot-verity", CheckSnapshotVerity},
 		{"guest-kernel", CheckKernel},
 		{"agent", CheckAgent},
 		{"vmm", CheckVMM},

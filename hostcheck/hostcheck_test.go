@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kilnvm/kiln/fsverity"
 	"github.com/kilnvm/kiln/sandbox"
 )
 
@@ -79,6 +80,7 @@ func (tr *tree) host() *Host {
 		ProbeKVM:       func(string) error { return nil },
 		ListTables:     func() (int, error) { return 2, nil },
 		UnshareNet:     func() error { return nil },
+		ProbeVerity:    func(string) error { return nil },
 	}
 }
 
@@ -208,6 +210,12 @@ func TestChecks(t *testing.T) {
 		}, want: Warn, detail: "holds", notReq: true},
 
 		{name: "disk", check: "disk", want: OK, detail: "not made yet"},
+		{name: "verity, no state folder yet", check: "snapshot-verity", want: OK, detail: "not made yet", notReq: true},
+		{name: "verity", check: "snapshot-verity", modify: func(tr *tree, h *Host) { os.MkdirAll(h.StateDir, 0o700) }, want: OK, detail: "first restores map", notReq: true},
+		{name: "no verity", check: "snapshot-verity", modify: func(tr *tree, h *Host) {
+			os.MkdirAll(h.StateDir, 0o700)
+			h.ProbeVerity = func(string) error { return fmt.Errorf("x: %w", fsverity.ErrUnsupported) }
+		}, want: Warn, detail: "copies and hashes", hint: "tune2fs -O verity", notReq: true},
 		{name: "disk low", check: "disk", modify: func(tr *tree, h *Host) { h.Statfs = fakeStatfs(cgroup2Magic, 5<<30) }, want: Warn, detail: "5.0 GiB free, under 10.0 GiB"},
 		{name: "disk full", check: "disk", modify: func(tr *tree, h *Host) { h.Statfs = fakeStatfs(cgroup2Magic, 100<<20) }, want: Fail, detail: "0.1 GiB free"},
 
