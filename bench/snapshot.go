@@ -263,6 +263,44 @@ type RestoreResult struct {
 	Exec time.Duration
 	// Guest is the restored VM's guest memory after the exec.
 	Guest MemUsage
+	// Phases are where sandbox.Restore's time went (Sandbox.Phases),
+	// and FirstExec the exec of true after it.
+	Phases    []sandbox.Phase
+	FirstExec time.Duration
+}
+
+// RestorePhaseMedians are the median of each phase over restores, in the order
+// of the first one's phases, then the first exec's ("exec").
+func RestorePhaseMedians(restores []RestoreResult) []sandbox.Phase {
+	if len(restores) == 0 {
+		return nil
+	}
+	var out []sandbox.Phase
+	for _, p := range restores[0].Phases {
+		var ds []time.Duration
+		for _, r := range restores {
+			for _, q := range r.Phases {
+				if q.Name == p.Name {
+					ds = append(ds, q.Took)
+				}
+			}
+		}
+		out = append(out, sandbox.Phase{Name: p.Name, Took: Median(ds)})
+	}
+	execs := make([]time.Duration, len(restores))
+	for i, r := range restores {
+		execs[i] = r.FirstExec
+	}
+	return append(out, sandbox.Phase{Name: "exec", Took: Median(execs)})
+}
+
+// restorePhases prints phases as "name 12ms, ...".
+func restorePhases(phases []sandbox.Phase) string {
+	parts := make([]string, len(phases))
+	for i, p := range phases {
+		parts[i] = fmt.Sprintf("%s %v", p.Name, p.Took.Round(time.Millisecond))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // SnapshotReport is what RunSnapshot measured.
@@ -455,9 +493,12 @@ func (r *snapRunner) restore(ctx context.Context, dir string, cache *snapshot.Ca
 		return res, fmt.Errorf("restore: %w", err)
 	}
 	defer sb.Close(context.Background())
+	res.Phases = sb.Phases()
+	restored := time.Now()
 	if err := snapExecTrue(ctx, sb); err != nil {
 		return res, fmt.Errorf("restore: first %w", err)
 	}
+	res.FirstExec = time.Since(restored)
 	res.Exec = time.Since(start)
 	if res.Guest, err = GuestUsage(sb); err != nil {
 		return res, err
@@ -645,7 +686,7 @@ func RunSnapshot(ctx context.Context, spec SnapshotSpec, progress io.Writer) (re
 			return rep, fmt.Errorf("bench: restore %d: %w", i+1, err)
 		}
 		rep.Restores = append(rep.Restores, rr)
-		r.logf("restore %d: to first exec %v; guest memory %v", i+1, rr.Exec.Round(time.Millisecond), rr.Guest)
+		r.logf("restore %d: to first exec %v (%s); guest memory %v", i+1, rr.Exec.Round(time.Millisecond), restorePhases(rr.Phases), rr.Guest)
 		if peer == nil {
 			continue
 		}
@@ -679,7 +720,7 @@ func RunSnapshot(ctx context.Context, spec SnapshotSpec, progress io.Writer) (re
 			continue
 		}
 		rep.CachedRestores = append(rep.CachedRestores, rr)
-		r.logf("cached restore %d: to first exec %v; guest memory %v", i, rr.Exec.Round(time.Millisecond), rr.Guest)
+		r.logf("cached restore %d: to first exec %v (%s); guest memory %v", i, rr.Exec.Round(time.Millisecond), restorePhases(rr.Phases), rr.Guest)
 	}
 	cache.Close()
 	if err := parent.VM().Resume(); err != nil {
@@ -689,9 +730,11 @@ func RunSnapshot(ctx context.Context, spec SnapshotSpec, progress io.Writer) (re
 		r.logf("restore to first exec: median %v over %d; cold boot to first exec: median %v over %d; ratio %.3f",
 			rep.RestoreMedian().Round(time.Millisecond), len(rep.Restores),
 			rep.ColdStart().Round(time.Millisecond), len(rep.ColdStarts), rep.RestoreRatio())
+		r.logf("restore phases, medians: %s", restorePhases(RestorePhaseMedians(rep.Restores)))
 	}
 	if len(rep.CachedRestores) > 0 {
 		r.logf("cached restore to first exec: median %v over %d", rep.CachedRestoreMedian().Round(time.Millisecond), len(rep.CachedRestores))
+		r.logf("cached restore phases, medians: %s", restorePhases(RestorePhaseMedians(rep.CachedRestores)))
 	}
 	if p := rep.Peer; p != nil && len(p.Restores) > 0 {
 		r.logf("qemu microvm: restore to first exec: median %v over %d; cold boot to first exec %v; ratio %.3f",

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kilnvm/kiln/internal/kvmtest"
+	"github.com/kilnvm/kiln/sandbox"
 )
 
 // testLogWriter sends each line written to it to t.Log.
@@ -215,5 +217,32 @@ func TestPeerRestoreRatio(t *testing.T) {
 	}
 	if r := (PeerSnapshot{}).RestoreRatio(); r != 0 {
 		t.Errorf("RestoreRatio without a cold start = %v", r)
+	}
+}
+
+func TestRestorePhaseMedians(t *testing.T) {
+	ph := func(ms ...int) []sandbox.Phase {
+		names := []string{sandbox.PhasePrepare, sandbox.PhaseMemory, sandbox.PhaseRestore}
+		out := make([]sandbox.Phase, len(ms))
+		for i, m := range ms {
+			out[i] = sandbox.Phase{Name: names[i], Took: time.Duration(m) * time.Millisecond}
+		}
+		return out
+	}
+	rs := []RestoreResult{
+		{Phases: ph(1, 10, 100), FirstExec: 5 * time.Millisecond},
+		{Phases: ph(3, 30, 300), FirstExec: 7 * time.Millisecond},
+		{Phases: ph(2, 20), FirstExec: 6 * time.Millisecond}, // a phase missing
+	}
+	got := RestorePhaseMedians(rs)
+	want := []sandbox.Phase{{Name: sandbox.PhasePrepare, Took: 2 * time.Millisecond}, {Name: sandbox.PhaseMemory, Took: 20 * time.Millisecond}, {Name: sandbox.PhaseRestore, Took: 200 * time.Millisecond}, {Name: "exec", Took: 6 * time.Millisecond}}
+	if !slices.Equal(got, want) {
+		t.Errorf("RestorePhaseMedians = %v, want %v", got, want)
+	}
+	if got := restorePhases(want[:2]); got != "prepare 2ms, memory 20ms" {
+		t.Errorf("restorePhases = %q", got)
+	}
+	if RestorePhaseMedians(nil) != nil {
+		t.Error("no restores: phases")
 	}
 }

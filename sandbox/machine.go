@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/jail"
@@ -340,18 +342,25 @@ func (s *Sandbox) startMachine(ctx context.Context, cfg vmm.Config, proc *Proces
 // key: this process checks the snapshot (snapshot.Verify) and hands it
 // the manifest's digest and the memory's sealed copy.
 func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.RestoreConfig, proc *ProcessOptions, key []byte, cache *snapshot.Cache) (machine, error) {
-	if proc == nil {
-		vm, err := snapshot.Load(dir, cfg, snapshot.WithKey(key), snapshot.WithCache(cache))
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
-		return newLocalVM(vm), nil
-	}
 	v, err := snapshot.Verify(ctx, dir, snapshot.WithKey(key), snapshot.WithCache(cache))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	defer v.Memory.Close()
+	s.mark(PhaseMemory)
+	if proc == nil {
+		// The memory Verify checked, as a VMM process gets it: Load
+		// takes a descriptor of its own.
+		fd, err := unix.FcntlInt(v.Memory.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: snapshot memory: %w", err)
+		}
+		vm, err := snapshot.Load(dir, cfg, snapshot.WithManifestDigest(v.ManifestSHA256), snapshot.WithSealedMemory(fd))
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		return newLocalVM(vm), nil
+	}
 	return s.processMachine(ctx, *proc, cfg.Console, cfg.Devices, func(p *vmmproc.Process) error {
 		return p.Restore(ctx, dir, v.ManifestSHA256, v.Memory, cfg.Devices)
 	})
@@ -364,6 +373,7 @@ func (s *Sandbox) processMachine(ctx context.Context, proc ProcessOptions, conso
 	if err != nil {
 		return nil, err
 	}
+	s.markTimed(PhaseSpawn)
 	if err := create(m.p); err != nil {
 		m.release(context.Background())
 		return nil, fmt.Errorf("sandbox: %w", err)

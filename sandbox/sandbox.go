@@ -143,6 +143,10 @@ type Sandbox struct {
 	console  *tail
 	log      *slog.Logger
 	started  time.Time
+	// phases and lastMark time the start (mark); written by the
+	// goroutine that starts the sandbox, before it is handed out.
+	phases   []Phase
+	lastMark time.Time
 
 	// life serialises Save, Fork and Close.
 	life sync.Mutex

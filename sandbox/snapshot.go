@@ -252,9 +252,11 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if err := s.restoreImage(src.what, src.devices, opts, &cfg); err != nil {
 		return nil, err
 	}
+	s.mark(PhasePrepare)
 	if s.m, err = src.machine(s, cfg); err != nil {
 		return nil, err
 	}
+	s.mark(PhaseRestore)
 	s.run()
 	timeout := opts.Timeout
 	if timeout <= 0 {
@@ -263,9 +265,11 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
 	}
+	s.mark(PhaseAgent)
 	if err := s.freshen(ctx, opts.Hostname, oldMAC); err != nil {
 		return nil, err
 	}
+	s.mark(PhaseFreshen)
 	return s, nil
 }
 
