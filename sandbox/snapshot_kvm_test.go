@@ -248,6 +248,17 @@ sleep 1`)
 				if got := sh(t, r.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
 					t.Errorf("restored data disk starts %q", got)
 				}
+			}, func(r *Sandbox) {
+				// A fork freezes memory mapped over the file (a
+				// template's first restore, then its pool's forks).
+				kids, err := r.Fork(ctx, 1, forkNIC("vf"))
+				if err != nil {
+					t.Fatalf("Fork of the sandbox restored over fs-verity: %v", err)
+				}
+				defer kids[0].Close(context.Background())
+				if got := sh(t, kids[0].Client(), "cat /tmp/marker; hostname"); !strings.HasPrefix(got, "before-save\n") {
+					t.Errorf("the child of the sandbox restored over fs-verity: %q", got)
+				}
 			})
 		})
 	}

@@ -87,8 +87,10 @@ func mappedFrom(t *testing.T, pid int, path string) (rss uint64, found bool) {
 // system at dir: the manifest names the memory file's digest, the VM maps
 // that file (no copy: what is resident after the first exec is what the
 // guest touched since, less than the file's data), and a memory file
-// crafted after the save is refused, sealed with fs-verity or not.
-func checkVerityRestore(t *testing.T, ctx context.Context, dir string, opts RestoreOptions, check func(*Sandbox)) {
+// crafted after the save is refused, sealed with fs-verity or not. check
+// runs the restored sandbox's first execs, then (once what it mapped is
+// measured) after its further checks (a fork).
+func checkVerityRestore(t *testing.T, ctx context.Context, dir string, opts RestoreOptions, check, after func(*Sandbox)) {
 	m, err := snapshot.Info(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +114,7 @@ func checkVerityRestore(t *testing.T, ctx context.Context, dir string, opts Rest
 	}
 	check(r)
 	rss, found := mappedFrom(t, r.PID(), mem)
+	after(r)
 	r.Close(context.Background())
 	if !found {
 		t.Fatalf("the restored VM does not map its memory file %s", mem)
