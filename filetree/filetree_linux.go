@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnvm/kiln/accounts"
 	"github.com/kilnvm/kiln/dirwatch"
+	"github.com/kilnvm/kiln/stmode"
 )
 
 // Bounds of the calls (the guest agent's API states them as its own,
@@ -151,17 +152,7 @@ func CleanPath(p string) (string, error) {
 
 // fileMode converts Unix permission bits (07777) to an fs.FileMode.
 func fileMode(perm uint32) fs.FileMode {
-	m := fs.FileMode(perm & 0o777)
-	if perm&syscall.S_ISUID != 0 {
-		m |= fs.ModeSetuid
-	}
-	if perm&syscall.S_ISGID != 0 {
-		m |= fs.ModeSetgid
-	}
-	if perm&syscall.S_ISVTX != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
+	return stmode.FileMode(stmode.IFREG | perm&permBits)
 }
 
 // checkPerm validates a caller's permission bits; 0 means def.

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kilnvm/kiln/guestkernel"
 	"github.com/kilnvm/kiln/image"
 	"github.com/kilnvm/kiln/jail"
@@ -349,13 +347,7 @@ func (s *Sandbox) restoreMachine(ctx context.Context, dir string, cfg vmm.Restor
 	defer v.Memory.Close()
 	s.mark(PhaseMemory)
 	if proc == nil {
-		// The memory Verify checked, as a VMM process gets it: Load
-		// takes a descriptor of its own.
-		fd, err := unix.FcntlInt(v.Memory.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: snapshot memory: %w", err)
-		}
-		vm, err := snapshot.Load(dir, cfg, snapshot.WithManifestDigest(v.ManifestSHA256), snapshot.WithSealedMemory(fd))
+		vm, err := snapshot.LoadVerified(v, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}

@@ -527,3 +527,33 @@ func FuzzOpen(f *testing.F) {
 		}
 	})
 }
+
+// TestLoadVerifiedChecks checks LoadVerified's refusals, which come before
+// any VM: a config that does not fit the snapshot's state, a Verified that
+// Verify did not make, and a second restore of one.
+func TestLoadVerifiedChecks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	mem, _ := testMemory(t)
+	if err := quietSaver().write(context.Background(), dir, testState(), mem); err != nil {
+		t.Fatal(err)
+	}
+	if err := Sign(context.Background(), dir, WithKey(testKey)); err != nil {
+		t.Fatal(err)
+	}
+	v, err := Verify(context.Background(), dir, WithKey(testKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Memory.Close()
+	cfg := testConfig()
+	cfg.Devices = append(cfg.Devices, virtio.DeviceSpec{ID: "nosuch", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Path: "/nonexistent"}})
+	if _, err := LoadVerified(v, cfg); !errors.Is(err, ErrMismatch) {
+		t.Errorf("LoadVerified with a device the snapshot lacks: %v, want ErrMismatch", err)
+	}
+	if _, err := LoadVerified(v, testConfig()); err == nil || !strings.Contains(err.Error(), "restored already") {
+		t.Errorf("a second LoadVerified: %v", err)
+	}
+	if _, err := LoadVerified(&Verified{}, testConfig()); err == nil {
+		t.Error("LoadVerified of a Verified Verify did not make: no error")
+	}
+}

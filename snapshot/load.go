@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,6 +58,38 @@ type Verified struct {
 	// or the memory file itself where it has the fs-verity digest the
 	// manifest names; the caller closes it.
 	Memory *os.File
+
+	dir   string
+	state *vmm.State // the state file, checked (LoadVerified)
+}
+
+// LoadVerified is Load of the snapshot v checked, in this process, with
+// no file of it read or checked again: the caller's config against its
+// state, then the VM restored over a copy-on-write mapping of v.Memory
+// (which stays the caller's to close). v restores once.
+func LoadVerified(v *Verified, cfg vmm.RestoreConfig) (*vmm.VM, error) {
+	if v.state == nil {
+		return nil, errors.New("snapshot: LoadVerified of a snapshot Verify did not check, or restored already")
+	}
+	st := v.state
+	v.state = nil
+	if err := checkRestore(st, &cfg); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", v.dir, err)
+	}
+	fd, err := unix.FcntlInt(v.Memory.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: memory: %w", v.dir, err)
+	}
+	mem, err := memory.MapFile(fd, st.Layout(), true)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("snapshot %s: map memory: %w", v.dir, err)
+	}
+	vm, err := vmm.Restore(cfg, st, mem) // closes mem when it fails
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", v.dir, err)
+	}
+	return vm, nil
 }
 
 // Verify checks the snapshot in dir as Load does, without building a
@@ -75,14 +108,15 @@ func Verify(ctx context.Context, dir string, opts ...Option) (*Verified, error) 
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	if _, err := readState(d, m); err != nil {
+	st, err := readState(d, m)
+	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	fd, err := c.memory(ctx, d, m)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	return &Verified{Manifest: m, ManifestSHA256: sha256.Sum256(b), Memory: os.NewFile(uintptr(fd), "snapshot memory")}, nil
+	return &Verified{Manifest: m, ManifestSHA256: sha256.Sum256(b), Memory: os.NewFile(uintptr(fd), "snapshot memory"), dir: dir, state: st}, nil
 }
 
 // open checks the snapshot in dir against cfg and returns its state and
@@ -111,13 +145,9 @@ func (c *config) open(ctx context.Context, dir string, cfg *vmm.RestoreConfig) (
 		closeGiven()
 		return nil, nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	if err := checkDisks(st, cfg); err != nil {
+	if err := checkRestore(st, cfg); err != nil {
 		closeGiven()
-		return nil, nil, fmt.Errorf("snapshot %s: %w: %w", dir, err, ErrMismatch)
-	}
-	if _, err := st.Check(cfg); err != nil {
-		closeGiven()
-		return nil, nil, fmt.Errorf("snapshot %s: %w: %w", dir, err, ErrMismatch)
+		return nil, nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	var fd int
 	if given >= 0 {
@@ -135,6 +165,18 @@ func (c *config) open(ctx context.Context, dir string, cfg *vmm.RestoreConfig) (
 		return nil, nil, fmt.Errorf("snapshot %s: map memory: %w", dir, err)
 	}
 	return st, mem, nil
+}
+
+// checkRestore checks cfg against the snapshot's state st: its disks
+// named (checkDisks), its vCPUs, memory and device types.
+func checkRestore(st *vmm.State, cfg *vmm.RestoreConfig) error {
+	if err := checkDisks(st, cfg); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrMismatch)
+	}
+	if _, err := st.Check(cfg); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrMismatch)
+	}
+	return nil
 }
 
 // checkDisks checks that cfg names the image of every disk of st: the
