@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -128,6 +129,12 @@ type Machine interface {
 	// entropy, the host's time, and the host name (a warm pool's sandbox
 	// handed out).
 	Refresh(ctx context.Context, hostname string) error
+	// DialPort connects to TCP port port (1 to 65535) on the guest's
+	// loopback, through the guest's agent and not its network card, so
+	// that what listens there (on any address of the guest) is reached
+	// and nothing else is opened. A guest that refuses is ErrPortRefused.
+	// The connection outlives ctx, which bounds the dial only.
+	DialPort(ctx context.Context, port int) (net.Conn, error)
 	// Info asks the guest about itself: its memory (MemTotal,
 	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
 	// the server samples for GetSandboxMetrics.
@@ -409,4 +416,7 @@ var (
 	ErrNotKept = errors.New("no such kept value")
 	// ErrMachineExited: the sandbox's machine (its VMM process) died.
 	ErrMachineExited = errors.New("the sandbox's machine exited")
+	// ErrPortRefused: Instance.DialPort's guest refused the connection
+	// (nothing listens on the port, or it forwards too many already).
+	ErrPortRefused = errors.New("the guest refused the connection")
 )

@@ -55,8 +55,10 @@ type box struct {
 	// pause or hibernation does not wait for them (a hibernation ends
 	// them; the processes run on in the guest).
 	streams int
-	timer   Timer
-	execs   *execTable
+	// forwards are its ForwardPort calls in flight (MaxForwardsPerBox).
+	forwards int
+	timer    Timer
+	execs    *execTable
 	// secrets are the sandbox's secrets, in this process's memory only
 	// (its VMM process keeps them too: see secrets.go); rec names them.
 	secrets []secret

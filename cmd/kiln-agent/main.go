@@ -100,6 +100,7 @@ func run(ctx context.Context, log *slog.Logger, level *slog.LevelVar, isInit boo
 			}
 		}
 	}
+	servePorts(ctx, log)
 	ln, err := vsock.Listen(agentpb.Port, nil)
 	if err != nil {
 		return fmt.Errorf("listening on vsock port %d: %w", agentpb.Port, err)
@@ -131,4 +132,21 @@ func consoleStdio() {
 	if fd > 2 {
 		unix.Close(fd)
 	}
+}
+
+// servePorts forwards connections to the guest's ports (vsock port
+// agentpb.ForwardPort) while ctx lasts. A sandbox whose agent cannot
+// listen there still serves the agent's API: its ports are unreachable,
+// which the host's dial reports.
+func servePorts(ctx context.Context, log *slog.Logger) {
+	ln, err := vsock.Listen(agentpb.ForwardPort, nil)
+	if err != nil {
+		log.Error("not forwarding the guest's ports", "vsock_port", agentpb.ForwardPort, "err", err)
+		return
+	}
+	go func() {
+		if err := agent.ServePorts(ctx, ln, log); err != nil {
+			log.Error("forwarding the guest's ports", "err", err)
+		}
+	}()
 }

@@ -56,6 +56,7 @@ func runService(ctx context.Context, log *slog.Logger, level *slog.LevelVar) err
 		log.Warn("no delegated cgroup: execs run in the agent's", "err", err)
 		cgroupRoot = ""
 	}
+	servePorts(ctx, log)
 	ln, err := vsock.Listen(agentpb.Port, nil)
 	if err != nil {
 		return fmt.Errorf("listening on vsock port %d: %w", agentpb.Port, err)

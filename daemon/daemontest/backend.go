@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -464,6 +465,21 @@ func (in *Instance) Network() (*daemon.NetSpec, *daemon.NetworkConfig) {
 // Pause stops the stand-in VMM process (SIGSTOP); Resume continues it.
 func (in *Instance) Pause(ctx context.Context) error  { return in.signal(syscall.SIGSTOP) }
 func (in *Instance) Resume(ctx context.Context) error { return in.signal(syscall.SIGCONT) }
+
+// DialPort connects to port on the host's loopback, where the double's
+// execs (host processes) listen; a refused connection is
+// daemon.ErrPortRefused.
+func (in *Instance) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if in.ended() {
+		return nil, fmt.Errorf("daemontest: sandbox %s: %w", in.dir, daemon.ErrMachineExited)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("daemontest: port %d: %w", port, daemon.ErrPortRefused)
+	}
+	return c, err
+}
 
 func (in *Instance) signal(sig syscall.Signal) error {
 	if err := syscall.Kill(in.pid, sig); err != nil {

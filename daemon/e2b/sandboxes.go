@@ -31,12 +31,13 @@ import (
 // sandboxJSON is the schema's Sandbox: what create, connect and fork
 // return.
 type sandboxJSON struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
-	Domain          *string `json:"domain,omitempty"`
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken string  `json:"trafficAccessToken,omitempty"`
+	Domain             *string `json:"domain,omitempty"`
 }
 
 // listedSandbox is the schema's ListedSandbox.
@@ -214,12 +215,13 @@ func (s *Server) accessToken(r *http.Request, sb *kilnpb.Sandbox) string {
 
 func (s *Server) sandboxJSON(r *http.Request, sb *kilnpb.Sandbox) *sandboxJSON {
 	return &sandboxJSON{
-		SandboxID:       sb.GetId(),
-		TemplateID:      templateID(sb),
-		ClientID:        ClientID,
-		EnvdVersion:     envd.Version,
-		EnvdAccessToken: s.accessToken(r, sb),
-		Domain:          s.domainPtr(),
+		SandboxID:          sb.GetId(),
+		TemplateID:         templateID(sb),
+		ClientID:           ClientID,
+		EnvdVersion:        envd.Version,
+		EnvdAccessToken:    s.accessToken(r, sb),
+		TrafficAccessToken: s.trafficToken(sb),
+		Domain:             s.domainPtr(),
 	}
 }
 
@@ -301,11 +303,7 @@ func egressFrom(allowInternet *bool, n *networkConfig) (*kilnpb.EgressPolicy, er
 	case set(n.EgressProxy):
 		return nil, errorf(http.StatusBadRequest, "network.egressProxy: Kiln does not send egress through a proxy")
 	case len(n.HTTPSPorts) > 0:
-		return nil, errorf(http.StatusBadRequest, "network.httpsPorts: Kiln does not serve sandbox ports")
-	case n.MaskRequestHost != nil:
-		return nil, errorf(http.StatusBadRequest, "network.maskRequestHost: Kiln does not serve sandbox ports")
-	case n.AllowPublicTraffic != nil && *n.AllowPublicTraffic:
-		return nil, errorf(http.StatusBadRequest, "network.allowPublicTraffic: Kiln does not serve sandbox ports publicly")
+		return nil, errorf(http.StatusBadRequest, "network.httpsPorts: Kiln serves a sandbox's ports over the API's own listener (TLS where it has it), not per port")
 	}
 	if allowInternet == nil {
 		allowInternet = n.AllowInternetAccess
@@ -413,7 +411,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		creq.Source = &kilnpb.CreateSandboxRequest_Template{Template: tp.GetId()}
 		memMiB = uint64(tp.GetResources().GetMemoryMib())
 	}
-	creq.Labels = map[string]string{TenantLabel: tenant, TemplateLabel: req.TemplateID}
+	creq.Labels, err = portLabels(req.Network)
+	if err != nil {
+		return err
+	}
+	creq.Labels[TenantLabel] = tenant
+	creq.Labels[TemplateLabel] = req.TemplateID
 	for k, v := range req.Metadata {
 		creq.Labels[k] = v
 	}
@@ -907,6 +910,9 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, tenant st
 	egress, err := egressFrom(nil, &req)
 	if err != nil {
 		return err
+	}
+	if req.AllowPublicTraffic != nil || req.MaskRequestHost != nil {
+		return errorf(http.StatusBadRequest, "network.allowPublicTraffic and maskRequestHost are a create's: a running sandbox's stay")
 	}
 	if egress == nil {
 		egress = &kilnpb.EgressPolicy{Mode: kilnpb.EgressPolicy_MODE_ALLOW_ALL}

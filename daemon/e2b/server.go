@@ -3,7 +3,9 @@
 // timeouts, pause and resume, fork, snapshots, metrics), with API keys and
 // tenants, and envd (the in-sandbox API, package envd) on the same
 // listener, routed by the E2b-Sandbox-Id header or by a PORT-ID.DOMAIN
-// host name. It is a translator: everything goes through kiln.v1 (a
+// host name, as are a sandbox's other ports (ports.go: proxied into the
+// guest through kiln.v1's ForwardPort, behind its traffic access token
+// when they are private). It is a translator: everything goes through kiln.v1 (a
 // kilnpb.KilnClient), kilnd's own API.
 package e2b
 
@@ -97,6 +99,7 @@ type Server struct {
 	log        *slog.Logger
 	now        func() time.Time
 	mux        *http.ServeMux
+	ports      *http.Transport // the ports' proxy's (ports.go)
 
 	authLog   limiter   // of failed authentications' log lines
 	admission admission // of tenants' requests against their quotas
@@ -134,6 +137,7 @@ func New(cfg Config) (*Server, error) {
 	if s.envd == nil {
 		s.envd = envd.New(cfg.Kiln, log)
 	}
+	s.ports = portsTransport(cfg.Kiln)
 	if s.defTimeout <= 0 {
 		s.defTimeout = defaultTimeout
 	}
@@ -249,8 +253,7 @@ func parseSandboxHost(host, domain string) (id string, port int, ok bool) {
 // hands it to envd.
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string, port int) {
 	if port != EnvdPort {
-		writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway,
-			Message: fmt.Sprintf("port %d of sandbox %s: Kiln serves only envd (port %d) of a sandbox; its other ports are not reachable through this API", port, id, EnvdPort)})
+		s.servePort(w, r, id, port)
 		return
 	}
 	if len(id) > 128 {

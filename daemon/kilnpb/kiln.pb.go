@@ -254,7 +254,7 @@ func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Op.Descriptor instead.
 func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{44, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{46, 0}
 }
 
 type Event_Kind int32
@@ -324,7 +324,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{61, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{63, 0}
 }
 
 type Resources struct {
@@ -3385,6 +3385,122 @@ func (x *MoveRequest) GetDestination() string {
 	return ""
 }
 
+type ForwardPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first request's only: the sandbox and the TCP port (1 to 65535).
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Port      uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// Bytes for the guest, at most 1 MiB per request.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortRequest) Reset() {
+	*x = ForwardPortRequest{}
+	mi := &file_kiln_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortRequest) ProtoMessage() {}
+
+func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
+func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ForwardPortRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForwardPortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ForwardPortRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ForwardPortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes from the guest; the first response has none.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The guest's side has ended: no data follows.
+	Eof           bool `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortResponse) Reset() {
+	*x = ForwardPortResponse{}
+	mi := &file_kiln_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortResponse) ProtoMessage() {}
+
+func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
+func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ForwardPortResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ForwardPortResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
 type WatchDirRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -3396,7 +3512,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3524,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3537,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{43}
+	return file_kiln_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -3460,7 +3576,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3588,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3601,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{44}
+	return file_kiln_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -3537,7 +3653,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3549,7 +3665,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3562,7 +3678,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{45}
+	return file_kiln_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CheckpointInfo) GetId() string {
@@ -3620,7 +3736,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3632,7 +3748,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3645,7 +3761,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{46}
+	return file_kiln_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CheckpointRequest) GetSandboxId() string {
@@ -3679,7 +3795,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +3807,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +3820,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{47}
+	return file_kiln_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RollbackRequest) GetSandboxId() string {
@@ -3730,7 +3846,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3858,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3871,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{48}
+	return file_kiln_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListCheckpointsRequest) GetSandboxId() string {
@@ -3774,7 +3890,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3786,7 +3902,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3799,7 +3915,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{49}
+	return file_kiln_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -3818,7 +3934,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3830,7 +3946,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3843,7 +3959,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{50}
+	return file_kiln_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteCheckpointRequest) GetId() string {
@@ -3861,7 +3977,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3873,7 +3989,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3886,7 +4002,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{51}
+	return file_kiln_proto_rawDescGZIP(), []int{53}
 }
 
 type ForkRequest struct {
@@ -3909,7 +4025,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3921,7 +4037,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3934,7 +4050,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{52}
+	return file_kiln_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ForkRequest) GetSource() isForkRequest_Source {
@@ -4032,7 +4148,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_kiln_proto_msgTypes[53]
+	mi := &file_kiln_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4160,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[53]
+	mi := &file_kiln_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4173,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{53}
+	return file_kiln_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Template) GetId() string {
@@ -4159,7 +4275,7 @@ type CreateTemplateRequest struct {
 
 func (x *CreateTemplateRequest) Reset() {
 	*x = CreateTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[54]
+	mi := &file_kiln_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4171,7 +4287,7 @@ func (x *CreateTemplateRequest) String() string {
 func (*CreateTemplateRequest) ProtoMessage() {}
 
 func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[54]
+	mi := &file_kiln_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4184,7 +4300,7 @@ func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTemplateRequest.ProtoReflect.Descriptor instead.
 func (*CreateTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{54}
+	return file_kiln_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateTemplateRequest) GetName() string {
@@ -4259,7 +4375,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[55]
+	mi := &file_kiln_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4387,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[55]
+	mi := &file_kiln_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4400,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{55}
+	return file_kiln_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetTemplateRequest) GetId() string {
@@ -4302,7 +4418,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_kiln_proto_msgTypes[56]
+	mi := &file_kiln_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4430,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[56]
+	mi := &file_kiln_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4443,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{56}
+	return file_kiln_proto_rawDescGZIP(), []int{58}
 }
 
 type ListTemplatesResponse struct {
@@ -4339,7 +4455,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_kiln_proto_msgTypes[57]
+	mi := &file_kiln_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4351,7 +4467,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[57]
+	mi := &file_kiln_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4364,7 +4480,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{57}
+	return file_kiln_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -4386,7 +4502,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[58]
+	mi := &file_kiln_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4398,7 +4514,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[58]
+	mi := &file_kiln_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4411,7 +4527,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{58}
+	return file_kiln_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DeleteTemplateRequest) GetId() string {
@@ -4436,7 +4552,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_kiln_proto_msgTypes[59]
+	mi := &file_kiln_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4448,7 +4564,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[59]
+	mi := &file_kiln_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4461,7 +4577,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{59}
+	return file_kiln_proto_rawDescGZIP(), []int{61}
 }
 
 type WatchEventsRequest struct {
@@ -4474,7 +4590,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_kiln_proto_msgTypes[60]
+	mi := &file_kiln_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4486,7 +4602,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[60]
+	mi := &file_kiln_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4499,7 +4615,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{60}
+	return file_kiln_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchEventsRequest) GetSandboxIds() []string {
@@ -4522,7 +4638,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_proto_msgTypes[61]
+	mi := &file_kiln_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4534,7 +4650,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[61]
+	mi := &file_kiln_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4547,7 +4663,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{61}
+	return file_kiln_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -4851,7 +4967,15 @@ const file_kiln_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12 \n" +
-	"\vdestination\x18\x03 \x01(\tR\vdestination\"b\n" +
+	"\vdestination\x18\x03 \x01(\tR\vdestination\"[\n" +
+	"\x12ForwardPortRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\";\n" +
+	"\x13ForwardPortResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\"b\n" +
 	"\x0fWatchDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -4977,7 +5101,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x15SANDBOX_STATE_STOPPED\x10\a*I\n" +
 	"\rTimeoutAction\x12\x1a\n" +
 	"\x16TIMEOUT_ACTION_DESTROY\x10\x00\x12\x1c\n" +
-	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x012\x9f\x10\n" +
+	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x012\xed\x10\n" +
 	"\x04Kiln\x12@\n" +
 	"\rCreateSandbox\x12\x1d.kiln.v1.CreateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12:\n" +
 	"\n" +
@@ -5001,7 +5125,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\x06Remove\x12\x16.kiln.v1.RemoveRequest\x1a\x17.kiln.v1.RemoveResponse\x125\n" +
 	"\aMakeDir\x12\x17.kiln.v1.MakeDirRequest\x1a\x11.kiln.v1.FileInfo\x12/\n" +
 	"\x04Move\x12\x14.kiln.v1.MoveRequest\x1a\x11.kiln.v1.FileInfo\x12;\n" +
-	"\bWatchDir\x12\x18.kiln.v1.WatchDirRequest\x1a\x13.kiln.v1.WatchEvent0\x01\x12A\n" +
+	"\bWatchDir\x12\x18.kiln.v1.WatchDirRequest\x1a\x13.kiln.v1.WatchEvent0\x01\x12L\n" +
+	"\vForwardPort\x12\x1b.kiln.v1.ForwardPortRequest\x1a\x1c.kiln.v1.ForwardPortResponse(\x010\x01\x12A\n" +
 	"\n" +
 	"Checkpoint\x12\x1a.kiln.v1.CheckpointRequest\x1a\x17.kiln.v1.CheckpointInfo\x126\n" +
 	"\bRollback\x12\x18.kiln.v1.RollbackRequest\x1a\x10.kiln.v1.Sandbox\x12T\n" +
@@ -5027,7 +5152,7 @@ func file_kiln_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_kiln_proto_goTypes = []any{
 	(SandboxState)(0),                  // 0: kiln.v1.SandboxState
 	(TimeoutAction)(0),                 // 1: kiln.v1.TimeoutAction
@@ -5077,34 +5202,36 @@ var file_kiln_proto_goTypes = []any{
 	(*RemoveResponse)(nil),             // 45: kiln.v1.RemoveResponse
 	(*MakeDirRequest)(nil),             // 46: kiln.v1.MakeDirRequest
 	(*MoveRequest)(nil),                // 47: kiln.v1.MoveRequest
-	(*WatchDirRequest)(nil),            // 48: kiln.v1.WatchDirRequest
-	(*WatchEvent)(nil),                 // 49: kiln.v1.WatchEvent
-	(*CheckpointInfo)(nil),             // 50: kiln.v1.CheckpointInfo
-	(*CheckpointRequest)(nil),          // 51: kiln.v1.CheckpointRequest
-	(*RollbackRequest)(nil),            // 52: kiln.v1.RollbackRequest
-	(*ListCheckpointsRequest)(nil),     // 53: kiln.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 54: kiln.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 55: kiln.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 56: kiln.v1.DeleteCheckpointResponse
-	(*ForkRequest)(nil),                // 57: kiln.v1.ForkRequest
-	(*Template)(nil),                   // 58: kiln.v1.Template
-	(*CreateTemplateRequest)(nil),      // 59: kiln.v1.CreateTemplateRequest
-	(*GetTemplateRequest)(nil),         // 60: kiln.v1.GetTemplateRequest
-	(*ListTemplatesRequest)(nil),       // 61: kiln.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 62: kiln.v1.ListTemplatesResponse
-	(*DeleteTemplateRequest)(nil),      // 63: kiln.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 64: kiln.v1.DeleteTemplateResponse
-	(*WatchEventsRequest)(nil),         // 65: kiln.v1.WatchEventsRequest
-	(*Event)(nil),                      // 66: kiln.v1.Event
-	nil,                                // 67: kiln.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                // 68: kiln.v1.Sandbox.LabelsEntry
-	nil,                                // 69: kiln.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                // 70: kiln.v1.UpdateSandboxRequest.LabelsEntry
-	nil,                                // 71: kiln.v1.ForkRequest.LabelsEntry
+	(*ForwardPortRequest)(nil),         // 48: kiln.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),        // 49: kiln.v1.ForwardPortResponse
+	(*WatchDirRequest)(nil),            // 50: kiln.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 51: kiln.v1.WatchEvent
+	(*CheckpointInfo)(nil),             // 52: kiln.v1.CheckpointInfo
+	(*CheckpointRequest)(nil),          // 53: kiln.v1.CheckpointRequest
+	(*RollbackRequest)(nil),            // 54: kiln.v1.RollbackRequest
+	(*ListCheckpointsRequest)(nil),     // 55: kiln.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 56: kiln.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 57: kiln.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 58: kiln.v1.DeleteCheckpointResponse
+	(*ForkRequest)(nil),                // 59: kiln.v1.ForkRequest
+	(*Template)(nil),                   // 60: kiln.v1.Template
+	(*CreateTemplateRequest)(nil),      // 61: kiln.v1.CreateTemplateRequest
+	(*GetTemplateRequest)(nil),         // 62: kiln.v1.GetTemplateRequest
+	(*ListTemplatesRequest)(nil),       // 63: kiln.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 64: kiln.v1.ListTemplatesResponse
+	(*DeleteTemplateRequest)(nil),      // 65: kiln.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 66: kiln.v1.DeleteTemplateResponse
+	(*WatchEventsRequest)(nil),         // 67: kiln.v1.WatchEventsRequest
+	(*Event)(nil),                      // 68: kiln.v1.Event
+	nil,                                // 69: kiln.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                // 70: kiln.v1.Sandbox.LabelsEntry
+	nil,                                // 71: kiln.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                // 72: kiln.v1.UpdateSandboxRequest.LabelsEntry
+	nil,                                // 73: kiln.v1.ForkRequest.LabelsEntry
 }
 var file_kiln_proto_depIdxs = []int32{
 	5,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
-	67, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
+	69, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
 	7,  // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
 	8,  // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
 	1,  // 4: kiln.v1.CreateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
@@ -5112,14 +5239,14 @@ var file_kiln_proto_depIdxs = []int32{
 	7,  // 6: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
 	0,  // 7: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
 	5,  // 8: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
-	68, // 9: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
+	70, // 9: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
 	9,  // 10: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
 	1,  // 11: kiln.v1.Sandbox.timeout_action:type_name -> kiln.v1.TimeoutAction
-	69, // 12: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
+	71, // 12: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
 	0,  // 13: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
 	10, // 14: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
 	1,  // 15: kiln.v1.UpdateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
-	70, // 16: kiln.v1.UpdateSandboxRequest.labels:type_name -> kiln.v1.UpdateSandboxRequest.LabelsEntry
+	72, // 16: kiln.v1.UpdateSandboxRequest.labels:type_name -> kiln.v1.UpdateSandboxRequest.LabelsEntry
 	19, // 17: kiln.v1.GetSandboxMetricsResponse.samples:type_name -> kiln.v1.SandboxMetrics
 	7,  // 18: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
 	24, // 19: kiln.v1.ExecStart.pty:type_name -> kiln.v1.PtySize
@@ -5134,13 +5261,13 @@ var file_kiln_proto_depIdxs = []int32{
 	40, // 28: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
 	3,  // 29: kiln.v1.WatchEvent.op:type_name -> kiln.v1.WatchEvent.Op
 	40, // 30: kiln.v1.WatchEvent.entry:type_name -> kiln.v1.FileInfo
-	50, // 31: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
-	71, // 32: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
+	52, // 31: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
+	73, // 32: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
 	5,  // 33: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
 	5,  // 34: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
 	7,  // 35: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
 	8,  // 36: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
-	58, // 37: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
+	60, // 37: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
 	4,  // 38: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
 	10, // 39: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
 	6,  // 40: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
@@ -5163,50 +5290,52 @@ var file_kiln_proto_depIdxs = []int32{
 	44, // 57: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
 	46, // 58: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
 	47, // 59: kiln.v1.Kiln.Move:input_type -> kiln.v1.MoveRequest
-	48, // 60: kiln.v1.Kiln.WatchDir:input_type -> kiln.v1.WatchDirRequest
-	51, // 61: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
-	52, // 62: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
-	53, // 63: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
-	55, // 64: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
-	57, // 65: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
-	59, // 66: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
-	60, // 67: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
-	61, // 68: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
-	63, // 69: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
-	65, // 70: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
-	10, // 71: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
-	10, // 72: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
-	13, // 73: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
-	15, // 74: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
-	10, // 75: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
-	10, // 76: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
-	10, // 77: kiln.v1.Kiln.UpdateSandbox:output_type -> kiln.v1.Sandbox
-	20, // 78: kiln.v1.Kiln.GetSandboxMetrics:output_type -> kiln.v1.GetSandboxMetricsResponse
-	10, // 79: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
-	29, // 80: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
-	32, // 81: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
-	34, // 82: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
-	29, // 83: kiln.v1.Kiln.AttachExec:output_type -> kiln.v1.ExecResponse
-	40, // 84: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
-	39, // 85: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
-	42, // 86: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
-	40, // 87: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
-	45, // 88: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
-	40, // 89: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
-	40, // 90: kiln.v1.Kiln.Move:output_type -> kiln.v1.FileInfo
-	49, // 91: kiln.v1.Kiln.WatchDir:output_type -> kiln.v1.WatchEvent
-	50, // 92: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
-	10, // 93: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
-	54, // 94: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
-	56, // 95: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
-	10, // 96: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
-	58, // 97: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
-	58, // 98: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
-	62, // 99: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
-	64, // 100: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
-	66, // 101: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
-	71, // [71:102] is the sub-list for method output_type
-	40, // [40:71] is the sub-list for method input_type
+	50, // 60: kiln.v1.Kiln.WatchDir:input_type -> kiln.v1.WatchDirRequest
+	48, // 61: kiln.v1.Kiln.ForwardPort:input_type -> kiln.v1.ForwardPortRequest
+	53, // 62: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
+	54, // 63: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
+	55, // 64: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
+	57, // 65: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
+	59, // 66: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
+	61, // 67: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
+	62, // 68: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
+	63, // 69: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
+	65, // 70: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
+	67, // 71: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
+	10, // 72: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
+	10, // 73: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
+	13, // 74: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
+	15, // 75: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
+	10, // 76: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
+	10, // 77: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
+	10, // 78: kiln.v1.Kiln.UpdateSandbox:output_type -> kiln.v1.Sandbox
+	20, // 79: kiln.v1.Kiln.GetSandboxMetrics:output_type -> kiln.v1.GetSandboxMetricsResponse
+	10, // 80: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
+	29, // 81: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
+	32, // 82: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
+	34, // 83: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
+	29, // 84: kiln.v1.Kiln.AttachExec:output_type -> kiln.v1.ExecResponse
+	40, // 85: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
+	39, // 86: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
+	42, // 87: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
+	40, // 88: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
+	45, // 89: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
+	40, // 90: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
+	40, // 91: kiln.v1.Kiln.Move:output_type -> kiln.v1.FileInfo
+	51, // 92: kiln.v1.Kiln.WatchDir:output_type -> kiln.v1.WatchEvent
+	49, // 93: kiln.v1.Kiln.ForwardPort:output_type -> kiln.v1.ForwardPortResponse
+	52, // 94: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
+	10, // 95: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
+	56, // 96: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
+	58, // 97: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
+	10, // 98: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
+	60, // 99: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
+	60, // 100: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
+	64, // 101: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
+	66, // 102: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
+	68, // 103: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
+	72, // [72:104] is the sub-list for method output_type
+	40, // [40:72] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name
@@ -5241,7 +5370,7 @@ func file_kiln_proto_init() {
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_kiln_proto_msgTypes[52].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[54].OneofWrappers = []any{
 		(*ForkRequest_SandboxId)(nil),
 		(*ForkRequest_CheckpointId)(nil),
 	}
@@ -5251,7 +5380,7 @@ func file_kiln_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_proto_rawDesc), len(file_kiln_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   67,
+			NumMessages:   69,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,6 +47,7 @@ const (
 	Kiln_MakeDir_FullMethodName             = "/kiln.v1.Kiln/MakeDir"
 	Kiln_Move_FullMethodName                = "/kiln.v1.Kiln/Move"
 	Kiln_WatchDir_FullMethodName            = "/kiln.v1.Kiln/WatchDir"
+	Kiln_ForwardPort_FullMethodName         = "/kiln.v1.Kiln/ForwardPort"
 	Kiln_Checkpoint_FullMethodName          = "/kiln.v1.Kiln/Checkpoint"
 	Kiln_Rollback_FullMethodName            = "/kiln.v1.Kiln/Rollback"
 	Kiln_ListCheckpoints_FullMethodName     = "/kiln.v1.Kiln/ListCheckpoints"
@@ -107,6 +108,16 @@ type KilnClient interface {
 	// first a started event, then one event per change, until the call
 	// ends or the directory goes.
 	WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// Ports. ForwardPort carries one TCP connection to a port of the
+	// sandbox's loopback, made through its agent (not its network, which
+	// stays as its policy says). The first request names the sandbox and
+	// port; the first response, with no data, says the connection is made
+	// (Unavailable: nothing listens there). Then data both ways: the
+	// client's CloseSend half-closes the connection toward the guest, a
+	// response with eof set says the guest's side has ended, and the call
+	// ends once both have. A forked or restored sandbox's ports are reached
+	// the same way.
+	ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error)
 	// Checkpoints form a tree per sandbox.
 	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointInfo, error)
 	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*Sandbox, error)
@@ -374,6 +385,19 @@ func (c *kilnClient) WatchDir(ctx context.Context, in *WatchDirRequest, opts ...
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Kiln_WatchDirClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *kilnClient) ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[5], Kiln_ForwardPort_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardPortRequest, ForwardPortResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_ForwardPortClient = grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse]
+
 func (c *kilnClient) Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointInfo, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckpointInfo)
@@ -416,7 +440,7 @@ func (c *kilnClient) DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointR
 
 func (c *kilnClient) Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Sandbox], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[5], Kiln_Fork_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[6], Kiln_Fork_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -475,7 +499,7 @@ func (c *kilnClient) DeleteTemplate(ctx context.Context, in *DeleteTemplateReque
 
 func (c *kilnClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[6], Kiln_WatchEvents_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Kiln_ServiceDesc.Streams[7], Kiln_WatchEvents_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -540,6 +564,16 @@ type KilnServer interface {
 	// first a started event, then one event per change, until the call
 	// ends or the directory goes.
 	WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// Ports. ForwardPort carries one TCP connection to a port of the
+	// sandbox's loopback, made through its agent (not its network, which
+	// stays as its policy says). The first request names the sandbox and
+	// port; the first response, with no data, says the connection is made
+	// (Unavailable: nothing listens there). Then data both ways: the
+	// client's CloseSend half-closes the connection toward the guest, a
+	// response with eof set says the guest's side has ended, and the call
+	// ends once both have. A forked or restored sandbox's ports are reached
+	// the same way.
+	ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error
 	// Checkpoints form a tree per sandbox.
 	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointInfo, error)
 	Rollback(context.Context, *RollbackRequest) (*Sandbox, error)
@@ -626,6 +660,9 @@ func (UnimplementedKilnServer) Move(context.Context, *MoveRequest) (*FileInfo, e
 }
 func (UnimplementedKilnServer) WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method WatchDir not implemented")
+}
+func (UnimplementedKilnServer) ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method ForwardPort not implemented")
 }
 func (UnimplementedKilnServer) Checkpoint(context.Context, *CheckpointRequest) (*CheckpointInfo, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Checkpoint not implemented")
@@ -1013,6 +1050,13 @@ func _Kiln_WatchDir_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Kiln_WatchDirServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _Kiln_ForwardPort_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(KilnServer).ForwardPort(&grpc.GenericServerStream[ForwardPortRequest, ForwardPortResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Kiln_ForwardPortServer = grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]
+
 func _Kiln_Checkpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CheckpointRequest)
 	if err := dec(in); err != nil {
@@ -1309,6 +1353,12 @@ var Kiln_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchDir",
 			Handler:       _Kiln_WatchDir_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ForwardPort",
+			Handler:       _Kiln_ForwardPort_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "Fork",

@@ -15,6 +15,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -509,6 +510,11 @@ func (in *sandboxInstance) Kept(ctx context.Context, key string) ([]byte, error)
 
 func (in *sandboxInstance) Save(ctx context.Context, dir string) error {
 	return markErr(in.s.Save(ctx, dir))
+}
+
+func (in *sandboxInstance) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	c, err := client.DialPort(ctx, in.s.VsockPath(), port)
+	return c, markErr(err)
 }
 
 func (in *sandboxInstance) Info(ctx context.Context) (daemon.GuestInfo, error) {

@@ -71,6 +71,7 @@ func (p process) Wait() (daemon.ExitStatus, error) {
 // finds both): a hold or a kept value missing, a VMM process dead.
 func markErr(err error) error {
 	var pe *vmmproc.ProcessError
+	var refused *client.PortError
 	switch {
 	case err == nil:
 		return nil
@@ -80,6 +81,8 @@ func markErr(err error) error {
 		return marked{err, daemon.ErrNotKept}
 	case errors.As(err, &pe):
 		return marked{err, daemon.ErrMachineExited}
+	case errors.As(err, &refused):
+		return marked{err, daemon.ErrPortRefused}
 	}
 	return err
 }

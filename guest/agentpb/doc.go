@@ -8,8 +8,29 @@
 // implementation is package guest/agent.
 package agentpb
 
+import "time"
+
 // Port is the vsock port the agent listens on.
 const Port = 1024
+
+// ForwardPort is the vsock port on which the agent forwards connections to
+// TCP ports of the guest's loopback (a sandbox's ports, as E2B's getHost
+// and kiln sandbox port-forward reach them). The host writes
+// "TCP <port>\n"; the agent connects to 127.0.0.1:<port> (then [::1]) and
+// answers "OK\n", or "ERR <reason>\n" and closes. After OK the connection
+// carries the TCP stream both ways, half-closes included. Nothing but the
+// guest's loopback is reachable so: the sandbox's network is not opened.
+const ForwardPort = 1025
+
+// Bounds of a forwarded connection's handshake: the longest request or
+// reply line, and how long the agent waits for the request and for its
+// connection to the port. MaxForwards bounds the connections it forwards
+// at once.
+const (
+	MaxForwardLine     = 256
+	ForwardDialTimeout = 5 * time.Second
+	MaxForwards        = 512
+)
 
 // MaxChunkSize is the largest data payload either side puts in one message
 // (stdin, stdout, stderr, file data), well under gRPC's default 4 MiB
