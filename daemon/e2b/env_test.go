@@ -198,8 +198,9 @@ type created struct {
 	TemplateID      string  `json:"templateID"`
 	ClientID        string  `json:"clientID"`
 	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken string  `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
 }
 
 // create makes a sandbox of base for key's tenant.

@@ -8,9 +8,15 @@
 # kiln e2b key new makes them), and KILN_E2B_MODE (double or kvm) and
 # KILN_E2B_OTHER_KEY (another tenant's key) for the test.
 import asyncio
+import base64
+import hashlib
+import http.client
 import io
 import os
+import random
+import socket
 import time
+import urllib.parse
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -584,3 +590,140 @@ def test_async_sandbox_runs_a_command_streams_a_watch_and_kills():
         assert await AsyncSandbox.kill(s.sandbox_id) is False
 
     asyncio.run(main())
+
+
+# --- a sandbox's ports -----------------------------------------------------
+
+# A WebSocket echo server, for the guest: Python's standard library only.
+WS_ECHO = r'''
+import base64, hashlib, socket, struct, sys
+GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    f = c.makefile("rb")
+    key = ""
+    while True:
+        line = f.readline().decode()
+        if line in ("\r\n", ""):
+            break
+        k, _, v = line.partition(":")
+        if k.strip().lower() == "sec-websocket-key":
+            key = v.strip()
+    acc = base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()
+    c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
+    while True:
+        h = f.read(2)
+        if len(h) < 2:
+            break
+        op, n = h[0] & 0x0F, h[1] & 0x7F
+        if n == 126:
+            n = struct.unpack(">H", f.read(2))[0]
+        elif n == 127:
+            n = struct.unpack(">Q", f.read(8))[0]
+        mask = f.read(4)
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(f.read(n)))
+        if op == 8:
+            break
+        if n < 126:
+            hdr = bytes([0x80 | op, n])
+        else:
+            hdr = bytes([0x80 | op]) + struct.pack(">BH", 126, n)
+        c.sendall(hdr + data)
+    c.close()
+'''
+
+
+def api_addr():
+    u = urllib.parse.urlparse(os.environ["E2B_API_URL"])
+    return u.hostname, u.port
+
+
+def port_get(host, path="/", token=None):
+    """GETs path through kilnd's E2B listener with the Host header
+    getHost gave, as a client resolving that name to it would."""
+    c = http.client.HTTPConnection(*api_addr(), timeout=60)
+    try:
+        h = {"Host": host}
+        if token:
+            h["E2b-Traffic-Access-Token"] = token
+        c.request("GET", path, headers=h)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def ws_echo(host, token, text):
+    """Opens a WebSocket through the listener, sends one text frame and
+    returns the frame that comes back."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    s = socket.create_connection(api_addr(), timeout=60)
+    try:
+        s.sendall((f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nE2b-Traffic-Access-Token: {token}\r\n\r\n").encode())
+        f = s.makefile("rb")
+        status = f.readline().decode()
+        assert status.startswith("HTTP/1.1 101"), status
+        accept = ""
+        while True:
+            line = f.readline().decode()
+            if line == "\r\n":
+                break
+            k, _, v = line.partition(":")
+            if k.lower() == "sec-websocket-accept":
+                accept = v.strip()
+        want = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        assert accept == want
+        data = text.encode()
+        mask = os.urandom(4)
+        s.sendall(bytes([0x81, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+        h = f.read(2)
+        assert h[0] == 0x81, h
+        return f.read(h[1] & 0x7F).decode()
+    finally:
+        s.close()
+
+
+def test_get_host_reaches_servers_in_the_sandbox_behind_its_traffic_token():
+    # The double's sandboxes are the host: its ports are the host's.
+    web, ws = (random.randint(20000, 59999), random.randint(20000, 59999)) if DOUBLE else (8000, 8765)
+    sbx = Sandbox.create("base", timeout=300, network={"allow_public_traffic": False})
+    other = Sandbox.create("base", timeout=300, network={"allow_public_traffic": False})
+    try:
+        assert sbx.traffic_access_token and other.traffic_access_token
+        assert sbx.traffic_access_token != other.traffic_access_token
+        sbx.files.make_dir("/work/www")
+        sbx.files.write("/work/www/hello.txt", "hello from the sandbox\n")
+        sbx.files.write("/work/ws_echo.py", WS_ECHO)
+        # Servers on the guest's loopback only: the path in is not its network.
+        sbx.commands.run(f"exec python3 -m http.server {web} --bind 127.0.0.1", background=True, cwd="/work/www")
+        sbx.commands.run(f"exec python3 ws_echo.py {ws}", background=True, cwd="/work")
+        host = sbx.get_host(web)
+        assert host.startswith(f"{web}-{sbx.sandbox_id}.")
+        until("the web server", 120, lambda: port_get(host, "/hello.txt", sbx.traffic_access_token)[0] == 200)
+        assert port_get(host, "/hello.txt", sbx.traffic_access_token) == (200, b"hello from the sandbox\n")
+        # Private: no token, or another sandbox's, is 401.
+        assert port_get(host, "/hello.txt")[0] == 401
+        assert port_get(host, "/hello.txt", other.traffic_access_token)[0] == 401
+        # This sandbox's token opens no port of another sandbox; the other's
+        # own token reaches it, where nothing listens on that port: 502 (the
+        # double's sandboxes share the host's ports).
+        assert port_get(other.get_host(web), "/hello.txt", sbx.traffic_access_token)[0] == 401
+        if KVM:
+            assert port_get(other.get_host(web), "/hello.txt", other.traffic_access_token)[0] == 502
+        def echoes():
+            try:
+                return ws_echo(sbx.get_host(ws), sbx.traffic_access_token, "echo through kiln") == "echo through kiln"
+            except (AssertionError, OSError):
+                return False  # not listening yet: a 502
+
+        until("the WebSocket echo", 120, echoes)
+    finally:
+        sbx.kill()
+        other.kill()

@@ -6,6 +6,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import http from 'node:http'
 import { Sandbox, CommandExitError } from 'e2b'
 
 const mode = process.env.KILN_E2B_MODE ?? 'kvm'
@@ -138,4 +139,37 @@ test('watchDir reports a file a command creates', async () => {
   } finally {
     await w.stop()
   }
+})
+
+// GET through kilnd's listener with the Host header getHost gives, as a
+// client resolving that name to it would.
+function portGet(host, path, headers = {}) {
+  const api = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: api.hostname, port: api.port, path, headers: { ...headers, host } }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (d) => (body += d))
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+test('getHost reaches a web server in the sandbox; public by default', async () => {
+  // The double's sandboxes are the host: its ports are the host's.
+  const port = double ? 20000 + Math.floor(Math.random() * 40000) : 8000
+  assert.equal(sbx.trafficAccessToken, undefined)
+  await sbx.files.write('/work/www/index.html', 'served from the sandbox\n')
+  await sbx.commands.run(`exec python3 -m http.server ${port} --bind 127.0.0.1`, { background: true, cwd: '/work/www' })
+  const host = sbx.getHost(port)
+  assert.ok(host.startsWith(`${port}-${sbx.sandboxId}.`), host)
+  let r
+  for (let i = 0; i < 240; i++) {
+    r = await portGet(host, '/index.html')
+    if (r.status === 200) break
+    await new Promise((ok) => setTimeout(ok, 500))
+  }
+  assert.deepEqual(r, { status: 200, body: 'served from the sandbox\n' })
 })
