@@ -724,6 +724,19 @@ def test_get_host_reaches_servers_in_the_sandbox_behind_its_traffic_token():
                 return False  # not listening yet: a 502
 
         until("the WebSocket echo", 120, echoes)
+        # A fork's child runs the parent's servers from the same memory: its
+        # ports are its own, behind its own token.
+        kids = sbx.fork(count=1, timeout=120)
+        assert len(kids) == 1 and not isinstance(kids[0], Exception), repr(kids)
+        child = kids[0]
+        try:
+            assert child.traffic_access_token not in (None, sbx.traffic_access_token)
+            until("the child's web server", 120,
+                  lambda: port_get(child.get_host(web), "/hello.txt", child.traffic_access_token)[0] == 200)
+            assert port_get(child.get_host(web), "/hello.txt", child.traffic_access_token) == (200, b"hello from the sandbox\n")
+            assert port_get(child.get_host(web), "/hello.txt", sbx.traffic_access_token)[0] == 401
+        finally:
+            child.kill()
     finally:
         sbx.kill()
         other.kill()
