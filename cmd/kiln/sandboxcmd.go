@@ -2,7 +2,8 @@ package main
 
 // kiln sandbox: the commands over kilnd's sandboxes (exec and run are in
 // sandboxexec.go, cp in sandboxcp.go, mv in sandboxtty.go, policy in
-// sandboxnet.go, update in sandboxupdate.go).
+// sandboxnet.go, update in sandboxupdate.go, port-forward in
+// portforward.go).
 
 import (
 	"bytes"
@@ -33,7 +34,7 @@ func (a *cli) sandboxCmd() *cobra.Command {
 	cmd.AddCommand(a.createCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.runCmd(), a.cpCmd(), a.mvCmd(),
 		a.psCmd(), a.killCmd(), a.pauseCmd(true), a.pauseCmd(false), a.eventsCmd(),
 		a.checkpointCmd(), a.checkpointsCmd(), a.rollbackCmd(), a.forkCmd(), a.rmCmd(), a.policyCmd())
-	cmd.AddCommand(a.updateCmd())
+	cmd.AddCommand(a.updateCmd(), a.portForwardCmd())
 	return cmd
 }
 
