@@ -132,12 +132,22 @@ func (c *portConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if len(c.pending) == 0 {
+		select {
+		case <-c.closed:
+			return 0, net.ErrClosed
+		default:
+		}
 		if c.rerr != nil {
 			return 0, c.rerr
 		}
 		select {
 		case d, ok := <-c.incoming:
 			if !ok {
+				select {
+				case <-c.closed: // Close ended the call
+					return 0, net.ErrClosed
+				default:
+				}
 				c.setEnd(net.ErrClosed)
 				c.rerr = c.end()
 				if errors.Is(c.rerr, net.ErrClosed) {

@@ -194,10 +194,10 @@ func (e *env) do(method, path, key string, body any, hdr ...string) reply {
 
 // created is a create's (or connect's, or a fork child's) reply body.
 type created struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
 	EnvdAccessToken    string  `json:"envdAccessToken"`
 	TrafficAccessToken string  `json:"trafficAccessToken"`
 	Domain             *string `json:"domain"`

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kilnvm/kiln/guest/agentpb"
@@ -57,6 +58,9 @@ func forwardHandshake(ctx context.Context, c net.Conn, port int, timeout time.Du
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if _, err := io.WriteString(c, "TCP "+strconv.Itoa(port)+"\n"); err != nil {
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			return fmt.Errorf("client: port %d in the guest: the agent closed the connection (an agent that forwards no ports?)", port)
+		}
 		return fmt.Errorf("client: port %d in the guest: %w", port, ctxErr(ctx, err))
 	}
 	line, err := readForwardReply(c)
