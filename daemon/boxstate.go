@@ -146,6 +146,7 @@ const (
 	failOp            // ended by a failure (its VMM process died, a rollback failed)
 	useOp             // a call into its machine: exec, files, checkpoint, fork, sample
 	lendOp            // an in-memory checkpoint it holds handed out (a restore or fork from it)
+	forkSavedOp       // its hibernation's saved state forked (linked for the children)
 	updateOp          // its lifetime, timeout action, labels or egress policy changed
 	metricsOp         // its metrics read
 	numBoxOps
@@ -192,6 +193,7 @@ var boxMoves = [numBoxOps]boxMove{
 	failOp:      {name: "fail", it: "end it as failed", from: endable, via: boxEnding, ok: boxFailed, fail: boxFailed},
 	useOp:       {name: "call", it: "call into it", from: []boxState{boxRunning}, via: boxStay},
 	lendOp:      {name: "hand out a checkpoint", it: "hand out its in-memory checkpoint", from: []boxState{boxRunning, boxPaused}, via: boxStay},
+	forkSavedOp: {name: "fork its saved state", it: "fork it from its saved state", from: []boxState{boxHibernated}, via: boxStay},
 	updateOp:    {name: "update", it: "update it", from: endableOrStarting, via: boxStay},
 	metricsOp:   {name: "read metrics", it: "read its metrics", from: endableOrStarting, via: boxStay},
 }

@@ -41,6 +41,7 @@ var (
 		failOp:      {wantEndable, boxEnding, boxFailed, boxFailed},
 		useOp:       {[]boxState{boxRunning}, boxStay, 0, 0},
 		lendOp:      {[]boxState{boxRunning, boxPaused}, boxStay, 0, 0},
+		forkSavedOp: {[]boxState{boxHibernated}, boxStay, 0, 0},
 		updateOp:    {append([]boxState{boxStarting}, wantEndable...), boxStay, 0, 0},
 		metricsOp:   {append([]boxState{boxStarting}, wantEndable...), boxStay, 0, 0},
 	}

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -510,6 +512,18 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 	case nil:
 		return status.Error(codes.InvalidArgument, "no source: give a sandbox_id or a checkpoint_id")
 	case *kilnpb.ForkRequest_SandboxId:
+		saved, secs, eg, release, err := s.savedSource(src.SandboxId, &tmpl)
+		if err != nil {
+			return err
+		}
+		if saved != nil { // hibernated: the children restore its saved state
+			defer release()
+			ck, parentSecrets, egress = saved, secs, eg
+			if _, err := s.sourceNet("sandbox "+src.SandboxId, egress != nil, false); err != nil {
+				return err
+			}
+			break
+		}
 		b, inst, done, err := s.use(src.SandboxId)
 		if err != nil {
 			return err
@@ -602,6 +616,66 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		f.err = s.forkCheckpoint(context.WithoutCancel(stream.Context()), ck, boxes, egress, began, send)
 	}
 	return f.err
+}
+
+// savedSource is what a fork of sandbox id restores its children from
+// when the sandbox is hibernated: its saved state, linked (not copied)
+// into a folder of the fork's own under the gate's forkSavedOp, so that a
+// resume or destroy of the sandbox meanwhile takes nothing from under
+// the children (release removes the links). It fills tmpl as a fork of
+// the sandbox would and returns the sandbox's secrets and egress policy
+// for the children. A sandbox that is not hibernated returns no source
+// (its machine is forked).
+func (s *Server) savedSource(id string, tmpl *record) (c *checkpointRecord, secrets []secret, egress *EgressPolicy, release func(), err error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := b.life.check(forkSavedOp); err != nil {
+		return nil, nil, nil, nil, nil
+	}
+	dir, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir, hibernatedDir), ".fork-"+b.id+"-")
+	if err != nil {
+		return nil, nil, nil, nil, status.Errorf(codes.Internal, "fork of hibernated sandbox %s: %v", id, err)
+	}
+	if err := linkTree(b.rec.HibernateDir, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, nil, nil, status.Errorf(codes.Internal, "fork of hibernated sandbox %s: its saved state: %v", id, err)
+	}
+	c = &checkpointRecord{SandboxID: b.id, Dir: dir, Persisted: true,
+		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env, Net: b.rec.Net != nil}
+	if n := b.rec.Net; n != nil {
+		eg := n.Egress.clone()
+		c.Egress, egress = &eg, &eg
+	}
+	tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
+	tmpl.LastCheckpoint = b.rec.LastCheckpoint
+	tmpl.SecretNames = b.rec.SecretNames
+	return c, cloneSecrets(b.secrets), egress, func() { os.RemoveAll(dir) }, nil
+}
+
+// linkTree hard-links the files of folder src into folder dst (which
+// exists), its subfolders made anew.
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.Mkdir(to, 0o700)
+		case d.Type().IsRegular():
+			return os.Link(p, to)
+		}
+		return fmt.Errorf("%s is neither a file nor a folder", p)
+	})
 }
 
 // forkSandbox makes the children boxes of the running parent, each in a
@@ -729,6 +803,13 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
 			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)
 			inst, err := s.createNet(ctx, spec, n)
+			if err == nil {
+				// A hibernated sandbox's child: its memory has the
+				// parent's secret files; its VMM process keeps them too.
+				if err = s.installSecrets(ctx, b, inst, false); err != nil {
+					inst.Close(context.Background())
+				}
+			}
 			cancel()
 			if err != nil {
 				errs[i] = callErr("fork child "+b.id, err)

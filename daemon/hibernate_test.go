@@ -251,3 +251,43 @@ func TestTimeoutHibernate(t *testing.T) {
 	}
 	waitGone(t, res.Pid)
 }
+
+// TestForkHibernated: a hibernated sandbox forks from its saved state:
+// each child restores it (the parent's files and environment, its
+// lineage), diverges after, and the parent stays hibernated with nothing
+// of the fork left beside its state; it resumes as it was.
+func TestForkHibernated(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(&kilnpb.CreateSandboxRequest{Env: []string{"ROLE=parent"}})
+	e.sh(sb.Id, `echo saved > "$KILN_TEST_ROOT/f"`)
+	e.hibernate(sb.Id)
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 3, Labels: map[string]string{"gen": "1"}})
+	if err != nil || len(kids) != 3 {
+		t.Fatalf("fork of hibernated %s: %v %v", sb.Id, kids, err)
+	}
+	for i, k := range kids {
+		if k.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || k.Labels["gen"] != "1" {
+			t.Errorf("child %v", k)
+		}
+		if r := e.sh(k.Id, `cat "$KILN_TEST_ROOT/f"; echo $ROLE`); r.stdout != "saved\nparent\n" {
+			t.Errorf("child %s reads %q", k.Id, r.stdout)
+		}
+		e.sh(k.Id, `echo child`+string(rune('0'+i))+` > "$KILN_TEST_ROOT/f"`)
+	}
+	for i, k := range kids {
+		if r := e.sh(k.Id, `cat "$KILN_TEST_ROOT/f"`); r.stdout != "child"+string(rune('0'+i))+"\n" {
+			t.Errorf("child %s after diverging reads %q", k.Id, r.stdout)
+		}
+	}
+	if got := e.get(sb.Id); !got.Hibernated {
+		t.Errorf("the parent after the fork: %v", got)
+	}
+	left, _ := filepath.Glob(filepath.Join(e.state, "hibernated", ".fork-*"))
+	if len(left) != 0 {
+		t.Errorf("the fork left %v", left)
+	}
+	e.resume(sb.Id)
+	if r := e.sh(sb.Id, `cat "$KILN_TEST_ROOT/f"`); r.stdout != "saved\n" {
+		t.Errorf("the parent resumed reads %q", r.stdout)
+	}
+}

@@ -784,18 +784,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant string) error {
-	var req forkRequest
-	if err := decodeBody(w, r, &req); err != nil {
-		return err
-	}
-	count := int64(1)
-	if req.Count != nil {
-		count = *req.Count
-	}
-	if count < 1 || count > 256 {
-		return errorf(http.StatusBadRequest, "count %d: want 1 to 256 children", count)
-	}
-	life, err := lifetimeMS("timeout", req.Timeout, s.defTimeout)
+	count, life, err := decodeFork(w, r, s.defTimeout)
 	if err != nil {
 		return err
 	}
@@ -803,20 +792,63 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 	if err != nil {
 		return err
 	}
-	if parent.GetState() != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
-		return errorf(http.StatusConflict, "sandbox %q is %s: fork a running sandbox (connect to a paused one first)", parent.GetId(), stateName(parent))
+	// A paused sandbox (hibernated: E2B's pause) forks from its saved
+	// state; kilnd says so when it cannot.
+	return s.fork(w, r, tenant, count, parent.GetResources().GetMemoryMib(), &kilnpb.ForkRequest{
+		Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.GetId()},
+		Count:  uint32(count), Labels: parent.GetLabels(), LifetimeMs: life, RequestId: requestID(),
+	}, "sandbox "+parent.GetId())
+}
+
+// forkSnapshot is POST /snapshots/{id}/fork: count sandboxes restored
+// from one of the tenant's snapshots at once, as creates from it would
+// be, with the fork's E2B-shaped result per child.
+func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request, tenant string) error {
+	count, life, err := decodeFork(w, r, s.defTimeout)
+	if err != nil {
+		return err
 	}
-	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: uint64(count), MemoryMiB: uint64(count) * uint64(parent.GetResources().GetMemoryMib())})
+	snap, ok := s.snaps.find(tenant, r.PathValue("id"))
+	if !ok {
+		return errorf(http.StatusNotFound, "snapshot %q not found", r.PathValue("id"))
+	}
+	return s.fork(w, r, tenant, count, snap.MemoryMiB, &kilnpb.ForkRequest{
+		Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: snap.ID},
+		Count:  uint32(count), Labels: map[string]string{TenantLabel: tenant, TemplateLabel: snap.ID},
+		LifetimeMs: life, RequestId: requestID(),
+	}, "snapshot "+snap.ID)
+}
+
+// decodeFork reads a fork's body: its count (1 to 256, 1 when none) and
+// its children's lifetime in milliseconds.
+func decodeFork(w http.ResponseWriter, r *http.Request, def time.Duration) (int64, int64, error) {
+	var req forkRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		return 0, 0, err
+	}
+	count := int64(1)
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 1 || count > 256 {
+		return 0, 0, errorf(http.StatusBadRequest, "count %d: want 1 to 256 children", count)
+	}
+	life, err := lifetimeMS("timeout", req.Timeout, def)
+	return count, life, err
+}
+
+// fork admits count children of memMiB each for tenant, makes them with
+// freq and writes the result per child: a sandbox, or the error that
+// ended the fork before it started.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, tenant string, count int64, memMiB uint32, freq *kilnpb.ForkRequest, what string) error {
+	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: uint64(count), MemoryMiB: uint64(count) * uint64(memMiB)})
 	if err != nil {
 		return err
 	}
 	defer admitted()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stream, err := s.kiln.Fork(ctx, &kilnpb.ForkRequest{
-		Source: &kilnpb.ForkRequest_SandboxId{SandboxId: parent.GetId()},
-		Count:  uint32(count), Labels: parent.GetLabels(), LifetimeMs: life, RequestId: requestID(),
-	})
+	stream, err := s.kiln.Fork(ctx, freq)
 	if err != nil {
 		return err
 	}
@@ -844,7 +876,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, tenant stri
 			ids = append(ids, f.Sandbox.SandboxID)
 		}
 	}
-	s.log.Info("e2b: forked a sandbox", "sandbox", parent.GetId(), "tenant", tenant, "children", ids)
+	s.log.Info("e2b: forked", "from", what, "tenant", tenant, "children", ids)
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }

@@ -390,6 +390,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.api(s.forkSandbox))
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.api(s.createSnapshot))
 	m.HandleFunc("GET /snapshots", s.api(s.listSnapshots))
+	m.HandleFunc("POST /snapshots/{id}/fork", s.api(s.forkSnapshot))
 	m.HandleFunc("DELETE /templates/{id}", s.api(s.deleteSnapshot))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.api(s.sandboxMetrics))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.api(s.updateNetwork))

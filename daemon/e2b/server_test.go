@@ -340,8 +340,13 @@ func TestPauseConnect(t *testing.T) {
 	if r.status != 502 {
 		t.Errorf("envd of a paused sandbox: %d %s", r.status, r.body)
 	}
-	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", keyA, `{"count":1}`); r.status != 409 {
+	// A paused sandbox forks from its saved state, and stays paused.
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", keyA, `{"count":2}`); r.status != 201 || strings.Count(string(r.body), `"sandboxID"`) != 2 {
 		t.Errorf("fork of a paused sandbox: %d %s", r.status, r.body)
+	}
+	e.do("GET", "/sandboxes/"+sb.SandboxID, keyA, nil).json(t, &d)
+	if d.State != "paused" {
+		t.Errorf("state %q after a fork of the paused sandbox", d.State)
 	}
 	r = e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", keyA, `{}`)
 	var c created
@@ -462,6 +467,33 @@ func TestSnapshots(t *testing.T) {
 	}
 	if r := e.do("POST", "/v2/sandboxes", keyB, map[string]any{"templateID": snap.SnapshotID}); r.status != 404 {
 		t.Errorf("another tenant creates from the snapshot: %d %s", r.status, r.body)
+	}
+	// A fork of the snapshot (by ID or name): count sandboxes restored
+	// from it, the tenant's, with their own tokens.
+	for _, id := range []string{snap.SnapshotID, "first"} {
+		r := e.do("POST", "/snapshots/"+id+"/fork", keyA, `{"count":3,"timeout":60}`)
+		var kids []struct {
+			Sandbox *created
+			Error   any
+		}
+		r.json(t, &kids)
+		if r.status != 201 || len(kids) != 3 {
+			t.Fatalf("fork of snapshot %s: %d %s", id, r.status, r.body)
+		}
+		for _, k := range kids {
+			if k.Sandbox == nil || k.Error != nil || k.Sandbox.TemplateID != snap.SnapshotID || k.Sandbox.EnvdAccessToken != e.srv.AccessToken(k.Sandbox.SandboxID, "alpha", keyA) {
+				t.Fatalf("child: %s", r.body)
+			}
+			got, err := e.kiln.GetSandbox(context.Background(), &kilnpb.GetSandboxRequest{Id: k.Sandbox.SandboxID})
+			if err != nil || got.Checkpoint != snap.SnapshotID || got.Labels[e2b.TenantLabel] != "alpha" {
+				t.Errorf("child of snapshot %s: %v %v", id, got, err)
+			}
+		}
+	}
+	for key, body := range map[string]string{keyB: `{"count":1}`, keyA: `{"count":0}`} {
+		if r := e.do("POST", "/snapshots/"+snap.SnapshotID+"/fork", key, body); r.status != map[string]int{keyA: 400, keyB: 404}[key] {
+			t.Errorf("fork of the snapshot %s with %s: %d %s", body, key, r.status, r.body)
+		}
 	}
 	if r := e.do("DELETE", "/templates/"+snap2.SnapshotID, keyB, nil); r.status != 404 {
 		t.Errorf("another tenant deletes the snapshot: %d", r.status)

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import http.client
 import io
+import json
 import os
 import random
 import socket
@@ -223,6 +224,56 @@ def test_fork_4_children_with_the_parents_files_diverging_after():
     finally:
         for s in [parent, *kids]:
             s.kill()
+
+
+def api_post(path, body):
+    """A control-plane request the SDK has no call for, sent as the SDK
+    sends its own (X-API-KEY, JSON), to the same API."""
+    u = urllib.parse.urlparse(os.environ["E2B_API_URL"])
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    try:
+        c.request("POST", path, body=json.dumps(body),
+                  headers={"X-API-KEY": os.environ["E2B_API_KEY"], "Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        c.close()
+
+
+def test_fork_a_paused_sandbox_and_a_snapshot_into_3_each():
+    sbx = Sandbox.create("base", timeout=300)
+    kids = []
+    try:
+        sbx.files.write("/tmp/saved.txt", "saved")
+        snap = sbx.create_snapshot()
+        sbx.files.write("/tmp/saved.txt", "saved, then paused")
+        assert sbx.pause() is True
+        # The paused sandbox (its memory on disk, no VMM process) forks
+        # from its saved state through the SDK's own call, and stays paused.
+        forked = Sandbox.fork(sbx.sandbox_id, count=3, timeout=120)
+        assert len(forked) == 3 and not any(isinstance(k, Exception) for k in forked), repr(forked)
+        kids.extend(forked)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        # The snapshot forks through POST /snapshots/{id}/fork.
+        status, body = api_post(f"/snapshots/{snap.snapshot_id}/fork", {"count": 3, "timeout": 120})
+        assert status == 201 and len(body) == 3 and all(c.get("sandbox") for c in body), body
+        from_snap = [Sandbox.connect(c["sandbox"]["sandboxID"]) for c in body]
+        kids.extend(from_snap)
+        assert len({k.sandbox_id for k in kids}) == 6
+        for k in forked:
+            assert k.files.read("/tmp/saved.txt") == "saved, then paused"
+        for k in from_snap:
+            assert k.files.read("/tmp/saved.txt") == "saved"
+        for i, k in enumerate(kids):
+            k.files.write("/tmp/saved.txt", f"child {i}")
+        for i, k in enumerate(kids):
+            assert k.files.read("/tmp/saved.txt") == f"child {i}"
+        back = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert back.files.read("/tmp/saved.txt") == "saved, then paused"
+    finally:
+        for k in kids:
+            k.kill()
+        sbx.kill()
 
 
 def test_a_wrong_key_another_tenant_an_unknown_template():
