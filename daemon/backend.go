@@ -183,6 +183,13 @@ type Checkpoints interface {
 	// in a folder of its own and with that share of the host; the sandbox
 	// runs on.
 	Fork(ctx context.Context, hosts []HostSpec) ([]Instance, error)
+	// ExportWritable writes, as one tar, what the writes to the sandbox's
+	// image root made (its writable layer as a diff, /tmp, container
+	// engines' storage) for a hibernation that keeps files and not memory;
+	// FailedPrecondition for a root that is no image's. ImportWritable
+	// applies such a tar to a sandbox booted anew from the same image.
+	ExportWritable(ctx context.Context, w io.Writer) (int64, error)
+	ImportWritable(ctx context.Context, r io.Reader) error
 	Hold(ctx context.Context, id string) error
 	Release(ctx context.Context, id string) error
 	Held(ctx context.Context) ([]string, error)

@@ -155,7 +155,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Network:     netProto(r.Net),
 		Cgroup:      r.Cgroup,
 		Hibernated:  hib, TimeoutAction: r.TimeoutAction,
-		Init: initName(r.Init),
+		Init: initName(r.Init), FilesOnly: hib && r.FilesOnly,
 	}
 	if !isLive(st) {
 		pb.Pid, pb.Cgroup = 0, ""

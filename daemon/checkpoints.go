@@ -636,6 +636,9 @@ func (s *Server) savedSource(id string, tmpl *record) (c *checkpointRecord, secr
 	if _, err := b.life.check(forkSavedOp); err != nil {
 		return nil, nil, nil, nil, nil
 	}
+	if b.rec.FilesOnly {
+		return nil, nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is hibernated keeping only its files: resume it (a boot) to fork it", id)
+	}
 	dir, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir, hibernatedDir), ".fork-"+b.id+"-")
 	if err != nil {
 		return nil, nil, nil, nil, status.Errorf(codes.Internal, "fork of hibernated sandbox %s: %v", id, err)

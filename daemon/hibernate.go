@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -26,13 +27,28 @@ import (
 // guest's processes (background execs included) and files are as they
 // were.
 
+// A hibernation that keeps only files (PauseSandboxRequest.files_only)
+// writes, instead of the snapshot, the guest's ExportWritable tar to
+// HibernateDir/writableFile; its resume boots the sandbox's image again
+// (record.Image, its writable cap and init), applies the tar
+// (ImportWritable) and writes its secret files again: files stay,
+// processes and memory do not.
+
+// writableFile is a files-only hibernation's tar in its folder.
+const writableFile = "writable.tar"
+
+// writableSlackMiB is what a files-only hibernation's tar may hold beyond
+// the guest's memory (tar headers; /tmp and the writable layer are guest
+// RAM).
+const writableSlackMiB = 64
+
 // hibernateCall is PauseSandbox with hibernate.
-func (s *Server) hibernateCall(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+func (s *Server) hibernateCall(ctx context.Context, id string, filesOnly bool) (*kilnpb.Sandbox, error) {
 	b, err := s.lookup(id)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.hibernate(ctx, b, false, ""); err != nil {
+	if err := s.hibernate(ctx, b, false, "", filesOnly); err != nil {
 		return nil, err
 	}
 	return s.describe(b), nil
@@ -42,7 +58,7 @@ func (s *Server) hibernateCall(ctx context.Context, id string) (*kilnpb.Sandbox,
 // is left so. byTimeout says its lifetime ended (its timeout action): it
 // then gets its whole lifetime again when resumed, and calls in flight
 // do not stop it. why is the PAUSED event's reason.
-func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why string) error {
+func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why string, filesOnly bool) error {
 	select {
 	case <-b.ready:
 	case <-ctx.Done():
@@ -61,8 +77,13 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 		b.mu.Unlock()
 		return status.Errorf(codes.FailedPrecondition, "sandbox %s has %d calls in flight: cannot hibernate it", b.id, b.busy-b.streams)
 	}
+	if filesOnly && b.rec.Image == "" {
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "sandbox %s has no image root: only an image root's files can be kept without its memory", b.id)
+	}
 	b.beginLocked(hibernateOp) // checked above, under b.mu
 	old, wasPaused := b.inst, st == boxPaused
+	maxTar := (int64(b.rec.MemoryMiB) + writableSlackMiB) << 20
 	n := b.rec.Net.clone()
 	b.inst = nil // the hibernation holds it: an end meanwhile leaves it to the hibernation
 	if b.timer != nil {
@@ -121,7 +142,12 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	}
 	dir := filepath.Join(s.cfg.StateDir, hibernatedDir, b.id)
 	os.RemoveAll(dir) // an earlier attempt's
-	if err := old.Save(ctx, dir); err != nil {
+	if filesOnly {
+		if err := exportWritable(ctx, old, dir, maxTar); err != nil {
+			os.RemoveAll(dir)
+			return undo(callErr("hibernate sandbox "+b.id+": keep its files", err))
+		}
+	} else if err := old.Save(ctx, dir); err != nil {
 		os.RemoveAll(dir)
 		return undo(callErr("hibernate sandbox "+b.id+": save its state", err))
 	}
@@ -164,7 +190,7 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 		}
 	}
 	b.rec.ExpiresUnixMS = 0
-	b.rec.Hibernated, b.rec.HibernateDir = true, dir
+	b.rec.Hibernated, b.rec.HibernateDir, b.rec.FilesOnly = true, dir, filesOnly
 	b.rec.PID, b.rec.Cgroup = 0, ""
 	b.cgroupMax.path, b.cgroupMax.bytes = "", 0
 	b.lastActive = now
@@ -172,8 +198,49 @@ func (s *Server) hibernate(ctx context.Context, b *box, byTimeout bool, why stri
 	pb := s.protoLocked(b)
 	b.mu.Unlock()
 	s.publish(kilnpb.Event_KIND_PAUSED, pb, why)
-	log.Info("sandbox hibernated", "dir", dir, "checkpoints_persisted", len(frozen), "by_timeout", byTimeout)
+	log.Info("sandbox hibernated", "dir", dir, "checkpoints_persisted", len(frozen), "by_timeout", byTimeout, "files_only", filesOnly)
 	return nil
+}
+
+// exportWritable writes inst's ExportWritable tar into the new folder
+// dir (writableFile, synced), refusing more than max bytes.
+func exportWritable(ctx context.Context, inst Instance, dir string, max int64) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, writableFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	lw := &limitWriter{w: f, left: max}
+	if _, err := inst.ExportWritable(ctx, lw); err != nil {
+		if lw.over {
+			return status.Errorf(codes.ResourceExhausted, "the guest sent more than %d MiB, more than its memory holds", max>>20)
+		}
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// limitWriter writes at most left bytes to w; over says it was asked for
+// more.
+type limitWriter struct {
+	w    io.Writer
+	left int64
+	over bool
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.left {
+		l.over = true
+		return 0, errors.New("over the bound")
+	}
+	l.left -= int64(len(p))
+	return l.w.Write(p)
 }
 
 // heldCheckpoints lists the in-memory checkpoints of sandbox id.
@@ -259,6 +326,7 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	}
 	hib, n := b.rec.HibernateDir, b.rec.Net.clone()
 	cpus, mem := b.rec.CPUs, b.rec.MemoryMiB
+	filesOnly, image, disk, init := b.rec.FilesOnly, b.rec.Image, b.rec.DiskMiB, b.rec.Init
 	b.mu.Unlock()
 	stays := "resume sandbox " + b.id + " (it stays hibernated)"
 	// Admitted and begun at once, under s.mu: the host's limits count a
@@ -303,11 +371,20 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	began := time.Now()
 	rctx, cancel := s.bootCtx(bctx)
 	spec := CreateSpec{Dir: dir, Checkpoint: hib, Hostname: hostname(b.id), CPUs: int(cpus), MemoryMiB: int(mem)}
+	if filesOnly {
+		// Booted anew from its image, with its files applied.
+		spec.Checkpoint, spec.Image, spec.WritableMiB, spec.Init = "", image, int(disk), init
+	}
 	inst, err := s.createNet(rctx, spec, n)
+	if err == nil && filesOnly {
+		if err = importWritable(rctx, inst, filepath.Join(hib, writableFile)); err != nil {
+			inst.Close(context.Background())
+		}
+	}
 	if err == nil {
-		// Its memory has its secret files; its new VMM process keeps
-		// the secrets again.
-		if err = s.installSecrets(rctx, b, inst, false); err != nil {
+		// Its memory has its secret files (a boot's has not: they are
+		// written again); its new VMM process keeps the secrets again.
+		if err = s.installSecrets(rctx, b, inst, filesOnly); err != nil {
 			inst.Close(context.Background())
 		}
 	}
@@ -328,7 +405,7 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 			r.ExpiresUnixMS = s.clock.Now().Add(time.Duration(life) * time.Millisecond).UnixMilli()
 		}
 		r.ResumeLifeMS = 0
-		r.Hibernated, r.HibernateDir = false, ""
+		r.Hibernated, r.HibernateDir, r.FilesOnly = false, "", false
 	})
 	if err != nil {
 		return nil, err
@@ -340,13 +417,24 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	return s.describe(b), nil
 }
 
+// importWritable applies the files-only hibernation's tar at path to
+// inst, freshly booted.
+func importWritable(ctx context.Context, inst Instance, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return status.Errorf(codes.Internal, "its kept files: %v", err)
+	}
+	defer f.Close()
+	return inst.ImportWritable(ctx, f)
+}
+
 // timeoutHibernate hibernates b, whose lifetime ended (reason) and whose
-// timeout action is to hibernate; when that fails it is destroyed,
-// with a reason that says why.
-func (s *Server) timeoutHibernate(b *box, reason string) {
+// timeout action is to hibernate (filesOnly: keeping only files); when
+// that fails it is destroyed, with a reason that says why.
+func (s *Server) timeoutHibernate(b *box, reason string, filesOnly bool) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BootTimeout)
 	defer cancel()
-	err := s.hibernate(ctx, b, true, reason+": hibernated (its timeout action)")
+	err := s.hibernate(ctx, b, true, reason+": hibernated (its timeout action)", filesOnly)
 	if err == nil || s.ctx.Err() != nil {
 		return
 	}

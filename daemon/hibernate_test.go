@@ -291,3 +291,40 @@ func TestForkHibernated(t *testing.T) {
 		t.Errorf("the parent resumed reads %q", r.stdout)
 	}
 }
+
+// TestHibernateFilesOnly: a hibernation that keeps only files writes the
+// guest's writable-layer tar, stops the VMM process and says files_only;
+// a fork of it is refused; its resume boots the image again under the
+// same ID with the files applied (the double's root), the secrets'
+// files written again.
+func TestHibernateFilesOnly(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(&kilnpb.CreateSandboxRequest{Secrets: []*kilnpb.Secret{{Name: "TOKEN", Value: []byte("s3cret")}}})
+	e.sh(sb.Id, `mkdir -p "$KILN_TEST_ROOT/work" && echo kept > "$KILN_TEST_ROOT/work/f"`)
+	h, err := e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id, Hibernate: true, FilesOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Hibernated || !h.FilesOnly || h.Pid != 0 {
+		t.Fatalf("hibernated keeping files: %v", h)
+	}
+	waitGone(t, sb.Pid)
+	if _, err := os.Stat(filepath.Join(e.hibernatedDir(sb.Id), "writable.tar")); err != nil {
+		t.Errorf("its files: %v", err)
+	}
+	_, err = e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 1})
+	wantCode(t, err, codes.FailedPrecondition, "keeping only its files")
+	_, err = e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id, FilesOnly: true})
+	wantCode(t, err, codes.InvalidArgument, "set hibernate")
+
+	res := e.resume(sb.Id)
+	if res.Id != sb.Id || res.FilesOnly || res.Pid == sb.Pid {
+		t.Errorf("resumed: %v", res)
+	}
+	if r := e.sh(sb.Id, `cat "$KILN_TEST_ROOT/work/f"`); r.stdout != "kept\n" {
+		t.Errorf("its file after the resume: %+v", r)
+	}
+	if _, err := os.Stat(e.hibernatedDir(sb.Id)); !os.IsNotExist(err) {
+		t.Errorf("its kept files after the resume: %v", err)
+	}
+}

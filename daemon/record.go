@@ -75,7 +75,11 @@ type record struct {
 	// still, ResumeLifeMS left of it (0: none) once resumed.
 	Hibernated   bool   `json:"hibernated,omitempty"`
 	HibernateDir string `json:"hibernate_dir,omitempty"`
-	ResumeLifeMS int64  `json:"resume_life_ms,omitempty"`
+	// FilesOnly: its hibernation kept only its image root's files
+	// (HibernateDir/writableFile, Instance.ExportWritable): a resume boots
+	// Image again and applies them.
+	FilesOnly    bool  `json:"files_only,omitempty"`
+	ResumeLifeMS int64 `json:"resume_life_ms,omitempty"`
 }
 
 func (r *record) state() kilnpb.SandboxState {

@@ -551,7 +551,10 @@ func (s *Server) DestroySandbox(ctx context.Context, req *kilnpb.DestroySandboxR
 // hibernates it (hibernate.go).
 func (s *Server) PauseSandbox(ctx context.Context, req *kilnpb.PauseSandboxRequest) (*kilnpb.Sandbox, error) {
 	if req.GetHibernate() {
-		return s.hibernateCall(ctx, req.GetId())
+		return s.hibernateCall(ctx, req.GetId(), req.GetFilesOnly())
+	}
+	if req.GetFilesOnly() {
+		return nil, status.Error(codes.InvalidArgument, "files_only is a hibernation's: set hibernate too")
 	}
 	return s.pauseResume(ctx, req.GetId(), true)
 }
@@ -660,9 +663,9 @@ func (s *Server) checkTimeouts(b *box) {
 			life = time.Duration(b.rec.ExpiresUnixMS-b.rec.CreatedUnixMS) * time.Millisecond
 		}
 		reason = fmt.Sprintf("its lifetime of %v ended", life)
-		if b.rec.TimeoutAction == kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE {
+		if act := b.rec.TimeoutAction; act == kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE || act == kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES {
 			b.mu.Unlock()
-			s.timeoutHibernate(b, reason)
+			s.timeoutHibernate(b, reason, act == kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES)
 			return
 		}
 	case idle > 0 && b.busy == 0 && now.Sub(b.lastActive) >= idle:

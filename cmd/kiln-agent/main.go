@@ -105,7 +105,7 @@ func run(ctx context.Context, log *slog.Logger, level *slog.LevelVar, isInit boo
 	if err != nil {
 		return fmt.Errorf("listening on vsock port %d: %w", agentpb.Port, err)
 	}
-	srv := agent.NewServer(agent.Config{Logger: log, PowerOff: pid1.PowerOff, CgroupRoot: pid1.CgroupRoot, Defaults: defaults})
+	srv := agent.NewServer(agent.Config{Logger: log, WritableDir: pid1.ImageRWView, PowerOff: pid1.PowerOff, CgroupRoot: pid1.CgroupRoot, Defaults: defaults})
 	log.Info("kiln-agent serving", "vsock_port", agentpb.Port)
 	if err := srv.Serve(ctx, ln); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("serving on vsock port %d: %w", agentpb.Port, err)

@@ -61,7 +61,7 @@ func runService(ctx context.Context, log *slog.Logger, level *slog.LevelVar) err
 	if err != nil {
 		return fmt.Errorf("listening on vsock port %d: %w", agentpb.Port, err)
 	}
-	srv := agent.NewServer(agent.Config{Logger: log, PowerOff: systemdPowerOff, CgroupRoot: cgroupRoot,
+	srv := agent.NewServer(agent.Config{Logger: log, WritableDir: pid1.ImageRWView, PowerOff: systemdPowerOff, CgroupRoot: cgroupRoot,
 		Defaults: defaults, ProtectFromOOM: true})
 	log.Info("kiln-agent serving as a systemd service", "vsock_port", agentpb.Port, "cgroup", cgroupRoot)
 	if err := srv.Serve(ctx, ln); err != nil && ctx.Err() == nil {

@@ -329,7 +329,7 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 	if pause {
 		use, short = "pause ID...", "stop sandboxes' vCPUs (memory and state stay), or hibernate them (--hibernate)"
 	}
-	var hibernate bool
+	var hibernate, keepFiles bool
 	cmd := &cobra.Command{
 		Use:               use,
 		Short:             short,
@@ -338,6 +338,8 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 		RunE: a.callEach(func(ctx context.Context, c *kilnclient.Client, id string) error {
 			var err error
 			switch {
+			case keepFiles:
+				_, err = c.HibernateSandboxFiles(ctx, id)
 			case hibernate:
 				_, err = c.HibernateSandbox(ctx, id)
 			case pause:
@@ -350,6 +352,7 @@ func (a *cli) pauseCmd(pause bool) *cobra.Command {
 	}
 	if pause {
 		cmd.Flags().BoolVar(&hibernate, "hibernate", false, "write each sandbox's state to kilnd's disk and stop its VM, freeing its memory (resume restores it)")
+		cmd.Flags().BoolVar(&keepFiles, "keep-files", false, "hibernate keeping only each sandbox's files (its image root's writes, /tmp), not its memory: resume boots it again with them, its processes gone")
 	}
 	return cmd
 }

@@ -19,7 +19,7 @@ func (a *cli) updateCmd() *cobra.Command {
 		opts            kilnclient.UpdateOptions
 	)
 	cmd := &cobra.Command{
-		Use:               "update ID [--timeout DUR|never] [--timeout-action destroy|hibernate] [--label K=V...|--clear-labels]",
+		Use:               "update ID [--timeout DUR|never] [--timeout-action destroy|hibernate|hibernate-files] [--label K=V...|--clear-labels]",
 		Short:             "change a sandbox's lifetime (from now), what its end does, or its labels",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeSandboxes,
@@ -41,8 +41,10 @@ func (a *cli) updateCmd() *cobra.Command {
 					act = kilnpb.TimeoutAction_TIMEOUT_ACTION_DESTROY
 				case "hibernate":
 					act = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE
+				case "hibernate-files":
+					act = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES
 				default:
-					return usagef("sandbox update: --timeout-action %q: want destroy or hibernate", action)
+					return usagef("sandbox update: --timeout-action %q: want destroy, hibernate or hibernate-files", action)
 				}
 				opts.TimeoutAction = &act
 			}
@@ -68,7 +70,7 @@ func (a *cli) updateCmd() *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&timeout, "timeout", "", "end the sandbox `DUR` from now (never: no lifetime)")
-	cmd.Flags().StringVar(&action, "timeout-action", "", "what the lifetime's end does: `destroy` or hibernate")
+	cmd.Flags().StringVar(&action, "timeout-action", "", "what the lifetime's end does: `destroy`, hibernate, or hibernate-files (keep only its files)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "replace the labels with these `k=v` (repeatable)")
 	cmd.Flags().BoolVar(&clearLabels, "clear-labels", false, "remove every label")
 	return cmd

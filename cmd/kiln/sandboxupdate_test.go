@@ -73,4 +73,17 @@ func TestSandboxUpdateHibernateCLI(t *testing.T) {
 	if code, out, _ := kilnIn(t, "", "sandbox", "exec", id, "echo", "back"); code != 0 || out != "back\n" {
 		t.Errorf("exec after the resume: exit %d, %q", code, out)
 	}
+	// Keeping files only: a resume boots it again.
+	if code, _, errOut := kilnIn(t, "", "sandbox", "pause", "--keep-files", id); code != 0 {
+		t.Fatalf("pause --keep-files: exit %d: %s", code, errOut)
+	}
+	if sb, _ = c.GetSandbox(ctx, id); !sb.Hibernated || !sb.FilesOnly {
+		t.Errorf("after pause --keep-files: %v", sb)
+	}
+	if code, _, errOut := kilnIn(t, "", "sandbox", "resume", id); code != 0 {
+		t.Fatalf("resume: exit %d: %s", code, errOut)
+	}
+	if sb, _ = c.GetSandbox(ctx, id); sb.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || sb.FilesOnly {
+		t.Errorf("after resuming a files-only hibernation: %v", sb)
+	}
 }

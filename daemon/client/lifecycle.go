@@ -21,6 +21,17 @@ func (c *Client) HibernateSandbox(ctx context.Context, id string) (*kilnpb.Sandb
 	return sb, nil
 }
 
+// HibernateSandboxFiles hibernates sandbox id keeping only its image
+// root's files, not its memory: a resume boots it again with them, its
+// processes gone.
+func (c *Client) HibernateSandboxFiles(ctx context.Context, id string) (*kilnpb.Sandbox, error) {
+	sb, err := c.api.PauseSandbox(ctx, &kilnpb.PauseSandboxRequest{Id: id, Hibernate: true, FilesOnly: true})
+	if err != nil {
+		return nil, callErr(fmt.Sprintf("hibernate sandbox %s keeping its files", id), err)
+	}
+	return sb, nil
+}
+
 // UpdateOptions are what UpdateSandbox changes; nil fields stay as
 // they are.
 type UpdateOptions struct {

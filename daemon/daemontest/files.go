@@ -1,9 +1,13 @@
 package daemontest
 
 import (
+	"archive/tar"
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/kilnvm/kiln/daemon"
 	"github.com/kilnvm/kiln/dirwatch"
@@ -68,3 +72,56 @@ func (in *Instance) Watch(ctx context.Context, p string, recursive bool, fn func
 // watchOps are dirwatch's operations as the seam's.
 var watchOps = [...]daemon.WatchOp{dirwatch.Create: daemon.WatchCreate, dirwatch.Write: daemon.WatchWrite,
 	dirwatch.Remove: daemon.WatchRemove, dirwatch.Rename: daemon.WatchRename, dirwatch.Chmod: daemon.WatchChmod}
+
+// ExportWritable writes the root folder as a tar (the double's root is
+// all writes: it has no image layer under them).
+func (in *Instance) ExportWritable(ctx context.Context, w io.Writer) (int64, error) {
+	cw := &countWriter{w: w}
+	tw := tar.NewWriter(cw)
+	if err := tw.AddFS(os.DirFS(in.rootPath())); err != nil {
+		return cw.n, fmt.Errorf("daemontest: export: %w", err)
+	}
+	return cw.n, tw.Close()
+}
+
+// ImportWritable extracts an ExportWritable tar into the root folder.
+func (in *Instance) ImportWritable(ctx context.Context, r io.Reader) error {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("daemontest: import: %w", err)
+		}
+		if !filepath.IsLocal(h.Name) {
+			return fmt.Errorf("daemontest: import: entry %q", h.Name)
+		}
+		p := filepath.Join(in.rootPath(), h.Name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, fs.FileMode(h.Mode)&fs.ModePerm)
+		case tar.TypeReg:
+			var f *os.File
+			if f, err = os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fs.FileMode(h.Mode)&fs.ModePerm); err == nil {
+				_, err = io.Copy(f, tr)
+				f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("daemontest: import %s: %w", h.Name, err)
+		}
+	}
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kilnvm/kiln/daemon/e2b"
+	"github.com/kilnvm/kiln/daemon/kilnpb"
 )
 
 // guestServer stands for a server a sandbox of the test double runs (the
@@ -150,5 +151,38 @@ func TestPorts(t *testing.T) {
 	}
 	if r := e.do("PUT", "/sandboxes/"+priv.SandboxID+"/network", keyA, map[string]any{"allowPublicTraffic": true}); r.status != 400 {
 		t.Errorf("an update of allowPublicTraffic: %d %s", r.status, r.body)
+	}
+}
+
+// TestPauseWithoutMemory: pause {memory:false} hibernates keeping files
+// only (kilnd says files_only; a fork of it is refused); connect, with or
+// without memory:false, boots it again under the same ID and token with
+// its files; autoPauseMemory false makes the timeout's pause the same.
+func TestPauseWithoutMemory(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(keyA, map[string]any{"timeout": 600})
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", keyA, `{"memory":false}`); r.status != 204 {
+		t.Fatalf("pause without memory: %d %s", r.status, r.body)
+	}
+	got, err := e.kiln.GetSandbox(t.Context(), &kilnpb.GetSandboxRequest{Id: sb.SandboxID})
+	if err != nil || !got.Hibernated || !got.FilesOnly || got.Pid != 0 {
+		t.Fatalf("paused without memory: %v %v", got, err)
+	}
+	if r := e.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", keyA, `{"count":1}`); r.status != 409 {
+		t.Errorf("fork of a sandbox paused without memory: %d %s", r.status, r.body)
+	}
+	r := e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", keyA, `{"memory":false}`)
+	var c created
+	r.json(t, &c)
+	if r.status != 201 || c.SandboxID != sb.SandboxID || c.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Fatalf("connect: %d %s", r.status, r.body)
+	}
+	if got, _ := e.kiln.GetSandbox(t.Context(), &kilnpb.GetSandboxRequest{Id: sb.SandboxID}); got.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING || got.FilesOnly {
+		t.Errorf("after the connect: %v", got)
+	}
+
+	auto := e.create(keyA, map[string]any{"autoPause": true, "autoPauseMemory": false})
+	if got, _ := e.kiln.GetSandbox(t.Context(), &kilnpb.GetSandboxRequest{Id: auto.SandboxID}); got.TimeoutAction != kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES {
+		t.Errorf("autoPauseMemory false: timeout action %v", got.TimeoutAction)
 	}
 }

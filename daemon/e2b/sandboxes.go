@@ -442,6 +442,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.TimeoutAction = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE
+		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+			creq.TimeoutAction = kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES
+		}
 	}
 	admitted, err := s.admit(r.Context(), tenant, usage{Sandboxes: 1, MemoryMiB: memMiB})
 	if err != nil {
@@ -725,13 +728,13 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, tenant str
 		return err
 	}
 	defer admitted()
-	// Kiln's pause always keeps the memory (a filesystem-only pause
-	// would lose the processes for nothing: the state is on disk either
-	// way).
-	if _, err := s.kiln.PauseSandbox(r.Context(), &kilnpb.PauseSandboxRequest{Id: sb.GetId(), Hibernate: true}); err != nil {
+	// memory false keeps the files only: the VMM process goes, and a
+	// connect boots the image again with them.
+	filesOnly := req.Memory != nil && !*req.Memory
+	if _, err := s.kiln.PauseSandbox(r.Context(), &kilnpb.PauseSandboxRequest{Id: sb.GetId(), Hibernate: true, FilesOnly: filesOnly}); err != nil {
 		return err
 	}
-	s.log.Info("e2b: paused a sandbox", "sandbox", sb.GetId(), "tenant", tenant)
+	s.log.Info("e2b: paused a sandbox", "sandbox", sb.GetId(), "tenant", tenant, "files_only", filesOnly)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -740,9 +743,6 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 	var req connectRequest
 	if err := decodeBody(w, r, &req); err != nil {
 		return err
-	}
-	if req.Memory != nil && !*req.Memory {
-		return errorf(http.StatusBadRequest, "memory=false (reboot on resume): Kiln resumes a paused sandbox with its memory only")
 	}
 	var life int64
 	if req.Timeout != nil {
@@ -754,6 +754,9 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request, tenant s
 	sb, err := s.owned(r.Context(), tenant, r.PathValue("id"))
 	if err != nil {
 		return err
+	}
+	if req.Memory != nil && !*req.Memory && !sb.GetFilesOnly() {
+		return errorf(http.StatusBadRequest, "memory=false (reboot on resume): Kiln boots on resume only a sandbox paused with memory false; this one resumes with its memory")
 	}
 	code := http.StatusOK
 	if sb.GetState() == kilnpb.SandboxState_SANDBOX_STATE_PAUSED {

@@ -102,6 +102,8 @@ type TimeoutAction int32
 const (
 	TimeoutAction_TIMEOUT_ACTION_DESTROY   TimeoutAction = 0
 	TimeoutAction_TIMEOUT_ACTION_HIBERNATE TimeoutAction = 1
+	// Hibernate keeping only files (PauseSandboxRequest.files_only).
+	TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES TimeoutAction = 2
 )
 
 // Enum value maps for TimeoutAction.
@@ -109,10 +111,12 @@ var (
 	TimeoutAction_name = map[int32]string{
 		0: "TIMEOUT_ACTION_DESTROY",
 		1: "TIMEOUT_ACTION_HIBERNATE",
+		2: "TIMEOUT_ACTION_HIBERNATE_FILES",
 	}
 	TimeoutAction_value = map[string]int32{
-		"TIMEOUT_ACTION_DESTROY":   0,
-		"TIMEOUT_ACTION_HIBERNATE": 1,
+		"TIMEOUT_ACTION_DESTROY":         0,
+		"TIMEOUT_ACTION_HIBERNATE":       1,
+		"TIMEOUT_ACTION_HIBERNATE_FILES": 2,
 	}
 )
 
@@ -858,7 +862,9 @@ type Sandbox struct {
 	Hibernated    bool          `protobuf:"varint,19,opt,name=hibernated,proto3" json:"hibernated,omitempty"`
 	TimeoutAction TimeoutAction `protobuf:"varint,20,opt,name=timeout_action,json=timeoutAction,proto3,enum=kiln.v1.TimeoutAction" json:"timeout_action,omitempty"`
 	// Its process 1: "agent" or "systemd" (CreateSandboxRequest.init).
-	Init          string `protobuf:"bytes,21,opt,name=init,proto3" json:"init,omitempty"`
+	Init string `protobuf:"bytes,21,opt,name=init,proto3" json:"init,omitempty"`
+	// Hibernated keeping only its image root's files: a resume boots it.
+	FilesOnly     bool `protobuf:"varint,22,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1038,6 +1044,13 @@ func (x *Sandbox) GetInit() string {
 		return x.Init
 	}
 	return ""
+}
+
+func (x *Sandbox) GetFilesOnly() bool {
+	if x != nil {
+		return x.FilesOnly
+	}
+	return false
 }
 
 type GetSandboxRequest struct {
@@ -1269,7 +1282,13 @@ type PauseSandboxRequest struct {
 	// Write the sandbox's state to disk and stop its VM (freeing its
 	// memory) rather than only stopping its vCPUs. A hibernated sandbox's
 	// lifetime does not run; ResumeSandbox restores it.
-	Hibernate     bool `protobuf:"varint,2,opt,name=hibernate,proto3" json:"hibernate,omitempty"`
+	Hibernate bool `protobuf:"varint,2,opt,name=hibernate,proto3" json:"hibernate,omitempty"`
+	// With hibernate: keep only the files of the sandbox's image root (its
+	// writable layer, /tmp, container engines' storage), not its memory. A
+	// resume boots the image again with them, under the same ID and
+	// network: the guest's processes are gone (E2B's pause without memory).
+	// FailedPrecondition for a sandbox whose root is no image's.
+	FilesOnly     bool `protobuf:"varint,3,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1314,6 +1333,13 @@ func (x *PauseSandboxRequest) GetId() string {
 func (x *PauseSandboxRequest) GetHibernate() bool {
 	if x != nil {
 		return x.Hibernate
+	}
+	return false
+}
+
+func (x *PauseSandboxRequest) GetFilesOnly() bool {
+	if x != nil {
+		return x.FilesOnly
 	}
 	return false
 }
@@ -4756,7 +4782,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x14\n" +
 	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x10\n" +
 	"\x03tap\x18\x05 \x01(\tR\x03tap\x12-\n" +
-	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xa2\x06\n" +
+	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xc1\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kiln.v1.SandboxStateR\x05state\x12\x16\n" +
@@ -4783,7 +4809,9 @@ const file_kiln_proto_rawDesc = "" +
 	"hibernated\x18\x13 \x01(\bR\n" +
 	"hibernated\x12=\n" +
 	"\x0etimeout_action\x18\x14 \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x12\x12\n" +
-	"\x04init\x18\x15 \x01(\tR\x04init\x1a9\n" +
+	"\x04init\x18\x15 \x01(\tR\x04init\x12\x1d\n" +
+	"\n" +
+	"files_only\x18\x16 \x01(\bR\tfilesOnly\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
@@ -4799,10 +4827,12 @@ const file_kiln_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x10.kiln.v1.SandboxR\tsandboxes\"'\n" +
 	"\x15DestroySandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
-	"\x16DestroySandboxResponse\"C\n" +
+	"\x16DestroySandboxResponse\"b\n" +
 	"\x13PauseSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
-	"\thibernate\x18\x02 \x01(\bR\thibernate\"\xd0\x02\n" +
+	"\thibernate\x18\x02 \x01(\bR\thibernate\x12\x1d\n" +
+	"\n" +
+	"files_only\x18\x03 \x01(\bR\tfilesOnly\"\xd0\x02\n" +
 	"\x14UpdateSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
 	"\vlifetime_ms\x18\x02 \x01(\x03H\x00R\n" +
@@ -5098,10 +5128,11 @@ const file_kiln_proto_rawDesc = "" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\x05\x12\x1b\n" +
 	"\x17SANDBOX_STATE_TIMED_OUT\x10\x06\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\a*I\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\a*m\n" +
 	"\rTimeoutAction\x12\x1a\n" +
 	"\x16TIMEOUT_ACTION_DESTROY\x10\x00\x12\x1c\n" +
-	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x012\xed\x10\n" +
+	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x01\x12\"\n" +
+	"\x1eTIMEOUT_ACTION_HIBERNATE_FILES\x10\x022\xed\x10\n" +
 	"\x04Kiln\x12@\n" +
 	"\rCreateSandbox\x12\x1d.kiln.v1.CreateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12:\n" +
 	"\n" +

@@ -517,6 +517,14 @@ func (in *sandboxInstance) DialPort(ctx context.Context, port int) (net.Conn, er
 	return c, markErr(err)
 }
 
+func (in *sandboxInstance) ExportWritable(ctx context.Context, w io.Writer) (int64, error) {
+	return in.s.Client().ExportWritable(ctx, w)
+}
+
+func (in *sandboxInstance) ImportWritable(ctx context.Context, r io.Reader) error {
+	return in.s.Client().ImportWritable(ctx, r)
+}
+
 func (in *sandboxInstance) Info(ctx context.Context) (daemon.GuestInfo, error) {
 	info, err := in.s.Client().Info(ctx)
 	return daemon.GuestInfo(info), err

@@ -42,6 +42,11 @@ type Config struct {
 	// the agent always does.
 	ProtectFromOOM bool
 
+	// WritableDir is where an image root's writes are (pid1.ImageRWView:
+	// the overlay's upper layer and the container engines' storage), for
+	// ExportWritable and ImportWritable; empty: the root is no image's.
+	WritableDir string
+
 	// CgroupRoot is where cgroup v2 is mounted (e.g. /sys/fs/cgroup); the
 	// agent runs Exec processes in per-call cgroups below
 	// CgroupRoot/sandbox. Empty disables cgroups; if they do not work the

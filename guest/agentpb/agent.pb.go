@@ -80,7 +80,7 @@ func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Op.Descriptor instead.
 func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37, 0}
+	return file_agent_proto_rawDescGZIP(), []int{40, 0}
 }
 
 type AddMountsRequest struct {
@@ -1716,6 +1716,122 @@ func (*WriteFileRequest_Header) isWriteFileRequest_Kind() {}
 
 func (*WriteFileRequest_Data) isWriteFileRequest_Kind() {}
 
+type ExportWritableRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportWritableRequest) Reset() {
+	*x = ExportWritableRequest{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportWritableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportWritableRequest) ProtoMessage() {}
+
+func (x *ExportWritableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportWritableRequest.ProtoReflect.Descriptor instead.
+func (*ExportWritableRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+type ImportWritableRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportWritableRequest) Reset() {
+	*x = ImportWritableRequest{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportWritableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportWritableRequest) ProtoMessage() {}
+
+func (x *ImportWritableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportWritableRequest.ProtoReflect.Descriptor instead.
+func (*ImportWritableRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ImportWritableRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportWritableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportWritableResponse) Reset() {
+	*x = ImportWritableResponse{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportWritableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportWritableResponse) ProtoMessage() {}
+
+func (x *ImportWritableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportWritableResponse.ProtoReflect.Descriptor instead.
+func (*ImportWritableResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
 type ReadFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1725,7 +1841,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1853,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1866,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1769,7 +1885,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1897,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1910,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Chunk) GetData() []byte {
@@ -1815,7 +1931,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +1943,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +1956,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1882,7 +1998,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2010,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2023,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -2000,7 +2116,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2128,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2141,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -2053,7 +2169,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2181,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2194,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -2104,7 +2220,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2232,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2245,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2168,7 +2284,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2296,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2309,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type RemoveRequest struct {
@@ -2207,7 +2323,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2335,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2348,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2257,7 +2373,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2385,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2398,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type MoveRequest struct {
@@ -2296,7 +2412,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2424,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2437,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MoveRequest) GetSource() string {
@@ -2350,7 +2466,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2478,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2491,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -2407,7 +2523,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2535,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2548,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -2471,7 +2587,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2599,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2612,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 type HealthResponse struct {
@@ -2508,7 +2624,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2636,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2649,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2551,7 +2667,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2679,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2692,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 type InfoResponse struct {
@@ -2597,7 +2713,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2725,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2738,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -2698,7 +2814,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2826,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2839,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *QuiesceRequest) GetDropCaches() bool {
@@ -2741,7 +2857,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2869,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2882,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 type ReseedRequest struct {
@@ -2779,7 +2895,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2907,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2920,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2825,7 +2941,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2837,7 +2953,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2850,7 +2966,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReseedResponse) GetCredited() bool {
@@ -2870,7 +2986,7 @@ type SetClockRequest struct {
 
 func (x *SetClockRequest) Reset() {
 	*x = SetClockRequest{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2998,7 @@ func (x *SetClockRequest) String() string {
 func (*SetClockRequest) ProtoMessage() {}
 
 func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3011,7 @@ func (x *SetClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockRequest.ProtoReflect.Descriptor instead.
 func (*SetClockRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetClockRequest) GetUnixNanos() int64 {
@@ -2913,7 +3029,7 @@ type SetClockResponse struct {
 
 func (x *SetClockResponse) Reset() {
 	*x = SetClockResponse{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3041,7 @@ func (x *SetClockResponse) String() string {
 func (*SetClockResponse) ProtoMessage() {}
 
 func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3054,7 @@ func (x *SetClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClockResponse.ProtoReflect.Descriptor instead.
 func (*SetClockResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 type PowerOffRequest struct {
@@ -2949,7 +3065,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3077,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3090,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 type PowerOffResponse struct {
@@ -2985,7 +3101,7 @@ type PowerOffResponse struct {
 
 func (x *PowerOffResponse) Reset() {
 	*x = PowerOffResponse{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3113,7 @@ func (x *PowerOffResponse) String() string {
 func (*PowerOffResponse) ProtoMessage() {}
 
 func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3126,7 @@ func (x *PowerOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffResponse.ProtoReflect.Descriptor instead.
 func (*PowerOffResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 type SetHostnameRequest struct {
@@ -3023,7 +3139,7 @@ type SetHostnameRequest struct {
 
 func (x *SetHostnameRequest) Reset() {
 	*x = SetHostnameRequest{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3151,7 @@ func (x *SetHostnameRequest) String() string {
 func (*SetHostnameRequest) ProtoMessage() {}
 
 func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3164,7 @@ func (x *SetHostnameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameRequest.ProtoReflect.Descriptor instead.
 func (*SetHostnameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetHostnameRequest) GetName() string {
@@ -3066,7 +3182,7 @@ type SetHostnameResponse struct {
 
 func (x *SetHostnameResponse) Reset() {
 	*x = SetHostnameResponse{}
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3194,7 @@ func (x *SetHostnameResponse) String() string {
 func (*SetHostnameResponse) ProtoMessage() {}
 
 func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3207,7 @@ func (x *SetHostnameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHostnameResponse.ProtoReflect.Descriptor instead.
 func (*SetHostnameResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{51}
+	return file_agent_proto_rawDescGZIP(), []int{54}
 }
 
 type ConfigureNetworkRequest struct {
@@ -3118,7 +3234,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3130,7 +3246,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3143,7 +3259,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{52}
+	return file_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ConfigureNetworkRequest) GetInterface() string {
@@ -3198,7 +3314,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3326,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3339,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{53}
+	return file_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ConfigureNetworkResponse) GetInterface() string {
@@ -3337,7 +3453,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x10WriteFileRequest\x128\n" +
 	"\x06header\x18\x01 \x01(\v2\x1e.kiln.agent.v1.WriteFileHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
-	"\x04kind\"%\n" +
+	"\x04kind\"\x17\n" +
+	"\x15ExportWritableRequest\"+\n" +
+	"\x15ImportWritableRequest\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x18\n" +
+	"\x16ImportWritableResponse\"%\n" +
 	"\x0fReadFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"\x1b\n" +
 	"\x05Chunk\x12\x12\n" +
@@ -3431,7 +3551,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12 \n" +
 	"\vnameservers\x18\x06 \x03(\tR\vnameservers\"8\n" +
 	"\x18ConfigureNetworkResponse\x12\x1c\n" +
-	"\tinterface\x18\x01 \x01(\tR\tinterface2\x88\x0f\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface2\xb9\x10\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Exec\x12\x1a.kiln.agent.v1.ExecRequest\x1a\x1b.kiln.agent.v1.ExecResponse(\x010\x01\x12W\n" +
 	"\fListDetached\x12\".kiln.agent.v1.ListDetachedRequest\x1a#.kiln.agent.v1.ListDetachedResponse\x12]\n" +
@@ -3445,7 +3565,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x04List\x12\x1a.kiln.agent.v1.ListRequest\x1a\x1b.kiln.agent.v1.ListResponse\x12B\n" +
 	"\x05Mkdir\x12\x1b.kiln.agent.v1.MkdirRequest\x1a\x1c.kiln.agent.v1.MkdirResponse\x12E\n" +
 	"\x06Remove\x12\x1c.kiln.agent.v1.RemoveRequest\x1a\x1d.kiln.agent.v1.RemoveResponse\x12;\n" +
-	"\x04Move\x12\x1a.kiln.agent.v1.MoveRequest\x1a\x17.kiln.agent.v1.FileInfo\x12A\n" +
+	"\x04Move\x12\x1a.kiln.agent.v1.MoveRequest\x1a\x17.kiln.agent.v1.FileInfo\x12N\n" +
+	"\x0eExportWritable\x12$.kiln.agent.v1.ExportWritableRequest\x1a\x14.kiln.agent.v1.Chunk0\x01\x12_\n" +
+	"\x0eImportWritable\x12$.kiln.agent.v1.ImportWritableRequest\x1a%.kiln.agent.v1.ImportWritableResponse(\x01\x12A\n" +
 	"\x05Watch\x12\x1b.kiln.agent.v1.WatchRequest\x1a\x19.kiln.agent.v1.WatchEvent0\x01\x12E\n" +
 	"\x06Health\x12\x1c.kiln.agent.v1.HealthRequest\x1a\x1d.kiln.agent.v1.HealthResponse\x12?\n" +
 	"\x04Info\x12\x1a.kiln.agent.v1.InfoRequest\x1a\x1b.kiln.agent.v1.InfoResponse\x12H\n" +
@@ -3472,7 +3594,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_agent_proto_goTypes = []any{
 	(WatchEvent_Op)(0),               // 0: kiln.agent.v1.WatchEvent.Op
 	(*AddMountsRequest)(nil),         // 1: kiln.agent.v1.AddMountsRequest
@@ -3500,35 +3622,38 @@ var file_agent_proto_goTypes = []any{
 	(*AttachDetachedRequest)(nil),    // 23: kiln.agent.v1.AttachDetachedRequest
 	(*WriteFileHeader)(nil),          // 24: kiln.agent.v1.WriteFileHeader
 	(*WriteFileRequest)(nil),         // 25: kiln.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),          // 26: kiln.agent.v1.ReadFileRequest
-	(*Chunk)(nil),                    // 27: kiln.agent.v1.Chunk
-	(*StatRequest)(nil),              // 28: kiln.agent.v1.StatRequest
-	(*FileInfo)(nil),                 // 29: kiln.agent.v1.FileInfo
-	(*ListRequest)(nil),              // 30: kiln.agent.v1.ListRequest
-	(*ListResponse)(nil),             // 31: kiln.agent.v1.ListResponse
-	(*MkdirRequest)(nil),             // 32: kiln.agent.v1.MkdirRequest
-	(*MkdirResponse)(nil),            // 33: kiln.agent.v1.MkdirResponse
-	(*RemoveRequest)(nil),            // 34: kiln.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 35: kiln.agent.v1.RemoveResponse
-	(*MoveRequest)(nil),              // 36: kiln.agent.v1.MoveRequest
-	(*WatchRequest)(nil),             // 37: kiln.agent.v1.WatchRequest
-	(*WatchEvent)(nil),               // 38: kiln.agent.v1.WatchEvent
-	(*HealthRequest)(nil),            // 39: kiln.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 40: kiln.agent.v1.HealthResponse
-	(*InfoRequest)(nil),              // 41: kiln.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 42: kiln.agent.v1.InfoResponse
-	(*QuiesceRequest)(nil),           // 43: kiln.agent.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),          // 44: kiln.agent.v1.QuiesceResponse
-	(*ReseedRequest)(nil),            // 45: kiln.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),           // 46: kiln.agent.v1.ReseedResponse
-	(*SetClockRequest)(nil),          // 47: kiln.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),         // 48: kiln.agent.v1.SetClockResponse
-	(*PowerOffRequest)(nil),          // 49: kiln.agent.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),         // 50: kiln.agent.v1.PowerOffResponse
-	(*SetHostnameRequest)(nil),       // 51: kiln.agent.v1.SetHostnameRequest
-	(*SetHostnameResponse)(nil),      // 52: kiln.agent.v1.SetHostnameResponse
-	(*ConfigureNetworkRequest)(nil),  // 53: kiln.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 54: kiln.agent.v1.ConfigureNetworkResponse
+	(*ExportWritableRequest)(nil),    // 26: kiln.agent.v1.ExportWritableRequest
+	(*ImportWritableRequest)(nil),    // 27: kiln.agent.v1.ImportWritableRequest
+	(*ImportWritableResponse)(nil),   // 28: kiln.agent.v1.ImportWritableResponse
+	(*ReadFileRequest)(nil),          // 29: kiln.agent.v1.ReadFileRequest
+	(*Chunk)(nil),                    // 30: kiln.agent.v1.Chunk
+	(*StatRequest)(nil),              // 31: kiln.agent.v1.StatRequest
+	(*FileInfo)(nil),                 // 32: kiln.agent.v1.FileInfo
+	(*ListRequest)(nil),              // 33: kiln.agent.v1.ListRequest
+	(*ListResponse)(nil),             // 34: kiln.agent.v1.ListResponse
+	(*MkdirRequest)(nil),             // 35: kiln.agent.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 36: kiln.agent.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 37: kiln.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 38: kiln.agent.v1.RemoveResponse
+	(*MoveRequest)(nil),              // 39: kiln.agent.v1.MoveRequest
+	(*WatchRequest)(nil),             // 40: kiln.agent.v1.WatchRequest
+	(*WatchEvent)(nil),               // 41: kiln.agent.v1.WatchEvent
+	(*HealthRequest)(nil),            // 42: kiln.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 43: kiln.agent.v1.HealthResponse
+	(*InfoRequest)(nil),              // 44: kiln.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 45: kiln.agent.v1.InfoResponse
+	(*QuiesceRequest)(nil),           // 46: kiln.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),          // 47: kiln.agent.v1.QuiesceResponse
+	(*ReseedRequest)(nil),            // 48: kiln.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),           // 49: kiln.agent.v1.ReseedResponse
+	(*SetClockRequest)(nil),          // 50: kiln.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 51: kiln.agent.v1.SetClockResponse
+	(*PowerOffRequest)(nil),          // 52: kiln.agent.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),         // 53: kiln.agent.v1.PowerOffResponse
+	(*SetHostnameRequest)(nil),       // 54: kiln.agent.v1.SetHostnameRequest
+	(*SetHostnameResponse)(nil),      // 55: kiln.agent.v1.SetHostnameResponse
+	(*ConfigureNetworkRequest)(nil),  // 56: kiln.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 57: kiln.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	2,  // 0: kiln.agent.v1.AddMountsRequest.mounts:type_name -> kiln.agent.v1.RootMount
@@ -3542,9 +3667,9 @@ var file_agent_proto_depIdxs = []int32{
 	16, // 8: kiln.agent.v1.ListDetachedResponse.processes:type_name -> kiln.agent.v1.DetachedProcess
 	10, // 9: kiln.agent.v1.SignalDetachedRequest.signal:type_name -> kiln.agent.v1.ExecSignal
 	24, // 10: kiln.agent.v1.WriteFileRequest.header:type_name -> kiln.agent.v1.WriteFileHeader
-	29, // 11: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
+	32, // 11: kiln.agent.v1.ListResponse.entries:type_name -> kiln.agent.v1.FileInfo
 	0,  // 12: kiln.agent.v1.WatchEvent.op:type_name -> kiln.agent.v1.WatchEvent.Op
-	29, // 13: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
+	32, // 13: kiln.agent.v1.WatchEvent.entry:type_name -> kiln.agent.v1.FileInfo
 	11, // 14: kiln.agent.v1.Agent.Exec:input_type -> kiln.agent.v1.ExecRequest
 	15, // 15: kiln.agent.v1.Agent.ListDetached:input_type -> kiln.agent.v1.ListDetachedRequest
 	18, // 16: kiln.agent.v1.Agent.SignalDetached:input_type -> kiln.agent.v1.SignalDetachedRequest
@@ -3552,51 +3677,55 @@ var file_agent_proto_depIdxs = []int32{
 	21, // 18: kiln.agent.v1.Agent.ForgetDetached:input_type -> kiln.agent.v1.ForgetDetachedRequest
 	23, // 19: kiln.agent.v1.Agent.AttachDetached:input_type -> kiln.agent.v1.AttachDetachedRequest
 	25, // 20: kiln.agent.v1.Agent.WriteFile:input_type -> kiln.agent.v1.WriteFileRequest
-	26, // 21: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
-	28, // 22: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
-	30, // 23: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
-	32, // 24: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
-	34, // 25: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
-	36, // 26: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
-	37, // 27: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
-	39, // 28: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
-	41, // 29: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
-	43, // 30: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
-	45, // 31: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
-	47, // 32: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
-	49, // 33: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
-	51, // 34: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
-	53, // 35: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
-	4,  // 36: kiln.agent.v1.Agent.MountRoot:input_type -> kiln.agent.v1.MountRootRequest
-	6,  // 37: kiln.agent.v1.Agent.UnmountRoot:input_type -> kiln.agent.v1.UnmountRootRequest
-	1,  // 38: kiln.agent.v1.Agent.AddMounts:input_type -> kiln.agent.v1.AddMountsRequest
-	14, // 39: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
-	17, // 40: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
-	19, // 41: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
-	16, // 42: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
-	22, // 43: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
-	14, // 44: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
-	29, // 45: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
-	27, // 46: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
-	29, // 47: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
-	31, // 48: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
-	33, // 49: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
-	35, // 50: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
-	29, // 51: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
-	38, // 52: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
-	40, // 53: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
-	42, // 54: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
-	44, // 55: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
-	46, // 56: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
-	48, // 57: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
-	50, // 58: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
-	52, // 59: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
-	54, // 60: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
-	5,  // 61: kiln.agent.v1.Agent.MountRoot:output_type -> kiln.agent.v1.MountRootResponse
-	7,  // 62: kiln.agent.v1.Agent.UnmountRoot:output_type -> kiln.agent.v1.UnmountRootResponse
-	3,  // 63: kiln.agent.v1.Agent.AddMounts:output_type -> kiln.agent.v1.AddMountsResponse
-	39, // [39:64] is the sub-list for method output_type
-	14, // [14:39] is the sub-list for method input_type
+	29, // 21: kiln.agent.v1.Agent.ReadFile:input_type -> kiln.agent.v1.ReadFileRequest
+	31, // 22: kiln.agent.v1.Agent.Stat:input_type -> kiln.agent.v1.StatRequest
+	33, // 23: kiln.agent.v1.Agent.List:input_type -> kiln.agent.v1.ListRequest
+	35, // 24: kiln.agent.v1.Agent.Mkdir:input_type -> kiln.agent.v1.MkdirRequest
+	37, // 25: kiln.agent.v1.Agent.Remove:input_type -> kiln.agent.v1.RemoveRequest
+	39, // 26: kiln.agent.v1.Agent.Move:input_type -> kiln.agent.v1.MoveRequest
+	26, // 27: kiln.agent.v1.Agent.ExportWritable:input_type -> kiln.agent.v1.ExportWritableRequest
+	27, // 28: kiln.agent.v1.Agent.ImportWritable:input_type -> kiln.agent.v1.ImportWritableRequest
+	40, // 29: kiln.agent.v1.Agent.Watch:input_type -> kiln.agent.v1.WatchRequest
+	42, // 30: kiln.agent.v1.Agent.Health:input_type -> kiln.agent.v1.HealthRequest
+	44, // 31: kiln.agent.v1.Agent.Info:input_type -> kiln.agent.v1.InfoRequest
+	46, // 32: kiln.agent.v1.Agent.Quiesce:input_type -> kiln.agent.v1.QuiesceRequest
+	48, // 33: kiln.agent.v1.Agent.Reseed:input_type -> kiln.agent.v1.ReseedRequest
+	50, // 34: kiln.agent.v1.Agent.SetClock:input_type -> kiln.agent.v1.SetClockRequest
+	52, // 35: kiln.agent.v1.Agent.PowerOff:input_type -> kiln.agent.v1.PowerOffRequest
+	54, // 36: kiln.agent.v1.Agent.SetHostname:input_type -> kiln.agent.v1.SetHostnameRequest
+	56, // 37: kiln.agent.v1.Agent.ConfigureNetwork:input_type -> kiln.agent.v1.ConfigureNetworkRequest
+	4,  // 38: kiln.agent.v1.Agent.MountRoot:input_type -> kiln.agent.v1.MountRootRequest
+	6,  // 39: kiln.agent.v1.Agent.UnmountRoot:input_type -> kiln.agent.v1.UnmountRootRequest
+	1,  // 40: kiln.agent.v1.Agent.AddMounts:input_type -> kiln.agent.v1.AddMountsRequest
+	14, // 41: kiln.agent.v1.Agent.Exec:output_type -> kiln.agent.v1.ExecResponse
+	17, // 42: kiln.agent.v1.Agent.ListDetached:output_type -> kiln.agent.v1.ListDetachedResponse
+	19, // 43: kiln.agent.v1.Agent.SignalDetached:output_type -> kiln.agent.v1.SignalDetachedResponse
+	16, // 44: kiln.agent.v1.Agent.WaitDetached:output_type -> kiln.agent.v1.DetachedProcess
+	22, // 45: kiln.agent.v1.Agent.ForgetDetached:output_type -> kiln.agent.v1.ForgetDetachedResponse
+	14, // 46: kiln.agent.v1.Agent.AttachDetached:output_type -> kiln.agent.v1.ExecResponse
+	32, // 47: kiln.agent.v1.Agent.WriteFile:output_type -> kiln.agent.v1.FileInfo
+	30, // 48: kiln.agent.v1.Agent.ReadFile:output_type -> kiln.agent.v1.Chunk
+	32, // 49: kiln.agent.v1.Agent.Stat:output_type -> kiln.agent.v1.FileInfo
+	34, // 50: kiln.agent.v1.Agent.List:output_type -> kiln.agent.v1.ListResponse
+	36, // 51: kiln.agent.v1.Agent.Mkdir:output_type -> kiln.agent.v1.MkdirResponse
+	38, // 52: kiln.agent.v1.Agent.Remove:output_type -> kiln.agent.v1.RemoveResponse
+	32, // 53: kiln.agent.v1.Agent.Move:output_type -> kiln.agent.v1.FileInfo
+	30, // 54: kiln.agent.v1.Agent.ExportWritable:output_type -> kiln.agent.v1.Chunk
+	28, // 55: kiln.agent.v1.Agent.ImportWritable:output_type -> kiln.agent.v1.ImportWritableResponse
+	41, // 56: kiln.agent.v1.Agent.Watch:output_type -> kiln.agent.v1.WatchEvent
+	43, // 57: kiln.agent.v1.Agent.Health:output_type -> kiln.agent.v1.HealthResponse
+	45, // 58: kiln.agent.v1.Agent.Info:output_type -> kiln.agent.v1.InfoResponse
+	47, // 59: kiln.agent.v1.Agent.Quiesce:output_type -> kiln.agent.v1.QuiesceResponse
+	49, // 60: kiln.agent.v1.Agent.Reseed:output_type -> kiln.agent.v1.ReseedResponse
+	51, // 61: kiln.agent.v1.Agent.SetClock:output_type -> kiln.agent.v1.SetClockResponse
+	53, // 62: kiln.agent.v1.Agent.PowerOff:output_type -> kiln.agent.v1.PowerOffResponse
+	55, // 63: kiln.agent.v1.Agent.SetHostname:output_type -> kiln.agent.v1.SetHostnameResponse
+	57, // 64: kiln.agent.v1.Agent.ConfigureNetwork:output_type -> kiln.agent.v1.ConfigureNetworkResponse
+	5,  // 65: kiln.agent.v1.Agent.MountRoot:output_type -> kiln.agent.v1.MountRootResponse
+	7,  // 66: kiln.agent.v1.Agent.UnmountRoot:output_type -> kiln.agent.v1.UnmountRootResponse
+	3,  // 67: kiln.agent.v1.Agent.AddMounts:output_type -> kiln.agent.v1.AddMountsResponse
+	41, // [41:68] is the sub-list for method output_type
+	14, // [14:41] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -3637,7 +3766,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   54,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

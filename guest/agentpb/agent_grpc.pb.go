@@ -36,6 +36,8 @@ const (
 	Agent_Mkdir_FullMethodName            = "/kiln.agent.v1.Agent/Mkdir"
 	Agent_Remove_FullMethodName           = "/kiln.agent.v1.Agent/Remove"
 	Agent_Move_FullMethodName             = "/kiln.agent.v1.Agent/Move"
+	Agent_ExportWritable_FullMethodName   = "/kiln.agent.v1.Agent/ExportWritable"
+	Agent_ImportWritable_FullMethodName   = "/kiln.agent.v1.Agent/ImportWritable"
 	Agent_Watch_FullMethodName            = "/kiln.agent.v1.Agent/Watch"
 	Agent_Health_FullMethodName           = "/kiln.agent.v1.Agent/Health"
 	Agent_Info_FullMethodName             = "/kiln.agent.v1.Agent/Info"
@@ -98,6 +100,14 @@ type AgentClient interface {
 	// destination as rename does) and describes the destination. Across
 	// file systems it is FAILED_PRECONDITION.
 	Move(ctx context.Context, in *MoveRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// ExportWritable streams, as one tar, what an image root's writes made:
+	// its overlay's upper layer as a layer diff (OCI whiteouts) under
+	// root/, /tmp under tmp/, the container engines' storage under
+	// storage/ (a pause that keeps files and not memory). FailedPrecondition
+	// for a root that is no image's.
+	ExportWritable(ctx context.Context, in *ExportWritableRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Chunk], error)
+	// ImportWritable applies such a tar to a freshly booted image root.
+	ImportWritable(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWritableRequest, ImportWritableResponse], error)
 	// Watch streams the changes below a directory (inotify): a started
 	// event once the watch is in place, then one event per change, until
 	// the call ends. The directory going away ends the stream (OK), the
@@ -310,9 +320,41 @@ func (c *agentClient) Move(ctx context.Context, in *MoveRequest, opts ...grpc.Ca
 	return out, nil
 }
 
+func (c *agentClient) ExportWritable(ctx context.Context, in *ExportWritableRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Chunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_ExportWritable_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportWritableRequest, Chunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ExportWritableClient = grpc.ServerStreamingClient[Chunk]
+
+func (c *agentClient) ImportWritable(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWritableRequest, ImportWritableResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[5], Agent_ImportWritable_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImportWritableRequest, ImportWritableResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ImportWritableClient = grpc.ClientStreamingClient[ImportWritableRequest, ImportWritableResponse]
+
 func (c *agentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[6], Agent_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -487,6 +529,14 @@ type AgentServer interface {
 	// destination as rename does) and describes the destination. Across
 	// file systems it is FAILED_PRECONDITION.
 	Move(context.Context, *MoveRequest) (*FileInfo, error)
+	// ExportWritable streams, as one tar, what an image root's writes made:
+	// its overlay's upper layer as a layer diff (OCI whiteouts) under
+	// root/, /tmp under tmp/, the container engines' storage under
+	// storage/ (a pause that keeps files and not memory). FailedPrecondition
+	// for a root that is no image's.
+	ExportWritable(*ExportWritableRequest, grpc.ServerStreamingServer[Chunk]) error
+	// ImportWritable applies such a tar to a freshly booted image root.
+	ImportWritable(grpc.ClientStreamingServer[ImportWritableRequest, ImportWritableResponse]) error
 	// Watch streams the changes below a directory (inotify): a started
 	// event once the watch is in place, then one event per change, until
 	// the call ends. The directory going away ends the stream (OK), the
@@ -583,6 +633,12 @@ func (UnimplementedAgentServer) Remove(context.Context, *RemoveRequest) (*Remove
 }
 func (UnimplementedAgentServer) Move(context.Context, *MoveRequest) (*FileInfo, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedAgentServer) ExportWritable(*ExportWritableRequest, grpc.ServerStreamingServer[Chunk]) error {
+	return status.Errorf(codes.Unimplemented, "method ExportWritable not implemented")
+}
+func (UnimplementedAgentServer) ImportWritable(grpc.ClientStreamingServer[ImportWritableRequest, ImportWritableResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method ImportWritable not implemented")
 }
 func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
@@ -838,6 +894,24 @@ func _Agent_Move_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Agent_ExportWritable_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportWritableRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).ExportWritable(m, &grpc.GenericServerStream[ExportWritableRequest, Chunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ExportWritableServer = grpc.ServerStreamingServer[Chunk]
+
+func _Agent_ImportWritable_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServer).ImportWritable(&grpc.GenericServerStream[ImportWritableRequest, ImportWritableResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ImportWritableServer = grpc.ClientStreamingServer[ImportWritableRequest, ImportWritableResponse]
 
 func _Agent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
@@ -1157,6 +1231,16 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "ReadFile",
 			Handler:       _Agent_ReadFile_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExportWritable",
+			Handler:       _Agent_ExportWritable_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ImportWritable",
+			Handler:       _Agent_ImportWritable_Handler,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "Watch",

@@ -33,6 +33,10 @@ const (
 	// pod's further containers, hostfs.TreesDir) is reached through
 	// this one.
 	ImageTree = "/run/kiln/image"
+	// ImageRWView is where the tmpfs of the root's writes (ImageRW) stays
+	// reachable, for the agent's ExportWritable and ImportWritable (a pause
+	// that keeps files, not memory).
+	ImageRWView = "/run/kiln/rw"
 )
 
 // ImageMountOptions are the 9p mount options of an image root: read-only,
@@ -134,6 +138,12 @@ func (s *Sys) SwitchRootImage(transport, tag, flags string, upperMiB int, module
 	}
 	if err := s.Mount(ImageLower, ImageTree, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("switching root: binding %s on %s: %w", ImageLower, ImageTree, err)
+	}
+	if err := s.MkdirAll(ImageRWView, 0o700); err != nil {
+		return fmt.Errorf("switching root: creating %s: %w", ImageRWView, err)
+	}
+	if err := s.Mount(ImageRW, ImageRWView, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("switching root: binding %s on %s: %w", ImageRW, ImageRWView, err)
 	}
 	if err := s.bindContainerStorage(ContainerStorageDirs, log); err != nil {
 		return fmt.Errorf("switching root: %w", err)

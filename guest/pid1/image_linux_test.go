@@ -22,6 +22,8 @@ var imageCalls = append([]string{
 	"mount overlay /newroot overlay 0 lowerdir=/kiln/lower,upperdir=/kiln/rw/upper,workdir=/kiln/rw/work",
 	"mkdir /run/kiln/image -rwxr-xr-x",
 	"mount /kiln/lower /run/kiln/image  bind ",
+	"mkdir /run/kiln/rw -rwx------",
+	"mount /kiln/rw /run/kiln/rw  bind ",
 }, switchCalls[2:]...)
 
 func TestSwitchRootImage(t *testing.T) {

@@ -86,10 +86,10 @@ func TestSwitchRootImageStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var want []string
-	want = append(want, imageCalls[:10]...)
+	want = append(want, imageCalls[:12]...)
 	for _, d := range ContainerStorageDirs {
 		want = append(want, bindCalls(d)...)
 	}
-	want = append(want, imageCalls[10:]...)
+	want = append(want, imageCalls[12:]...)
 	diffCalls(t, f.calls, want)
 }

@@ -195,6 +195,33 @@ def test_pause_then_connect_files_and_in_kvm_a_background_process_survive():
         sbx.kill()
 
 
+def test_pause_without_memory_keeps_files_not_processes():
+    # E2B's semantics: the filesystem is kept, the memory (and with it every
+    # process) is not; a connect cold-boots the sandbox under the same ID.
+    sbx = Sandbox.create("base", timeout=300)
+    try:
+        sbx.files.write("/work/kept-without-memory.txt", "on the writable layer")
+        sbx.files.write("/tmp/in-tmp.txt", "in /tmp")
+        if KVM:  # the double's commands run on the host: never there
+            sbx.commands.run("rm /etc/debian_version && mkdir -p /opt/made && echo x > /opt/made/y")
+        bg = sbx.commands.run("exec sleep 3600", background=True, timeout=0)
+        assert any(p.pid == bg.pid for p in sbx.commands.list())
+        assert sbx.pause(keep_memory=False) is True
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        back = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert back.sandbox_id == sbx.sandbox_id
+        assert back.files.read("/work/kept-without-memory.txt") == "on the writable layer"
+        assert back.files.read("/tmp/in-tmp.txt") == "in /tmp"
+        if KVM:
+            assert back.files.read("/opt/made/y") == "x\n"
+            # A deletion from the image is kept too (a whiteout applied).
+            assert back.files.exists("/etc/debian_version") is False
+        assert not any(p.pid == bg.pid for p in back.commands.list()), "a process outlived a pause without memory"
+        assert back.commands.run("echo booted").stdout == "booted\n"
+    finally:
+        sbx.kill()
+
+
 def test_fork_4_children_with_the_parents_files_diverging_after():
     parent = Sandbox.create("base", timeout=300, metadata={"role": "parent"})
     kids = []
