@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -25,7 +26,8 @@ const (
 )
 
 // BenchmarkKVME2BCreateRun times Sandbox.create() + commands.run('true')
-// + kill() through the unmodified SDK (sdktest/bench.mjs) and the same
+// + kill() through the unmodified npm SDK (sdktest/bench.mjs), E2B's
+// Python SDK (pysdktest/bench.py) and the same
 // through kiln.v1 (CreateSandbox from the template, Exec of bash -l -c
 // true as the SDK runs it, DestroySandbox), 50 of each at concurrency 10, against one
 // daemon.Server with real sandboxes. It reports p50 and p95 of create
@@ -38,13 +40,19 @@ func BenchmarkKVME2BCreateRun(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	kc, url, _ := kvmE2B(b, ctx)
+	kc, url, keys := kvmE2B(b, ctx)
 	for b.Loop() {
-		// kiln.v1 first, then the SDK, each logged as soon as it is in.
+		// kiln.v1 first, then the SDKs, each logged as soon as it is in.
 		grpcP50, grpcP95 := benchGRPC(b, ctx, kc)
 		b.Logf("kiln.v1: p50 %.0f ms, p95 %.0f ms", grpcP50, grpcP95)
 		sdk := benchSDK(b, ctx, url)
 		b.Logf("SDK: %+v", sdk)
+		py := benchPySDK(b, ctx, url, keys.alpha)
+		b.Logf("Python SDK: %+v", py)
+		b.ReportMetric(py.Total.P50, "py-p50-ms")
+		b.ReportMetric(py.Total.P95, "py-p95-ms")
+		b.ReportMetric(py.Total.P50/grpcP50, "py/grpc-p50")
+		b.ReportMetric(float64(py.Failures), "py-failures")
 		b.ReportMetric(sdk.Total.P50, "sdk-p50-ms")
 		b.ReportMetric(sdk.Total.P95, "sdk-p95-ms")
 		b.ReportMetric(grpcP50, "grpc-p50-ms")
@@ -92,6 +100,33 @@ func benchSDK(tb testing.TB, ctx context.Context, url string) benchResult {
 	}
 	if r.OK == 0 {
 		tb.Fatalf("bench.mjs: none of %d ok, %d failures", createRunN, r.Failures)
+	}
+	return r
+}
+
+// benchPySDK runs pysdktest/bench.py (bench.mjs through E2B's Python SDK)
+// against the E2B server at url with key, one in E2B's format.
+func benchPySDK(tb testing.TB, ctx context.Context, url, key string) benchResult {
+	py, err := filepath.Abs(filepath.Join(pySDKDir, pySDKVenv, "bin", "python"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, py, "bench.py")
+	cmd.Dir = pySDKDir
+	cmd.Env = []string{"E2B_API_KEY=" + key, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url, "PYTHONDONTWRITEBYTECODE=1",
+		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC), "BENCH_REQUEST_TIMEOUT_S=600"}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	if err != nil && (!errors.As(err, &exit) || len(out) == 0) {
+		tb.Fatalf("bench.py: %v\n%s", err, out)
+	}
+	var r benchResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		tb.Fatalf("bench.py printed %q: %v", out, err)
+	}
+	if r.OK == 0 {
+		tb.Fatalf("bench.py: none of %d ok, %d failures", createRunN, r.Failures)
 	}
 	return r
 }
