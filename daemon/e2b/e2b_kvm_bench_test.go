@@ -85,23 +85,8 @@ func benchSDK(tb testing.TB, ctx context.Context, url string) benchResult {
 	}
 	cmd := exec.CommandContext(ctx, node, "bench.mjs")
 	cmd.Dir = sdkDir
-	cmd.Env = []string{"E2B_API_KEY=" + keyA, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url,
-		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC), "BENCH_REQUEST_TIMEOUT_MS=600000"}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	var exit *exec.ExitError
-	if err != nil && (!errors.As(err, &exit) || len(out) == 0) {
-		// It exits 1 after its report when some failed: the report counts them.
-		tb.Fatalf("bench.mjs: %v\n%s", err, out)
-	}
-	var r benchResult
-	if err := json.Unmarshal(out, &r); err != nil {
-		tb.Fatalf("bench.mjs printed %q: %v", out, err)
-	}
-	if r.OK == 0 {
-		tb.Fatalf("bench.mjs: none of %d ok, %d failures", createRunN, r.Failures)
-	}
-	return r
+	cmd.Env = []string{"E2B_API_KEY=" + keyA, "BENCH_REQUEST_TIMEOUT_MS=600000"}
+	return runBench(tb, cmd, url)
 }
 
 // benchPySDK runs pysdktest/bench.py (bench.mjs through E2B's Python SDK)
@@ -113,20 +98,30 @@ func benchPySDK(tb testing.TB, ctx context.Context, url, key string) benchResult
 	}
 	cmd := exec.CommandContext(ctx, py, "bench.py")
 	cmd.Dir = pySDKDir
-	cmd.Env = []string{"E2B_API_KEY=" + key, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url, "PYTHONDONTWRITEBYTECODE=1",
-		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC), "BENCH_REQUEST_TIMEOUT_S=600"}
+	cmd.Env = []string{"E2B_API_KEY=" + key, "PYTHONDONTWRITEBYTECODE=1", "BENCH_REQUEST_TIMEOUT_S=600"}
+	return runBench(tb, cmd, url)
+}
+
+// runBench runs a benchmark script (cmd, its key in its environment)
+// against the E2B server at url, createRunN at concurrency createRunC,
+// and reads its JSON report. A script exits 1 after its report when some
+// failed: the report counts them.
+func runBench(tb testing.TB, cmd *exec.Cmd, url string) benchResult {
+	name := filepath.Base(cmd.Args[len(cmd.Args)-1])
+	cmd.Env = append(cmd.Env, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url,
+		fmt.Sprintf("BENCH_N=%d", createRunN), fmt.Sprintf("BENCH_C=%d", createRunC))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	var exit *exec.ExitError
 	if err != nil && (!errors.As(err, &exit) || len(out) == 0) {
-		tb.Fatalf("bench.py: %v\n%s", err, out)
+		tb.Fatalf("%s: %v\n%s", name, err, out)
 	}
 	var r benchResult
 	if err := json.Unmarshal(out, &r); err != nil {
-		tb.Fatalf("bench.py printed %q: %v", out, err)
+		tb.Fatalf("%s printed %q: %v", name, out, err)
 	}
 	if r.OK == 0 {
-		tb.Fatalf("bench.py: none of %d ok, %d failures", createRunN, r.Failures)
+		tb.Fatalf("%s: none of %d ok, %d failures", name, createRunN, r.Failures)
 	}
 	return r
 }

@@ -542,21 +542,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64,
 	if err != nil {
 		return 0, fmt.Errorf("client: read %s: %w", path, err)
 	}
-	var n int64
-	for {
-		chunk, err := stream.Recv()
-		if err == io.EOF {
-			return n, nil
-		}
-		if err != nil {
-			return n, fmt.Errorf("client: read %s: %w", path, err)
-		}
-		m, err := w.Write(chunk.GetData())
-		n += int64(m)
-		if err != nil {
-			return n, fmt.Errorf("client: read %s: writing: %w", path, err)
-		}
-	}
+	return copyChunks(w, stream.Recv, "read "+path)
 }
 
 // Stat describes path in the guest, following a final symlink.

@@ -17,19 +17,26 @@ func (c *Client) ExportWritable(ctx context.Context, w io.Writer) (int64, error)
 	if err != nil {
 		return 0, fmt.Errorf("client: export the writable layer: %w", err)
 	}
+	return copyChunks(w, stream.Recv, "export the writable layer")
+}
+
+// copyChunks writes the data of the messages recv returns to w until the
+// stream ends, and returns how many bytes it wrote; what names the call
+// in errors.
+func copyChunks(w io.Writer, recv func() (*agentpb.Chunk, error), what string) (int64, error) {
 	var n int64
 	for {
-		chunk, err := stream.Recv()
+		chunk, err := recv()
 		if err == io.EOF {
 			return n, nil
 		}
 		if err != nil {
-			return n, fmt.Errorf("client: export the writable layer: %w", err)
+			return n, fmt.Errorf("client: %s: %w", what, err)
 		}
 		m, err := w.Write(chunk.GetData())
 		n += int64(m)
 		if err != nil {
-			return n, fmt.Errorf("client: export the writable layer: writing: %w", err)
+			return n, fmt.Errorf("client: %s: writing: %w", what, err)
 		}
 	}
 }
