@@ -128,6 +128,21 @@ func (t *execTable) exited(e *execEntry, exit *kilnpb.ExecExit) {
 	forgetDetached(gone)
 }
 
+// endBefore ends, as killed, every exec of a machine before inst that was
+// not seen to exit: a boot (a resume that kept files only) ended them.
+func (t *execTable) endBefore(inst Instance) {
+	t.mu.Lock()
+	for _, e := range t.execs {
+		if e.info.Exit == nil && e.inst != inst {
+			e.info.Exit = &kilnpb.ExecExit{ExitCode: -1, Signal: int32(syscall.SIGKILL)}
+			close(e.done)
+		}
+	}
+	gone := t.trimLocked()
+	t.mu.Unlock()
+	forgetDetached(gone)
+}
+
 // trimLocked forgets the oldest exited execs beyond keepExited and
 // returns them. t.mu must be held.
 func (t *execTable) trimLocked() []*execEntry {

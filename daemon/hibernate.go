@@ -411,6 +411,9 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 		return nil, err
 	}
 	os.RemoveAll(hib)
+	if filesOnly {
+		b.execs.endBefore(inst) // its processes went with its memory
+	}
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)
 	s.syncExecs(sctx, b) // its background execs, still running in the guest
 	scancel()

@@ -301,6 +301,8 @@ func TestHibernateFilesOnly(t *testing.T) {
 	e := newEnv(t, nil)
 	sb := e.create(&kilnpb.CreateSandboxRequest{Secrets: []*kilnpb.Secret{{Name: "TOKEN", Value: []byte("s3cret")}}})
 	e.sh(sb.Id, `mkdir -p "$KILN_TEST_ROOT/work" && echo kept > "$KILN_TEST_ROOT/work/f"`)
+	bg, cancelBg := e.startExec(&kilnpb.ExecStart{SandboxId: sb.Id, Argv: []string{"sleep", "1000"}, Background: true})
+	defer cancelBg()
 	h, err := e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id, Hibernate: true, FilesOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -326,5 +328,15 @@ func TestHibernateFilesOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(e.hibernatedDir(sb.Id)); !os.IsNotExist(err) {
 		t.Errorf("its kept files after the resume: %v", err)
+	}
+	// Its background exec went with its memory: listed as killed.
+	execs, err := e.c.ListExecs(ctxT(t), &kilnpb.ListExecsRequest{SandboxId: sb.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range execs.Execs {
+		if x.ExecId == bg.ExecId && (x.Exit == nil || x.Exit.Signal != 9) {
+			t.Errorf("the background exec after a boot: %v", x)
+		}
 	}
 }

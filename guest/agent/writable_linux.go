@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -135,6 +136,7 @@ func exportPart(ctx context.Context, tw *tar.Writer, p writablePart) error {
 		return fmt.Errorf("%s: %w", p.dir, err)
 	}
 	links := map[[2]uint64]string{}
+	mounts := mountPoints()
 	return filepath.WalkDir(p.dir, func(full string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -150,9 +152,12 @@ func exportPart(ctx context.Context, tw *tar.Writer, p writablePart) error {
 		if err := unix.Lstat(full, &st); err != nil {
 			return fmt.Errorf("%s: %w", full, err)
 		}
-		if st.Dev != root.Dev {
+		if st.Dev != root.Dev || p.diff && mounts[filepath.Join(p.apply, rel)] {
+			// A mount: not the part's. In the root, the folder an
+			// upper layer holds for a mount point (the modules disk,
+			// the engines' storage) is the mount's, not the writes'.
 			if d.IsDir() {
-				return fs.SkipDir // a mount: not the layer's
+				return fs.SkipDir
 			}
 			return nil
 		}
@@ -214,6 +219,46 @@ func exportPart(ctx context.Context, tw *tar.Writer, p writablePart) error {
 		}
 		return nil
 	})
+}
+
+// mountPoints are the paths this process's mounts are on
+// (/proc/self/mountinfo's fifth field, its octal escapes undone). A
+// comparison of st_dev would not do: overlayfs reports a file's upper
+// layer's device for it, not the overlay's.
+func mountPoints() map[string]bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		out[unescapeMount(f[4])] = true
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's \NNN octal escapes (space, tab,
+// newline, backslash).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // opaque says folder p of an overlay upper layer hides the lower's.
@@ -294,6 +339,7 @@ func importWritable(ctx context.Context, r io.Reader, parts []writablePart) erro
 		t    time.Time
 	}
 	var dirs []dirTime // set once their entries are in
+	mounts := mountPoints()
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -330,6 +376,9 @@ func importWritable(ctx context.Context, r io.Reader, parts []writablePart) erro
 				return err
 			}
 			continue
+		}
+		if mounts[target] {
+			continue // a mount of this boot's (an export leaves them out)
 		}
 		if err := applyEntry(tr, hdr, target, part); err != nil {
 			return fmt.Errorf("%s: %w", target, err)

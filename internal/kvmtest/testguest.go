@@ -56,11 +56,16 @@ func AutoloadBinary(tb testing.TB) string {
 // agentPkg is the guest agent's command.
 const agentPkg = "github.com/kilnvm/kiln/cmd/kiln-agent"
 
+// agentSrcDirs are the folders of every package of this module the agent
+// uses (TestGuestBinarySources holds it to go list -deps).
+var agentSrcDirs = []string{"cmd/kiln-agent", "guest/agent", "guest/agentpb", "guest/modprobe", "guest/pid1", "guestkernel",
+	"accounts", "dirwatch", "filetree", "stmode"}
+
 // AgentBinary returns a static build of the guest agent, cmd/kiln-agent
 // (see guestBinary).
 func AgentBinary(tb testing.TB) string {
 	tb.Helper()
-	return guestBinary(tb, "kiln-agent", agentPkg, "cmd/kiln-agent", "guest/agent", "guest/agentpb", "guest/modprobe", "guest/pid1", "guestkernel")
+	return guestBinary(tb, "kiln-agent", agentPkg, agentSrcDirs...)
 }
 
 // guestBinary returns a static (CGO_ENABLED=0) build of the Go program pkg,

@@ -2,6 +2,9 @@ package kvmtest
 
 import (
 	"os"
+	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -22,6 +25,40 @@ func TestAutoloadBinary(t *testing.T) {
 	p := AutoloadBinary(t)
 	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
 		t.Fatalf("autoload at %s: %v", p, err)
+	}
+}
+
+// TestGuestBinarySources: the folders a guest binary's hash covers are
+// every package of this module it uses, so that a change to any of them
+// builds it again (a stale agent in the KVM tests otherwise).
+func TestGuestBinarySources(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const module = "github.com/kilnvm/kiln/"
+	for _, tc := range []struct {
+		pkg  string
+		dirs []string
+	}{
+		{agentPkg, agentSrcDirs},
+		{vsockEchoPkg, []string{"internal/testguest/vsockecho"}},
+		{autoloadPkg, []string{"internal/testguest/autoload"}},
+	} {
+		cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", tc.pkg)
+		cmd.Dir = root
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", tc.pkg, err)
+		}
+		for _, p := range strings.Fields(string(out)) {
+			if dir, ok := strings.CutPrefix(p, module); ok && !slices.Contains(tc.dirs, dir) {
+				t.Errorf("%s uses %s, which its build's hash does not cover", tc.pkg, dir)
+			}
+		}
 	}
 }
 
