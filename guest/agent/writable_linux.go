@@ -10,7 +10,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/guest/pid1"
 )
 
 // The parts of a writable-layer archive (ExportWritable): the image
@@ -222,43 +222,19 @@ func exportPart(ctx context.Context, tw *tar.Writer, p writablePart) error {
 }
 
 // mountPoints are the paths this process's mounts are on
-// (/proc/self/mountinfo's fifth field, its octal escapes undone). A
-// comparison of st_dev would not do: overlayfs reports a file's upper
-// layer's device for it, not the overlay's.
+// (/proc/self/mountinfo, as pid1 reads it). A comparison of st_dev would
+// not do: overlayfs reports a file's upper layer's device for it, not the
+// overlay's.
 func mountPoints() map[string]bool {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
 	out := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		out[unescapeMount(f[4])] = true
+	for _, p := range pid1.MountPoints(b) {
+		out[p] = true
 	}
 	return out
-}
-
-// unescapeMount undoes mountinfo's \NNN octal escapes (space, tab,
-// newline, backslash).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // opaque says folder p of an overlay upper layer hides the lower's.

@@ -145,19 +145,9 @@ func mustMkdir(t *testing.T, d string) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		"/":                      "/",
-		`/mnt/a\040b`:            "/mnt/a b",
-		`/x\011y\012z\134w`:      "/x\ty\nz\\w",
-		`/trailing\04`:           `/trailing\04`,
-		`/not\999octal`:          `/not\999octal`,
-		"/usr/lib/modules/6.1.0": "/usr/lib/modules/6.1.0",
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
+// TestMountPoints: the agent's set of mount points has / (pid1's parser,
+// whose escapes pid1's tests cover).
+func TestMountPoints(t *testing.T) {
 	if m := mountPoints(); !m["/"] {
 		t.Errorf("mountPoints lacks /: %d entries", len(m))
 	}

@@ -97,7 +97,7 @@ func (s *Sys) isMountPoint(target string) bool {
 	if err != nil {
 		return false
 	}
-	for _, p := range mountPoints(data) {
+	for _, p := range MountPoints(data) {
 		if p == target {
 			return true
 		}
@@ -105,9 +105,9 @@ func (s *Sys) isMountPoint(target string) bool {
 	return false
 }
 
-// mountPoints returns the mount points (fifth field) of the lines of a
+// MountPoints returns the mount points (fifth field) of the lines of a
 // /proc/<pid>/mountinfo file, unescaped.
-func mountPoints(mountinfo []byte) []string {
+func MountPoints(mountinfo []byte) []string {
 	var points []string
 	for line := range bytes.SplitSeq(mountinfo, []byte{'\n'}) {
 		f := strings.Fields(string(line))

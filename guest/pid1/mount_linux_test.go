@@ -150,7 +150,7 @@ short line
 38 35 98:0 / /bad\04escape rw - ext3 /dev/root rw
 `
 	want := []string{"/proc", "/sys", "/mnt with space", `/back\slash`, `/bad\04escape`}
-	if got := mountPoints([]byte(mountinfo)); !reflect.DeepEqual(got, want) {
+	if got := MountPoints([]byte(mountinfo)); !reflect.DeepEqual(got, want) {
 		t.Fatalf("mountPoints = %q, want %q", got, want)
 	}
 }
