@@ -61,6 +61,27 @@ type CreateSpec struct {
 	Init string
 	// Host is what the sandbox gets of the host: network card, cgroup.
 	Host HostSpec
+	// Volumes are mounted in the sandbox once Create returns, each in
+	// its slot (at most MaxVolumes). A checkpoint whose sandbox already
+	// held one in that slot (a hibernated sandbox's) reopens it there,
+	// mounted as it was; an empty slot gets it inserted and mounted.
+	Volumes []VolumeAttach
+}
+
+// MaxVolumes is how many volumes a sandbox mounts at most: the volume
+// slots every sandbox of a backend has (sandbox.VolumeSlots, which
+// vmmbackend's tests hold it to).
+const MaxVolumes = 4
+
+// VolumeAttach is a volume in a sandbox: the ext4 image at Path (on the
+// host) in volume slot Slot (0 to MaxVolumes-1), mounted at MountPath in
+// the guest, read-only when ReadOnly (the host refuses the guest's writes
+// too).
+type VolumeAttach struct {
+	Slot      int
+	Path      string
+	ReadOnly  bool
+	MountPath string
 }
 
 // HostSpec is what a sandbox gets of the host beyond its folder, made by
@@ -135,6 +156,11 @@ type Machine interface {
 	// and nothing else is opened. A guest that refuses is ErrPortRefused.
 	// The connection outlives ctx, which bounds the dial only.
 	DialPort(ctx context.Context, port int) (net.Conn, error)
+	// AttachVolume inserts the volume v into its slot, which must be
+	// empty, and mounts it in the guest; the sandbox holds it until it
+	// ends. A sandbox without that slot (a checkpoint saved before
+	// volume slots) is FailedPrecondition.
+	AttachVolume(ctx context.Context, v VolumeAttach) error
 	// Info asks the guest about itself: its memory (MemTotal,
 	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
 	// the server samples for GetSandboxMetrics.

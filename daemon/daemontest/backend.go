@@ -84,6 +84,9 @@ type meta struct {
 	// checkpoint's when the spec gives none), which Info reports.
 	CPUs      int `json:"cpus,omitempty"`
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// Volumes are the sandbox's volumes (AttachVolume), which a
+	// checkpoint keeps in their slots as a guest's mounts are.
+	Volumes []daemon.VolumeAttach `json:"volumes,omitempty"`
 }
 
 // vmm is what a sandbox's VMM process keeps in its memory.
@@ -141,6 +144,16 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 		return nil, err
 	}
 	m.Net = spec.Host.Net
+	attach, err := restoreVolumes(&m, spec.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range attach {
+		if err := mountVolume(root, v); err != nil {
+			return nil, err
+		}
+	}
+	m.Volumes = append(m.Volumes, attach...)
 	if err := writeJSON(filepath.Join(spec.Dir, metaFile), m); err != nil {
 		return nil, err
 	}
@@ -150,7 +163,7 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 		return nil, fmt.Errorf("daemontest: start the stand-in VMM process: %w", err)
 	}
 	pid := cmd.Process.Pid
-	err := os.WriteFile(filepath.Join(spec.Dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
+	err = os.WriteFile(filepath.Join(spec.Dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
 	var in *Instance
 	if err == nil {
 		in, err = b.newInstance(spec.Dir, pid, m)
@@ -533,6 +546,9 @@ func (in *Instance) Close(ctx context.Context) error {
 	case <-in.done:
 	case <-ctx.Done():
 		return fmt.Errorf("daemontest: close: %w", ctx.Err())
+	}
+	if err := in.unmountVolumes(); err != nil {
+		return fmt.Errorf("daemontest: close: %w", err)
 	}
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("daemontest: close: %w", err)

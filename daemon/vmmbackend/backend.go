@@ -613,3 +613,9 @@ func zombie(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
+
+// AttachVolume implements daemon.Instance. TODO(volumes): volume slots
+// in package sandbox; until then every sandbox is without them.
+func (in *sandboxInstance) AttachVolume(ctx context.Context, v daemon.VolumeAttach) error {
+	return status.Errorf(codes.FailedPrecondition, "vmmbackend: sandbox %s has no volume slots", in.s.Dir())
+}
