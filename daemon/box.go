@@ -156,6 +156,7 @@ func (s *Server) protoLocked(b *box) *kilnpb.Sandbox {
 		Cgroup:      r.Cgroup,
 		Hibernated:  hib, TimeoutAction: r.TimeoutAction,
 		Init: initName(r.Init), FilesOnly: hib && r.FilesOnly,
+		Volumes: volumesProto(r.Volumes),
 	}
 	if !isLive(st) {
 		pb.Pid, pb.Cgroup = 0, ""

@@ -103,6 +103,10 @@ func (s *Server) Checkpoint(ctx context.Context, req *kilnpb.CheckpointRequest) 
 	defer done()
 	persist := req.GetPersist() || req.GetKeep()
 	b.mu.Lock()
+	if len(b.rec.Volumes) > 0 {
+		b.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "checkpoint sandbox %s: it mounts volume %s, whose files a checkpoint would not keep (a restore would see them as they were)", b.id, b.rec.Volumes[0].ID)
+	}
 	c := &checkpointRecord{
 		ID: newID("ck-"), SandboxID: b.id, ParentID: b.rec.LastCheckpoint,
 		Persisted: persist, Keep: req.GetKeep(),
@@ -531,6 +535,10 @@ func (s *Server) Fork(req *kilnpb.ForkRequest, stream kilnpb.Kiln_ForkServer) (e
 		defer done()
 		parent = inst
 		b.mu.Lock()
+		if err := forkVolumes(b, &tmpl); err != nil {
+			b.mu.Unlock()
+			return err
+		}
 		tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
 		tmpl.LastCheckpoint = b.rec.LastCheckpoint
 		tmpl.SecretNames, parentSecrets = b.rec.SecretNames, cloneSecrets(b.secrets)
@@ -638,6 +646,9 @@ func (s *Server) savedSource(id string, tmpl *record) (c *checkpointRecord, secr
 	}
 	if b.rec.FilesOnly {
 		return nil, nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is hibernated keeping only its files: resume it (a boot) to fork it", id)
+	}
+	if err := forkVolumes(b, tmpl); err != nil {
+		return nil, nil, nil, nil, err
 	}
 	dir, err := os.MkdirTemp(filepath.Join(s.cfg.StateDir, hibernatedDir), ".fork-"+b.id+"-")
 	if err != nil {
@@ -804,6 +815,7 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			ctx, cancel := s.bootCtx(b.ctx)
 			spec := base
 			spec.Dir, spec.Hostname = b.rec.Dir, hostname(b.id)
+			spec.Volumes = s.volumeAttaches(b.rec.Volumes)
 			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)
 			inst, err := s.createNet(ctx, spec, n)
 			if err == nil {
@@ -855,6 +867,9 @@ func (s *Server) reserveFork(tmpl *record, n int, life time.Duration) (*forkRequ
 		return f, nil, true, nil
 	}
 	if err := s.admitLocked(n, uint64(tmpl.MemoryMiB)); err != nil {
+		return nil, nil, false, err
+	}
+	if err := s.admitVolumesLocked(tmpl.Volumes); err != nil {
 		return nil, nil, false, err
 	}
 	f := &forkRequest{key: tmpl.RequestKey, done: make(chan struct{})}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnvm/kiln/cgroup"
 	"github.com/kilnvm/kiln/limits"
+	"github.com/kilnvm/kiln/volume"
 )
 
 // Config configures a Server.
@@ -85,6 +86,15 @@ type Config struct {
 	MemoryOvercommit float64
 	SandboxIO        []cgroup.IOLimit
 
+	// Volumes (volumes.go): a CreateVolumeRequest without a size gets
+	// DefaultVolumeMiB (0: 1024), one may have at most MaxVolumeMiB (0:
+	// 64 GiB), and the host at most MaxVolumeCount volumes (0: 4096).
+	// A volume's image is sparse: the host's disk pays for what guests
+	// write.
+	DefaultVolumeMiB uint32
+	MaxVolumeMiB     uint32
+	MaxVolumeCount   int
+
 	// SampleInterval is how often each running sandbox's CPU, memory
 	// and disk are sampled for GetSandboxMetrics (0: 5 s; negative:
 	// never, only at the call).
@@ -142,6 +152,18 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.KeepEnded == 0 {
 		cfg.KeepEnded = 4096
+	}
+	if cfg.MaxVolumeMiB == 0 {
+		cfg.MaxVolumeMiB = 64 << 10
+	}
+	if cfg.DefaultVolumeMiB == 0 {
+		cfg.DefaultVolumeMiB = min(1024, cfg.MaxVolumeMiB)
+	}
+	if cfg.MaxVolumeCount == 0 {
+		cfg.MaxVolumeCount = 4096
+	}
+	if cfg.MaxVolumeMiB < volume.MinMiB || cfg.MaxVolumeMiB > volume.MaxMiB || cfg.DefaultVolumeMiB < volume.MinMiB || cfg.DefaultVolumeMiB > cfg.MaxVolumeMiB {
+		return fmt.Errorf("daemon: volume sizes: default %d MiB, limit %d MiB: want %d <= default <= limit <= %d", cfg.DefaultVolumeMiB, cfg.MaxVolumeMiB, volume.MinMiB, volume.MaxMiB)
 	}
 	if err := cfg.setCgroupDefaults(); err != nil {
 		return err

@@ -327,6 +327,7 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	hib, n := b.rec.HibernateDir, b.rec.Net.clone()
 	cpus, mem := b.rec.CPUs, b.rec.MemoryMiB
 	filesOnly, image, disk, init := b.rec.FilesOnly, b.rec.Image, b.rec.DiskMiB, b.rec.Init
+	volumes := s.volumeAttaches(b.rec.Volumes) // its still: a hibernated sandbox has not ended
 	b.mu.Unlock()
 	stays := "resume sandbox " + b.id + " (it stays hibernated)"
 	// Admitted and begun at once, under s.mu: the host's limits count a
@@ -370,7 +371,7 @@ func (s *Server) wake(ctx context.Context, b *box) (*kilnpb.Sandbox, error) {
 	b.mu.Unlock()
 	began := time.Now()
 	rctx, cancel := s.bootCtx(bctx)
-	spec := CreateSpec{Dir: dir, Checkpoint: hib, Hostname: hostname(b.id), CPUs: int(cpus), MemoryMiB: int(mem)}
+	spec := CreateSpec{Dir: dir, Checkpoint: hib, Hostname: hostname(b.id), CPUs: int(cpus), MemoryMiB: int(mem), Volumes: volumes}
 	if filesOnly {
 		// Booted anew from its image, with its files applied.
 		spec.Checkpoint, spec.Image, spec.WritableMiB, spec.Init = "", image, int(disk), init

@@ -70,6 +70,9 @@ type record struct {
 	TimeoutAction kilnpb.TimeoutAction `json:"timeout_action,omitempty"`
 	// Init is its process 1: "" (the agent) or "systemd".
 	Init string `json:"init,omitempty"`
+	// Volumes are the volumes it mounts (volumes.go): while it has not
+	// ended, they are its.
+	Volumes []volumeMount `json:"volumes,omitempty"`
 	// Hibernated: paused with its state in HibernateDir (a snapshot
 	// Instance.Save wrote) and no VMM process; its lifetime stands
 	// still, ResumeLifeMS left of it (0: none) once resumed.

@@ -196,6 +196,10 @@ func (s *Server) CreateSandbox(ctx context.Context, req *kilnpb.CreateSandboxReq
 	if err := checkLabels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
+	if r.Volumes, err = s.checkVolumeMounts("volumes", req.GetVolumes()); err != nil {
+		return nil, err
+	}
+	spec.Volumes = s.volumeAttaches(r.Volumes)
 	life, idle, err := s.lifetimes(req.GetLifetimeMs(), req.GetIdleTimeoutMs())
 	if err != nil {
 		return nil, err
@@ -288,6 +292,12 @@ func (s *Server) handOut(b *box, w *warmSandbox, egress EgressPolicy, began time
 	if err == nil {
 		err = s.installSecrets(ctx, b, inst, true)
 	}
+	if err == nil {
+		b.mu.Lock()
+		vs := s.volumeAttaches(b.rec.Volumes)
+		b.mu.Unlock()
+		err = attachVolumes(ctx, inst, vs)
+	}
 	cancel()
 	if err != nil {
 		s.log.Warn("a pool's sandbox could not be handed out; restoring one instead", "sandbox", b.id, "err", err)
@@ -358,7 +368,11 @@ func (s *Server) reserve(r *record, life time.Duration, t *template) (_ *box, ex
 			warm = t.pool.takeLocked()
 		}
 	}
-	if err := s.admitLocked(1, uint64(r.MemoryMiB)); err != nil {
+	err := s.admitLocked(1, uint64(r.MemoryMiB))
+	if err == nil {
+		err = s.admitVolumesLocked(r.Volumes)
+	}
+	if err != nil {
 		if warm != nil {
 			go s.closeWarm(warm)
 		}

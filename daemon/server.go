@@ -43,6 +43,8 @@ type Server struct {
 	// request ID that made it.
 	templates    map[string]*template
 	templateReqs map[string]*template
+	// volumes by ID (volumes.go).
+	volumes map[string]*vol
 	// What template builders and pools hold of the host, beyond the
 	// boxes: sandboxes and their memory.
 	building, pooled       int
@@ -56,6 +58,7 @@ const (
 	checkpointsDir = "checkpoints"
 	templatesDir   = "templates"
 	hibernatedDir  = "hibernated" // ID/ per hibernated sandbox: its snapshot
+	volumesDir     = "volumes"    // ID.ext4 and ID.json per volume
 )
 
 // New makes a server over cfg.StateDir, taking over every sandbox its
@@ -66,7 +69,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir, hibernatedDir} {
+	for _, d := range []string{sandboxesDir, checkpointsDir, templatesDir, hibernatedDir, volumesDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("daemon: state folder: %w", err)
 		}
@@ -78,11 +81,12 @@ func New(cfg Config) (*Server, error) {
 		ctx:    ctx, cancel: cancel,
 		boxes: map[string]*box{}, requests: map[string]*box{}, forks: map[string]*forkRequest{},
 		checkpoints: map[string]*checkpointRecord{},
-		templates:   map[string]*template{}, templateReqs: map[string]*template{},
+		templates:   map[string]*template{}, templateReqs: map[string]*template{}, volumes: map[string]*vol{},
 	}
 	s.metrics = newMetrics(s)
 	s.chargeRuntime()
 	s.loadTemplates()
+	s.loadVolumes()
 	if err := s.load(); err != nil {
 		cancel()
 		return nil, err

@@ -200,7 +200,7 @@ func (x EgressPolicy_Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EgressPolicy_Mode.Descriptor instead.
 func (EgressPolicy_Mode) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{2, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type WatchEvent_Op int32
@@ -258,7 +258,7 @@ func (x WatchEvent_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Op.Descriptor instead.
 func (WatchEvent_Op) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{46, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{55, 0}
 }
 
 type Event_Kind int32
@@ -328,7 +328,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{63, 0}
+	return file_kiln_proto_rawDescGZIP(), []int{72, 0}
 }
 
 type Resources struct {
@@ -432,7 +432,14 @@ type CreateSandboxRequest struct {
 	// target, the agent runs as a systemd service); anything else is
 	// InvalidArgument, and so is "systemd" from a checkpoint (it keeps what
 	// its sandbox booted). From a template: the template's.
-	Init          string `protobuf:"bytes,13,opt,name=init,proto3" json:"init,omitempty"`
+	Init string `protobuf:"bytes,13,opt,name=init,proto3" json:"init,omitempty"`
+	// Volumes mounted in the sandbox before the create returns (at most 4,
+	// each at its own path). A volume mounted read-write here may be in no
+	// other sandbox that is not ended; read-only, in none that has it
+	// read-write (FailedPrecondition otherwise). A sandbox with a volume
+	// hibernates with it (it stays the sandbox's) and forks only when every
+	// volume is read-only; it takes no checkpoint.
+	Volumes       []*VolumeMount `protobuf:"bytes,14,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +578,13 @@ func (x *CreateSandboxRequest) GetInit() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type isCreateSandboxRequest_Source interface {
 	isCreateSandboxRequest_Source()
 }
@@ -593,6 +607,489 @@ func (*CreateSandboxRequest_Template) isCreateSandboxRequest_Source() {}
 
 func (*CreateSandboxRequest_Checkpoint) isCreateSandboxRequest_Source() {}
 
+// VolumeMount is a volume in a sandbox.
+type VolumeMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`                      // a volume ID or name
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`                          // where in the guest: an absolute path, not /
+	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"` // the host refuses the guest's writes too
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_kiln_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *VolumeMount) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type Volume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The size of its file system.
+	SizeMib       uint32            `protobuf:"varint,3,opt,name=size_mib,json=sizeMib,proto3" json:"size_mib,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CreatedUnixMs int64             `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// The sandboxes that mount it (those not ended).
+	Users         []*VolumeUser `protobuf:"bytes,6,rep,name=users,proto3" json:"users,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Volume) Reset() {
+	*x = Volume{}
+	mi := &file_kiln_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Volume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Volume) ProtoMessage() {}
+
+func (x *Volume) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Volume.ProtoReflect.Descriptor instead.
+func (*Volume) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Volume) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Volume) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Volume) GetSizeMib() uint32 {
+	if x != nil {
+		return x.SizeMib
+	}
+	return 0
+}
+
+func (x *Volume) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Volume) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Volume) GetUsers() []*VolumeUser {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+type VolumeUser struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeUser) Reset() {
+	*x = VolumeUser{}
+	mi := &file_kiln_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeUser) ProtoMessage() {}
+
+func (x *VolumeUser) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeUser.ProtoReflect.Descriptor instead.
+func (*VolumeUser) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *VolumeUser) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *VolumeUser) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeUser) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type CreateVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique among the volumes (optional): calls may name it instead of
+	// its ID.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// 0: the daemon's default size; at most its limit.
+	SizeMib       uint32            `protobuf:"varint,2,opt,name=size_mib,json=sizeMib,proto3" json:"size_mib,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeRequest) Reset() {
+	*x = CreateVolumeRequest{}
+	mi := &file_kiln_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeRequest) ProtoMessage() {}
+
+func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CreateVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetSizeMib() uint32 {
+	if x != nil {
+		return x.SizeMib
+	}
+	return 0
+}
+
+func (x *CreateVolumeRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type GetVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetVolumeRequest) Reset() {
+	*x = GetVolumeRequest{}
+	mi := &file_kiln_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetVolumeRequest) ProtoMessage() {}
+
+func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
+func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GetVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ListVolumesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only volumes with all of these labels.
+	Labels        map[string]string `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesRequest) Reset() {
+	*x = ListVolumesRequest{}
+	mi := &file_kiln_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesRequest) ProtoMessage() {}
+
+func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
+func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListVolumesRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type ListVolumesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volumes       []*Volume              `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesResponse) Reset() {
+	*x = ListVolumesResponse{}
+	mi := &file_kiln_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesResponse) ProtoMessage() {}
+
+func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
+func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListVolumesResponse) GetVolumes() []*Volume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_kiln_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeleteVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_kiln_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_proto_rawDescGZIP(), []int{10}
+}
+
 // EgressPolicy says where a sandbox may connect. DNS goes through kilnd's
 // proxy, which admits the addresses of allowed domains as it resolves them
 // (and refuses to resolve denied or unlisted ones), so a domain rule holds
@@ -610,7 +1107,7 @@ type EgressPolicy struct {
 
 func (x *EgressPolicy) Reset() {
 	*x = EgressPolicy{}
-	mi := &file_kiln_proto_msgTypes[2]
+	mi := &file_kiln_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +1119,7 @@ func (x *EgressPolicy) String() string {
 func (*EgressPolicy) ProtoMessage() {}
 
 func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[2]
+	mi := &file_kiln_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +1132,7 @@ func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
 func (*EgressPolicy) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{2}
+	return file_kiln_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EgressPolicy) GetMode() EgressPolicy_Mode {
@@ -682,7 +1179,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_kiln_proto_msgTypes[3]
+	mi := &file_kiln_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +1191,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[3]
+	mi := &file_kiln_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +1204,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{3}
+	return file_kiln_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Secret) GetName() string {
@@ -760,7 +1257,7 @@ type NetworkInfo struct {
 
 func (x *NetworkInfo) Reset() {
 	*x = NetworkInfo{}
-	mi := &file_kiln_proto_msgTypes[4]
+	mi := &file_kiln_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +1269,7 @@ func (x *NetworkInfo) String() string {
 func (*NetworkInfo) ProtoMessage() {}
 
 func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[4]
+	mi := &file_kiln_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +1282,7 @@ func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkInfo.ProtoReflect.Descriptor instead.
 func (*NetworkInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{4}
+	return file_kiln_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NetworkInfo) GetAddress() string {
@@ -864,14 +1361,16 @@ type Sandbox struct {
 	// Its process 1: "agent" or "systemd" (CreateSandboxRequest.init).
 	Init string `protobuf:"bytes,21,opt,name=init,proto3" json:"init,omitempty"`
 	// Hibernated keeping only its image root's files: a resume boots it.
-	FilesOnly     bool `protobuf:"varint,22,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
+	FilesOnly bool `protobuf:"varint,22,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
+	// Its volumes, by ID (CreateSandboxRequest.volumes).
+	Volumes       []*VolumeMount `protobuf:"bytes,23,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_kiln_proto_msgTypes[5]
+	mi := &file_kiln_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1382,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[5]
+	mi := &file_kiln_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1395,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{5}
+	return file_kiln_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1053,6 +1552,13 @@ func (x *Sandbox) GetFilesOnly() bool {
 	return false
 }
 
+func (x *Sandbox) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type GetSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1062,7 +1568,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[6]
+	mi := &file_kiln_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1580,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[6]
+	mi := &file_kiln_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1593,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{6}
+	return file_kiln_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetSandboxRequest) GetId() string {
@@ -1110,7 +1616,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_kiln_proto_msgTypes[7]
+	mi := &file_kiln_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1628,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[7]
+	mi := &file_kiln_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1641,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{7}
+	return file_kiln_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListSandboxesRequest) GetLabels() map[string]string {
@@ -1161,7 +1667,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_kiln_proto_msgTypes[8]
+	mi := &file_kiln_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1679,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[8]
+	mi := &file_kiln_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1692,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{8}
+	return file_kiln_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1205,7 +1711,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[9]
+	mi := &file_kiln_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1723,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[9]
+	mi := &file_kiln_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1736,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{9}
+	return file_kiln_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DestroySandboxRequest) GetId() string {
@@ -1248,7 +1754,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_kiln_proto_msgTypes[10]
+	mi := &file_kiln_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1766,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[10]
+	mi := &file_kiln_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1779,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{10}
+	return file_kiln_proto_rawDescGZIP(), []int{19}
 }
 
 type PauseSandboxRequest struct {
@@ -1295,7 +1801,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[11]
+	mi := &file_kiln_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1813,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[11]
+	mi := &file_kiln_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1826,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{11}
+	return file_kiln_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -1359,7 +1865,7 @@ type UpdateSandboxRequest struct {
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1877,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[12]
+	mi := &file_kiln_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1890,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{12}
+	return file_kiln_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -1433,7 +1939,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1951,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[13]
+	mi := &file_kiln_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1964,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{13}
+	return file_kiln_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetSandboxMetricsRequest) GetId() string {
@@ -1494,7 +2000,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +2012,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[14]
+	mi := &file_kiln_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +2025,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{14}
+	return file_kiln_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SandboxMetrics) GetUnixMs() int64 {
@@ -1580,7 +2086,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +2098,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[15]
+	mi := &file_kiln_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +2111,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{15}
+	return file_kiln_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetSandboxMetricsResponse) GetSamples() []*SandboxMetrics {
@@ -1625,7 +2131,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +2143,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[16]
+	mi := &file_kiln_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +2156,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{16}
+	return file_kiln_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetId() string {
@@ -1676,7 +2182,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +2194,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[17]
+	mi := &file_kiln_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +2207,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{17}
+	return file_kiln_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -1737,7 +2243,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +2255,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[18]
+	mi := &file_kiln_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +2268,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{18}
+	return file_kiln_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1852,7 +2358,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2370,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[19]
+	mi := &file_kiln_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2383,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{19}
+	return file_kiln_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -1904,7 +2410,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2422,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[20]
+	mi := &file_kiln_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2435,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{20}
+	return file_kiln_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecSignal) GetSignal() int32 {
@@ -1962,7 +2468,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2480,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[21]
+	mi := &file_kiln_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2493,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{21}
+	return file_kiln_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecRequest) GetKind() isExecRequest_Kind {
@@ -2087,7 +2593,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2605,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[22]
+	mi := &file_kiln_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2618,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{22}
+	return file_kiln_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -2141,7 +2647,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2659,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[23]
+	mi := &file_kiln_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2672,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{23}
+	return file_kiln_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -2212,7 +2718,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2730,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[24]
+	mi := &file_kiln_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2743,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{24}
+	return file_kiln_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecResponse) GetKind() isExecResponse_Kind {
@@ -2326,7 +2832,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2844,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[25]
+	mi := &file_kiln_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2857,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{25}
+	return file_kiln_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -2405,7 +2911,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2923,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[26]
+	mi := &file_kiln_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2936,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{26}
+	return file_kiln_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -2449,7 +2955,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +2967,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[27]
+	mi := &file_kiln_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +2980,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{27}
+	return file_kiln_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -2495,7 +3001,7 @@ type KillExecRequest struct {
 
 func (x *KillExecRequest) Reset() {
 	*x = KillExecRequest{}
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +3013,7 @@ func (x *KillExecRequest) String() string {
 func (*KillExecRequest) ProtoMessage() {}
 
 func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[28]
+	mi := &file_kiln_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +3026,7 @@ func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
 func (*KillExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{28}
+	return file_kiln_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KillExecRequest) GetSandboxId() string {
@@ -2552,7 +3058,7 @@ type KillExecResponse struct {
 
 func (x *KillExecResponse) Reset() {
 	*x = KillExecResponse{}
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +3070,7 @@ func (x *KillExecResponse) String() string {
 func (*KillExecResponse) ProtoMessage() {}
 
 func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[29]
+	mi := &file_kiln_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +3083,7 @@ func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
 func (*KillExecResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{29}
+	return file_kiln_proto_rawDescGZIP(), []int{38}
 }
 
 type AttachExecRequest struct {
@@ -2590,7 +3096,7 @@ type AttachExecRequest struct {
 
 func (x *AttachExecRequest) Reset() {
 	*x = AttachExecRequest{}
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +3108,7 @@ func (x *AttachExecRequest) String() string {
 func (*AttachExecRequest) ProtoMessage() {}
 
 func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[30]
+	mi := &file_kiln_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +3121,7 @@ func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
 func (*AttachExecRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{30}
+	return file_kiln_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AttachExecRequest) GetSandboxId() string {
@@ -2646,7 +3152,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +3164,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[31]
+	mi := &file_kiln_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +3177,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{31}
+	return file_kiln_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -2722,7 +3228,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +3240,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[32]
+	mi := &file_kiln_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +3253,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{32}
+	return file_kiln_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
@@ -2801,7 +3307,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3319,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[33]
+	mi := &file_kiln_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3332,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{33}
+	return file_kiln_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2852,7 +3358,7 @@ type FileChunk struct {
 
 func (x *FileChunk) Reset() {
 	*x = FileChunk{}
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +3370,7 @@ func (x *FileChunk) String() string {
 func (*FileChunk) ProtoMessage() {}
 
 func (x *FileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[34]
+	mi := &file_kiln_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +3383,7 @@ func (x *FileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileChunk.ProtoReflect.Descriptor instead.
 func (*FileChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{34}
+	return file_kiln_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FileChunk) GetData() []byte {
@@ -2907,7 +3413,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3425,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[35]
+	mi := &file_kiln_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3438,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{35}
+	return file_kiln_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -3025,7 +3531,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3543,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[36]
+	mi := &file_kiln_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3556,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{36}
+	return file_kiln_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3083,7 +3589,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3601,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[37]
+	mi := &file_kiln_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3614,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{37}
+	return file_kiln_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -3129,7 +3635,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3141,7 +3647,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[38]
+	mi := &file_kiln_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3154,7 +3660,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{38}
+	return file_kiln_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3189,7 +3695,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3707,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[39]
+	mi := &file_kiln_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3720,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{39}
+	return file_kiln_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3246,7 +3752,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3764,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[40]
+	mi := &file_kiln_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3777,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{40}
+	return file_kiln_proto_rawDescGZIP(), []int{49}
 }
 
 type MakeDirRequest struct {
@@ -3288,7 +3794,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3806,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[41]
+	mi := &file_kiln_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3819,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{41}
+	return file_kiln_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3362,7 +3868,7 @@ type MoveRequest struct {
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3374,7 +3880,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[42]
+	mi := &file_kiln_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3387,7 +3893,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{42}
+	return file_kiln_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MoveRequest) GetSandboxId() string {
@@ -3424,7 +3930,7 @@ type ForwardPortRequest struct {
 
 func (x *ForwardPortRequest) Reset() {
 	*x = ForwardPortRequest{}
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3436,7 +3942,7 @@ func (x *ForwardPortRequest) String() string {
 func (*ForwardPortRequest) ProtoMessage() {}
 
 func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[43]
+	mi := &file_kiln_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3449,7 +3955,7 @@ func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
 func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{43}
+	return file_kiln_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ForwardPortRequest) GetSandboxId() string {
@@ -3485,7 +3991,7 @@ type ForwardPortResponse struct {
 
 func (x *ForwardPortResponse) Reset() {
 	*x = ForwardPortResponse{}
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3497,7 +4003,7 @@ func (x *ForwardPortResponse) String() string {
 func (*ForwardPortResponse) ProtoMessage() {}
 
 func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[44]
+	mi := &file_kiln_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3510,7 +4016,7 @@ func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
 func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{44}
+	return file_kiln_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ForwardPortResponse) GetData() []byte {
@@ -3538,7 +4044,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3550,7 +4056,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[45]
+	mi := &file_kiln_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3563,7 +4069,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{45}
+	return file_kiln_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -3602,7 +4108,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +4120,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[46]
+	mi := &file_kiln_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +4133,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{46}
+	return file_kiln_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchEvent) GetStarted() bool {
@@ -3679,7 +4185,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +4197,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[47]
+	mi := &file_kiln_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +4210,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{47}
+	return file_kiln_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CheckpointInfo) GetId() string {
@@ -3762,7 +4268,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3774,7 +4280,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[48]
+	mi := &file_kiln_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3787,7 +4293,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{48}
+	return file_kiln_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CheckpointRequest) GetSandboxId() string {
@@ -3821,7 +4327,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3833,7 +4339,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[49]
+	mi := &file_kiln_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3846,7 +4352,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{49}
+	return file_kiln_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RollbackRequest) GetSandboxId() string {
@@ -3872,7 +4378,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3884,7 +4390,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[50]
+	mi := &file_kiln_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3897,7 +4403,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{50}
+	return file_kiln_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListCheckpointsRequest) GetSandboxId() string {
@@ -3916,7 +4422,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3928,7 +4434,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[51]
+	mi := &file_kiln_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3941,7 +4447,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{51}
+	return file_kiln_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointInfo {
@@ -3960,7 +4466,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4478,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[52]
+	mi := &file_kiln_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4491,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{52}
+	return file_kiln_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeleteCheckpointRequest) GetId() string {
@@ -4003,7 +4509,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_kiln_proto_msgTypes[53]
+	mi := &file_kiln_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4015,7 +4521,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[53]
+	mi := &file_kiln_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4028,7 +4534,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{53}
+	return file_kiln_proto_rawDescGZIP(), []int{62}
 }
 
 type ForkRequest struct {
@@ -4051,7 +4557,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_kiln_proto_msgTypes[54]
+	mi := &file_kiln_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4063,7 +4569,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[54]
+	mi := &file_kiln_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4076,7 +4582,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{54}
+	return file_kiln_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ForkRequest) GetSource() isForkRequest_Source {
@@ -4174,7 +4680,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_kiln_proto_msgTypes[55]
+	mi := &file_kiln_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4186,7 +4692,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[55]
+	mi := &file_kiln_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4199,7 +4705,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{55}
+	return file_kiln_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Template) GetId() string {
@@ -4301,7 +4807,7 @@ type CreateTemplateRequest struct {
 
 func (x *CreateTemplateRequest) Reset() {
 	*x = CreateTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[56]
+	mi := &file_kiln_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4313,7 +4819,7 @@ func (x *CreateTemplateRequest) String() string {
 func (*CreateTemplateRequest) ProtoMessage() {}
 
 func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[56]
+	mi := &file_kiln_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4326,7 +4832,7 @@ func (x *CreateTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTemplateRequest.ProtoReflect.Descriptor instead.
 func (*CreateTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{56}
+	return file_kiln_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CreateTemplateRequest) GetName() string {
@@ -4401,7 +4907,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[57]
+	mi := &file_kiln_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4413,7 +4919,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[57]
+	mi := &file_kiln_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4426,7 +4932,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{57}
+	return file_kiln_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetTemplateRequest) GetId() string {
@@ -4444,7 +4950,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_kiln_proto_msgTypes[58]
+	mi := &file_kiln_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4962,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[58]
+	mi := &file_kiln_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4975,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{58}
+	return file_kiln_proto_rawDescGZIP(), []int{67}
 }
 
 type ListTemplatesResponse struct {
@@ -4481,7 +4987,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_kiln_proto_msgTypes[59]
+	mi := &file_kiln_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4999,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[59]
+	mi := &file_kiln_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +5012,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{59}
+	return file_kiln_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -4528,7 +5034,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_kiln_proto_msgTypes[60]
+	mi := &file_kiln_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4540,7 +5046,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[60]
+	mi := &file_kiln_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4553,7 +5059,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{60}
+	return file_kiln_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeleteTemplateRequest) GetId() string {
@@ -4578,7 +5084,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_kiln_proto_msgTypes[61]
+	mi := &file_kiln_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4590,7 +5096,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[61]
+	mi := &file_kiln_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4603,7 +5109,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{61}
+	return file_kiln_proto_rawDescGZIP(), []int{70}
 }
 
 type WatchEventsRequest struct {
@@ -4616,7 +5122,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_kiln_proto_msgTypes[62]
+	mi := &file_kiln_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +5134,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[62]
+	mi := &file_kiln_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +5147,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{62}
+	return file_kiln_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *WatchEventsRequest) GetSandboxIds() []string {
@@ -4664,7 +5170,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_proto_msgTypes[63]
+	mi := &file_kiln_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4676,7 +5182,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_proto_msgTypes[63]
+	mi := &file_kiln_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4689,7 +5195,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_proto_rawDescGZIP(), []int{63}
+	return file_kiln_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -4737,7 +5243,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x04cpus\x18\x01 \x01(\rR\x04cpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
-	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xcf\x04\n" +
+	"\bdisk_mib\x18\x03 \x01(\rR\adiskMib\"\xff\x04\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x12\x1c\n" +
 	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12 \n" +
@@ -4756,11 +5262,50 @@ const file_kiln_proto_rawDesc = "" +
 	" \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\x12)\n" +
 	"\asecrets\x18\v \x03(\v2\x0f.kiln.v1.SecretR\asecrets\x12=\n" +
 	"\x0etimeout_action\x18\f \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x12\x12\n" +
-	"\x04init\x18\r \x01(\tR\x04init\x1a9\n" +
+	"\x04init\x18\r \x01(\tR\x04init\x12.\n" +
+	"\avolumes\x18\x0e \x03(\v2\x14.kiln.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06source\"\xc6\x01\n" +
+	"\x06source\"V\n" +
+	"\vVolumeMount\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\x8a\x02\n" +
+	"\x06Volume\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
+	"\bsize_mib\x18\x03 \x01(\rR\asizeMib\x123\n" +
+	"\x06labels\x18\x04 \x03(\v2\x1b.kiln.v1.Volume.LabelsEntryR\x06labels\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12)\n" +
+	"\x05users\x18\x06 \x03(\v2\x13.kiln.v1.VolumeUserR\x05users\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
+	"\n" +
+	"VolumeUser\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xc1\x01\n" +
+	"\x13CreateVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\bsize_mib\x18\x02 \x01(\rR\asizeMib\x12@\n" +
+	"\x06labels\x18\x03 \x03(\v2(.kiln.v1.CreateVolumeRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\"\n" +
+	"\x10GetVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x90\x01\n" +
+	"\x12ListVolumesRequest\x12?\n" +
+	"\x06labels\x18\x01 \x03(\v2'.kiln.v1.ListVolumesRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\x13ListVolumesResponse\x12)\n" +
+	"\avolumes\x18\x01 \x03(\v2\x0f.kiln.v1.VolumeR\avolumes\"%\n" +
+	"\x13DeleteVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x14DeleteVolumeResponse\"\xc6\x01\n" +
 	"\fEgressPolicy\x12.\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1a.kiln.v1.EgressPolicy.ModeR\x04mode\x12\x14\n" +
 	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\x12\x18\n" +
@@ -4782,7 +5327,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x14\n" +
 	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x10\n" +
 	"\x03tap\x18\x05 \x01(\tR\x03tap\x12-\n" +
-	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xc1\x06\n" +
+	"\x06egress\x18\x06 \x01(\v2\x15.kiln.v1.EgressPolicyR\x06egress\"\xf1\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kiln.v1.SandboxStateR\x05state\x12\x16\n" +
@@ -4811,7 +5356,8 @@ const file_kiln_proto_rawDesc = "" +
 	"\x0etimeout_action\x18\x14 \x01(\x0e2\x16.kiln.v1.TimeoutActionR\rtimeoutAction\x12\x12\n" +
 	"\x04init\x18\x15 \x01(\tR\x04init\x12\x1d\n" +
 	"\n" +
-	"files_only\x18\x16 \x01(\bR\tfilesOnly\x1a9\n" +
+	"files_only\x18\x16 \x01(\bR\tfilesOnly\x12.\n" +
+	"\avolumes\x18\x17 \x03(\v2\x14.kiln.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
@@ -5132,7 +5678,7 @@ const file_kiln_proto_rawDesc = "" +
 	"\rTimeoutAction\x12\x1a\n" +
 	"\x16TIMEOUT_ACTION_DESTROY\x10\x00\x12\x1c\n" +
 	"\x18TIMEOUT_ACTION_HIBERNATE\x10\x01\x12\"\n" +
-	"\x1eTIMEOUT_ACTION_HIBERNATE_FILES\x10\x022\xed\x10\n" +
+	"\x1eTIMEOUT_ACTION_HIBERNATE_FILES\x10\x022\xfc\x12\n" +
 	"\x04Kiln\x12@\n" +
 	"\rCreateSandbox\x12\x1d.kiln.v1.CreateSandboxRequest\x1a\x10.kiln.v1.Sandbox\x12:\n" +
 	"\n" +
@@ -5167,7 +5713,11 @@ const file_kiln_proto_rawDesc = "" +
 	"\x0eCreateTemplate\x12\x1e.kiln.v1.CreateTemplateRequest\x1a\x11.kiln.v1.Template\x12=\n" +
 	"\vGetTemplate\x12\x1b.kiln.v1.GetTemplateRequest\x1a\x11.kiln.v1.Template\x12N\n" +
 	"\rListTemplates\x12\x1d.kiln.v1.ListTemplatesRequest\x1a\x1e.kiln.v1.ListTemplatesResponse\x12Q\n" +
-	"\x0eDeleteTemplate\x12\x1e.kiln.v1.DeleteTemplateRequest\x1a\x1f.kiln.v1.DeleteTemplateResponse\x12<\n" +
+	"\x0eDeleteTemplate\x12\x1e.kiln.v1.DeleteTemplateRequest\x1a\x1f.kiln.v1.DeleteTemplateResponse\x12=\n" +
+	"\fCreateVolume\x12\x1c.kiln.v1.CreateVolumeRequest\x1a\x0f.kiln.v1.Volume\x127\n" +
+	"\tGetVolume\x12\x19.kiln.v1.GetVolumeRequest\x1a\x0f.kiln.v1.Volume\x12H\n" +
+	"\vListVolumes\x12\x1b.kiln.v1.ListVolumesRequest\x1a\x1c.kiln.v1.ListVolumesResponse\x12K\n" +
+	"\fDeleteVolume\x12\x1c.kiln.v1.DeleteVolumeRequest\x1a\x1d.kiln.v1.DeleteVolumeResponse\x12<\n" +
 	"\vWatchEvents\x12\x1b.kiln.v1.WatchEventsRequest\x1a\x0e.kiln.v1.Event0\x01B&Z$github.com/kilnvm/kiln/daemon/kilnpbb\x06proto3"
 
 var (
@@ -5183,7 +5733,7 @@ func file_kiln_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_kiln_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
 var file_kiln_proto_goTypes = []any{
 	(SandboxState)(0),                  // 0: kiln.v1.SandboxState
 	(TimeoutAction)(0),                 // 1: kiln.v1.TimeoutAction
@@ -5192,184 +5742,211 @@ var file_kiln_proto_goTypes = []any{
 	(Event_Kind)(0),                    // 4: kiln.v1.Event.Kind
 	(*Resources)(nil),                  // 5: kiln.v1.Resources
 	(*CreateSandboxRequest)(nil),       // 6: kiln.v1.CreateSandboxRequest
-	(*EgressPolicy)(nil),               // 7: kiln.v1.EgressPolicy
-	(*Secret)(nil),                     // 8: kiln.v1.Secret
-	(*NetworkInfo)(nil),                // 9: kiln.v1.NetworkInfo
-	(*Sandbox)(nil),                    // 10: kiln.v1.Sandbox
-	(*GetSandboxRequest)(nil),          // 11: kiln.v1.GetSandboxRequest
-	(*ListSandboxesRequest)(nil),       // 12: kiln.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 13: kiln.v1.ListSandboxesResponse
-	(*DestroySandboxRequest)(nil),      // 14: kiln.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),     // 15: kiln.v1.DestroySandboxResponse
-	(*PauseSandboxRequest)(nil),        // 16: kiln.v1.PauseSandboxRequest
-	(*UpdateSandboxRequest)(nil),       // 17: kiln.v1.UpdateSandboxRequest
-	(*GetSandboxMetricsRequest)(nil),   // 18: kiln.v1.GetSandboxMetricsRequest
-	(*SandboxMetrics)(nil),             // 19: kiln.v1.SandboxMetrics
-	(*GetSandboxMetricsResponse)(nil),  // 20: kiln.v1.GetSandboxMetricsResponse
-	(*UpdateNetworkPolicyRequest)(nil), // 21: kiln.v1.UpdateNetworkPolicyRequest
-	(*ResumeSandboxRequest)(nil),       // 22: kiln.v1.ResumeSandboxRequest
-	(*ExecStart)(nil),                  // 23: kiln.v1.ExecStart
-	(*PtySize)(nil),                    // 24: kiln.v1.PtySize
-	(*ExecSignal)(nil),                 // 25: kiln.v1.ExecSignal
-	(*ExecRequest)(nil),                // 26: kiln.v1.ExecRequest
-	(*ExecStarted)(nil),                // 27: kiln.v1.ExecStarted
-	(*ExecExit)(nil),                   // 28: kiln.v1.ExecExit
-	(*ExecResponse)(nil),               // 29: kiln.v1.ExecResponse
-	(*ExecInfo)(nil),                   // 30: kiln.v1.ExecInfo
-	(*ListExecsRequest)(nil),           // 31: kiln.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),          // 32: kiln.v1.ListExecsResponse
-	(*KillExecRequest)(nil),            // 33: kiln.v1.KillExecRequest
-	(*KillExecResponse)(nil),           // 34: kiln.v1.KillExecResponse
-	(*AttachExecRequest)(nil),          // 35: kiln.v1.AttachExecRequest
-	(*WriteFileHeader)(nil),            // 36: kiln.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),           // 37: kiln.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),            // 38: kiln.v1.ReadFileRequest
-	(*FileChunk)(nil),                  // 39: kiln.v1.FileChunk
-	(*FileInfo)(nil),                   // 40: kiln.v1.FileInfo
-	(*ListDirRequest)(nil),             // 41: kiln.v1.ListDirRequest
-	(*ListDirResponse)(nil),            // 42: kiln.v1.ListDirResponse
-	(*StatRequest)(nil),                // 43: kiln.v1.StatRequest
-	(*RemoveRequest)(nil),              // 44: kiln.v1.RemoveRequest
-	(*RemoveResponse)(nil),             // 45: kiln.v1.RemoveResponse
-	(*MakeDirRequest)(nil),             // 46: kiln.v1.MakeDirRequest
-	(*MoveRequest)(nil),                // 47: kiln.v1.MoveRequest
-	(*ForwardPortRequest)(nil),         // 48: kiln.v1.ForwardPortRequest
-	(*ForwardPortResponse)(nil),        // 49: kiln.v1.ForwardPortResponse
-	(*WatchDirRequest)(nil),            // 50: kiln.v1.WatchDirRequest
-	(*WatchEvent)(nil),                 // 51: kiln.v1.WatchEvent
-	(*CheckpointInfo)(nil),             // 52: kiln.v1.CheckpointInfo
-	(*CheckpointRequest)(nil),          // 53: kiln.v1.CheckpointRequest
-	(*RollbackRequest)(nil),            // 54: kiln.v1.RollbackRequest
-	(*ListCheckpointsRequest)(nil),     // 55: kiln.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 56: kiln.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 57: kiln.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 58: kiln.v1.DeleteCheckpointResponse
-	(*ForkRequest)(nil),                // 59: kiln.v1.ForkRequest
-	(*Template)(nil),                   // 60: kiln.v1.Template
-	(*CreateTemplateRequest)(nil),      // 61: kiln.v1.CreateTemplateRequest
-	(*GetTemplateRequest)(nil),         // 62: kiln.v1.GetTemplateRequest
-	(*ListTemplatesRequest)(nil),       // 63: kiln.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 64: kiln.v1.ListTemplatesResponse
-	(*DeleteTemplateRequest)(nil),      // 65: kiln.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 66: kiln.v1.DeleteTemplateResponse
-	(*WatchEventsRequest)(nil),         // 67: kiln.v1.WatchEventsRequest
-	(*Event)(nil),                      // 68: kiln.v1.Event
-	nil,                                // 69: kiln.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                // 70: kiln.v1.Sandbox.LabelsEntry
-	nil,                                // 71: kiln.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                // 72: kiln.v1.UpdateSandboxRequest.LabelsEntry
-	nil,                                // 73: kiln.v1.ForkRequest.LabelsEntry
+	(*VolumeMount)(nil),                // 7: kiln.v1.VolumeMount
+	(*Volume)(nil),                     // 8: kiln.v1.Volume
+	(*VolumeUser)(nil),                 // 9: kiln.v1.VolumeUser
+	(*CreateVolumeRequest)(nil),        // 10: kiln.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),           // 11: kiln.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),         // 12: kiln.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),        // 13: kiln.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),        // 14: kiln.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),       // 15: kiln.v1.DeleteVolumeResponse
+	(*EgressPolicy)(nil),               // 16: kiln.v1.EgressPolicy
+	(*Secret)(nil),                     // 17: kiln.v1.Secret
+	(*NetworkInfo)(nil),                // 18: kiln.v1.NetworkInfo
+	(*Sandbox)(nil),                    // 19: kiln.v1.Sandbox
+	(*GetSandboxRequest)(nil),          // 20: kiln.v1.GetSandboxRequest
+	(*ListSandboxesRequest)(nil),       // 21: kiln.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 22: kiln.v1.ListSandboxesResponse
+	(*DestroySandboxRequest)(nil),      // 23: kiln.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),     // 24: kiln.v1.DestroySandboxResponse
+	(*PauseSandboxRequest)(nil),        // 25: kiln.v1.PauseSandboxRequest
+	(*UpdateSandboxRequest)(nil),       // 26: kiln.v1.UpdateSandboxRequest
+	(*GetSandboxMetricsRequest)(nil),   // 27: kiln.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 28: kiln.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 29: kiln.v1.GetSandboxMetricsResponse
+	(*UpdateNetworkPolicyRequest)(nil), // 30: kiln.v1.UpdateNetworkPolicyRequest
+	(*ResumeSandboxRequest)(nil),       // 31: kiln.v1.ResumeSandboxRequest
+	(*ExecStart)(nil),                  // 32: kiln.v1.ExecStart
+	(*PtySize)(nil),                    // 33: kiln.v1.PtySize
+	(*ExecSignal)(nil),                 // 34: kiln.v1.ExecSignal
+	(*ExecRequest)(nil),                // 35: kiln.v1.ExecRequest
+	(*ExecStarted)(nil),                // 36: kiln.v1.ExecStarted
+	(*ExecExit)(nil),                   // 37: kiln.v1.ExecExit
+	(*ExecResponse)(nil),               // 38: kiln.v1.ExecResponse
+	(*ExecInfo)(nil),                   // 39: kiln.v1.ExecInfo
+	(*ListExecsRequest)(nil),           // 40: kiln.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),          // 41: kiln.v1.ListExecsResponse
+	(*KillExecRequest)(nil),            // 42: kiln.v1.KillExecRequest
+	(*KillExecResponse)(nil),           // 43: kiln.v1.KillExecResponse
+	(*AttachExecRequest)(nil),          // 44: kiln.v1.AttachExecRequest
+	(*WriteFileHeader)(nil),            // 45: kiln.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),           // 46: kiln.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),            // 47: kiln.v1.ReadFileRequest
+	(*FileChunk)(nil),                  // 48: kiln.v1.FileChunk
+	(*FileInfo)(nil),                   // 49: kiln.v1.FileInfo
+	(*ListDirRequest)(nil),             // 50: kiln.v1.ListDirRequest
+	(*ListDirResponse)(nil),            // 51: kiln.v1.ListDirResponse
+	(*StatRequest)(nil),                // 52: kiln.v1.StatRequest
+	(*RemoveRequest)(nil),              // 53: kiln.v1.RemoveRequest
+	(*RemoveResponse)(nil),             // 54: kiln.v1.RemoveResponse
+	(*MakeDirRequest)(nil),             // 55: kiln.v1.MakeDirRequest
+	(*MoveRequest)(nil),                // 56: kiln.v1.MoveRequest
+	(*ForwardPortRequest)(nil),         // 57: kiln.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),        // 58: kiln.v1.ForwardPortResponse
+	(*WatchDirRequest)(nil),            // 59: kiln.v1.WatchDirRequest
+	(*WatchEvent)(nil),                 // 60: kiln.v1.WatchEvent
+	(*CheckpointInfo)(nil),             // 61: kiln.v1.CheckpointInfo
+	(*CheckpointRequest)(nil),          // 62: kiln.v1.CheckpointRequest
+	(*RollbackRequest)(nil),            // 63: kiln.v1.RollbackRequest
+	(*ListCheckpointsRequest)(nil),     // 64: kiln.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 65: kiln.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 66: kiln.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 67: kiln.v1.DeleteCheckpointResponse
+	(*ForkRequest)(nil),                // 68: kiln.v1.ForkRequest
+	(*Template)(nil),                   // 69: kiln.v1.Template
+	(*CreateTemplateRequest)(nil),      // 70: kiln.v1.CreateTemplateRequest
+	(*GetTemplateRequest)(nil),         // 71: kiln.v1.GetTemplateRequest
+	(*ListTemplatesRequest)(nil),       // 72: kiln.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 73: kiln.v1.ListTemplatesResponse
+	(*DeleteTemplateRequest)(nil),      // 74: kiln.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 75: kiln.v1.DeleteTemplateResponse
+	(*WatchEventsRequest)(nil),         // 76: kiln.v1.WatchEventsRequest
+	(*Event)(nil),                      // 77: kiln.v1.Event
+	nil,                                // 78: kiln.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                // 79: kiln.v1.Volume.LabelsEntry
+	nil,                                // 80: kiln.v1.CreateVolumeRequest.LabelsEntry
+	nil,                                // 81: kiln.v1.ListVolumesRequest.LabelsEntry
+	nil,                                // 82: kiln.v1.Sandbox.LabelsEntry
+	nil,                                // 83: kiln.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                // 84: kiln.v1.UpdateSandboxRequest.LabelsEntry
+	nil,                                // 85: kiln.v1.ForkRequest.LabelsEntry
 }
 var file_kiln_proto_depIdxs = []int32{
 	5,  // 0: kiln.v1.CreateSandboxRequest.resources:type_name -> kiln.v1.Resources
-	69, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
-	7,  // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
-	8,  // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
+	78, // 1: kiln.v1.CreateSandboxRequest.labels:type_name -> kiln.v1.CreateSandboxRequest.LabelsEntry
+	16, // 2: kiln.v1.CreateSandboxRequest.egress:type_name -> kiln.v1.EgressPolicy
+	17, // 3: kiln.v1.CreateSandboxRequest.secrets:type_name -> kiln.v1.Secret
 	1,  // 4: kiln.v1.CreateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
-	2,  // 5: kiln.v1.EgressPolicy.mode:type_name -> kiln.v1.EgressPolicy.Mode
-	7,  // 6: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
-	0,  // 7: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
-	5,  // 8: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
-	70, // 9: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
-	9,  // 10: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
-	1,  // 11: kiln.v1.Sandbox.timeout_action:type_name -> kiln.v1.TimeoutAction
-	71, // 12: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
-	0,  // 13: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
-	10, // 14: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
-	1,  // 15: kiln.v1.UpdateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
-	72, // 16: kiln.v1.UpdateSandboxRequest.labels:type_name -> kiln.v1.UpdateSandboxRequest.LabelsEntry
-	19, // 17: kiln.v1.GetSandboxMetricsResponse.samples:type_name -> kiln.v1.SandboxMetrics
-	7,  // 18: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
-	24, // 19: kiln.v1.ExecStart.pty:type_name -> kiln.v1.PtySize
-	23, // 20: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
-	25, // 21: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
-	24, // 22: kiln.v1.ExecRequest.resize:type_name -> kiln.v1.PtySize
-	27, // 23: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
-	28, // 24: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
-	28, // 25: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
-	30, // 26: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
-	36, // 27: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
-	40, // 28: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
-	3,  // 29: kiln.v1.WatchEvent.op:type_name -> kiln.v1.WatchEvent.Op
-	40, // 30: kiln.v1.WatchEvent.entry:type_name -> kiln.v1.FileInfo
-	52, // 31: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
-	73, // 32: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
-	5,  // 33: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
-	5,  // 34: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
-	7,  // 35: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
-	8,  // 36: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
-	60, // 37: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
-	4,  // 38: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
-	10, // 39: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
-	6,  // 40: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
-	11, // 41: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
-	12, // 42: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
-	14, // 43: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
-	16, // 44: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
-	22, // 45: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
-	17, // 46: kiln.v1.Kiln.UpdateSandbox:input_type -> kiln.v1.UpdateSandboxRequest
-	18, // 47: kiln.v1.Kiln.GetSandboxMetrics:input_type -> kiln.v1.GetSandboxMetricsRequest
-	21, // 48: kiln.v1.Kiln.UpdateNetworkPolicy:input_type -> kiln.v1.UpdateNetworkPolicyRequest
-	26, // 49: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
-	31, // 50: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
-	33, // 51: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
-	35, // 52: kiln.v1.Kiln.AttachExec:input_type -> kiln.v1.AttachExecRequest
-	37, // 53: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
-	38, // 54: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
-	41, // 55: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
-	43, // 56: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
-	44, // 57: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
-	46, // 58: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
-	47, // 59: kiln.v1.Kiln.Move:input_type -> kiln.v1.MoveRequest
-	50, // 60: kiln.v1.Kiln.WatchDir:input_type -> kiln.v1.WatchDirRequest
-	48, // 61: kiln.v1.Kiln.ForwardPort:input_type -> kiln.v1.ForwardPortRequest
-	53, // 62: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
-	54, // 63: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
-	55, // 64: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
-	57, // 65: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
-	59, // 66: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
-	61, // 67: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
-	62, // 68: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
-	63, // 69: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
-	65, // 70: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
-	67, // 71: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
-	10, // 72: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
-	10, // 73: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
-	13, // 74: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
-	15, // 75: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
-	10, // 76: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
-	10, // 77: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
-	10, // 78: kiln.v1.Kiln.UpdateSandbox:output_type -> kiln.v1.Sandbox
-	20, // 79: kiln.v1.Kiln.GetSandboxMetrics:output_type -> kiln.v1.GetSandboxMetricsResponse
-	10, // 80: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
-	29, // 81: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
-	32, // 82: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
-	34, // 83: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
-	29, // 84: kiln.v1.Kiln.AttachExec:output_type -> kiln.v1.ExecResponse
-	40, // 85: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
-	39, // 86: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
-	42, // 87: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
-	40, // 88: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
-	45, // 89: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
-	40, // 90: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
-	40, // 91: kiln.v1.Kiln.Move:output_type -> kiln.v1.FileInfo
-	51, // 92: kiln.v1.Kiln.WatchDir:output_type -> kiln.v1.WatchEvent
-	49, // 93: kiln.v1.Kiln.ForwardPort:output_type -> kiln.v1.ForwardPortResponse
-	52, // 94: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
-	10, // 95: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
-	56, // 96: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
-	58, // 97: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
-	10, // 98: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
-	60, // 99: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
-	60, // 100: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
-	64, // 101: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
-	66, // 102: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
-	68, // 103: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
-	72, // [72:104] is the sub-list for method output_type
-	40, // [40:72] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	7,  // 5: kiln.v1.CreateSandboxRequest.volumes:type_name -> kiln.v1.VolumeMount
+	79, // 6: kiln.v1.Volume.labels:type_name -> kiln.v1.Volume.LabelsEntry
+	9,  // 7: kiln.v1.Volume.users:type_name -> kiln.v1.VolumeUser
+	80, // 8: kiln.v1.CreateVolumeRequest.labels:type_name -> kiln.v1.CreateVolumeRequest.LabelsEntry
+	81, // 9: kiln.v1.ListVolumesRequest.labels:type_name -> kiln.v1.ListVolumesRequest.LabelsEntry
+	8,  // 10: kiln.v1.ListVolumesResponse.volumes:type_name -> kiln.v1.Volume
+	2,  // 11: kiln.v1.EgressPolicy.mode:type_name -> kiln.v1.EgressPolicy.Mode
+	16, // 12: kiln.v1.NetworkInfo.egress:type_name -> kiln.v1.EgressPolicy
+	0,  // 13: kiln.v1.Sandbox.state:type_name -> kiln.v1.SandboxState
+	5,  // 14: kiln.v1.Sandbox.resources:type_name -> kiln.v1.Resources
+	82, // 15: kiln.v1.Sandbox.labels:type_name -> kiln.v1.Sandbox.LabelsEntry
+	18, // 16: kiln.v1.Sandbox.network:type_name -> kiln.v1.NetworkInfo
+	1,  // 17: kiln.v1.Sandbox.timeout_action:type_name -> kiln.v1.TimeoutAction
+	7,  // 18: kiln.v1.Sandbox.volumes:type_name -> kiln.v1.VolumeMount
+	83, // 19: kiln.v1.ListSandboxesRequest.labels:type_name -> kiln.v1.ListSandboxesRequest.LabelsEntry
+	0,  // 20: kiln.v1.ListSandboxesRequest.states:type_name -> kiln.v1.SandboxState
+	19, // 21: kiln.v1.ListSandboxesResponse.sandboxes:type_name -> kiln.v1.Sandbox
+	1,  // 22: kiln.v1.UpdateSandboxRequest.timeout_action:type_name -> kiln.v1.TimeoutAction
+	84, // 23: kiln.v1.UpdateSandboxRequest.labels:type_name -> kiln.v1.UpdateSandboxRequest.LabelsEntry
+	28, // 24: kiln.v1.GetSandboxMetricsResponse.samples:type_name -> kiln.v1.SandboxMetrics
+	16, // 25: kiln.v1.UpdateNetworkPolicyRequest.egress:type_name -> kiln.v1.EgressPolicy
+	33, // 26: kiln.v1.ExecStart.pty:type_name -> kiln.v1.PtySize
+	32, // 27: kiln.v1.ExecRequest.start:type_name -> kiln.v1.ExecStart
+	34, // 28: kiln.v1.ExecRequest.signal:type_name -> kiln.v1.ExecSignal
+	33, // 29: kiln.v1.ExecRequest.resize:type_name -> kiln.v1.PtySize
+	36, // 30: kiln.v1.ExecResponse.started:type_name -> kiln.v1.ExecStarted
+	37, // 31: kiln.v1.ExecResponse.exit:type_name -> kiln.v1.ExecExit
+	37, // 32: kiln.v1.ExecInfo.exit:type_name -> kiln.v1.ExecExit
+	39, // 33: kiln.v1.ListExecsResponse.execs:type_name -> kiln.v1.ExecInfo
+	45, // 34: kiln.v1.WriteFileRequest.header:type_name -> kiln.v1.WriteFileHeader
+	49, // 35: kiln.v1.ListDirResponse.entries:type_name -> kiln.v1.FileInfo
+	3,  // 36: kiln.v1.WatchEvent.op:type_name -> kiln.v1.WatchEvent.Op
+	49, // 37: kiln.v1.WatchEvent.entry:type_name -> kiln.v1.FileInfo
+	61, // 38: kiln.v1.ListCheckpointsResponse.checkpoints:type_name -> kiln.v1.CheckpointInfo
+	85, // 39: kiln.v1.ForkRequest.labels:type_name -> kiln.v1.ForkRequest.LabelsEntry
+	5,  // 40: kiln.v1.Template.resources:type_name -> kiln.v1.Resources
+	5,  // 41: kiln.v1.CreateTemplateRequest.resources:type_name -> kiln.v1.Resources
+	16, // 42: kiln.v1.CreateTemplateRequest.egress:type_name -> kiln.v1.EgressPolicy
+	17, // 43: kiln.v1.CreateTemplateRequest.secrets:type_name -> kiln.v1.Secret
+	69, // 44: kiln.v1.ListTemplatesResponse.templates:type_name -> kiln.v1.Template
+	4,  // 45: kiln.v1.Event.kind:type_name -> kiln.v1.Event.Kind
+	19, // 46: kiln.v1.Event.sandbox:type_name -> kiln.v1.Sandbox
+	6,  // 47: kiln.v1.Kiln.CreateSandbox:input_type -> kiln.v1.CreateSandboxRequest
+	20, // 48: kiln.v1.Kiln.GetSandbox:input_type -> kiln.v1.GetSandboxRequest
+	21, // 49: kiln.v1.Kiln.ListSandboxes:input_type -> kiln.v1.ListSandboxesRequest
+	23, // 50: kiln.v1.Kiln.DestroySandbox:input_type -> kiln.v1.DestroySandboxRequest
+	25, // 51: kiln.v1.Kiln.PauseSandbox:input_type -> kiln.v1.PauseSandboxRequest
+	31, // 52: kiln.v1.Kiln.ResumeSandbox:input_type -> kiln.v1.ResumeSandboxRequest
+	26, // 53: kiln.v1.Kiln.UpdateSandbox:input_type -> kiln.v1.UpdateSandboxRequest
+	27, // 54: kiln.v1.Kiln.GetSandboxMetrics:input_type -> kiln.v1.GetSandboxMetricsRequest
+	30, // 55: kiln.v1.Kiln.UpdateNetworkPolicy:input_type -> kiln.v1.UpdateNetworkPolicyRequest
+	35, // 56: kiln.v1.Kiln.Exec:input_type -> kiln.v1.ExecRequest
+	40, // 57: kiln.v1.Kiln.ListExecs:input_type -> kiln.v1.ListExecsRequest
+	42, // 58: kiln.v1.Kiln.KillExec:input_type -> kiln.v1.KillExecRequest
+	44, // 59: kiln.v1.Kiln.AttachExec:input_type -> kiln.v1.AttachExecRequest
+	46, // 60: kiln.v1.Kiln.WriteFile:input_type -> kiln.v1.WriteFileRequest
+	47, // 61: kiln.v1.Kiln.ReadFile:input_type -> kiln.v1.ReadFileRequest
+	50, // 62: kiln.v1.Kiln.ListDir:input_type -> kiln.v1.ListDirRequest
+	52, // 63: kiln.v1.Kiln.Stat:input_type -> kiln.v1.StatRequest
+	53, // 64: kiln.v1.Kiln.Remove:input_type -> kiln.v1.RemoveRequest
+	55, // 65: kiln.v1.Kiln.MakeDir:input_type -> kiln.v1.MakeDirRequest
+	56, // 66: kiln.v1.Kiln.Move:input_type -> kiln.v1.MoveRequest
+	59, // 67: kiln.v1.Kiln.WatchDir:input_type -> kiln.v1.WatchDirRequest
+	57, // 68: kiln.v1.Kiln.ForwardPort:input_type -> kiln.v1.ForwardPortRequest
+	62, // 69: kiln.v1.Kiln.Checkpoint:input_type -> kiln.v1.CheckpointRequest
+	63, // 70: kiln.v1.Kiln.Rollback:input_type -> kiln.v1.RollbackRequest
+	64, // 71: kiln.v1.Kiln.ListCheckpoints:input_type -> kiln.v1.ListCheckpointsRequest
+	66, // 72: kiln.v1.Kiln.DeleteCheckpoint:input_type -> kiln.v1.DeleteCheckpointRequest
+	68, // 73: kiln.v1.Kiln.Fork:input_type -> kiln.v1.ForkRequest
+	70, // 74: kiln.v1.Kiln.CreateTemplate:input_type -> kiln.v1.CreateTemplateRequest
+	71, // 75: kiln.v1.Kiln.GetTemplate:input_type -> kiln.v1.GetTemplateRequest
+	72, // 76: kiln.v1.Kiln.ListTemplates:input_type -> kiln.v1.ListTemplatesRequest
+	74, // 77: kiln.v1.Kiln.DeleteTemplate:input_type -> kiln.v1.DeleteTemplateRequest
+	10, // 78: kiln.v1.Kiln.CreateVolume:input_type -> kiln.v1.CreateVolumeRequest
+	11, // 79: kiln.v1.Kiln.GetVolume:input_type -> kiln.v1.GetVolumeRequest
+	12, // 80: kiln.v1.Kiln.ListVolumes:input_type -> kiln.v1.ListVolumesRequest
+	14, // 81: kiln.v1.Kiln.DeleteVolume:input_type -> kiln.v1.DeleteVolumeRequest
+	76, // 82: kiln.v1.Kiln.WatchEvents:input_type -> kiln.v1.WatchEventsRequest
+	19, // 83: kiln.v1.Kiln.CreateSandbox:output_type -> kiln.v1.Sandbox
+	19, // 84: kiln.v1.Kiln.GetSandbox:output_type -> kiln.v1.Sandbox
+	22, // 85: kiln.v1.Kiln.ListSandboxes:output_type -> kiln.v1.ListSandboxesResponse
+	24, // 86: kiln.v1.Kiln.DestroySandbox:output_type -> kiln.v1.DestroySandboxResponse
+	19, // 87: kiln.v1.Kiln.PauseSandbox:output_type -> kiln.v1.Sandbox
+	19, // 88: kiln.v1.Kiln.ResumeSandbox:output_type -> kiln.v1.Sandbox
+	19, // 89: kiln.v1.Kiln.UpdateSandbox:output_type -> kiln.v1.Sandbox
+	29, // 90: kiln.v1.Kiln.GetSandboxMetrics:output_type -> kiln.v1.GetSandboxMetricsResponse
+	19, // 91: kiln.v1.Kiln.UpdateNetworkPolicy:output_type -> kiln.v1.Sandbox
+	38, // 92: kiln.v1.Kiln.Exec:output_type -> kiln.v1.ExecResponse
+	41, // 93: kiln.v1.Kiln.ListExecs:output_type -> kiln.v1.ListExecsResponse
+	43, // 94: kiln.v1.Kiln.KillExec:output_type -> kiln.v1.KillExecResponse
+	38, // 95: kiln.v1.Kiln.AttachExec:output_type -> kiln.v1.ExecResponse
+	49, // 96: kiln.v1.Kiln.WriteFile:output_type -> kiln.v1.FileInfo
+	48, // 97: kiln.v1.Kiln.ReadFile:output_type -> kiln.v1.FileChunk
+	51, // 98: kiln.v1.Kiln.ListDir:output_type -> kiln.v1.ListDirResponse
+	49, // 99: kiln.v1.Kiln.Stat:output_type -> kiln.v1.FileInfo
+	54, // 100: kiln.v1.Kiln.Remove:output_type -> kiln.v1.RemoveResponse
+	49, // 101: kiln.v1.Kiln.MakeDir:output_type -> kiln.v1.FileInfo
+	49, // 102: kiln.v1.Kiln.Move:output_type -> kiln.v1.FileInfo
+	60, // 103: kiln.v1.Kiln.WatchDir:output_type -> kiln.v1.WatchEvent
+	58, // 104: kiln.v1.Kiln.ForwardPort:output_type -> kiln.v1.ForwardPortResponse
+	61, // 105: kiln.v1.Kiln.Checkpoint:output_type -> kiln.v1.CheckpointInfo
+	19, // 106: kiln.v1.Kiln.Rollback:output_type -> kiln.v1.Sandbox
+	65, // 107: kiln.v1.Kiln.ListCheckpoints:output_type -> kiln.v1.ListCheckpointsResponse
+	67, // 108: kiln.v1.Kiln.DeleteCheckpoint:output_type -> kiln.v1.DeleteCheckpointResponse
+	19, // 109: kiln.v1.Kiln.Fork:output_type -> kiln.v1.Sandbox
+	69, // 110: kiln.v1.Kiln.CreateTemplate:output_type -> kiln.v1.Template
+	69, // 111: kiln.v1.Kiln.GetTemplate:output_type -> kiln.v1.Template
+	73, // 112: kiln.v1.Kiln.ListTemplates:output_type -> kiln.v1.ListTemplatesResponse
+	75, // 113: kiln.v1.Kiln.DeleteTemplate:output_type -> kiln.v1.DeleteTemplateResponse
+	8,  // 114: kiln.v1.Kiln.CreateVolume:output_type -> kiln.v1.Volume
+	8,  // 115: kiln.v1.Kiln.GetVolume:output_type -> kiln.v1.Volume
+	13, // 116: kiln.v1.Kiln.ListVolumes:output_type -> kiln.v1.ListVolumesResponse
+	15, // 117: kiln.v1.Kiln.DeleteVolume:output_type -> kiln.v1.DeleteVolumeResponse
+	77, // 118: kiln.v1.Kiln.WatchEvents:output_type -> kiln.v1.Event
+	83, // [83:119] is the sub-list for method output_type
+	47, // [47:83] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_kiln_proto_init() }
@@ -5382,26 +5959,26 @@ func file_kiln_proto_init() {
 		(*CreateSandboxRequest_Template)(nil),
 		(*CreateSandboxRequest_Checkpoint)(nil),
 	}
-	file_kiln_proto_msgTypes[12].OneofWrappers = []any{}
-	file_kiln_proto_msgTypes[18].OneofWrappers = []any{}
-	file_kiln_proto_msgTypes[21].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[21].OneofWrappers = []any{}
+	file_kiln_proto_msgTypes[27].OneofWrappers = []any{}
+	file_kiln_proto_msgTypes[30].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_kiln_proto_msgTypes[24].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[33].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_kiln_proto_msgTypes[32].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[41].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
-	file_kiln_proto_msgTypes[54].OneofWrappers = []any{
+	file_kiln_proto_msgTypes[63].OneofWrappers = []any{
 		(*ForkRequest_SandboxId)(nil),
 		(*ForkRequest_CheckpointId)(nil),
 	}
@@ -5411,7 +5988,7 @@ func file_kiln_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_proto_rawDesc), len(file_kiln_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   69,
+			NumMessages:   81,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
