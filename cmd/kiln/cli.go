@@ -27,7 +27,7 @@ import (
 // cobraCommands are the first arguments main hands to the cobra tree
 // (__complete and __completeNoDesc are what completion scripts call).
 var cobraCommands = map[string]bool{
-	"sandbox": true, "template": true, "completion": true,
+	"sandbox": true, "template": true, "volume": true, "completion": true,
 	"doctor":                  true,
 	cobra.ShellCompRequestCmd: true, cobra.ShellCompNoDescRequestCmd: true,
 }
@@ -154,7 +154,7 @@ func (a *cli) root() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&a.host, "host", "", "kilnd address: unix:PATH, unix:///PATH or tcp://HOST:PORT (default $KILN_HOST, else "+kilnclient.DefaultHost+")")
 	root.PersistentFlags().StringVar(&a.tokenFile, "token-file", "", "`FILE` holding the bearer token a TCP host needs (default $KILN_TOKEN, the token itself)")
-	root.AddCommand(a.sandboxCmd(), a.templateCmd())
+	root.AddCommand(a.sandboxCmd(), a.templateCmd(), a.volumeCmd())
 	root.AddCommand(a.doctorCmd())
 	// The daemon-less commands, so that completion lists them; main runs
 	// them before the cobra tree sees them.

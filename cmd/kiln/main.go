@@ -89,6 +89,7 @@ commands:
           kiln sandbox create|ls|inspect|exec|run|cp|ps|kill|pause|resume|events|
                        checkpoint|checkpoints|rollback|fork|rm
   template  kilnd's templates: kiln template create|ls|rm
+  volume  kilnd's volumes: kiln volume create|ls|rm (sandbox create -v NAME:/PATH[:ro])
   completion  shell completion: kiln completion bash|zsh|fish|powershell
   doctor  check this host for kilnd (KVM, cgroup v2, nftables, tun, disk, ...)
   bench   Kiln beside QEMU microvm, same guest, medians and ratios:

@@ -44,7 +44,7 @@ func (a *cli) createCmd() *cobra.Command {
 		initFlag                               string
 		cpus, mem, disk                        uint32
 		lifetime, idle                         time.Duration
-		env, labels                            []string
+		env, labels, volumes                   []string
 		egress                                 egressFlags
 		secrets                                secretFlags
 		req                                    *kilnpb.CreateSandboxRequest
@@ -87,6 +87,9 @@ func (a *cli) createCmd() *cobra.Command {
 			if req.Labels, err = keyValues("--label", labels); err != nil {
 				return err
 			}
+			if req.Volumes, err = volumeMounts(volumes); err != nil {
+				return err
+			}
 			req.Egress, req.Secrets, err = guestPolicy(&egress, &secrets)
 			return err
 		},
@@ -106,6 +109,7 @@ func (a *cli) createCmd() *cobra.Command {
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy it after this long without an exec or file call (0: never)")
 	f.StringArrayVarP(&env, "env", "e", nil, "`K=V` added to every exec's environment (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "`k=v` label (repeatable)")
+	f.StringArrayVarP(&volumes, "volume", "v", nil, "mount volume `NAME:/PATH[:ro]` (repeatable; kiln volume create makes one)")
 	f.StringVar(&requestID, "request-id", "", "client-chosen `ID` that makes a retry return the same sandbox")
 	egress.register(f)
 	secrets.register(f)
