@@ -53,6 +53,8 @@ type listedSandbox struct {
 	EndAt       string            `json:"endAt"`
 	State       string            `json:"state"`
 	Metadata    map[string]string `json:"metadata"`
+	// VolumeMounts are its volumes (E2B's names).
+	VolumeMounts []volumeMount `json:"volumeMounts,omitempty"`
 }
 
 // sandboxDetail is the schema's SandboxDetail.
@@ -264,17 +266,18 @@ func listed(sb *kilnpb.Sandbox) listedSandbox {
 		disk = res.GetMemoryMib() / 2 // a zero cap is half the guest's memory
 	}
 	return listedSandbox{
-		SandboxID:   sb.GetId(),
-		TemplateID:  templateID(sb),
-		ClientID:    ClientID,
-		EnvdVersion: envd.Version,
-		CPUCount:    res.GetCpus(),
-		MemoryMB:    res.GetMemoryMib(),
-		DiskSizeMB:  disk,
-		StartedAt:   rfc3339(sb.GetCreatedUnixMs()),
-		EndAt:       rfc3339(sb.GetExpiresUnixMs()),
-		State:       stateName(sb),
-		Metadata:    metadata(sb.GetLabels()),
+		SandboxID:    sb.GetId(),
+		TemplateID:   templateID(sb),
+		ClientID:     ClientID,
+		EnvdVersion:  envd.Version,
+		CPUCount:     res.GetCpus(),
+		MemoryMB:     res.GetMemoryMib(),
+		DiskSizeMB:   disk,
+		StartedAt:    rfc3339(sb.GetCreatedUnixMs()),
+		EndAt:        rfc3339(sb.GetExpiresUnixMs()),
+		State:        stateName(sb),
+		Metadata:     metadata(sb.GetLabels()),
+		VolumeMounts: volumeMountsOut(sb),
 	}
 }
 
@@ -381,8 +384,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 		return errorf(http.StatusBadRequest, "iam: Kiln issues no workload identity tokens")
 	case set(req.MCP):
 		return errorf(http.StatusBadRequest, "mcp: Kiln runs no MCP gateway")
-	case len(req.VolumeMounts) > 0:
-		return errorf(http.StatusBadRequest, "volumeMounts: Kiln has no volumes")
 	}
 	if err := checkMetadata("metadata", req.Metadata); err != nil {
 		return err
@@ -417,6 +418,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	creq.Labels[TenantLabel] = tenant
 	creq.Labels[TemplateLabel] = req.TemplateID
+	if creq.Volumes, err = s.volumeMounts(r, tenant, req.VolumeMounts, creq.Labels); err != nil {
+		return err
+	}
 	for k, v := range req.Metadata {
 		creq.Labels[k] = v
 	}

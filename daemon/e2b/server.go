@@ -103,6 +103,8 @@ type Server struct {
 
 	authLog   limiter   // of failed authentications' log lines
 	admission admission // of tenants' requests against their quotas
+	// volumeMu makes a volume's name check and create one step.
+	volumeMu sync.Mutex
 }
 
 // New makes a Server. It needs kiln, at least one key, and a state folder.
@@ -394,6 +396,11 @@ func (s *Server) routes() {
 	m.HandleFunc("DELETE /templates/{id}", s.api(s.deleteSnapshot))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.api(s.sandboxMetrics))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.api(s.updateNetwork))
+	m.HandleFunc("POST /volumes", s.api(s.createVolume))
+	m.HandleFunc("GET /volumes", s.api(s.listVolumes))
+	m.HandleFunc("GET /volumes/{id}", s.api(s.getVolume))
+	m.HandleFunc("DELETE /volumes/{id}", s.api(s.deleteVolume))
+	m.HandleFunc("/volumecontent/", s.volumeContentHandler)
 	m.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request, _ string) error {
 		return errorf(http.StatusNotFound, "%s %s is not part of the API Kiln serves", r.Method, r.URL.Path)
 	}))

@@ -53,7 +53,9 @@ func TestCreate(t *testing.T) {
 		{"rules", map[string]any{"templateID": "base", "network": map[string]any{"rules": map[string]any{"x": []any{}}}}, 400, "network.rules"},
 		{"allow and partial deny", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"a.com"}, "denyOut": []string{"10.0.0.0/8"}}}, 400, "not both"},
 		{"autoResume", map[string]any{"templateID": "base", "autoResume": map[string]bool{"enabled": true}}, 400, "autoResume"},
-		{"volumes", map[string]any{"templateID": "base", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}, 400, "volumeMounts"},
+		{"unknown volume", map[string]any{"templateID": "base", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}, 404, `volumeMounts[0]: volume "v" not found`},
+		{"bad volume name", map[string]any{"templateID": "base", "volumeMounts": []map[string]string{{"name": "a/b", "path": "/v"}}}, 400, "volumeMounts[0]"},
+		{"volume mount a string", `{"templateID":"base","volumeMounts":["v"]}`, 400, "volumeMounts[0]"},
 		{"too big", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("x", 1<<20) + `"}}`, 413, "over"},
 		{"two values", `{"templateID":"base"} {}`, 400, "more than one"},
 	}

@@ -37,6 +37,8 @@ from e2b import (
     SandboxQuery,
     SandboxState,
     TimeoutException,
+    Volume,
+    VolumeException,
 )
 
 MODE = os.environ.get("KILN_E2B_MODE", "kvm")
@@ -339,6 +341,41 @@ def test_a_wrong_key_another_tenant_an_unknown_template():
     with pytest.raises(SandboxException) as ei:
         Sandbox.create("no-such-template")
     assert "no-such-template" in str(ei.value) and "not found" in str(ei.value), str(ei.value)
+
+
+def test_volumes_written_in_one_sandbox_read_in_the_next_one_writer_at_a_time():
+    name = f"py{int(time.time() * 1000)}"
+    vol = Volume.create(name)
+    try:
+        assert vol.name == name
+        assert any(v.volume_id == vol.volume_id and v.name == name for v in Volume.list())
+        assert Volume.get_info(vol.volume_id).name == name
+        with pytest.raises(VolumeException, match="already exists"):
+            Volume.create(name)
+        with pytest.raises(NotFoundException):
+            Volume.get_info(vol.volume_id, api_key=OTHER_KEY)
+        assert Volume.destroy(vol.volume_id, api_key=OTHER_KEY) is False
+
+        a = Sandbox.create("base", timeout=300, volume_mounts={"/mnt/data": vol})
+        try:
+            a.files.write("/mnt/data/hello.txt", "from a")
+            if KVM:
+                r = a.commands.run("echo more >> /mnt/data/hello.txt && sync && stat -f -c %T /mnt/data && id -un")
+                assert r.stdout == "ext2/ext3\nuser\n"
+            with pytest.raises(SandboxException, match="mounted in sandbox"):
+                Sandbox.create("base", volume_mounts={"/data": name})
+            with pytest.raises(VolumeException, match="mounted in sandbox"):
+                Volume.destroy(vol.volume_id)
+        finally:
+            a.kill()
+        b = Sandbox.create("base", timeout=300, volume_mounts={"/data": name})
+        try:
+            assert b.files.read("/data/hello.txt") == ("from a\nmore\n" if KVM else "from a")
+        finally:
+            b.kill()
+    finally:
+        assert Volume.destroy(vol.volume_id) is True
+    assert not any(v.volume_id == vol.volume_id for v in Volume.list())
 
 
 def test_snapshots_take_list_create_from_delete():

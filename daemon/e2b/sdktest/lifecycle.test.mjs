@@ -7,7 +7,7 @@
 // key) for the test.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, AuthenticationError, SandboxNotFoundError, SandboxError } from 'e2b'
+import { Sandbox, AuthenticationError, SandboxNotFoundError, SandboxError, Volume, VolumeError, VolumeNotFoundError } from 'e2b'
 
 const kvm = process.env.KILN_E2B_MODE === 'kvm'
 const otherKey = process.env.KILN_E2B_OTHER_KEY
@@ -164,6 +164,53 @@ test('a wrong key, another tenant, an unknown template', async () => {
     assert.match(e.message, /not found/)
     return true
   })
+})
+
+test('volumes: written in one sandbox, read in the next; read-write in one at a time', async () => {
+  const name = `v${Date.now()}`
+  const vol = await Volume.create(name)
+  try {
+    assert.equal(vol.name, name)
+    assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId && v.name === name))
+    assert.equal((await Volume.getInfo(vol.volumeId)).name, name)
+    await assert.rejects(Volume.create(name), VolumeError) // names are unique
+    await assert.rejects(Volume.getInfo(vol.volumeId, { apiKey: otherKey }), VolumeNotFoundError)
+    assert.equal(await Volume.destroy(vol.volumeId, { apiKey: otherKey }), false)
+
+    const a = await Sandbox.create('base', { timeoutMs: 300_000, volumeMounts: { '/mnt/data': vol } })
+    try {
+      assert.deepEqual((await a.getInfo()).volumeMounts, [{ name, path: '/mnt/data' }])
+      await a.files.write('/mnt/data/hello.txt', 'from a')
+      if (kvm) {
+        // An ext4 file system of its own, which the sandbox's user writes.
+        const r = await a.commands.run('echo more >> /mnt/data/hello.txt && sync && stat -f -c %T /mnt/data && id -un')
+        assert.equal(r.stdout, 'ext2/ext3\nuser\n')
+      }
+      // Read-write in one sandbox at a time: a second is refused while a
+      // has it, and so is its deletion.
+      await assert.rejects(Sandbox.create('base', { volumeMounts: { '/data': name } }), (e) => {
+        assert.match(e.message, /mounted in sandbox/)
+        return true
+      })
+      await assert.rejects(Volume.destroy(vol.volumeId), (e) => {
+        assert.ok(e instanceof VolumeError, String(e))
+        assert.match(e.message, /mounted in sandbox/)
+        return true
+      })
+    } finally {
+      await a.kill()
+    }
+    const b = await Sandbox.create('base', { timeoutMs: 300_000, volumeMounts: { '/data': name } })
+    try {
+      assert.equal(await b.files.read('/data/hello.txt'), kvm ? 'from a\nmore\n' : 'from a')
+    } finally {
+      await b.kill()
+    }
+    await assert.rejects(Sandbox.create('base', { volumeMounts: { '/data': 'no-such-volume' } }), /no-such-volume/)
+  } finally {
+    assert.equal(await Volume.destroy(vol.volumeId), true)
+  }
+  assert.ok(!(await Volume.list()).some((v) => v.volumeId === vol.volumeId))
 })
 
 test('snapshots: take, list, create from, delete', async () => {
