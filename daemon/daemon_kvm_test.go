@@ -120,12 +120,12 @@ func (e *kvmEnv) startKVM() {
 	e.c = kilnpb.NewKilnClient(conn)
 }
 
-func (e *kvmEnv) createImage(idleMS int64) *kilnpb.Sandbox {
+func (e *kvmEnv) createImage(idleMS int64, volumes ...*kilnpb.VolumeMount) *kilnpb.Sandbox {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	sb, err := e.c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: nextReq(),
-		Source: &kilnpb.CreateSandboxRequest_Image{Image: e.image}, IdleTimeoutMs: idleMS})
+		Source: &kilnpb.CreateSandboxRequest_Image{Image: e.image}, IdleTimeoutMs: idleMS, Volumes: volumes})
 	if err != nil {
 		e.t.Fatalf("create: %v", err)
 	}
@@ -146,7 +146,9 @@ func (e *kvmEnv) shOut(id, script string) string {
 // TestKVMDaemon drives the daemon over its real backend: image-rooted
 // sandboxes in VMM processes, concurrent creates and execs, a VMM process
 // killed, checkpoint, rollback, forks two levels deep, a restart that
-// takes every sandbox over, an idle timeout, and destroy leaving nothing.
+// takes every sandbox over, an idle timeout, and destroy leaving nothing;
+// a volume written in one sandbox, kept across the restart and read in
+// the next, read-write in one sandbox only.
 func TestKVMDaemon(t *testing.T) {
 	kvmtest.Require(t)
 	e := newKVMEnv(t)
@@ -156,14 +158,32 @@ func TestKVMDaemon(t *testing.T) {
 	// Concurrent creates, one exec each (three cold boots share the one
 	// emulated vCPU; TestKVMDaemonTemplates makes 100 at once from a
 	// template).
+	// The third mounts a volume read-write.
+	vol, err := e.c.CreateVolume(ctx, &kilnpb.CreateVolumeRequest{Name: "data", SizeMib: 64})
+	if err != nil {
+		t.Fatalf("create volume: %v", err)
+	}
 	const n = 3
 	sbs := make([]*kilnpb.Sandbox, n)
 	var wg sync.WaitGroup
 	for i := range sbs {
+		var vs []*kilnpb.VolumeMount
+		if i == 2 {
+			vs = append(vs, &kilnpb.VolumeMount{Volume: "data", Path: "/mnt/data"})
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); sbs[i] = e.createImage(0) }()
+		go func() { defer wg.Done(); sbs[i] = e.createImage(0, vs...) }()
 	}
 	wg.Wait()
+	withVol := sbs[2]
+	if got := e.shOut(withVol.Id, "echo written > /mnt/data/f && sync && grep ' /mnt/data ' /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1"); got != "ext4 rw" {
+		t.Errorf("the volume in sandbox %s: %q", withVol.Id, got)
+	}
+	_, errBusy := e.c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: nextReq(), Source: &kilnpb.CreateSandboxRequest_Image{Image: e.image},
+		Volumes: []*kilnpb.VolumeMount{{Volume: "data", Path: "/d", ReadOnly: true}}})
+	if status.Code(errBusy) != codes.FailedPrecondition || !strings.Contains(status.Convert(errBusy).Message(), withVol.Id) {
+		t.Errorf("a second sandbox with the volume: %v", errBusy)
+	}
 	for _, sb := range sbs {
 		if got := e.shOut(sb.Id, "echo $((6*7))"); got != "42" {
 			t.Errorf("sandbox %s: %q", sb.Id, got)
@@ -318,9 +338,20 @@ func TestKVMDaemon(t *testing.T) {
 	if more, err := e.forkCtx(ctx, &kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_CheckpointId{CheckpointId: ck1.Id}, Count: 1}); err != nil || len(more) != 1 {
 		t.Errorf("fork of a checkpoint from before the restart: %v %v", more, err)
 	}
+	// The volume across the restart: still the sandbox's, then, once it
+	// is destroyed, the next one's (read-only), with what it wrote.
+	if got, err := e.c.GetVolume(ctx, &kilnpb.GetVolumeRequest{Id: vol.Id}); err != nil || len(got.Users) != 1 || got.Users[0].Sandbox != withVol.Id {
+		t.Errorf("the volume after the restart: %v, %v", got, err)
+	}
+	if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: withVol.Id}); err != nil {
+		t.Fatal(err)
+	}
 
-	// Idle timeout on the real clock.
-	idle := e.createImage(10_000)
+	// Idle timeout on the real clock (the sandbox reads the volume first).
+	idle := e.createImage(10_000, &kilnpb.VolumeMount{Volume: vol.Id, Path: "/vol", ReadOnly: true})
+	if got := e.shOut(idle.Id, "cat /vol/f; touch /vol/g 2>/dev/null && echo wrote || echo refused"); got != "written\nrefused" {
+		t.Errorf("the volume in the next sandbox: %q", got)
+	}
 	time.Sleep(12 * time.Second)
 	e.waitState(idle.Id, kilnpb.SandboxState_SANDBOX_STATE_TIMED_OUT)
 
@@ -337,6 +368,9 @@ func TestKVMDaemon(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(e.state, "sandboxes", "*", "*.sock"))
 	if len(left) > 0 {
 		t.Errorf("sockets left: %v", left)
+	}
+	if _, err := e.c.DeleteVolume(ctx, &kilnpb.DeleteVolumeRequest{Id: vol.Id}); err != nil {
+		t.Errorf("delete the volume: %v", err)
 	}
 }
 
