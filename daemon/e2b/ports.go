@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,17 +26,25 @@ import (
 // Labels of a sandbox's ports: PrivateTrafficLabel ("true") when its create
 // set network.allowPublicTraffic false, so that a request to its ports
 // must carry its traffic access token; MaskHostLabel, network.
-// maskRequestHost, the Host header its ports get (${PORT}: the port).
+// maskRequestHost, the Host header its ports get (${PORT}: the port);
+// HTTPSPortsLabel, network.httpsPorts, the ports that serve HTTPS (comma
+// separated), which the proxy reaches over TLS without verifying the
+// certificate (a sandbox's own is self-signed).
 const (
 	PrivateTrafficLabel = LabelPrefix + "private-traffic"
 	MaskHostLabel       = LabelPrefix + "mask-request-host"
+	HTTPSPortsLabel     = LabelPrefix + "https-ports"
 )
 
 // TrafficTokenHeader carries a sandbox's traffic access token to its ports.
 const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 
-// maxMaskHost bounds network.maskRequestHost.
-const maxMaskHost = 253
+// maxMaskHost bounds network.maskRequestHost; maxHTTPSPorts,
+// network.httpsPorts.
+const (
+	maxMaskHost   = 253
+	maxHTTPSPorts = 64
+)
 
 // trafficToken is sandbox id's traffic access token: the HMAC-SHA256 of
 // its ID under the access-token key (the token of every client of the
@@ -64,7 +74,42 @@ func portLabels(n *networkConfig) (map[string]string, error) {
 		}
 		out[MaskHostLabel] = m
 	}
+	if len(n.HTTPSPorts) > maxHTTPSPorts {
+		return nil, errorf(http.StatusBadRequest, "network.httpsPorts: %d ports, at most %d", len(n.HTTPSPorts), maxHTTPSPorts)
+	}
+	var ports []string
+	for _, p := range n.HTTPSPorts {
+		switch {
+		case p < 1 || p > 65535:
+			return nil, errorf(http.StatusBadRequest, "network.httpsPorts: %d is not a port (1 to 65535)", p)
+		case p == EnvdPort:
+			return nil, errorf(http.StatusBadRequest, "network.httpsPorts: %d is envd's port, which cannot be listed", p)
+		}
+		if s := strconv.Itoa(p); !slices.Contains(ports, s) {
+			ports = append(ports, s)
+		}
+	}
+	if len(ports) > 0 {
+		out[HTTPSPortsLabel] = strings.Join(ports, ",")
+	}
 	return out, nil
+}
+
+// httpsPorts are sb's network.httpsPorts.
+func httpsPorts(sb *kilnpb.Sandbox) []int {
+	var out []int
+	for _, s := range strings.Split(sb.GetLabels()[HTTPSPortsLabel], ",") {
+		if p, err := strconv.Atoi(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// httpsPort says port of sb serves HTTPS (network.httpsPorts).
+func httpsPort(sb *kilnpb.Sandbox, port int) bool {
+	l := sb.GetLabels()[HTTPSPortsLabel]
+	return l != "" && slices.Contains(strings.Split(l, ","), strconv.Itoa(port))
 }
 
 // trafficToken is what the create of a sandbox with private ports returns.
@@ -90,6 +135,9 @@ func portsTransport(kc kilnpb.KilnClient) *http.Transport {
 			}
 			return client.DialPort(ctx, kc, id, port)
 		},
+		// A sandbox's HTTPS ports (network.httpsPorts) have certificates
+		// of their own making: not verified, as E2B's proxy does not.
+		TLSClientConfig:       &tls.Config{InsecureSkipVerify: true},
 		MaxIdleConnsPerHost:   8,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 0, // a port's server takes the time it takes
@@ -132,9 +180,13 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, id string, po
 		return
 	}
 	mask := sb.GetLabels()[MaskHostLabel]
+	scheme := "http"
+	if httpsPort(sb, port) {
+		scheme = "https"
+	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Scheme = scheme
 			pr.Out.URL.Host = net.JoinHostPort(id, strconv.Itoa(port))
 			pr.Out.Host = pr.In.Host
 			if mask != "" {

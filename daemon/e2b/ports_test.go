@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -144,7 +145,8 @@ func TestPorts(t *testing.T) {
 	}
 
 	// What a create may not set, and what an update may not change.
-	for _, n := range []map[string]any{{"maskRequestHost": "a b"}, {"maskRequestHost": ""}, {"httpsPorts": []int{443}}} {
+	for _, n := range []map[string]any{{"maskRequestHost": "a b"}, {"maskRequestHost": ""}, {"httpsPorts": []int{0}}, {"httpsPorts": []int{65536}},
+		{"httpsPorts": []int{e2b.EnvdPort}}, {"httpsPorts": make([]int, 65)}} {
 		if r := e.do("POST", "/v2/sandboxes", keyA, map[string]any{"templateID": "base", "network": n}); r.status != 400 {
 			t.Errorf("create with network %v: %d %s", n, r.status, r.body)
 		}
@@ -184,5 +186,37 @@ func TestPauseWithoutMemory(t *testing.T) {
 	auto := e.create(keyA, map[string]any{"autoPause": true, "autoPauseMemory": false})
 	if got, _ := e.kiln.GetSandbox(t.Context(), &kilnpb.GetSandboxRequest{Id: auto.SandboxID}); got.TimeoutAction != kilnpb.TimeoutAction_TIMEOUT_ACTION_HIBERNATE_FILES {
 		t.Errorf("autoPauseMemory false: timeout action %v", got.TimeoutAction)
+	}
+}
+
+// TestHTTPSPorts: a port listed in network.httpsPorts is reached over TLS
+// with the sandbox's own (self-signed) certificate; one not listed is
+// spoken to in plain HTTP, which a TLS server refuses.
+func TestHTTPSPorts(t *testing.T) {
+	e := newEnv(t, func(c *e2b.Config) { c.Domain = "kiln.test" })
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls=%v host=%s", r.TLS != nil, r.Host)
+	}))
+	t.Cleanup(srv.Close)
+	_, p, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	port, _ := strconv.Atoi(p)
+	tls := e.create(keyA, map[string]any{"network": map[string]any{"httpsPorts": []int{port, port, 8443}}})
+	plain := e.create(keyA, nil)
+	h := p + "-" + tls.SandboxID + ".kiln.test"
+	var d struct {
+		Network struct {
+			AllowPublicTraffic *bool
+			HTTPSPorts         []int
+		}
+	}
+	e.do("GET", "/sandboxes/"+tls.SandboxID, keyA, nil).json(t, &d)
+	if d.Network.AllowPublicTraffic == nil || !*d.Network.AllowPublicTraffic || len(d.Network.HTTPSPorts) != 2 || d.Network.HTTPSPorts[0] != port || d.Network.HTTPSPorts[1] != 8443 {
+		t.Errorf("getInfo's network: %+v", d.Network)
+	}
+	if r := e.do("GET", "/", "", nil, "Host", h); r.status != 200 || string(r.body) != "tls=true host="+h {
+		t.Errorf("an HTTPS port: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/", "", nil, "Host", p+"-"+plain.SandboxID+".kiln.test"); r.status != 400 || !strings.Contains(string(r.body), "HTTP request to an HTTPS server") {
+		t.Errorf("an HTTPS port not listed: %d %s", r.status, r.body)
 	}
 }

@@ -75,6 +75,10 @@ type lifecycle struct {
 type networkOut struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
+	// What the create set of the sandbox's ports (ports.go).
+	AllowPublicTraffic *bool  `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string `json:"maskRequestHost,omitempty"`
+	HTTPSPorts         []int  `json:"httpsPorts,omitempty"`
 }
 
 // newSandbox is the schema's NewSandbox (v1 and v2).
@@ -305,8 +309,6 @@ func egressFrom(allowInternet *bool, n *networkConfig) (*kilnpb.EgressPolicy, er
 		return nil, errorf(http.StatusBadRequest, "network.rules: Kiln does not rewrite sandboxes' requests")
 	case set(n.EgressProxy):
 		return nil, errorf(http.StatusBadRequest, "network.egressProxy: Kiln does not send egress through a proxy")
-	case len(n.HTTPSPorts) > 0:
-		return nil, errorf(http.StatusBadRequest, "network.httpsPorts: Kiln serves a sandbox's ports over the API's own listener (TLS where it has it), not per port")
 	}
 	if allowInternet == nil {
 		allowInternet = n.AllowInternetAccess
@@ -670,6 +672,13 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, tenant strin
 		case kilnpb.EgressPolicy_MODE_DENY_ALL:
 			d.Network = &networkOut{DenyOut: []string{"0.0.0.0/0"}}
 		}
+	}
+	if l := sb.GetLabels(); l[PrivateTrafficLabel] != "" || l[MaskHostLabel] != "" || l[HTTPSPortsLabel] != "" {
+		if d.Network == nil {
+			d.Network = &networkOut{}
+		}
+		public := l[PrivateTrafficLabel] != "true"
+		d.Network.AllowPublicTraffic, d.Network.MaskRequestHost, d.Network.HTTPSPorts = &public, l[MaskHostLabel], httpsPorts(sb)
 	}
 	writeJSON(w, http.StatusOK, d)
 	return nil
