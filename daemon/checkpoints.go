@@ -644,9 +644,6 @@ func (s *Server) savedSource(id string, tmpl *record) (c *checkpointRecord, secr
 	if _, err := b.life.check(forkSavedOp); err != nil {
 		return nil, nil, nil, nil, nil
 	}
-	if b.rec.FilesOnly {
-		return nil, nil, nil, nil, status.Errorf(codes.FailedPrecondition, "sandbox %s is hibernated keeping only its files: resume it (a boot) to fork it", id)
-	}
 	if err := forkVolumes(b, tmpl); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -659,12 +656,14 @@ func (s *Server) savedSource(id string, tmpl *record) (c *checkpointRecord, secr
 		return nil, nil, nil, nil, status.Errorf(codes.Internal, "fork of hibernated sandbox %s: its saved state: %v", id, err)
 	}
 	c = &checkpointRecord{SandboxID: b.id, Dir: dir, Persisted: true,
-		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env, Net: b.rec.Net != nil}
+		CPUs: b.rec.CPUs, MemoryMiB: b.rec.MemoryMiB, Image: b.rec.Image, Env: b.rec.Env, Net: b.rec.Net != nil,
+		FilesOnly: b.rec.FilesOnly, DiskMiB: b.rec.DiskMiB, Init: b.rec.Init}
 	if n := b.rec.Net; n != nil {
 		eg := n.Egress.clone()
 		c.Egress, egress = &eg, &eg
 	}
 	tmpl.Parent, tmpl.CPUs, tmpl.MemoryMiB, tmpl.Image, tmpl.Env = b.id, b.rec.CPUs, b.rec.MemoryMiB, b.rec.Image, b.rec.Env
+	tmpl.DiskMiB, tmpl.Init = b.rec.DiskMiB, b.rec.Init
 	tmpl.LastCheckpoint = b.rec.LastCheckpoint
 	tmpl.SecretNames = b.rec.SecretNames
 	return c, cloneSecrets(b.secrets), egress, func() { os.RemoveAll(dir) }, nil
@@ -785,7 +784,13 @@ func (s *Server) forkSandbox(ctx context.Context, parent Instance, boxes []*box,
 // card, sending each as it answers.
 func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes []*box, egress *EgressPolicy, began time.Time, send func(*kilnpb.Sandbox) error) error {
 	var base CreateSpec
-	release, err := s.source(ctx, c, &base)
+	release, err := func() {}, error(nil)
+	if c.FilesOnly {
+		// Each child boots the image anew and applies the saved files.
+		base = CreateSpec{Image: c.Image, WritableMiB: int(c.DiskMiB), Init: c.Init}
+	} else {
+		release, err = s.source(ctx, c, &base)
+	}
 	if err != nil {
 		for _, b := range boxes {
 			s.failStart(b, err)
@@ -818,10 +823,16 @@ func (s *Server) forkCheckpoint(ctx context.Context, c *checkpointRecord, boxes 
 			spec.Volumes = s.volumeAttaches(b.rec.Volumes)
 			spec.CPUs, spec.MemoryMiB = int(b.rec.CPUs), int(b.rec.MemoryMiB)
 			inst, err := s.createNet(ctx, spec, n)
+			if err == nil && c.FilesOnly {
+				if err = importWritable(ctx, inst, filepath.Join(c.Dir, writableFile)); err != nil {
+					inst.Close(context.Background())
+				}
+			}
 			if err == nil {
 				// A hibernated sandbox's child: its memory has the
-				// parent's secret files; its VMM process keeps them too.
-				if err = s.installSecrets(ctx, b, inst, false); err != nil {
+				// parent's secret files (a boot's has not: they are
+				// written again); its VMM process keeps them too.
+				if err = s.installSecrets(ctx, b, inst, c.FilesOnly); err != nil {
 					inst.Close(context.Background())
 				}
 			}

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -294,7 +295,7 @@ func TestForkHibernated(t *testing.T) {
 
 // TestHibernateFilesOnly: a hibernation that keeps only files writes the
 // guest's writable-layer tar, stops the VMM process and says files_only;
-// a fork of it is refused; its resume boots the image again under the
+// a fork's children boot the image with its files; its resume boots the image again under the
 // same ID with the files applied (the double's root), the secrets'
 // files written again.
 func TestHibernateFilesOnly(t *testing.T) {
@@ -314,8 +315,23 @@ func TestHibernateFilesOnly(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.hibernatedDir(sb.Id), "writable.tar")); err != nil {
 		t.Errorf("its files: %v", err)
 	}
-	_, err = e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 1})
-	wantCode(t, err, codes.FailedPrecondition, "keeping only its files")
+	// Its fork's children boot the image and apply its files, as its
+	// resume does; each its own from then on.
+	kids, err := e.fork(&kilnpb.ForkRequest{Source: &kilnpb.ForkRequest_SandboxId{SandboxId: sb.Id}, Count: 2})
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("fork of a sandbox hibernated keeping files: %v, %v", kids, err)
+	}
+	for i, k := range kids {
+		if r := e.sh(k.Id, `cat "$KILN_TEST_ROOT/work/f" && test -n "$TOKEN" && echo `+strconv.Itoa(i)+` > "$KILN_TEST_ROOT/work/f"`); r.stdout != "kept\n" {
+			t.Errorf("child %s: %+v", k.Id, r)
+		}
+		if k.Hibernated || k.State != kilnpb.SandboxState_SANDBOX_STATE_RUNNING {
+			t.Errorf("child %v", k)
+		}
+	}
+	if r := e.sh(kids[1].Id, `cat "$KILN_TEST_ROOT/work/f"`); r.stdout != "1\n" {
+		t.Errorf("child 1 after the children wrote: %+v", r)
+	}
 	_, err = e.c.PauseSandbox(ctxT(t), &kilnpb.PauseSandboxRequest{Id: sb.Id, FilesOnly: true})
 	wantCode(t, err, codes.InvalidArgument, "set hibernate")
 

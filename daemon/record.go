@@ -121,6 +121,13 @@ type checkpointRecord struct {
 	// and Egress its policy then (a fork's children get it).
 	Net    bool          `json:"net,omitempty"`
 	Egress *EgressPolicy `json:"egress,omitempty"`
+	// FilesOnly, DiskMiB and Init: a fork's source that is a sandbox
+	// hibernated keeping only files (savedSource), never persisted: Dir
+	// has its writableFile, and each child boots Image with a writable
+	// layer of DiskMiB under process 1 Init and applies it.
+	FilesOnly bool   `json:"-"`
+	DiskMiB   uint32 `json:"-"`
+	Init      string `json:"-"`
 }
 
 // writeJSON writes v to path atomically: a temporary file beside it,
