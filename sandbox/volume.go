@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/kilnvm/kiln/guest/client"
+	"github.com/kilnvm/kiln/snapshot"
 	"github.com/kilnvm/kiln/virtio"
 )
 
@@ -112,4 +113,35 @@ func (s *Sandbox) AttachVolume(ctx context.Context, v Volume) error {
 		return fmt.Errorf("sandbox: attach volume: slot %d: the image is in the slot, the guest did not mount it: %w", v.Slot, err)
 	}
 	return nil
+}
+
+// FilledVolumes returns the volume slots among specs (a sandbox's, a
+// Frozen's) that hold an image, and the image each holds.
+func FilledVolumes(specs []virtio.DeviceSpec) map[int]string {
+	out := map[int]string{}
+	for i := range VolumeSlots {
+		id := VolumeDevice(i)
+		for _, d := range specs {
+			if d.ID == id && d.Kind == virtio.KindBlock && d.Block != nil && d.Block.Slot && !d.Block.EmptySlot() {
+				out[i] = d.Block.Path
+			}
+		}
+	}
+	return out
+}
+
+// SnapshotVolumes returns the volume slots of the sandbox snapshot in dir
+// that hold an image (FilledVolumes), once its manifest is authenticated
+// by key (nil: SnapshotKeyFile's): a restore needs each named
+// (RestoreOptions.Disks), and the slots it lacks take AttachVolume after.
+func SnapshotVolumes(dir string, key []byte) (map[int]string, error) {
+	k, err := snapshotKey(key)
+	if err != nil {
+		return nil, err
+	}
+	info, err := snapshot.Info(dir, snapshot.WithKey(k))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	return FilledVolumes(info.Devices), nil
 }
