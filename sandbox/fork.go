@@ -16,7 +16,10 @@ import (
 // vsock socket, fresh entropy, the host's time and the host name
 // "<name>-<i>", and is returned once its agent answers. A child can be
 // forked in turn. Read-only disks are shared; a writable disk (the root or
-// a data disk) needs an image per child, from opts.Disks. A sandbox with a
+// a data disk) needs an image per child, from opts.Disks. Read-only
+// volumes (AttachVolume) are shared too, empty volume slots stay empty in
+// the children, and a writable volume makes Fork fail with
+// ErrWritableVolume. A sandbox with a
 // network card needs opts.Net: each child gets a tap and a MAC address of
 // its own.
 func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandbox, err error) {
@@ -32,9 +35,13 @@ func (s *Sandbox) Fork(ctx context.Context, n int, opts ForkOptions) (_ []*Sandb
 	}
 	var writable []string
 	for _, d := range specs {
-		if d.Kind == virtio.KindBlock && !d.Block.ReadOnly {
-			writable = append(writable, d.ID)
+		if d.Kind != virtio.KindBlock || d.Block.ReadOnly || d.Block.EmptySlot() {
+			continue
 		}
+		if d.Block.Slot {
+			return nil, fmt.Errorf("sandbox: fork: %w: volume %s in slot %s is writable and the children cannot share it (attach it read-only to fork)", ErrWritableVolume, d.Block.Path, d.ID)
+		}
+		writable = append(writable, d.ID)
 	}
 	if len(writable) > 0 && opts.Disks == nil {
 		return nil, fmt.Errorf("sandbox: fork: disk %q is writable and the children cannot share it: ForkOptions.Disks must give each child an image of its own (or make the disk read-only)", writable[0])
@@ -131,6 +138,10 @@ type ForkOptions struct {
 	// caller's cgroup, not in the parent's.
 	Cgroup func(i int) string
 }
+
+// ErrWritableVolume is what Fork's error is (errors.Is) when the sandbox
+// has a writable volume (AttachVolume): its children cannot share it.
+var ErrWritableVolume = errors.New("a writable volume is attached")
 
 // forkReadyTimeout is how long Fork waits for each of n children's agents:
 // the children run all at once, so the wait grows with their number

@@ -108,6 +108,10 @@ type machine interface {
 	save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error
 	// devices returns the specs of the VM's devices, in order.
 	devices() []virtio.DeviceSpec
+	// insertDisk puts the image f into the empty volume slot id
+	// (vmm.VM.InsertDisk); it owns f from the call on (closes it, or
+	// hands it over).
+	insertDisk(ctx context.Context, id string, f *os.File, readOnly bool) error
 	// device returns a live device by ID (in this process only).
 	device(id string) virtio.Device
 	diagnose() string
@@ -138,7 +142,14 @@ func (m *localVM) stop()                  { m.cancel() }
 func (m *localVM) save(ctx context.Context, dir string, labels map[string]string, sign []snapshot.Option, log *slog.Logger) error {
 	return snapshot.Save(ctx, m.vm, dir, append([]snapshot.Option{snapshot.WithLogger(log), snapshot.WithLabels(labels)}, sign...)...)
 }
-func (m *localVM) devices() []virtio.DeviceSpec    { return m.vm.Devices() }
+func (m *localVM) devices() []virtio.DeviceSpec { return m.vm.Devices() }
+func (m *localVM) insertDisk(_ context.Context, id string, f *os.File, readOnly bool) error {
+	if err := m.vm.InsertDisk(id, f, readOnly); err != nil {
+		f.Close()
+		return err
+	}
+	return nil
+}
 func (m *localVM) device(id string) virtio.Device  { return m.vm.Device(id) }
 func (m *localVM) diagnose() string                { return m.vm.Diagnose() }
 func (m *localVM) pause(ctx context.Context) error { return m.vm.Pause(ctx) }
@@ -294,7 +305,18 @@ func (m *processVM) save(ctx context.Context, dir string, labels map[string]stri
 }
 
 func (m *processVM) devices() []virtio.DeviceSpec { return m.specs }
-func (m *processVM) device(string) virtio.Device  { return nil }
+
+// insertDisk hands f to the VMM process, which fills the slot, and reads
+// the VM's devices again (the slot's spec now names the image).
+func (m *processVM) insertDisk(ctx context.Context, id string, f *os.File, readOnly bool) error {
+	err := m.p.InsertDisk(ctx, id, f, readOnly)
+	f.Close() // the process has its own descriptor
+	if err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	return m.describe(ctx)
+}
+func (m *processVM) device(string) virtio.Device { return nil }
 
 func (m *processVM) diagnose() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

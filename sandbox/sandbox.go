@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -266,6 +267,11 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	} else if root != nil {
 		cfg.Devices = append([]virtio.DeviceSpec{root.spec}, cfg.Devices...)
 	}
+	// The volume slots last, for the same reason: the disks before keep
+	// their names.
+	slots := volumeSpecs()
+	cfg.Devices = append(cfg.Devices, slots...)
+	s.disks = blockPaths(s.disks, slots)
 	if root != nil {
 		s.image = root.spec.FS.Image
 		if root.spec.FS.Dir != "" {
@@ -335,6 +341,9 @@ func (s *Sandbox) deviceSpecs(opts Options) ([]virtio.DeviceSpec, error) {
 		switch d.ID {
 		case RootDevice, NetDevice, VsockDevice, RNGDevice, ImageDevice, ModulesDevice:
 			return nil, fmt.Errorf("sandbox: device ID %q is the sandbox's own; give the device another", d.ID)
+		}
+		if slices.ContainsFunc(volumeSpecs(), func(v virtio.DeviceSpec) bool { return v.ID == d.ID }) {
+			return nil, fmt.Errorf("sandbox: device ID %q is a volume slot's; give the device another", d.ID)
 		}
 		if err := d.Validate(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)

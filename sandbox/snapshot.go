@@ -240,8 +240,12 @@ func restore(ctx context.Context, src restoreSource, opts RestoreOptions, log *s
 		return nil, err
 	}
 	for id := range opts.Disks {
-		if !slices.ContainsFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == id && d.Kind == virtio.KindBlock }) {
+		i := slices.IndexFunc(src.devices, func(d virtio.DeviceSpec) bool { return d.ID == id && d.Kind == virtio.KindBlock })
+		if i < 0 {
 			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, which is not a disk of %s", id, src.what)
+		}
+		if src.devices[i].Block.EmptySlot() {
+			return nil, fmt.Errorf("sandbox: RestoreOptions.Disks names %q, an empty volume slot in %s: it restores empty (AttachVolume fills it after)", id, src.what)
 		}
 	}
 	if s.modules, err = checkModulesDisk(src, opts.Disks); err != nil {
@@ -324,8 +328,8 @@ func (s *Sandbox) overrides(specs []virtio.DeviceSpec, nic *virtio.NetSpec, disk
 		out = append(out, n)
 	}
 	for _, d := range specs {
-		if d.Kind != virtio.KindBlock {
-			continue
+		if d.Kind != virtio.KindBlock || d.Block.EmptySlot() {
+			continue // an empty volume slot has no image to name
 		}
 		p, ok := disk(d.ID)
 		if !ok {

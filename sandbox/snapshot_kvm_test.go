@@ -223,7 +223,7 @@ sleep 1`)
 		if got := sh(t, r.Client(), "head -n 1 /dev/vdb"); got != "parent-data" {
 			t.Errorf("restored data disk starts %q", got)
 		}
-		if ids := deviceIDs(r.Devices()); ids != "root net0 data modules vsock rng" && ids != "root data modules vsock rng" {
+		if ids := deviceIDs(r.Devices()); ids != "root net0 data modules vsock rng vol0 vol1 vol2 vol3" && ids != "root data modules vsock rng vol0 vol1 vol2 vol3" {
 			t.Errorf("restored devices %s", ids)
 		}
 		first := counter(t, r.Client())

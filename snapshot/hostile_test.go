@@ -557,3 +557,35 @@ func TestLoadVerifiedChecks(t *testing.T) {
 		t.Error("LoadVerified of a Verified Verify did not make: no error")
 	}
 }
+
+// TestCheckDisksSlots: an empty volume slot needs no image named; a
+// filled one does, as any disk.
+func TestCheckDisksSlots(t *testing.T) {
+	slot := func(path string) *vmm.State {
+		st := testState()
+		st.Devices = append(st.Devices, vmm.DeviceState{
+			Spec:      virtio.DeviceSpec{ID: "vol0", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Slot: true, Serial: "vol0", Path: path}},
+			Transport: virtio.MMIOState{DeviceID: virtio.IDBlock, Queues: []virtio.QueueState{{Size: 64}}},
+		})
+		return st
+	}
+	named := []virtio.DeviceSpec{{ID: "vol0", Kind: virtio.KindBlock, Block: &virtio.BlockSpec{Slot: true, Path: "/volumes/v.img"}}}
+	tests := []struct {
+		name    string
+		st      *vmm.State
+		devices []virtio.DeviceSpec
+		wantErr bool
+	}{
+		{"empty slot, nothing named", slot(""), nil, false},
+		{"filled slot, nothing named", slot("/volumes/v.img"), nil, true},
+		{"filled slot, named", slot("/volumes/v.img"), named, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkDisks(tt.st, &vmm.RestoreConfig{Devices: tt.devices})
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("checkDisks: %v, want an error: %v", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -98,6 +99,12 @@ type BlockConfig struct {
 	Queues int
 	// Logger receives the device's logs; slog.Default() when nil.
 	Logger *slog.Logger
+	// Slot makes the disk a volume slot (see NewBlockSlot): it never
+	// offers VIRTIO_BLK_F_RO, whatever ReadOnly says (the device itself
+	// refuses a read-only image's writes and flushes), and its snapshot
+	// state says it is one. NewBlock and NewBlockFromFile with Slot make
+	// a filled slot (a restore's).
+	Slot bool
 }
 
 // BlockSource is what a read-only disk reads instead of a file: an image
@@ -112,11 +119,19 @@ type BlockSource interface {
 }
 
 // Block is a virtio-blk device (virtio 1.x, section 5.2) backed by a file,
-// or by a BlockSource (read-only). It serves each of its request queues
-// with blockWorkers requests at once, reading and writing a file with
-// preadv and pwritev straight into and out of guest memory.
+// or by a BlockSource (read-only), or a volume slot (NewBlockSlot) that
+// takes its file at run time (Insert). It serves each of its request
+// queues with blockWorkers requests at once, reading and writing a file
+// with preadv and pwritev straight into and out of guest memory.
 type Block struct {
-	file     *os.File    // nil for a source-backed disk
+	// slot: the disk is a volume slot; it never changes. A slot's file,
+	// fd, path, readOnly, capacity and config change once, when Insert
+	// fills it: media guards them (a disk that is no slot needs no lock,
+	// its media being fixed).
+	slot  bool
+	media sync.RWMutex
+
+	file     *os.File    // nil for a source-backed disk and an empty slot
 	fd       int         // file's descriptor, for preadv and pwritev
 	src      BlockSource // nil for a file-backed disk
 	srcClose io.Closer   // releases src (may be nil)
@@ -246,6 +261,7 @@ func configureBlock(cfg BlockConfig, size int64) (*Block, error) {
 		log = slog.Default()
 	}
 	b := &Block{
+		slot:     cfg.Slot,
 		queues:   queues,
 		path:     cfg.Path,
 		readOnly: cfg.ReadOnly,
@@ -297,8 +313,114 @@ func NewBlockFromSource(src BlockSource, key string, closer io.Closer, cfg Block
 	return b, nil
 }
 
+// NewBlockSlot returns an empty volume slot: a disk of no capacity and no
+// image, whose serial is cfg.ID (required), into which Insert puts an
+// image while the guest runs (the guest sees its capacity change). A
+// slot never offers VIRTIO_BLK_F_RO: the read-only-ness of what is
+// inserted is the device's to enforce. cfg.Path, when set, only names
+// the slot in messages; cfg.ReadOnly is ignored.
+func NewBlockSlot(cfg BlockConfig) (*Block, error) {
+	if cfg.ID == "" {
+		return nil, errors.New("virtio-blk: a slot needs an ID (its serial)")
+	}
+	if len(cfg.ID) > BlockIDBytes {
+		return nil, fmt.Errorf("virtio-blk slot: ID %q is %d bytes, at most %d allowed", cfg.ID, len(cfg.ID), BlockIDBytes)
+	}
+	if cfg.Path == "" {
+		cfg.Path = "slot " + cfg.ID
+	}
+	cfg.Slot, cfg.ReadOnly = true, false
+	b, err := configureBlock(cfg, 0)
+	if err != nil {
+		return nil, err
+	}
+	b.fd = -1
+	return b, nil
+}
+
+// Slot reports whether the disk is a volume slot (NewBlockSlot), and
+// whether one holds an image.
+func (b *Block) Slot() (slot, filled bool) {
+	if !b.slot {
+		return false, false
+	}
+	b.media.RLock()
+	defer b.media.RUnlock()
+	return true, b.file != nil
+}
+
+// Insert puts the image f into an empty volume slot, as the disk the
+// guest sees from now on: read-write, or read-only (f must then be open
+// O_RDONLY or O_RDWR; writes and flushes are answered
+// VIRTIO_BLK_S_IOERR). name names the image in messages and snapshots.
+// The image is locked as NewBlock locks it. The caller then tells the
+// driver the config space changed (MMIO.ConfigChanged), so that it reads
+// the new capacity. On success the device owns f (Close closes it); on
+// failure the caller keeps it. A disk that is no slot, or a slot that is
+// filled already, is refused.
+func (b *Block) Insert(f *os.File, readOnly bool, name string) error {
+	if f == nil {
+		return fmt.Errorf("virtio-blk %s: insert: no image file given", b.path)
+	}
+	if name == "" {
+		name = f.Name()
+	}
+	if !b.slot {
+		return fmt.Errorf("virtio-blk %s: insert %s: the disk is not a volume slot", b.path, name)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("virtio-blk %s: insert %s: the slot is closed", b.path, name)
+	}
+	b.media.Lock()
+	defer b.media.Unlock()
+	if b.file != nil {
+		return fmt.Errorf("virtio-blk %s: insert %s: the slot already holds %s", b.path, name, b.path)
+	}
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("virtio-blk %s: insert %s: %w", b.path, name, err)
+	}
+	if !readOnly && fl&unix.O_ACCMODE == unix.O_RDONLY {
+		return fmt.Errorf("virtio-blk %s: insert %s: the image is open read-only but the volume is read-write", b.path, name)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("virtio-blk %s: insert %s: %w", b.path, name, err)
+	}
+	if !fi.Mode().IsRegular() && (fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0) {
+		return fmt.Errorf("virtio-blk %s: insert: image %s is a %v, not a regular file or block device", b.path, name, fi.Mode().Type())
+	}
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("virtio-blk %s: insert: size of image %s: %w", b.path, name, err)
+	}
+	if size <= 0 || size%BlockSectorSize != 0 {
+		return fmt.Errorf("virtio-blk %s: insert: image %s is %d bytes, want a positive multiple of the %d-byte sector", b.path, name, size, BlockSectorSize)
+	}
+	lock := unix.LOCK_EX
+	if readOnly {
+		lock = unix.LOCK_SH
+	}
+	if err := unix.Flock(int(f.Fd()), lock|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("virtio-blk %s: insert: locking image %s (is another VM using it?): %w", b.path, name, err)
+	}
+	b.file, b.fd, b.path, b.readOnly = f, int(f.Fd()), name, readOnly
+	b.capacity = uint64(size) / BlockSectorSize
+	binary.LittleEndian.PutUint64(b.config[blockCfgCapacity:], b.capacity)
+	b.log.Info("volume inserted", "slot", strings.TrimRight(string(b.id[:]), "\x00"), "image", name, "read_only", readOnly, "sectors", b.capacity)
+	return nil
+}
+
 // Capacity returns the disk's size in BlockSectorSize sectors.
-func (b *Block) Capacity() uint64 { return b.capacity }
+func (b *Block) Capacity() uint64 {
+	if b.slot {
+		b.media.RLock()
+		defer b.media.RUnlock()
+	}
+	return b.capacity
+}
 
 // Close stops the device and closes the image.
 func (b *Block) Close() error {
@@ -317,6 +439,9 @@ func (b *Block) Close() error {
 		}
 		return nil
 	}
+	if b.file == nil { // an empty slot
+		return nil
+	}
 	if err := b.file.Close(); err != nil {
 		return fmt.Errorf("virtio-blk: closing image %s: %w", b.path, err)
 	}
@@ -327,10 +452,10 @@ func (b *Block) Close() error {
 func (b *Block) ID() uint32 { return IDBlock }
 
 // Features returns FLUSH, SEG_MAX and BLK_SIZE, RO for a read-only disk
-// and MQ for more than one queue.
+// that is no slot and MQ for more than one queue.
 func (b *Block) Features() uint64 {
 	f := uint64(BlockFeatureFlush | BlockFeatureSegMax | BlockFeatureBlkSize)
-	if b.readOnly {
+	if !b.slot && b.readOnly {
 		f |= BlockFeatureRO
 	}
 	if b.queues > 1 {
@@ -353,6 +478,10 @@ func (b *Block) QueueSizes() []uint16 {
 // its end.
 func (b *Block) ReadConfig(offset uint64, data []byte) {
 	clear(data)
+	if b.slot {
+		b.media.RLock()
+		defer b.media.RUnlock()
+	}
 	if offset < uint64(len(b.config)) {
 		copy(data, b.config[offset:])
 	}
@@ -595,6 +724,11 @@ func (b *Block) execute(ctx context.Context, c *Chain, dataIn int, iov [][]byte,
 	}
 	typ := binary.LittleEndian.Uint32(hdr[0:])
 	sector := binary.LittleEndian.Uint64(hdr[8:])
+	if b.slot {
+		// Insert may fill the slot meanwhile.
+		b.media.RLock()
+		defer b.media.RUnlock()
+	}
 	if b.src != nil && typ == BlockTypeIn {
 		if !b.inRange(sector, uint64(dataIn)) {
 			return BlockStatusIOErr, 0, iov, scratch
@@ -661,7 +795,10 @@ func (b *Block) executeFile(c *Chain, typ uint32, sector uint64, dataIn int, iov
 		}
 		return BlockStatusOK, 0, iov
 	case BlockTypeFlush:
-		if b.file == nil { // a source-backed disk holds no writes
+		if b.slot && b.readOnly { // a read-only volume takes no writes
+			return BlockStatusIOErr, 0, iov
+		}
+		if b.file == nil { // a source-backed disk or an empty slot holds no writes
 			return BlockStatusOK, 0, iov
 		}
 		if err := b.file.Sync(); err != nil {

@@ -37,21 +37,35 @@ type BlockState struct {
 	// for a file: its guest cached the source's blocks, so a restore
 	// must serve the very same bytes.
 	Key string `json:"key,omitempty"`
+	// Slot says the disk is a volume slot: empty when Capacity is 0, its
+	// image named to the restore (as any disk's) when not.
+	Slot bool `json:"slot,omitempty"`
 }
 
 // SaveState implements Device.
 func (b *Block) SaveState() (json.RawMessage, error) {
-	return json.Marshal(BlockState{Capacity: b.capacity, ReadOnly: b.readOnly, ID: strings.TrimRight(string(b.id[:]), "\x00"), Key: b.key})
+	if b.slot {
+		b.media.RLock()
+		defer b.media.RUnlock()
+	}
+	return json.Marshal(BlockState{Capacity: b.capacity, ReadOnly: b.readOnly, ID: strings.TrimRight(string(b.id[:]), "\x00"), Key: b.key, Slot: b.slot})
 }
 
 // RestoreState implements Device: the disk must have the snapshot's size,
-// writability and ID, or the guest's view of it would be wrong.
+// writability and ID, and be a volume slot where the snapshot's was, or
+// the guest's view of it would be wrong.
 func (b *Block) RestoreState(data json.RawMessage) error {
 	var st BlockState
 	if err := decodeState(data, &st); err != nil {
 		return fmt.Errorf("virtio-blk %s: %w", b.path, err)
 	}
+	if b.slot {
+		b.media.RLock()
+		defer b.media.RUnlock()
+	}
 	switch id := strings.TrimRight(string(b.id[:]), "\x00"); {
+	case st.Slot != b.slot:
+		return fmt.Errorf("virtio-blk %s: volume slot is %v, the snapshot's disk's was %v", b.path, b.slot, st.Slot)
 	case st.Capacity != b.capacity:
 		return fmt.Errorf("virtio-blk %s: image has %d sectors, the snapshot's disk had %d", b.path, b.capacity, st.Capacity)
 	case st.ReadOnly != b.readOnly:

@@ -59,6 +59,18 @@ type BlockSpec struct {
 	// most BlockMaxQueues). Give a VM of several vCPUs that do I/O at once
 	// one per vCPU. A snapshot keeps it: a restore rebuilds the same.
 	Queues int `json:"queues,omitempty"`
+	// Slot makes the disk a volume slot: without Path or FD an empty one
+	// (no image, capacity 0) that an image is inserted into while the
+	// guest runs (Block.Insert); with them a filled one (a restore's).
+	// A slot never offers VIRTIO_BLK_F_RO: ReadOnly opens its image
+	// read-only and the device answers writes with an I/O error.
+	Slot bool `json:"slot,omitempty"`
+}
+
+// EmptySlot reports whether the spec is an empty volume slot: a slot with
+// no image.
+func (b *BlockSpec) EmptySlot() bool {
+	return b != nil && b.Slot && b.Path == "" && b.FD <= 0
 }
 
 // NetSpec is a virtio-net card on a host tap.
@@ -189,7 +201,7 @@ func (s DeviceSpec) validate() error {
 		if s.Block == nil {
 			return errors.New("kind blk without blk settings")
 		}
-		if s.Block.Path == "" && s.Block.FD <= 0 {
+		if s.Block.Path == "" && s.Block.FD <= 0 && !s.Block.Slot {
 			return errors.New("blk: no image path or fd")
 		}
 		if s.Block.Queues < 0 || s.Block.Queues > BlockMaxQueues {
@@ -361,9 +373,12 @@ func OpenWith(s DeviceSpec, opts OpenOptions) (Device, error) {
 	log = log.With("device_id", s.ID)
 	switch s.Kind {
 	case KindBlock:
-		cfg := BlockConfig{Path: s.Block.Path, ReadOnly: s.Block.ReadOnly, ID: s.Block.Serial, Queues: s.Block.Queues, Logger: log}
+		cfg := BlockConfig{Path: s.Block.Path, ReadOnly: s.Block.ReadOnly, ID: s.Block.Serial, Queues: s.Block.Queues, Logger: log, Slot: s.Block.Slot}
 		if cfg.ID == "" {
 			cfg.ID = s.ID
+		}
+		if s.Block.EmptySlot() {
+			return NewBlockSlot(cfg)
 		}
 		if s.Block.FD > 0 {
 			return NewBlockFromFile(os.NewFile(uintptr(s.Block.FD), s.Block.Path), cfg)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -136,13 +138,58 @@ func (v *VM) Device(id string) virtio.Device {
 	return nil
 }
 
-// Devices returns the specs the VM's devices were opened from, in order.
+// Devices returns the specs the VM's devices were opened from, in order;
+// a volume slot that InsertDisk filled has its image's name as its path.
 func (v *VM) Devices() []virtio.DeviceSpec {
+	v.specMu.Lock()
+	defer v.specMu.Unlock()
 	out := make([]virtio.DeviceSpec, len(v.devices))
 	for i, d := range v.devices {
 		out[i] = d.spec
 	}
 	return out
+}
+
+// InsertDisk puts the image f into the VM's empty volume slot id (a disk
+// of virtio.BlockSpec.Slot) and tells the guest the disk's config changed
+// (a config-change interrupt): its driver reads the new capacity.
+// readOnly makes the volume read-only (f may then be open O_RDONLY): the
+// device answers the guest's writes with an I/O error. f.Name() names the
+// image in the VM's specs (Devices) and snapshots, which then need it
+// named to restore (as any disk). On success the VM owns f; on failure
+// the caller keeps it. It waits for a lifecycle operation in progress (a
+// save) and refuses a VM that has stopped.
+func (v *VM) InsertDisk(id string, f *os.File, readOnly bool) error {
+	if f == nil {
+		return fmt.Errorf("insert disk %q: no image file given", id)
+	}
+	if err := v.lc.acquire(nil, "insert disk"); err != nil {
+		return err
+	}
+	defer v.lc.release()
+	if _, err := v.lc.check("insert disk", StateCreated, StateRunning, StatePaused); err != nil {
+		return err
+	}
+	i := slices.IndexFunc(v.devices, func(d *vdev) bool { return d.spec.ID == id })
+	if i < 0 {
+		return fmt.Errorf("insert disk %q: the VM has no such device (it has %s)", id, specIDs(v.Devices()))
+	}
+	d := v.devices[i]
+	b, ok := d.dev.(*virtio.Block)
+	if !ok || d.spec.Kind != virtio.KindBlock || d.spec.Block == nil || !d.spec.Block.Slot {
+		return fmt.Errorf("insert disk %q: the device is not a volume slot", id)
+	}
+	if err := b.Insert(f, readOnly, f.Name()); err != nil {
+		return fmt.Errorf("insert disk %q: %w", id, err)
+	}
+	blk := *d.spec.Block
+	blk.Path, blk.FD, blk.ReadOnly = f.Name(), 0, readOnly
+	v.specMu.Lock()
+	d.spec.Block = &blk
+	v.specMu.Unlock()
+	d.mmio.ConfigChanged()
+	v.log.Debug("disk inserted", "device", id, "image", f.Name(), "read_only", readOnly)
+	return nil
 }
 
 func closeDevice(d virtio.Device) error {

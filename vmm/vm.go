@@ -193,9 +193,12 @@ type VM struct {
 	consoleMax int
 	panics     *panicWatcher
 	specs      []virtio.DeviceSpec // what devices holds, in order
-	opened     []virtio.Device     // opened from specs, not attached yet
-	devices    []*vdev
-	ged        *gedDevice
+	// specMu guards the devices' specs, which InsertDisk changes (a
+	// slot's image) while the VM runs.
+	specMu  sync.Mutex
+	opened  []virtio.Device // opened from specs, not attached yet
+	devices []*vdev
+	ged     *gedDevice
 	// logLimit rate-limits log: the VM and its devices log what a guest
 	// can cause over and over (a device it breaks and resets, say), so
 	// no message passes more than a few times a minute.

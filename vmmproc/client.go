@@ -422,6 +422,26 @@ func (p *Process) RestoreFork(ctx context.Context, st *vmm.State, base *os.File,
 	return p.rpcErr("fork", err)
 }
 
+// InsertDisk puts the image f into the VM's empty volume slot id
+// (vmm.VM.InsertDisk), read-only or not (f must be open for writing when
+// not). f crosses to the process as a descriptor (a jailed one cannot
+// open host paths); f.Name(), the image's path, names it in the VM's
+// devices and snapshots. The caller keeps f and closes it.
+func (p *Process) InsertDisk(ctx context.Context, id string, f *os.File, readOnly bool) error {
+	if f == nil {
+		return fmt.Errorf("vmmproc: insert disk %q: no image file given", id)
+	}
+	token, err := newToken()
+	if err != nil {
+		return fmt.Errorf("vmmproc: %w", err)
+	}
+	if err := putFD(ctx, FDSocket(p.sock), token, f); err != nil {
+		return fmt.Errorf("vmmproc: insert disk %q: %w", id, err)
+	}
+	_, err = p.api.InsertDisk(ctx, &vmmpb.InsertDiskRequest{DeviceId: id, Token: token, Path: f.Name(), ReadOnly: readOnly})
+	return p.rpcErr("insert disk", err)
+}
+
 // Pause pauses the VM.
 func (p *Process) Pause(ctx context.Context) error {
 	_, err := p.api.Pause(ctx, &vmmpb.PauseRequest{})

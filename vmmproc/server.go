@@ -501,6 +501,40 @@ func (s *server) Freeze(ctx context.Context, _ *vmmpb.FreezeRequest) (*vmmpb.Fre
 	return &vmmpb.FreezeResponse{StateJson: b, MemoryToken: token}, nil
 }
 
+// InsertDisk fills a volume slot with the image whose descriptor the
+// parent put on the ".fd" socket.
+func (s *server) InsertDisk(_ context.Context, req *vmmpb.InsertDiskRequest) (*vmmpb.InsertDiskResponse, error) {
+	if req.DeviceId == "" || req.Path == "" || len(req.Path) > 4096 {
+		return nil, status.Error(codes.InvalidArgument, "insert disk: a device ID and the image's path (1 to 4096 bytes) are needed")
+	}
+	f, err := s.fds.take(req.Token)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "insert disk: image: %v", err)
+	}
+	vm, err := s.current()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	// A duplicate named by the image's host path: the VM's specs and
+	// snapshots name the image by it.
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "insert disk: image: %v", err)
+	}
+	img := os.NewFile(uintptr(fd), req.Path)
+	if err := vm.InsertDisk(req.DeviceId, img, req.ReadOnly); err != nil {
+		img.Close()
+		var se *vmm.StateError
+		if errors.As(err, &se) {
+			return nil, statusFor(err)
+		}
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &vmmpb.InsertDiskResponse{}, nil
+}
+
 func (s *server) Wait(ctx context.Context, _ *vmmpb.WaitRequest) (*vmmpb.WaitResponse, error) {
 	select {
 	case <-s.done():

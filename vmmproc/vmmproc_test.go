@@ -106,6 +106,20 @@ func TestProcessRefusesBadRequests(t *testing.T) {
 	if err := p.Pause(ctx); err == nil || !strings.Contains(err.Error(), "no VM yet") {
 		t.Fatalf("Pause before Create: %v", err)
 	}
+	img, err := os.Create(filepath.Join(t.TempDir(), "vol.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	if err := p.InsertDisk(ctx, "vol0", img, false); err == nil || !strings.Contains(err.Error(), "no VM yet") {
+		t.Fatalf("InsertDisk before Create: %v", err)
+	}
+	if err := p.InsertDisk(ctx, "vol0", nil, false); err == nil || !strings.Contains(err.Error(), "no image file") {
+		t.Fatalf("InsertDisk without a file: %v", err)
+	}
+	if _, err := p.api.InsertDisk(ctx, &vmmpb.InsertDiskRequest{DeviceId: "vol0"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("InsertDisk without a path: %v, want InvalidArgument", err)
+	}
 	bad := vmm.Spec{Kernel: "/nonexistent/kernel", CPUs: 1, MemoryMiB: 64}
 	if err := p.Boot(ctx, bad); err == nil || !strings.Contains(err.Error(), "/nonexistent/kernel") {
 		t.Fatalf("Boot of a missing kernel: %v", err)

@@ -87,23 +87,37 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 	proc := b.Process
 	log := sandboxLog(b.log(), spec.Dir)
 	proc.Cgroup = spec.Host.Cgroup // the VMM process starts in it
+	if len(spec.Volumes) > daemon.MaxVolumes {
+		return nil, status.Errorf(codes.InvalidArgument, "%d volumes, at most %d", len(spec.Volumes), daemon.MaxVolumes)
+	}
 	var s *sandbox.Sandbox
 	var err error
+	// filled are the volume slots the checkpoint's sandbox held: they
+	// reopen the volume there (named to the restore), mounted as it was.
+	var filled map[int]string
 	switch {
 	case spec.Frozen != nil:
 		f, ok := spec.Frozen.(*sandboxFrozen)
 		if !ok {
 			return nil, fmt.Errorf("daemon: %T is not an in-memory checkpoint of this backend", spec.Frozen)
 		}
+		filled = sandbox.FilledVolumes(f.f.Devices())
 		s, err = sandbox.RestoreFrozen(ctx, f.f, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: netSpec(spec.Host.Net),
 			Images: b.Images, ImageRoots: b.imageRoots(), SnapshotKey: b.SnapshotKey,
+			Disks: volumeDisks(spec.Volumes, filled),
 		})
 	case spec.Checkpoint != "":
+		if len(spec.Volumes) > 0 {
+			if filled, err = sandbox.SnapshotVolumes(spec.Checkpoint, b.SnapshotKey); err != nil {
+				return nil, markErr(err)
+			}
+		}
 		s, err = sandbox.Restore(ctx, spec.Checkpoint, sandbox.RestoreOptions{
 			Dir: spec.Dir, Hostname: spec.Hostname, Process: &proc, Logger: log, Net: netSpec(spec.Host.Net),
 			Images: b.Images, ImageRoots: b.imageRoots(),
 			SnapshotKey: b.SnapshotKey, SnapshotCache: b.snapshotCache(),
+			Disks: volumeDisks(spec.Volumes, filled),
 		})
 	case spec.Image != "":
 		if err := b.ensureImage(ctx, spec.Image); err != nil {
@@ -122,7 +136,34 @@ func (b *Backend) Create(ctx context.Context, spec daemon.CreateSpec) (daemon.In
 	if err != nil {
 		return nil, markErr(err)
 	}
-	return newSandboxInstance(s, b), nil
+	in := newSandboxInstance(s, b)
+	for _, v := range spec.Volumes {
+		if _, ok := filled[v.Slot]; ok {
+			continue // restored in its slot, mounted as it was
+		}
+		if err := in.AttachVolume(ctx, v); err != nil {
+			in.Close(context.Background())
+			return nil, err
+		}
+	}
+	return in, nil
+}
+
+// volumeDisks names the images of the volumes whose slots a checkpoint
+// holds filled (filled) to its restore (RestoreOptions.Disks); nil when
+// none.
+func volumeDisks(vols []daemon.VolumeAttach, filled map[int]string) map[string]string {
+	var out map[string]string
+	for _, v := range vols {
+		if _, ok := filled[v.Slot]; !ok {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[sandbox.VolumeDevice(v.Slot)] = v.Path
+	}
+	return out
 }
 
 // sandboxLog is log for the sandbox in folder dir: its lines name the
@@ -539,6 +580,9 @@ func (in *sandboxInstance) Fork(ctx context.Context, hosts []daemon.HostSpec) ([
 		opts.Cgroup = func(i int) string { return hosts[i].Cgroup }
 	}
 	kids, err := in.s.Fork(ctx, len(hosts), opts)
+	if errors.Is(err, sandbox.ErrWritableVolume) {
+		return nil, status.Errorf(codes.FailedPrecondition, "vmmbackend: %v", err)
+	}
 	if err != nil {
 		return nil, markErr(err)
 	}
@@ -614,8 +658,13 @@ func zombie(pid int) bool {
 	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
-// AttachVolume implements daemon.Instance. TODO(volumes): volume slots
-// in package sandbox; until then every sandbox is without them.
+// AttachVolume implements daemon.Instance: sandbox.AttachVolume. A
+// sandbox without the slot (a checkpoint saved before volume slots) is
+// FailedPrecondition.
 func (in *sandboxInstance) AttachVolume(ctx context.Context, v daemon.VolumeAttach) error {
-	return status.Errorf(codes.FailedPrecondition, "vmmbackend: sandbox %s has no volume slots", in.s.Dir())
+	err := in.s.AttachVolume(ctx, sandbox.Volume{Slot: v.Slot, Path: v.Path, ReadOnly: v.ReadOnly, MountPath: v.MountPath})
+	if errors.Is(err, sandbox.ErrNoVolumeSlot) {
+		return status.Errorf(codes.FailedPrecondition, "vmmbackend: sandbox %s: %v", in.s.Dir(), err)
+	}
+	return markErr(err)
 }

@@ -2,17 +2,21 @@ package agent
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnvm/kiln/guest/agentpb"
+	"github.com/kilnvm/kiln/guest/pid1"
 )
 
 // VolumesDir holds the guest's own shared folders (AddMounts volume): a
@@ -89,6 +93,12 @@ func (s *Server) addMount(root string, guest bool, m *agentpb.RootMount) error {
 	if f, ok := m.GetSource().(*agentpb.RootMount_File); ok {
 		return writeMountFile(rfd, dest, f.File, m.GetMode())
 	}
+	if d, ok := m.GetSource().(*agentpb.RootMount_Disk); ok {
+		if !guest {
+			return invalidf("disk %s: a disk mounts in the guest's own root only", quoteShort(d.Disk))
+		}
+		return s.mountDisk(rfd, dest, d.Disk, m.GetReadonly())
+	}
 	var src, fstype, data string
 	flags := uintptr(unix.MS_BIND)
 	switch v := m.GetSource().(type) {
@@ -119,7 +129,7 @@ func (s *Server) addMount(root string, guest bool, m *agentpb.RootMount) error {
 			data += ",size=" + strconv.FormatUint(sz, 10)
 		}
 	default:
-		return invalidf("no source: want a tree, a volume, a tmpfs or a file")
+		return invalidf("no source: want a tree, a volume, a tmpfs, a file or a disk")
 	}
 	tfd, err := makeDirIn(rfd, dest)
 	if err != nil {
@@ -142,6 +152,98 @@ func (s *Server) addMount(root string, guest bool, m *agentpb.RootMount) error {
 		if err := unix.Mount("", "/proc/self/fd/"+strconv.Itoa(mfd), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			return status.Errorf(codes.Internal, "making %s read-only: %v", dest, err)
 		}
+	}
+	return nil
+}
+
+// Waits of a disk mount (AddMounts disk).
+const (
+	// diskFindWait bounds the wait for a disk's serial to show: a volume
+	// slot is there from boot.
+	diskFindWait = 2 * time.Second
+	diskPoll     = 50 * time.Millisecond
+)
+
+// diskSizeWait bounds the wait for a filled slot's capacity: the host's
+// config-change interrupt reaches virtio_blk asynchronously (a variable
+// for the tests).
+var diskSizeWait = 5 * time.Second
+
+// ext4 superblock: at 1024 bytes, its magic 0xEF53 (le16) at 0x38.
+const (
+	ext4MagicOffset = 1024 + 0x38
+	ext4Magic       = 0xef53
+)
+
+// findVirtioDisk returns the device node and the size file (in 512-byte
+// sectors) of the virtio disk whose serial is serial.
+func findVirtioDisk(serial string) (dev, sizeFile string, err error) {
+	name, err := pid1.FindDiskBySerial(serial, diskFindWait)
+	if err != nil {
+		return "", "", err
+	}
+	return "/dev/" + name, "/sys/block/" + name + "/size", nil
+}
+
+// mountDisk mounts the ext4 filesystem of the virtio disk of serial at p
+// beneath the root rfd: nosuid, nodev, read-only when readOnly.
+func (s *Server) mountDisk(rfd int, p, serial string, readOnly bool) error {
+	if serial == "" || len(serial) > 20 || strings.ContainsAny(serial, "/\x00") {
+		return invalidf("disk serial %s: want 1 to 20 bytes, no '/'", quoteShort(serial))
+	}
+	find := s.findDisk
+	if find == nil {
+		find = findVirtioDisk
+	}
+	dev, sizeFile, err := find(serial)
+	if err != nil {
+		return status.Errorf(codes.NotFound, "disk %s: %v", serial, err)
+	}
+	for waited := time.Duration(0); ; waited += diskPoll {
+		b, err := os.ReadFile(sizeFile)
+		if err != nil {
+			return status.Errorf(codes.Internal, "disk %s: %v", serial, err)
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > 0 {
+			break
+		}
+		if waited >= diskSizeWait {
+			return status.Errorf(codes.FailedPrecondition, "disk %s (%s) is still empty after %v: the host filled no volume into it", serial, dev, diskSizeWait)
+		}
+		time.Sleep(diskPoll)
+	}
+	if err := checkExt4(dev); err != nil {
+		return status.Errorf(codes.InvalidArgument, "disk %s (%s): %v", serial, dev, err)
+	}
+	tfd, err := makeDirIn(rfd, p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount(dev, "/proc/self/fd/"+strconv.Itoa(tfd), "ext4", flags, ""); err != nil {
+		return status.Errorf(codes.Internal, "mounting disk %s (%s, ext4) on /%s: %v", serial, dev, p, err)
+	}
+	s.log.Info("mounted a disk", "serial", serial, "device", dev, "destination", "/"+p, "read_only", readOnly)
+	return nil
+}
+
+// checkExt4 checks that dev holds an ext4 (or ext2/3) superblock.
+func checkExt4(dev string) error {
+	f, err := os.Open(dev)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var b [2]byte
+	if _, err := f.ReadAt(b[:], ext4MagicOffset); err != nil {
+		return fmt.Errorf("reading its superblock: %w", err)
+	}
+	if binary.LittleEndian.Uint16(b[:]) != ext4Magic {
+		return errors.New("not an ext4 filesystem")
 	}
 	return nil
 }

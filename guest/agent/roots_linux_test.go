@@ -354,3 +354,93 @@ func TestMountRoot(t *testing.T) {
 		t.Errorf("mounts left under %s:\n%s", roots, b)
 	}
 }
+
+// TestAddMountsDisk: a disk mount is refused clearly where it cannot be
+// made (another root, an unknown serial, a slot the host left empty, a
+// disk without ext4, a bad destination); with a loop device for the
+// disk, a real ext4 image mounts, read-only when asked.
+func TestAddMountsDisk(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	zeros := write("zeros.img", string(make([]byte, 8192)))
+	disks := map[string][2]string{
+		"empty": {zeros, write("empty.size", "0\n")},
+		"raw":   {zeros, write("raw.size", "16\n")},
+	}
+	a := startAgent(t, agent.Config{})
+	base := t.TempDir()
+	if err := os.Mkdir(filepath.Join(base, "root"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a.srv.AddTestRoot("c1", base)
+	a.srv.SetTestFindDisk(func(serial string) (string, string, error) {
+		d, ok := disks[serial]
+		if !ok {
+			return "", "", errors.New("no such serial")
+		}
+		return d[0], d[1], nil
+	})
+	agent.SetTestDiskSizeWait(200 * time.Millisecond)
+	t.Cleanup(func() { agent.SetTestDiskSizeWait(5 * time.Second) })
+	ctx := testContext(t, 30*time.Second)
+	for _, tc := range []struct {
+		name string
+		root string
+		m    client.Mount
+		code codes.Code
+		want string
+	}{
+		{"container root", "c1", client.Mount{Destination: "/data", Kind: client.MountDisk, Name: "raw"}, codes.InvalidArgument, "guest's own root"},
+		{"bad serial", "", client.Mount{Destination: "/data", Kind: client.MountDisk, Name: "a/b"}, codes.InvalidArgument, "serial"},
+		{"no serial", "", client.Mount{Destination: "/data", Kind: client.MountDisk}, codes.InvalidArgument, "serial"},
+		{"unknown serial", "", client.Mount{Destination: "/data", Kind: client.MountDisk, Name: "vol3"}, codes.NotFound, "vol3"},
+		{"empty slot", "", client.Mount{Destination: "/data", Kind: client.MountDisk, Name: "empty"}, codes.FailedPrecondition, "still empty"},
+		{"not ext4", "", client.Mount{Destination: "/data", Kind: client.MountDisk, Name: "raw"}, codes.InvalidArgument, "not an ext4"},
+		{"agent state", "", client.Mount{Destination: "/run/kiln/x", Kind: client.MountDisk, Name: "raw"}, codes.InvalidArgument, "/run/kiln"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantCode(t, a.AddMounts(ctx, tc.root, []client.Mount{tc.m}), tc.code, tc.want)
+		})
+	}
+
+	t.Run("ext4 on a loop device", func(t *testing.T) {
+		for _, serial := range []string{"vol0", "vol1"} {
+			img := filepath.Join(dir, serial+".img")
+			if out, err := exec.Command("mke2fs", "-q", "-t", "ext4", "-F", "-E", "root_owner=0:0", img, "8M").CombinedOutput(); err != nil {
+				t.Skipf("no mke2fs: %v %s", err, out)
+			}
+			out, err := exec.Command("losetup", "-f", "--show", img).Output()
+			if err != nil {
+				t.Skipf("no loop device here: %v", err)
+			}
+			loop := strings.TrimSpace(string(out))
+			t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+			disks[serial] = [2]string{loop, write(serial+".size", "16384\n")}
+		}
+		mnt := filepath.Join(t.TempDir(), "data")
+		ro := filepath.Join(t.TempDir(), "ro")
+		err := a.AddMounts(ctx, "", []client.Mount{
+			{Destination: mnt, Kind: client.MountDisk, Name: "vol0"},
+			{Destination: ro, Kind: client.MountDisk, Name: "vol1", ReadOnly: true},
+		})
+		if err != nil {
+			t.Fatalf("AddMounts: %v", err)
+		}
+		t.Cleanup(func() {
+			unix.Unmount(ro, unix.MNT_DETACH)
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		})
+		if err := os.WriteFile(filepath.Join(mnt, "hello"), []byte("hi\n"), 0o644); err != nil {
+			t.Fatalf("writing the volume: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(ro, "x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+			t.Errorf("writing the read-only mount: %v, want EROFS", err)
+		}
+	})
+}

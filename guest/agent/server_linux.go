@@ -123,6 +123,9 @@ type Server struct {
 	// rootsDir, treesDir and volumesDir are RootsDir, TreesDir and
 	// VolumesDir (tests move them).
 	rootsDir, treesDir, volumesDir string
+	// findDisk finds a virtio disk by serial (AddMounts disk):
+	// findVirtioDisk when nil; a test's own otherwise.
+	findDisk func(serial string) (dev, sizeFile string, err error)
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system

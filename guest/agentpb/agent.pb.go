@@ -146,6 +146,7 @@ type RootMount struct {
 	//	*RootMount_Volume
 	//	*RootMount_Tmpfs
 	//	*RootMount_File
+	//	*RootMount_Disk
 	Source isRootMount_Source `protobuf_oneof:"source"`
 	// Bind read-only (tree: always).
 	Readonly bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
@@ -237,6 +238,15 @@ func (x *RootMount) GetFile() []byte {
 	return nil
 }
 
+func (x *RootMount) GetDisk() string {
+	if x != nil {
+		if x, ok := x.Source.(*RootMount_Disk); ok {
+			return x.Disk
+		}
+	}
+	return ""
+}
+
 func (x *RootMount) GetReadonly() bool {
 	if x != nil {
 		return x.Readonly
@@ -284,6 +294,16 @@ type RootMount_File struct {
 	File []byte `protobuf:"bytes,5,opt,name=file,proto3,oneof"`
 }
 
+type RootMount_Disk struct {
+	// A virtio disk by its serial (/sys/block/vdX/serial): a volume
+	// slot the host filled, mounted ext4 with nosuid,nodev (read-only
+	// when readonly), in the guest's own root only. The agent waits a
+	// few seconds for its capacity to show; a serial no disk has is
+	// NOT_FOUND, a disk that stays empty FAILED_PRECONDITION, one that
+	// is not ext4 INVALID_ARGUMENT.
+	Disk string `protobuf:"bytes,9,opt,name=disk,proto3,oneof"`
+}
+
 func (*RootMount_Tree) isRootMount_Source() {}
 
 func (*RootMount_Volume) isRootMount_Source() {}
@@ -291,6 +311,8 @@ func (*RootMount_Volume) isRootMount_Source() {}
 func (*RootMount_Tmpfs) isRootMount_Source() {}
 
 func (*RootMount_File) isRootMount_Source() {}
+
+func (*RootMount_Disk) isRootMount_Source() {}
 
 type AddMountsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3356,13 +3378,14 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\rkiln.agent.v1\"X\n" +
 	"\x10AddMountsRequest\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x120\n" +
-	"\x06mounts\x18\x02 \x03(\v2\x18.kiln.agent.v1.RootMountR\x06mounts\"\xd9\x01\n" +
+	"\x06mounts\x18\x02 \x03(\v2\x18.kiln.agent.v1.RootMountR\x06mounts\"\xef\x01\n" +
 	"\tRootMount\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x14\n" +
 	"\x04tree\x18\x02 \x01(\tH\x00R\x04tree\x12\x18\n" +
 	"\x06volume\x18\x03 \x01(\tH\x00R\x06volume\x12\x16\n" +
 	"\x05tmpfs\x18\x04 \x01(\bH\x00R\x05tmpfs\x12\x14\n" +
-	"\x04file\x18\x05 \x01(\fH\x00R\x04file\x12\x1a\n" +
+	"\x04file\x18\x05 \x01(\fH\x00R\x04file\x12\x14\n" +
+	"\x04disk\x18\t \x01(\tH\x00R\x04disk\x12\x1a\n" +
 	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x12\n" +
 	"\x04size\x18\a \x01(\x04R\x04size\x12\x12\n" +
 	"\x04mode\x18\b \x01(\rR\x04modeB\b\n" +
@@ -3741,6 +3764,7 @@ func file_agent_proto_init() {
 		(*RootMount_Volume)(nil),
 		(*RootMount_Tmpfs)(nil),
 		(*RootMount_File)(nil),
+		(*RootMount_Disk)(nil),
 	}
 	file_agent_proto_msgTypes[7].OneofWrappers = []any{}
 	file_agent_proto_msgTypes[10].OneofWrappers = []any{

@@ -313,6 +313,10 @@ const (
 	MountTmpfs
 	// MountFile writes Mount.Data as a file (Mount.Mode; at most 1 MiB).
 	MountFile
+	// MountDisk mounts the ext4 filesystem of the virtio disk whose
+	// serial is Mount.Name (a volume slot the host filled), nosuid and
+	// nodev, read-only when Mount.ReadOnly; in the guest's own root only.
+	MountDisk
 )
 
 // Mount is a volume AddMounts puts at Destination.
@@ -341,6 +345,8 @@ func (c *Client) AddMounts(ctx context.Context, root string, ms []Mount) error {
 			rm.Source = &agentpb.RootMount_Tmpfs{Tmpfs: true}
 		case MountFile:
 			rm.Source = &agentpb.RootMount_File{File: m.Data}
+		case MountDisk:
+			rm.Source = &agentpb.RootMount_Disk{Disk: m.Name}
 		default:
 			return fmt.Errorf("client: add mounts: mount %d (%s): unknown kind %d", i, m.Destination, m.Kind)
 		}

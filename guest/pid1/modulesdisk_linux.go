@@ -90,6 +90,12 @@ func (s *Sys) findDiskBySerial(serial string) (string, error) {
 	return s.findDiskBySerialWithin(serial, modulesDiskWait)
 }
 
+// FindDiskBySerial returns the name of the virtio disk (vda, vdb, ...)
+// whose serial is serial, waiting up to wait for it to appear.
+func FindDiskBySerial(serial string, wait time.Duration) (string, error) {
+	return Linux().findDiskBySerialWithin(serial, wait)
+}
+
 // findDiskBySerialWithin is findDiskBySerial waiting up to wait.
 func (s *Sys) findDiskBySerialWithin(serial string, wait time.Duration) (string, error) {
 	for waited := time.Duration(0); ; waited += rootPoll {

@@ -1864,6 +1864,116 @@ func (x *KeptResponse) GetValue() []byte {
 	return nil
 }
 
+type InsertDiskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// device_id is the slot's device ID.
+	DeviceId string `protobuf:"bytes,1,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// token names the image's descriptor on the ".fd" socket.
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// path is the image's host path: it names the image in the VM's
+	// devices and snapshots (the process never opens it).
+	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// read_only inserts the image read-only (its descriptor may be open
+	// O_RDONLY): the guest's writes fail.
+	ReadOnly      bool `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InsertDiskRequest) Reset() {
+	*x = InsertDiskRequest{}
+	mi := &file_vmm_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InsertDiskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InsertDiskRequest) ProtoMessage() {}
+
+func (x *InsertDiskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InsertDiskRequest.ProtoReflect.Descriptor instead.
+func (*InsertDiskRequest) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *InsertDiskRequest) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *InsertDiskRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *InsertDiskRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *InsertDiskRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type InsertDiskResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InsertDiskResponse) Reset() {
+	*x = InsertDiskResponse{}
+	mi := &file_vmm_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InsertDiskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InsertDiskResponse) ProtoMessage() {}
+
+func (x *InsertDiskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vmm_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InsertDiskResponse.ProtoReflect.Descriptor instead.
+func (*InsertDiskResponse) Descriptor() ([]byte, []int) {
+	return file_vmm_proto_rawDescGZIP(), []int{38}
+}
+
 var File_vmm_proto protoreflect.FileDescriptor
 
 const file_vmm_proto_rawDesc = "" +
@@ -1981,7 +2091,13 @@ const file_vmm_proto_rawDesc = "" +
 	"\vKeptRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"$\n" +
 	"\fKeptResponse\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\fR\x05value2\xeb\b\n" +
+	"\x05value\x18\x01 \x01(\fR\x05value\"w\n" +
+	"\x11InsertDiskRequest\x12\x1b\n" +
+	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\"\x14\n" +
+	"\x12InsertDiskResponse2\xba\t\n" +
 	"\x03VMM\x12>\n" +
 	"\x05Hello\x12\x19.kiln.vmm.v1.HelloRequest\x1a\x1a.kiln.vmm.v1.HelloResponse\x12A\n" +
 	"\x06Create\x12\x1a.kiln.vmm.v1.CreateRequest\x1a\x1b.kiln.vmm.v1.CreateResponse\x12>\n" +
@@ -1999,7 +2115,9 @@ const file_vmm_proto_rawDesc = "" +
 	"\aRelease\x12\x1b.kiln.vmm.v1.ReleaseRequest\x1a\x1c.kiln.vmm.v1.ReleaseResponse\x12G\n" +
 	"\bListHeld\x12\x1c.kiln.vmm.v1.ListHeldRequest\x1a\x1d.kiln.vmm.v1.ListHeldResponse\x12;\n" +
 	"\x04Keep\x12\x18.kiln.vmm.v1.KeepRequest\x1a\x19.kiln.vmm.v1.KeepResponse\x12;\n" +
-	"\x04Kept\x12\x18.kiln.vmm.v1.KeptRequest\x1a\x19.kiln.vmm.v1.KeptResponseB&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
+	"\x04Kept\x12\x18.kiln.vmm.v1.KeptRequest\x1a\x19.kiln.vmm.v1.KeptResponse\x12M\n" +
+	"\n" +
+	"InsertDisk\x12\x1e.kiln.vmm.v1.InsertDiskRequest\x1a\x1f.kiln.vmm.v1.InsertDiskResponseB&Z$github.com/kilnvm/kiln/vmmproc/vmmpbb\x06proto3"
 
 var (
 	file_vmm_proto_rawDescOnce sync.Once
@@ -2013,58 +2131,60 @@ func file_vmm_proto_rawDescGZIP() []byte {
 	return file_vmm_proto_rawDescData
 }
 
-var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_vmm_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_vmm_proto_goTypes = []any{
-	(*HelloRequest)(nil),     // 0: kiln.vmm.v1.HelloRequest
-	(*HelloResponse)(nil),    // 1: kiln.vmm.v1.HelloResponse
-	(*CreateRequest)(nil),    // 2: kiln.vmm.v1.CreateRequest
-	(*ForkSource)(nil),       // 3: kiln.vmm.v1.ForkSource
-	(*CreateResponse)(nil),   // 4: kiln.vmm.v1.CreateResponse
-	(*PauseRequest)(nil),     // 5: kiln.vmm.v1.PauseRequest
-	(*PauseResponse)(nil),    // 6: kiln.vmm.v1.PauseResponse
-	(*ResumeRequest)(nil),    // 7: kiln.vmm.v1.ResumeRequest
-	(*ResumeResponse)(nil),   // 8: kiln.vmm.v1.ResumeResponse
-	(*SaveRequest)(nil),      // 9: kiln.vmm.v1.SaveRequest
-	(*SaveResponse)(nil),     // 10: kiln.vmm.v1.SaveResponse
-	(*FreezeRequest)(nil),    // 11: kiln.vmm.v1.FreezeRequest
-	(*FreezeResponse)(nil),   // 12: kiln.vmm.v1.FreezeResponse
-	(*WaitRequest)(nil),      // 13: kiln.vmm.v1.WaitRequest
-	(*WaitResponse)(nil),     // 14: kiln.vmm.v1.WaitResponse
-	(*StopRequest)(nil),      // 15: kiln.vmm.v1.StopRequest
-	(*StopResponse)(nil),     // 16: kiln.vmm.v1.StopResponse
-	(*DescribeRequest)(nil),  // 17: kiln.vmm.v1.DescribeRequest
-	(*DescribeResponse)(nil), // 18: kiln.vmm.v1.DescribeResponse
-	(*RuntimeMemory)(nil),    // 19: kiln.vmm.v1.RuntimeMemory
-	(*MemoryRange)(nil),      // 20: kiln.vmm.v1.MemoryRange
-	(*ConsoleRequest)(nil),   // 21: kiln.vmm.v1.ConsoleRequest
-	(*ConsoleChunk)(nil),     // 22: kiln.vmm.v1.ConsoleChunk
-	(*HoldRequest)(nil),      // 23: kiln.vmm.v1.HoldRequest
-	(*HoldResponse)(nil),     // 24: kiln.vmm.v1.HoldResponse
-	(*TakeHeldRequest)(nil),  // 25: kiln.vmm.v1.TakeHeldRequest
-	(*TakeHeldResponse)(nil), // 26: kiln.vmm.v1.TakeHeldResponse
-	(*GiveHeldRequest)(nil),  // 27: kiln.vmm.v1.GiveHeldRequest
-	(*GiveHeldResponse)(nil), // 28: kiln.vmm.v1.GiveHeldResponse
-	(*ReleaseRequest)(nil),   // 29: kiln.vmm.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),  // 30: kiln.vmm.v1.ReleaseResponse
-	(*ListHeldRequest)(nil),  // 31: kiln.vmm.v1.ListHeldRequest
-	(*ListHeldResponse)(nil), // 32: kiln.vmm.v1.ListHeldResponse
-	(*KeepRequest)(nil),      // 33: kiln.vmm.v1.KeepRequest
-	(*KeepResponse)(nil),     // 34: kiln.vmm.v1.KeepResponse
-	(*KeptRequest)(nil),      // 35: kiln.vmm.v1.KeptRequest
-	(*KeptResponse)(nil),     // 36: kiln.vmm.v1.KeptResponse
-	nil,                      // 37: kiln.vmm.v1.SaveRequest.LabelsEntry
-	nil,                      // 38: kiln.vmm.v1.HoldRequest.LabelsEntry
-	nil,                      // 39: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	nil,                      // 40: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	(*HelloRequest)(nil),       // 0: kiln.vmm.v1.HelloRequest
+	(*HelloResponse)(nil),      // 1: kiln.vmm.v1.HelloResponse
+	(*CreateRequest)(nil),      // 2: kiln.vmm.v1.CreateRequest
+	(*ForkSource)(nil),         // 3: kiln.vmm.v1.ForkSource
+	(*CreateResponse)(nil),     // 4: kiln.vmm.v1.CreateResponse
+	(*PauseRequest)(nil),       // 5: kiln.vmm.v1.PauseRequest
+	(*PauseResponse)(nil),      // 6: kiln.vmm.v1.PauseResponse
+	(*ResumeRequest)(nil),      // 7: kiln.vmm.v1.ResumeRequest
+	(*ResumeResponse)(nil),     // 8: kiln.vmm.v1.ResumeResponse
+	(*SaveRequest)(nil),        // 9: kiln.vmm.v1.SaveRequest
+	(*SaveResponse)(nil),       // 10: kiln.vmm.v1.SaveResponse
+	(*FreezeRequest)(nil),      // 11: kiln.vmm.v1.FreezeRequest
+	(*FreezeResponse)(nil),     // 12: kiln.vmm.v1.FreezeResponse
+	(*WaitRequest)(nil),        // 13: kiln.vmm.v1.WaitRequest
+	(*WaitResponse)(nil),       // 14: kiln.vmm.v1.WaitResponse
+	(*StopRequest)(nil),        // 15: kiln.vmm.v1.StopRequest
+	(*StopResponse)(nil),       // 16: kiln.vmm.v1.StopResponse
+	(*DescribeRequest)(nil),    // 17: kiln.vmm.v1.DescribeRequest
+	(*DescribeResponse)(nil),   // 18: kiln.vmm.v1.DescribeResponse
+	(*RuntimeMemory)(nil),      // 19: kiln.vmm.v1.RuntimeMemory
+	(*MemoryRange)(nil),        // 20: kiln.vmm.v1.MemoryRange
+	(*ConsoleRequest)(nil),     // 21: kiln.vmm.v1.ConsoleRequest
+	(*ConsoleChunk)(nil),       // 22: kiln.vmm.v1.ConsoleChunk
+	(*HoldRequest)(nil),        // 23: kiln.vmm.v1.HoldRequest
+	(*HoldResponse)(nil),       // 24: kiln.vmm.v1.HoldResponse
+	(*TakeHeldRequest)(nil),    // 25: kiln.vmm.v1.TakeHeldRequest
+	(*TakeHeldResponse)(nil),   // 26: kiln.vmm.v1.TakeHeldResponse
+	(*GiveHeldRequest)(nil),    // 27: kiln.vmm.v1.GiveHeldRequest
+	(*GiveHeldResponse)(nil),   // 28: kiln.vmm.v1.GiveHeldResponse
+	(*ReleaseRequest)(nil),     // 29: kiln.vmm.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 30: kiln.vmm.v1.ReleaseResponse
+	(*ListHeldRequest)(nil),    // 31: kiln.vmm.v1.ListHeldRequest
+	(*ListHeldResponse)(nil),   // 32: kiln.vmm.v1.ListHeldResponse
+	(*KeepRequest)(nil),        // 33: kiln.vmm.v1.KeepRequest
+	(*KeepResponse)(nil),       // 34: kiln.vmm.v1.KeepResponse
+	(*KeptRequest)(nil),        // 35: kiln.vmm.v1.KeptRequest
+	(*KeptResponse)(nil),       // 36: kiln.vmm.v1.KeptResponse
+	(*InsertDiskRequest)(nil),  // 37: kiln.vmm.v1.InsertDiskRequest
+	(*InsertDiskResponse)(nil), // 38: kiln.vmm.v1.InsertDiskResponse
+	nil,                        // 39: kiln.vmm.v1.SaveRequest.LabelsEntry
+	nil,                        // 40: kiln.vmm.v1.HoldRequest.LabelsEntry
+	nil,                        // 41: kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	nil,                        // 42: kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 }
 var file_vmm_proto_depIdxs = []int32{
 	3,  // 0: kiln.vmm.v1.CreateRequest.fork:type_name -> kiln.vmm.v1.ForkSource
-	37, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
+	39, // 1: kiln.vmm.v1.SaveRequest.labels:type_name -> kiln.vmm.v1.SaveRequest.LabelsEntry
 	20, // 2: kiln.vmm.v1.DescribeResponse.guest_memory:type_name -> kiln.vmm.v1.MemoryRange
 	19, // 3: kiln.vmm.v1.DescribeResponse.runtime:type_name -> kiln.vmm.v1.RuntimeMemory
-	38, // 4: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
-	39, // 5: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
-	40, // 6: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
+	40, // 4: kiln.vmm.v1.HoldRequest.labels:type_name -> kiln.vmm.v1.HoldRequest.LabelsEntry
+	41, // 5: kiln.vmm.v1.TakeHeldResponse.labels:type_name -> kiln.vmm.v1.TakeHeldResponse.LabelsEntry
+	42, // 6: kiln.vmm.v1.GiveHeldRequest.labels:type_name -> kiln.vmm.v1.GiveHeldRequest.LabelsEntry
 	0,  // 7: kiln.vmm.v1.VMM.Hello:input_type -> kiln.vmm.v1.HelloRequest
 	2,  // 8: kiln.vmm.v1.VMM.Create:input_type -> kiln.vmm.v1.CreateRequest
 	5,  // 9: kiln.vmm.v1.VMM.Pause:input_type -> kiln.vmm.v1.PauseRequest
@@ -2082,25 +2202,27 @@ var file_vmm_proto_depIdxs = []int32{
 	31, // 21: kiln.vmm.v1.VMM.ListHeld:input_type -> kiln.vmm.v1.ListHeldRequest
 	33, // 22: kiln.vmm.v1.VMM.Keep:input_type -> kiln.vmm.v1.KeepRequest
 	35, // 23: kiln.vmm.v1.VMM.Kept:input_type -> kiln.vmm.v1.KeptRequest
-	1,  // 24: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
-	4,  // 25: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
-	6,  // 26: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
-	8,  // 27: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
-	10, // 28: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
-	12, // 29: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
-	14, // 30: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
-	16, // 31: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
-	18, // 32: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
-	22, // 33: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
-	24, // 34: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
-	26, // 35: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
-	28, // 36: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
-	30, // 37: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
-	32, // 38: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
-	34, // 39: kiln.vmm.v1.VMM.Keep:output_type -> kiln.vmm.v1.KeepResponse
-	36, // 40: kiln.vmm.v1.VMM.Kept:output_type -> kiln.vmm.v1.KeptResponse
-	24, // [24:41] is the sub-list for method output_type
-	7,  // [7:24] is the sub-list for method input_type
+	37, // 24: kiln.vmm.v1.VMM.InsertDisk:input_type -> kiln.vmm.v1.InsertDiskRequest
+	1,  // 25: kiln.vmm.v1.VMM.Hello:output_type -> kiln.vmm.v1.HelloResponse
+	4,  // 26: kiln.vmm.v1.VMM.Create:output_type -> kiln.vmm.v1.CreateResponse
+	6,  // 27: kiln.vmm.v1.VMM.Pause:output_type -> kiln.vmm.v1.PauseResponse
+	8,  // 28: kiln.vmm.v1.VMM.Resume:output_type -> kiln.vmm.v1.ResumeResponse
+	10, // 29: kiln.vmm.v1.VMM.Save:output_type -> kiln.vmm.v1.SaveResponse
+	12, // 30: kiln.vmm.v1.VMM.Freeze:output_type -> kiln.vmm.v1.FreezeResponse
+	14, // 31: kiln.vmm.v1.VMM.Wait:output_type -> kiln.vmm.v1.WaitResponse
+	16, // 32: kiln.vmm.v1.VMM.Stop:output_type -> kiln.vmm.v1.StopResponse
+	18, // 33: kiln.vmm.v1.VMM.Describe:output_type -> kiln.vmm.v1.DescribeResponse
+	22, // 34: kiln.vmm.v1.VMM.Console:output_type -> kiln.vmm.v1.ConsoleChunk
+	24, // 35: kiln.vmm.v1.VMM.Hold:output_type -> kiln.vmm.v1.HoldResponse
+	26, // 36: kiln.vmm.v1.VMM.TakeHeld:output_type -> kiln.vmm.v1.TakeHeldResponse
+	28, // 37: kiln.vmm.v1.VMM.GiveHeld:output_type -> kiln.vmm.v1.GiveHeldResponse
+	30, // 38: kiln.vmm.v1.VMM.Release:output_type -> kiln.vmm.v1.ReleaseResponse
+	32, // 39: kiln.vmm.v1.VMM.ListHeld:output_type -> kiln.vmm.v1.ListHeldResponse
+	34, // 40: kiln.vmm.v1.VMM.Keep:output_type -> kiln.vmm.v1.KeepResponse
+	36, // 41: kiln.vmm.v1.VMM.Kept:output_type -> kiln.vmm.v1.KeptResponse
+	38, // 42: kiln.vmm.v1.VMM.InsertDisk:output_type -> kiln.vmm.v1.InsertDiskResponse
+	25, // [25:43] is the sub-list for method output_type
+	7,  // [7:25] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -2122,7 +2244,7 @@ func file_vmm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vmm_proto_rawDesc), len(file_vmm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

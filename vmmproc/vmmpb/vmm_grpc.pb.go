@@ -27,23 +27,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	VMM_Hello_FullMethodName    = "/kiln.vmm.v1.VMM/Hello"
-	VMM_Create_FullMethodName   = "/kiln.vmm.v1.VMM/Create"
-	VMM_Pause_FullMethodName    = "/kiln.vmm.v1.VMM/Pause"
-	VMM_Resume_FullMethodName   = "/kiln.vmm.v1.VMM/Resume"
-	VMM_Save_FullMethodName     = "/kiln.vmm.v1.VMM/Save"
-	VMM_Freeze_FullMethodName   = "/kiln.vmm.v1.VMM/Freeze"
-	VMM_Wait_FullMethodName     = "/kiln.vmm.v1.VMM/Wait"
-	VMM_Stop_FullMethodName     = "/kiln.vmm.v1.VMM/Stop"
-	VMM_Describe_FullMethodName = "/kiln.vmm.v1.VMM/Describe"
-	VMM_Console_FullMethodName  = "/kiln.vmm.v1.VMM/Console"
-	VMM_Hold_FullMethodName     = "/kiln.vmm.v1.VMM/Hold"
-	VMM_TakeHeld_FullMethodName = "/kiln.vmm.v1.VMM/TakeHeld"
-	VMM_GiveHeld_FullMethodName = "/kiln.vmm.v1.VMM/GiveHeld"
-	VMM_Release_FullMethodName  = "/kiln.vmm.v1.VMM/Release"
-	VMM_ListHeld_FullMethodName = "/kiln.vmm.v1.VMM/ListHeld"
-	VMM_Keep_FullMethodName     = "/kiln.vmm.v1.VMM/Keep"
-	VMM_Kept_FullMethodName     = "/kiln.vmm.v1.VMM/Kept"
+	VMM_Hello_FullMethodName      = "/kiln.vmm.v1.VMM/Hello"
+	VMM_Create_FullMethodName     = "/kiln.vmm.v1.VMM/Create"
+	VMM_Pause_FullMethodName      = "/kiln.vmm.v1.VMM/Pause"
+	VMM_Resume_FullMethodName     = "/kiln.vmm.v1.VMM/Resume"
+	VMM_Save_FullMethodName       = "/kiln.vmm.v1.VMM/Save"
+	VMM_Freeze_FullMethodName     = "/kiln.vmm.v1.VMM/Freeze"
+	VMM_Wait_FullMethodName       = "/kiln.vmm.v1.VMM/Wait"
+	VMM_Stop_FullMethodName       = "/kiln.vmm.v1.VMM/Stop"
+	VMM_Describe_FullMethodName   = "/kiln.vmm.v1.VMM/Describe"
+	VMM_Console_FullMethodName    = "/kiln.vmm.v1.VMM/Console"
+	VMM_Hold_FullMethodName       = "/kiln.vmm.v1.VMM/Hold"
+	VMM_TakeHeld_FullMethodName   = "/kiln.vmm.v1.VMM/TakeHeld"
+	VMM_GiveHeld_FullMethodName   = "/kiln.vmm.v1.VMM/GiveHeld"
+	VMM_Release_FullMethodName    = "/kiln.vmm.v1.VMM/Release"
+	VMM_ListHeld_FullMethodName   = "/kiln.vmm.v1.VMM/ListHeld"
+	VMM_Keep_FullMethodName       = "/kiln.vmm.v1.VMM/Keep"
+	VMM_Kept_FullMethodName       = "/kiln.vmm.v1.VMM/Kept"
+	VMM_InsertDisk_FullMethodName = "/kiln.vmm.v1.VMM/InsertDisk"
 )
 
 // VMMClient is the client API for VMM service.
@@ -110,6 +111,12 @@ type VMMClient interface {
 	Keep(ctx context.Context, in *KeepRequest, opts ...grpc.CallOption) (*KeepResponse, error)
 	// Kept returns a key's value; an unknown key is NotFound.
 	Kept(ctx context.Context, in *KeptRequest, opts ...grpc.CallOption) (*KeptResponse, error)
+	// InsertDisk puts a disk image into an empty volume slot of the VM
+	// (vmm.VM.InsertDisk): the guest sees the slot's capacity change. The
+	// image's descriptor waits on the ".fd" socket (PUT) under token: a
+	// jailed process cannot open host paths. A device that is no empty
+	// slot is FailedPrecondition.
+	InsertDisk(ctx context.Context, in *InsertDiskRequest, opts ...grpc.CallOption) (*InsertDiskResponse, error)
 }
 
 type vMMClient struct {
@@ -299,6 +306,16 @@ func (c *vMMClient) Kept(ctx context.Context, in *KeptRequest, opts ...grpc.Call
 	return out, nil
 }
 
+func (c *vMMClient) InsertDisk(ctx context.Context, in *InsertDiskRequest, opts ...grpc.CallOption) (*InsertDiskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InsertDiskResponse)
+	err := c.cc.Invoke(ctx, VMM_InsertDisk_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VMMServer is the server API for VMM service.
 // All implementations must embed UnimplementedVMMServer
 // for forward compatibility.
@@ -363,6 +380,12 @@ type VMMServer interface {
 	Keep(context.Context, *KeepRequest) (*KeepResponse, error)
 	// Kept returns a key's value; an unknown key is NotFound.
 	Kept(context.Context, *KeptRequest) (*KeptResponse, error)
+	// InsertDisk puts a disk image into an empty volume slot of the VM
+	// (vmm.VM.InsertDisk): the guest sees the slot's capacity change. The
+	// image's descriptor waits on the ".fd" socket (PUT) under token: a
+	// jailed process cannot open host paths. A device that is no empty
+	// slot is FailedPrecondition.
+	InsertDisk(context.Context, *InsertDiskRequest) (*InsertDiskResponse, error)
 	mustEmbedUnimplementedVMMServer()
 }
 
@@ -423,6 +446,9 @@ func (UnimplementedVMMServer) Keep(context.Context, *KeepRequest) (*KeepResponse
 }
 func (UnimplementedVMMServer) Kept(context.Context, *KeptRequest) (*KeptResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Kept not implemented")
+}
+func (UnimplementedVMMServer) InsertDisk(context.Context, *InsertDiskRequest) (*InsertDiskResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method InsertDisk not implemented")
 }
 func (UnimplementedVMMServer) mustEmbedUnimplementedVMMServer() {}
 func (UnimplementedVMMServer) testEmbeddedByValue()             {}
@@ -744,6 +770,24 @@ func _VMM_Kept_Handler(srv interface{}, ctx context.Context, dec func(interface{
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VMM_InsertDisk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InsertDiskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VMMServer).InsertDisk(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VMM_InsertDisk_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VMMServer).InsertDisk(ctx, req.(*InsertDiskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VMM_ServiceDesc is the grpc.ServiceDesc for VMM service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -814,6 +858,10 @@ var VMM_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Kept",
 			Handler:    _VMM_Kept_Handler,
+		},
+		{
+			MethodName: "InsertDisk",
+			Handler:    _VMM_InsertDisk_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
