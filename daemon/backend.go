@@ -161,6 +161,11 @@ type Machine interface {
 	// ends. A sandbox without that slot (a checkpoint saved before
 	// volume slots) is FailedPrecondition.
 	AttachVolume(ctx context.Context, v VolumeAttach) error
+	// FreezeVolumes leaves the images of the sandbox's writable volumes
+	// clean, as an unmount would (the guest flushes and freezes their
+	// file systems; no write reaches them after), before the sandbox is
+	// closed for good, never before a hibernation.
+	FreezeVolumes(ctx context.Context) error
 	// Info asks the guest about itself: its memory (MemTotal,
 	// MemAvailable) and its root file system (DiskTotal, DiskUsed), which
 	// the server samples for GetSandboxMetrics.

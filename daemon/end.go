@@ -51,6 +51,9 @@ func (s *Server) watch(b *box, inst Instance) {
 func (s *Server) end(b *box, op boxOp, reason string) bool {
 	<-b.ready
 	b.mu.Lock()
+	// A running guest answers a freeze of its volumes; a paused one
+	// would not.
+	freeze := b.life.get() == boxRunning && writableVolume(b.rec.Volumes) != nil
 	if _, err := b.beginLocked(op); err != nil {
 		b.mu.Unlock()
 		return false
@@ -66,6 +69,16 @@ func (s *Server) end(b *box, op boxOp, reason string) bool {
 	}
 	if inst != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if freeze {
+			// Left clean, so that a read-only mount elsewhere needs no
+			// journal replay; a guest that does not answer in time
+			// leaves them to the next read-write mount's replay.
+			fctx, fcancel := context.WithTimeout(ctx, volumeFreezeTimeout)
+			if err := inst.FreezeVolumes(fctx); err != nil {
+				s.log.Warn("sandbox volumes not frozen before its end: the next read-write mount replays their journals", "sandbox", b.id, "err", err)
+			}
+			fcancel()
+		}
 		if err := inst.Close(ctx); err != nil {
 			s.log.Warn("sandbox close", "sandbox", b.id, "err", err)
 		}

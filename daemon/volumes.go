@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,8 +29,12 @@ import (
 // volumeIDPrefix starts every volume's ID; names may not.
 const volumeIDPrefix = "vol-"
 
-// maxVolumePath bounds a mount path.
-const maxVolumePath = 256
+// maxVolumePath bounds a mount path; volumeFreezeTimeout, the wait for a
+// guest to freeze its volumes at its end.
+const (
+	maxVolumePath       = 256
+	volumeFreezeTimeout = 10 * time.Second
+)
 
 // volumeRecord is what the state folder keeps of a volume.
 type volumeRecord struct {
@@ -319,9 +324,21 @@ func (s *Server) admitVolumesLocked(ms []volumeMount) error {
 		if v == nil || v.deleting {
 			return status.Errorf(codes.NotFound, "no volume %q", m.ID)
 		}
-		for _, u := range s.volumeUsersLocked(m.ID) {
+		users := s.volumeUsersLocked(m.ID)
+		for _, u := range users {
 			if !m.ReadOnly || !u.ReadOnly {
 				return status.Errorf(codes.FailedPrecondition, "volume %s is mounted in sandbox %s (%s); read-write it may be in one sandbox only, read-only in any number", m.ID, u.Sandbox, rwName(u.ReadOnly))
+			}
+		}
+		if m.ReadOnly && len(users) == 0 {
+			// A journal to replay needs writes, which a read-only slot
+			// refuses: the guest's mount would fail.
+			dirty, err := volume.NeedsRecovery(s.volumeImage(m.ID))
+			if err != nil {
+				return status.Errorf(codes.Internal, "volume %s: %v", m.ID, err)
+			}
+			if dirty {
+				return status.Errorf(codes.FailedPrecondition, "volume %s was left with its journal to replay (its last read-write sandbox was stopped without unmounting it): mount it read-write once, which replays it, before mounting it read-only", m.ID)
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package daemon_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -144,4 +146,45 @@ func TestVolumeRequestsInvalid(t *testing.T) {
 	}
 	_, err := e.c.DeleteVolume(ctx, &kilnpb.DeleteVolumeRequest{Id: "nope"})
 	wantCode(t, err, codes.NotFound, "nope")
+}
+
+// TestVolumeFreezeAndRecovery: a running sandbox's end freezes its
+// writable volumes (left clean); a volume left with a journal to replay
+// is refused read-only, saying how to recover it, and taken read-write.
+func TestVolumeFreezeAndRecovery(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxT(t)
+	v := e.createVolume(&kilnpb.CreateVolumeRequest{SizeMib: 16})
+	sb := e.create(&kilnpb.CreateSandboxRequest{Volumes: mounts(&kilnpb.VolumeMount{Volume: v.Id, Path: "/d"})})
+	in := e.be.ByPID(int(sb.Pid))
+	if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: sb.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if n := in.Freezes(); n != 1 {
+		t.Errorf("volumes frozen %d times at the end, want 1", n)
+	}
+	ro := e.create(&kilnpb.CreateSandboxRequest{Volumes: mounts(&kilnpb.VolumeMount{Volume: v.Id, Path: "/d", ReadOnly: true})})
+	in = e.be.ByPID(int(ro.Pid))
+	if _, err := e.c.DestroySandbox(ctx, &kilnpb.DestroySandboxRequest{Id: ro.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if n := in.Freezes(); n != 0 {
+		t.Errorf("read-only volumes frozen %d times, want 0", n)
+	}
+
+	// As a guest killed with it mounted read-write leaves it.
+	img := filepath.Join(e.state, "volumes", v.Id+".ext4")
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	f.ReadAt(b[:], 1024+0x60)
+	b[0] |= 0x4 // RECOVER
+	f.WriteAt(b[:], 1024+0x60)
+	f.Close()
+	_, err = e.c.CreateSandbox(ctx, &kilnpb.CreateSandboxRequest{RequestId: nextReq(), Source: &kilnpb.CreateSandboxRequest_Image{Image: "busybox"},
+		Volumes: mounts(&kilnpb.VolumeMount{Volume: v.Id, Path: "/d", ReadOnly: true})})
+	wantCode(t, err, codes.FailedPrecondition, "mount it read-write once")
+	e.create(&kilnpb.CreateSandboxRequest{Volumes: mounts(&kilnpb.VolumeMount{Volume: v.Id, Path: "/d"})})
 }

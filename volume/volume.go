@@ -6,6 +6,7 @@ package volume
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -107,4 +108,36 @@ func look(name string) (string, error) {
 func isExec(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// The ext4 superblock's fields NeedsRecovery reads: it lies at byte
+// 1024; its magic (le16) at 0x38, its incompatible features (le32) at
+// 0x60, of which RECOVER says the journal holds writes not yet in place.
+const (
+	superblock        = 1024
+	sbMagic           = 0x38
+	sbFeatureIncompat = 0x60
+	ext4Magic         = 0xef53
+	incompatRecover   = 0x4
+)
+
+// NeedsRecovery reports whether the ext4 image at path was left with a
+// journal to replay: mounted read-write when its guest stopped without
+// unmounting or freezing it. A read-only mount cannot replay it (the
+// slot refuses its writes); a read-write one does. It reads two fields of
+// the superblock, nothing else of what a guest wrote.
+func NeedsRecovery(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, fmt.Errorf("volume: %w", err)
+	}
+	defer f.Close()
+	var b [sbFeatureIncompat + 4]byte
+	if _, err := f.ReadAt(b[:], superblock); err != nil {
+		return false, fmt.Errorf("volume %s: its superblock: %w", path, err)
+	}
+	if binary.LittleEndian.Uint16(b[sbMagic:]) != ext4Magic {
+		return false, fmt.Errorf("volume %s: not an ext4 file system (its superblock's magic is %#x)", path, binary.LittleEndian.Uint16(b[sbMagic:]))
+	}
+	return binary.LittleEndian.Uint32(b[sbFeatureIncompat:])&incompatRecover != 0, nil
 }

@@ -50,3 +50,36 @@ func TestMakeBadSize(t *testing.T) {
 		}
 	}
 }
+
+func TestNeedsRecovery(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "v.ext4")
+	if err := Make(context.Background(), p, 16); err != nil {
+		t.Fatal(err)
+	}
+	if dirty, err := NeedsRecovery(p); err != nil || dirty {
+		t.Fatalf("a new image: %v, %v", dirty, err)
+	}
+	// As a guest killed with it mounted read-write leaves it.
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	f.ReadAt(b[:], superblock+sbFeatureIncompat)
+	b[0] |= incompatRecover
+	f.WriteAt(b[:], superblock+sbFeatureIncompat)
+	f.Close()
+	if dirty, err := NeedsRecovery(p); err != nil || !dirty {
+		t.Errorf("an image left to recover: %v, %v", dirty, err)
+	}
+	junk := filepath.Join(t.TempDir(), "junk")
+	os.WriteFile(junk, make([]byte, 4096), 0o600)
+	if _, err := NeedsRecovery(junk); err == nil || !strings.Contains(err.Error(), "not an ext4") {
+		t.Errorf("not ext4: %v", err)
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	os.WriteFile(short, make([]byte, 100), 0o600)
+	if _, err := NeedsRecovery(short); err == nil || !strings.Contains(err.Error(), "superblock") {
+		t.Errorf("too short: %v", err)
+	}
+}

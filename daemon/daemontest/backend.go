@@ -308,6 +308,7 @@ type Instance struct {
 	poweroff bool // the guest powered itself off (PowerOffGuest)
 	closed   bool
 	procs    map[*proc]bool // killed when the sandbox ends
+	freezes  int            // FreezeVolumes calls
 }
 
 var _ daemon.Instance = (*Instance)(nil)

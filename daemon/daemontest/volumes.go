@@ -109,3 +109,23 @@ func (in *Instance) unmountVolumes() error {
 	}
 	return nil
 }
+
+// FreezeVolumes implements daemon.Instance: the double's volumes are
+// written back when the sandbox is closed, frozen or not; it counts the
+// calls (Frozen).
+func (in *Instance) FreezeVolumes(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed || in.ended() {
+		return status.Error(codes.Unavailable, "daemontest: freeze volumes: the sandbox has stopped")
+	}
+	in.freezes++
+	return nil
+}
+
+// Freezes is how many times FreezeVolumes was called.
+func (in *Instance) Freezes() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.freezes
+}

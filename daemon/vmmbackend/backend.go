@@ -668,3 +668,8 @@ func (in *sandboxInstance) AttachVolume(ctx context.Context, v daemon.VolumeAtta
 	}
 	return markErr(err)
 }
+
+// FreezeVolumes implements daemon.Instance.
+func (in *sandboxInstance) FreezeVolumes(ctx context.Context) error {
+	return markErr(in.s.FreezeVolumes(ctx))
+}

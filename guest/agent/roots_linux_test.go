@@ -442,5 +442,38 @@ func TestAddMountsDisk(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(ro, "x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
 			t.Errorf("writing the read-only mount: %v, want EROFS", err)
 		}
+		// Mounted read-write, its image says its journal needs replaying;
+		// frozen, it is clean, as unmounted (ext4_freeze).
+		recover := func() bool {
+			f, err := os.Open(filepath.Join(dir, "vol0.img"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var b [1]byte
+			f.ReadAt(b[:], 1024+0x60)
+			return b[0]&0x4 != 0
+		}
+		if !recover() {
+			t.Error("a mounted volume's image is clean; want RECOVER set")
+		}
+		if err := a.FreezeVolumes(ctx); err != nil {
+			t.Fatalf("FreezeVolumes: %v", err)
+		}
+		t.Cleanup(func() {
+			if fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+				unix.Syscall(unix.SYS_IOCTL, uintptr(fd), 0xc0045878, 0) // FITHAW
+				unix.Close(fd)
+			}
+		})
+		if recover() {
+			t.Error("a frozen volume's image still says its journal needs replaying")
+		}
+		if err := a.FreezeVolumes(ctx); err != nil {
+			t.Errorf("FreezeVolumes again (frozen already): %v", err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "vol0.img")); err != nil || !bytes.Contains(b, []byte("hi\n")) {
+			t.Errorf("the written file is not on the image after the freeze: %v", err)
+		}
 	})
 }

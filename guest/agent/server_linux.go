@@ -126,6 +126,10 @@ type Server struct {
 	// findDisk finds a virtio disk by serial (AddMounts disk):
 	// findVirtioDisk when nil; a test's own otherwise.
 	findDisk func(serial string) (dev, sizeFile string, err error)
+	// diskMounts are where AddMounts mounted disks read-write (paths in
+	// the guest's root), for Quiesce's freeze_volumes.
+	diskMu     sync.Mutex
+	diskMounts []string
 }
 
 // NewServer returns a Server for cfg. It changes nothing in the system
@@ -368,6 +372,11 @@ func (s *Server) Info(context.Context, *agentpb.InfoRequest) (*agentpb.InfoRespo
 func (s *Server) Quiesce(_ context.Context, req *agentpb.QuiesceRequest) (*agentpb.QuiesceResponse, error) {
 	if err := s.sys.Sync(); err != nil {
 		return nil, status.Errorf(codes.Internal, "quiesce: %v", err)
+	}
+	if req.GetFreezeVolumes() {
+		if err := s.freezeDisks(); err != nil {
+			return nil, status.Errorf(codes.Internal, "quiesce: %v", err)
+		}
 	}
 	if req.GetDropCaches() {
 		if err := s.sys.DropCaches(); err != nil {

@@ -2829,7 +2829,13 @@ func (x *InfoResponse) GetDiskUsedBytes() uint64 {
 type QuiesceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Also drop the page cache, dentries and inodes after syncing.
-	DropCaches    bool `protobuf:"varint,1,opt,name=drop_caches,json=dropCaches,proto3" json:"drop_caches,omitempty"`
+	DropCaches bool `protobuf:"varint,1,opt,name=drop_caches,json=dropCaches,proto3" json:"drop_caches,omitempty"`
+	// Also freeze the file systems of the disks AddMounts mounted
+	// read-write (FIFREEZE): their journals flushed and their images marked
+	// clean, as an unmount leaves them, open files and all; no write reaches
+	// them after. For a guest about to be stopped for good: nothing thaws
+	// them.
+	FreezeVolumes bool `protobuf:"varint,2,opt,name=freeze_volumes,json=freezeVolumes,proto3" json:"freeze_volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2867,6 +2873,13 @@ func (*QuiesceRequest) Descriptor() ([]byte, []int) {
 func (x *QuiesceRequest) GetDropCaches() bool {
 	if x != nil {
 		return x.DropCaches
+	}
+	return false
+}
+
+func (x *QuiesceRequest) GetFreezeVolumes() bool {
+	if x != nil {
+		return x.FreezeVolumes
 	}
 	return false
 }
@@ -3548,10 +3561,11 @@ const file_agent_proto_rawDesc = "" +
 	"\anum_cpu\x18\x06 \x01(\rR\x06numCpu\x12#\n" +
 	"\ragent_version\x18\a \x01(\tR\fagentVersion\x12(\n" +
 	"\x10disk_total_bytes\x18\b \x01(\x04R\x0ediskTotalBytes\x12&\n" +
-	"\x0fdisk_used_bytes\x18\t \x01(\x04R\rdiskUsedBytes\"1\n" +
+	"\x0fdisk_used_bytes\x18\t \x01(\x04R\rdiskUsedBytes\"X\n" +
 	"\x0eQuiesceRequest\x12\x1f\n" +
 	"\vdrop_caches\x18\x01 \x01(\bR\n" +
-	"dropCaches\"\x11\n" +
+	"dropCaches\x12%\n" +
+	"\x0efreeze_volumes\x18\x02 \x01(\bR\rfreezeVolumes\"\x11\n" +
 	"\x0fQuiesceResponse\")\n" +
 	"\rReseedRequest\x12\x18\n" +
 	"\aentropy\x18\x01 \x01(\fR\aentropy\",\n" +

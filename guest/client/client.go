@@ -251,6 +251,16 @@ func (c *Client) Quiesce(ctx context.Context, dropCaches bool) error {
 	return nil
 }
 
+// FreezeVolumes syncs the guest and freezes the file systems of the disks
+// AddMounts mounted read-write, leaving their images clean, as an unmount
+// would, for a guest about to be stopped for good (nothing thaws them).
+func (c *Client) FreezeVolumes(ctx context.Context) error {
+	if _, err := c.api.Quiesce(ctx, &agentpb.QuiesceRequest{FreezeVolumes: true}); err != nil {
+		return fmt.Errorf("client: freeze volumes: %w", err)
+	}
+	return nil
+}
+
 // Reseed gives the guest's kernel fresh entropy (32 to 4096 bytes) after a
 // restore; credited reports whether the kernel counted it.
 func (c *Client) Reseed(ctx context.Context, entropy []byte) (credited bool, err error) {
