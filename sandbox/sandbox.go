@@ -576,7 +576,9 @@ func (o Options) vmConfig() (vmm.Config, error) {
 		return cfg, errors.New("sandbox: no runtime: Options.Runtime needs a kernel and the agent's initramfs (NewRuntime, or FindRuntime for the cached kernel and the agent beside kiln)")
 	}
 	cfg.Kernel, cfg.Initrd = o.Runtime.Kernel, o.Runtime.Initrd
-	cmdline := []string{vmm.DefaultCmdline, "quiet", "kiln.hostname=" + hostname}
+	// nowatchdog: the lockup detectors' timers would wake an idle guest
+	// every few seconds (a sandbox's host watches its VMM anyway).
+	cmdline := []string{vmm.DefaultCmdline, "quiet", "nowatchdog", "kiln.hostname=" + hostname}
 	if o.Runtime.Modules != "" {
 		cmdline = append(cmdline, "kiln.modules="+ModulesDevice)
 	}

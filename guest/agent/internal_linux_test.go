@@ -129,6 +129,21 @@ func TestReaperUnclaimed(t *testing.T) {
 	delete(r.children, 4242)
 	r.mu.Unlock()
 
+	// A Watch does not take a status older than unclaimedTTL (no pass
+	// has expired it: passes run on SIGCHLD only).
+	r.mu.Lock()
+	r.unclaimed[4244] = unclaimedStatus{at: time.Now().Add(-unclaimedTTL - time.Second)}
+	r.mu.Unlock()
+	stale := r.Watch(4244)
+	select {
+	case <-stale.Done():
+		t.Fatal("a watch got an expired status")
+	case <-time.After(50 * time.Millisecond):
+	}
+	r.mu.Lock()
+	delete(r.children, 4244)
+	r.mu.Unlock()
+
 	// Old unclaimed statuses expire.
 	r.mu.Lock()
 	r.unclaimed[4243] = unclaimedStatus{at: time.Now().Add(-unclaimedTTL)}

@@ -22,15 +22,13 @@ const (
 	maxUnclaimed = 1024
 )
 
-// reapInterval is how often a running Reaper reaps even without SIGCHLD.
-const reapInterval = time.Second
-
 // ErrReaperStopped is the status error of children whose Reaper stopped
 // before they exited.
 var ErrReaperStopped = errors.New("agent: reaper stopped")
 
 // A Reaper is the one place in the process that calls wait4. It reaps
-// children when SIGCHLD arrives and delivers the status of each child it
+// children when SIGCHLD arrives (and when a child is registered), never
+// on a timer, so that an idle guest's agent does not wake, and delivers the status of each child it
 // knows of (started with ForkExec or named with Watch) to that child's
 // [Child].
 //
@@ -95,11 +93,12 @@ func (r *Reaper) Run(ctx context.Context) error {
 	r.stopped = false
 	r.mu.Unlock()
 
+	// SIGCHLD is enough: signals coalesce, but a pass reaps every child
+	// that has exited (WNOHANG until none), and one pending signal or
+	// kick makes another pass.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	defer signal.Stop(sigs)
-	tick := time.NewTicker(reapInterval)
-	defer tick.Stop()
 
 	for {
 		r.reap()
@@ -109,7 +108,6 @@ func (r *Reaper) Run(ctx context.Context) error {
 			return nil
 		case <-sigs:
 		case <-r.kick:
-		case <-tick.C:
 		}
 	}
 }
@@ -157,6 +155,9 @@ func (r *Reaper) Watch(pid int) *Child {
 
 func (r *Reaper) register(c *Child, fresh bool) {
 	r.mu.Lock()
+	// Statuses expire here and in reap passes, not on a timer: one older
+	// than unclaimedTTL is never handed to a later process of its pid.
+	r.expireUnclaimedLocked(time.Now())
 	if st, ok := r.unclaimed[c.pid]; ok {
 		delete(r.unclaimed, c.pid)
 		if !fresh {
