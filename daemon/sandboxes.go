@@ -91,6 +91,16 @@ func checkLabels(field string, labels map[string]string) error {
 	return nil
 }
 
+// hasLabels says labels has every entry of want.
+func hasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
 // lifetimes resolves a request's lifetime and idle timeout (ms): 0 is the
 // default lifetime, negative none; a finite lifetime shorter than the idle
 // timeout is refused.
@@ -530,14 +540,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *kilnpb.ListSandboxesReq
 		if len(states) > 0 && !states[sb.State] || len(states) == 0 && !isLive(sb.State) {
 			continue
 		}
-		match := true
-		for k, v := range req.GetLabels() {
-			if got, ok := sb.Labels[k]; !ok || got != v {
-				match = false
-				break
-			}
-		}
-		if match {
+		if hasLabels(sb.Labels, req.GetLabels()) {
 			out = append(out, sb)
 		}
 	}

@@ -215,16 +215,6 @@ func (s *Server) ListVolumes(ctx context.Context, req *kilnpb.ListVolumesRequest
 	return out, nil
 }
 
-// hasLabels says labels has every entry of want.
-func hasLabels(labels, want map[string]string) bool {
-	for k, v := range want {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
 // DeleteVolume deletes a volume and its files, refused while a sandbox
 // that has not ended mounts it.
 func (s *Server) DeleteVolume(ctx context.Context, req *kilnpb.DeleteVolumeRequest) (*kilnpb.DeleteVolumeResponse, error) {
