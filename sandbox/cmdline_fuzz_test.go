@@ -51,7 +51,7 @@ func FuzzKernelCmdline(f *testing.F) {
 			hostname = "kiln"
 		}
 		want := pid1.Options{Root: "/dev/vda", RootFSType: fstype, ReadOnly: ro, Hostname: hostname}
-		words := 8 // console= reboot= panic= quiet nowatchdog kiln.hostname= kiln.root= kiln.rootfstype=
+		words := 9 // console= reboot= panic= quiet nowatchdog sysctl.vm.compaction_proactiveness= kiln.hostname= kiln.root= kiln.rootfstype=
 		if fstype == "" {
 			want.RootFSType = pid1.DefaultRootFSType
 			words--

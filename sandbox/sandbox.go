@@ -576,9 +576,11 @@ func (o Options) vmConfig() (vmm.Config, error) {
 		return cfg, errors.New("sandbox: no runtime: Options.Runtime needs a kernel and the agent's initramfs (NewRuntime, or FindRuntime for the cached kernel and the agent beside kiln)")
 	}
 	cfg.Kernel, cfg.Initrd = o.Runtime.Kernel, o.Runtime.Initrd
-	// nowatchdog: the lockup detectors' timers would wake an idle guest
-	// every few seconds (a sandbox's host watches its VMM anyway).
-	cmdline := []string{vmm.DefaultCmdline, "quiet", "nowatchdog", "kiln.hostname=" + hostname}
+	// What would wake an idle guest for nothing a sandbox needs: the
+	// lockup detectors' timers (nowatchdog; the host watches its VMM
+	// anyway) and proactive compaction, which polls every 500 ms (huge
+	// pages in a guest's short life are not worth it).
+	cmdline := []string{vmm.DefaultCmdline, "quiet", "nowatchdog", "sysctl.vm.compaction_proactiveness=0", "kiln.hostname=" + hostname}
 	if o.Runtime.Modules != "" {
 		cmdline = append(cmdline, "kiln.modules="+ModulesDevice)
 	}

@@ -24,7 +24,7 @@ func TestVMConfig(t *testing.T) {
 		absent  []string
 		err     string
 	}{
-		{"defaults", func(o *Options) {}, []string{"console=ttyS0", "kiln.hostname=kiln", "quiet", "nowatchdog"}, []string{"kiln.root"}, ""},
+		{"defaults", func(o *Options) {}, []string{"console=ttyS0", "kiln.hostname=kiln", "quiet", "nowatchdog", "sysctl.vm.compaction_proactiveness=0"}, []string{"kiln.root"}, ""},
 		{"disk", func(o *Options) { o.Disk = "/d"; o.DiskReadOnly = true; o.RootFSType = "xfs" }, []string{"kiln.root=/dev/vda", "kiln.ro", "kiln.rootfstype=xfs"}, nil, ""},
 		{"hostname", func(o *Options) { o.Hostname = "box-1" }, []string{"kiln.hostname=box-1"}, nil, ""},
 		{"extra", func(o *Options) { o.Cmdline = "kiln.debug" }, []string{"kiln.debug"}, nil, ""},
