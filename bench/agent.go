@@ -34,7 +34,7 @@ import (
 // without a disk and with the default host name (sandbox's
 // Options.vmConfig); QEMU gets the same, and CompareStart checks that both
 // guests booted with it (/proc/cmdline).
-const SandboxCmdline = vmm.DefaultCmdline + " quiet kiln.hostname=kiln"
+const SandboxCmdline = vmm.DefaultCmdline + " quiet " + sandbox.IdleCmdline + " kiln.hostname=kiln"
 
 // Defaults of StartSpec.
 const (

@@ -120,6 +120,13 @@ type Options struct {
 	RootDir string
 }
 
+// IdleCmdline is on every sandbox's kernel command line: it turns off
+// what would wake an idle guest for nothing a sandbox needs, the lockup
+// detectors' timers (nowatchdog; the host watches its VMM anyway) and
+// proactive compaction, which polls every 500 ms (huge pages are not
+// worth it in a guest's short life). docs/bench.md measures it.
+const IdleCmdline = "nowatchdog sysctl.vm.compaction_proactiveness=0"
+
 // The IDs of the devices every sandbox may have.
 const (
 	RootDevice  = "root"  // the root disk (Options.Disk)
@@ -576,11 +583,7 @@ func (o Options) vmConfig() (vmm.Config, error) {
 		return cfg, errors.New("sandbox: no runtime: Options.Runtime needs a kernel and the agent's initramfs (NewRuntime, or FindRuntime for the cached kernel and the agent beside kiln)")
 	}
 	cfg.Kernel, cfg.Initrd = o.Runtime.Kernel, o.Runtime.Initrd
-	// What would wake an idle guest for nothing a sandbox needs: the
-	// lockup detectors' timers (nowatchdog; the host watches its VMM
-	// anyway) and proactive compaction, which polls every 500 ms (huge
-	// pages in a guest's short life are not worth it).
-	cmdline := []string{vmm.DefaultCmdline, "quiet", "nowatchdog", "sysctl.vm.compaction_proactiveness=0", "kiln.hostname=" + hostname}
+	cmdline := []string{vmm.DefaultCmdline, "quiet", IdleCmdline, "kiln.hostname=" + hostname}
 	if o.Runtime.Modules != "" {
 		cmdline = append(cmdline, "kiln.modules="+ModulesDevice)
 	}
