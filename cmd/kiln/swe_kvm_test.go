@@ -406,8 +406,9 @@ func sweDaemon(t *testing.T, images, ref string, bundle []byte, host map[string]
 
 // checkFacts checks what docs/guest.md says of every guest against
 // guestFacts' output: kvm-clock, virtio-rng as the kernel's hardware RNG,
-// no PCI device, no DMI, and an image-rooted sandbox's four virtio
-// devices (vsock, rng, 9p, and the kernel's modules disk).
+// no PCI device, no DMI, and an image-rooted sandbox's eight virtio
+// devices (vsock, rng, the image's EROFS disk, the kernel's modules disk
+// and four empty volume slots).
 func checkFacts(t *testing.T, out string) {
 	t.Helper()
 	sections := map[string]string{}
@@ -431,7 +432,7 @@ func checkFacts(t *testing.T, out string) {
 		{"the hardware RNG is virtio-rng", strings.Contains(sections["entropy"], "virtio_rng")},
 		{"no PCI device", busLine("pci") == ""},
 		{"no DMI", strings.Contains(sections["rtc-dmi-firmware"], "/sys/class/dmi': No such file")},
-		{"four virtio devices", len(strings.Fields(busLine("virtio"))) == 4},
+		{"eight virtio devices", len(strings.Fields(busLine("virtio"))) == 8},
 		{"an overlay root", strings.Contains(sections["mounts"], "overlay / overlay ")},
 	} {
 		if !c.ok {
