@@ -358,7 +358,7 @@ def test_volumes_written_in_one_sandbox_read_in_the_next_one_writer_at_a_time():
 
         a = Sandbox.create("base", timeout=300, volume_mounts={"/mnt/data": vol})
         try:
-            a.files.write("/mnt/data/hello.txt", "from a")
+            a.files.write("/mnt/data/hello.txt", "from a\n")
             if KVM:
                 r = a.commands.run("echo more >> /mnt/data/hello.txt && sync && stat -f -c %T /mnt/data && stat -c %a /mnt/data")
                 assert r.stdout == "ext2/ext3\n1777\n"
@@ -370,7 +370,7 @@ def test_volumes_written_in_one_sandbox_read_in_the_next_one_writer_at_a_time():
             a.kill()
         b = Sandbox.create("base", timeout=300, volume_mounts={"/data": name})
         try:
-            assert b.files.read("/data/hello.txt") == ("from a\nmore\n" if KVM else "from a")
+            assert b.files.read("/data/hello.txt") == ("from a\nmore\n" if KVM else "from a\n")
         finally:
             b.kill()
     finally:

@@ -180,7 +180,7 @@ test('volumes: written in one sandbox, read in the next; read-write in one at a 
     const a = await Sandbox.create('base', { timeoutMs: 300_000, volumeMounts: { '/mnt/data': vol } })
     try {
       assert.deepEqual((await a.getInfo()).volumeMounts, [{ name, path: '/mnt/data' }])
-      await a.files.write('/mnt/data/hello.txt', 'from a')
+      await a.files.write('/mnt/data/hello.txt', 'from a\n')
       if (kvm) {
         // An ext4 file system of its own, whose root any guest user writes.
         const r = await a.commands.run('echo more >> /mnt/data/hello.txt && sync && stat -f -c %T /mnt/data && stat -c %a /mnt/data')
@@ -202,7 +202,7 @@ test('volumes: written in one sandbox, read in the next; read-write in one at a 
     }
     const b = await Sandbox.create('base', { timeoutMs: 300_000, volumeMounts: { '/data': name } })
     try {
-      assert.equal(await b.files.read('/data/hello.txt'), kvm ? 'from a\nmore\n' : 'from a')
+      assert.equal(await b.files.read('/data/hello.txt'), kvm ? 'from a\nmore\n' : 'from a\n')
     } finally {
       await b.kill()
     }
